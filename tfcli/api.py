@@ -1,0 +1,94 @@
+"""The Python API: load a model or tokenizer the way the CLI does.
+
+    model = tfcli.load_model("bert-base")            # bundled config, random weights (seed 0)
+    model = tfcli.load_model("path/to/checkpoint")   # trained weights
+    out = model(input_ids)                           # ModelOutput: .last_hidden_state, .logits
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tfcli.errors import TfcliError, usage_error
+from tfcli.sources import Source, resolve_source
+
+if TYPE_CHECKING:
+    import torch
+
+    from tfcli.model import TransformerModel
+
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def resolve_device(name: str = "cpu") -> "torch.device":
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' | 'mps' -> a device that is present, else a clear error."""
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise usage_error(f"unknown device `{name}`", "use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TfcliError(f"device `{name}` is not available: this machine has no CUDA GPU "
+                             "(or this torch build has no CUDA support)", "use --device cpu or --device auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise TfcliError(f"device `{name}` is not available: {torch.cuda.device_count()} CUDA device(s)",
+                             f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise TfcliError(f"device `{name}` is not available on this machine", "use --device cpu or auto")
+    elif device.type != "cpu":
+        raise usage_error(f"unsupported device `{name}`", "use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def resolve_dtype(name: str | None) -> "torch.dtype":
+    import torch
+
+    if name is None or name == "auto":
+        return torch.float32
+    if name not in DTYPES:
+        raise usage_error(f"unknown dtype `{name}`", "use float32, float16 or bfloat16")
+    return getattr(torch, DTYPES[name])
+
+
+def build_model(source: Source, device: str = "cpu", dtype: str | None = None, seed: int = 0) -> "TransformerModel":
+    """A model from a resolved source: trained weights when it has them, else random from `seed`.
+    Its `weights_description` says which, for every output."""
+    import torch
+
+    from tfcli.checkpoints import load_checkpoint
+    from tfcli.model import TransformerModel, init_weights
+
+    torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    model = TransformerModel(source.config)
+    if source.weights is not None:
+        load_checkpoint(model, source.weights)
+        model.weights_description = f"trained, loaded from {source.weights}"
+    else:
+        init_weights(model, seed)
+        model.weights_description = f"random (seed {seed}), from {source.description}"
+    model.trained = source.weights is not None
+    try:
+        model.to(device=torch_device, dtype=torch_dtype)
+        if torch_device.type != "cpu" or torch_dtype != torch.float32:
+            with torch.no_grad():  # fail now, with a clear message, if the device cannot run this dtype
+                model(torch.zeros(1, 1, dtype=torch.long, device=torch_device))
+    except RuntimeError as exc:
+        raise TfcliError(f"cannot run {source.config.name} in {dtype} on {torch_device}: "
+                         f"{str(exc).splitlines()[0][:160]}", "try --dtype float32 or another device") from None
+    return model.eval()
+
+
+def load_model(source: str | None = None, device: str = "cpu", dtype: str | None = None,
+               seed: int = 0) -> "TransformerModel":
+    """An eval-mode model from a path, bundled config name or hub id (None: bundled bert-base)."""
+    return build_model(resolve_source(source), device=device, dtype=dtype, seed=seed)

@@ -1,0 +1,133 @@
+"""Scaled dot-product attention, multi-head attention with fused projections, rotary positions, KV cache.
+
+Shapes: B batch, T query length, S key length, H query heads, G key/value heads, D head size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tfcli.config import ModelConfig
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                                 need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T / sqrt(D) + mask) v.
+
+    q: (B, H, T, D); k, v: (B, G, S, D) with H a multiple of G (grouped-query attention);
+    mask: additive, broadcastable to (B, H, T, S), or None. Returns (B, H, T, D) and, when
+    need_weights, the softmax weights (B, H, T, S). The fast path (PyTorch's fused kernel) gives
+    the same numbers but no weights, so the explicit path runs when weights are wanted.
+    """
+    groups = q.shape[1] // k.shape[1]
+    if not need_weights:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1), None
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return weights @ v, weights
+
+
+class KVCache:
+    """Keys and values of every position seen so far, preallocated so each new token writes in place.
+
+    One buffer pair per self-attention layer, (B, G, max_length, D); cross-attention keys and values
+    (computed once from the encoder output) are kept in `cross`. `length` counts cached positions
+    and is advanced by the model after each forward.
+    """
+
+    def __init__(self, max_length: int):
+        self.max_length = max_length
+        self.length = 0
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+        self.cross: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v (B, G, T, D) after the cached positions; return all keys and values so far."""
+        end = self.length + k.shape[2]
+        if end > self.max_length:
+            raise ValueError(f"KV cache holds {self.max_length} positions, {end} needed")
+        if layer not in self.keys:
+            shape = (k.shape[0], k.shape[1], self.max_length, k.shape[3])
+            self.keys[layer] = k.new_zeros(shape)
+            self.values[layer] = v.new_zeros(shape)
+        self.keys[layer][:, :, self.length:end] = k
+        self.values[layer][:, :, self.length:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoPE) in the rotate-half layout Hugging Face's Llama uses."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """position_ids (B, T) -> cos, sin (B, 1, T, D)."""
+        freqs = position_ids[:, :, None].float() * self.inv_freq.float()[None, None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (B, heads, T, D) by the position angles."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Multi-head attention. Self-attention projects Q, K and V with one fused linear layer (`qkv`);
+    cross-attention projects queries from the decoder (`q`) and keys/values from the encoder (`kv`).
+    """
+
+    def __init__(self, config: ModelConfig, cross: bool = False):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.kv_heads, config.head_dim
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.cross = cross
+        if cross:
+            self.q = nn.Linear(config.hidden_size, q_size, bias=config.attention_bias)
+            self.kv = nn.Linear(config.hidden_size, 2 * kv_size, bias=config.attention_bias)
+        else:
+            self.qkv = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.out = nn.Linear(q_size, config.hidden_size, bias=config.attention_out_bias)
+
+    def _split(self, x: Tensor, heads: int) -> Tensor:
+        """(B, T, heads * D) -> (B, heads, T, D)."""
+        return x.view(x.shape[0], x.shape[1], heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: Tensor, mask: Tensor | None, rotary: tuple[Tensor, Tensor] | None = None,
+                memory: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, hidden); memory (B, S, hidden) for cross-attention. Returns (B, T, hidden), weights."""
+        if self.cross:
+            q = self._split(self.q(x), self.heads)
+            if cache is not None and layer in cache.cross:
+                k, v = cache.cross[layer]
+            else:
+                k, v = (self._split(t, self.kv_heads) for t in self.kv(memory).chunk(2, dim=-1))
+                if cache is not None:
+                    cache.cross[layer] = (k, v)
+        else:
+            q_size = self.heads * self.head_dim
+            kv_size = self.kv_heads * self.head_dim
+            q, k, v = self.qkv(x).split((q_size, kv_size, kv_size), dim=-1)
+            q, k, v = self._split(q, self.heads), self._split(k, self.kv_heads), self._split(v, self.kv_heads)
+            if rotary is not None:
+                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights)
+        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)  # (B, T, H * D)
+        return self.out(out), weights

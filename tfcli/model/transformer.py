@@ -1,0 +1,289 @@
+"""Stacks (encoder, decoder), heads and the whole model, with optional capture of every intermediate.
+
+Shapes: B batch, T tokens, hidden = config.hidden_size, V vocabulary, H heads, S key length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from tfcli.config import ModelConfig
+from tfcli.model.attention import KVCache, Rotary
+from tfcli.model.embeddings import Embeddings
+from tfcli.model.layers import Block, activation, norm
+
+
+@dataclass
+class Capture:
+    """What a forward pass keeps besides its result. Attention weights force the explicit softmax path
+    in the layers they are kept for; other layers stay on the fused fast path."""
+
+    hidden_states: bool = True
+    attention: bool = True
+    layers: list[int] | None = None  # blocks whose attention weights are kept; None = every block
+    heads: list[int] | None = None  # heads kept; None = every head
+    stages: bool = False  # every sublayer's output, for the shapes table
+
+    def wants_attention(self, layer: int) -> bool:
+        return self.attention and (self.layers is None or layer in self.layers)
+
+
+@dataclass
+class Stage:
+    name: str  # e.g. "embeddings", "block 0 attention", "head"
+    tensor: Tensor
+    parameters: int  # parameters of the module that produced it
+
+
+@dataclass
+class ModelOutput:
+    """One stack's results; for an encoder-decoder, the decoder's, with the encoder's in `encoder`."""
+
+    last_hidden_state: Tensor  # (B, T, hidden), after the final norm when the stack has one
+    logits: Tensor | None = None  # (B, T, V) or (B, num_labels)
+    hidden_states: list[Tensor] = field(default_factory=list)  # embeddings, then each block (before final norm)
+    attentions: dict[int, Tensor] = field(default_factory=dict)  # block -> (B, H, T, S) softmax weights
+    cross_attentions: dict[int, Tensor] = field(default_factory=dict)
+    stages: list[Stage] = field(default_factory=list)
+    encoder: ModelOutput | None = None
+    cache: KVCache | None = None
+
+
+def count_parameters(*modules: nn.Module | None) -> int:
+    return sum(p.numel() for m in modules if m is not None for p in m.parameters())
+
+
+def attention_mask_bias(attention_mask: Tensor | None, query_length: int, causal: bool, dtype: torch.dtype,
+                        device: torch.device, past: int = 0) -> Tensor | None:
+    """Additive mask (B or 1, 1, T, S): 0 where a query may attend, the dtype's minimum elsewhere.
+
+    attention_mask (B, S) marks real tokens (1) and padding (0) over all S = past + T keys. A finite
+    minimum rather than -inf keeps fully padded query rows from producing NaN.
+    """
+    if attention_mask is not None and bool(attention_mask.all()):
+        attention_mask = None
+    if attention_mask is None and (not causal or query_length == 1):
+        return None
+    keys = past + query_length
+    allowed = torch.ones(1, 1, query_length, keys, dtype=torch.bool, device=device)
+    if causal:
+        query_positions = torch.arange(past, keys, device=device)[:, None]
+        allowed = allowed & (torch.arange(keys, device=device)[None, :] <= query_positions)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, None, :].bool()
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+class Stack(nn.Module):
+    """Embeddings (positions, segments, norm) then blocks, then an optional final norm."""
+
+    def __init__(self, config: ModelConfig, causal: bool, cross: bool, num_layers: int):
+        super().__init__()
+        self.causal = causal
+        segments = config.type_vocab_size > 0 and not causal
+        self.embeddings = Embeddings(config, segments=segments)
+        self.rotary = Rotary(config.head_dim, config.rope_theta) if config.position == "rotary" else None
+        self.blocks = nn.ModuleList(Block(config, cross=cross) for _ in range(num_layers))
+        self.final_norm = norm(config) if config.final_norm else None
+
+    def forward(self, token_embeddings: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None, memory: Tensor | None = None,
+                memory_mask: Tensor | None = None, cache: KVCache | None = None,
+                capture: Capture | None = None, token_embedding_parameters: int = 0) -> ModelOutput:
+        """token_embeddings (B, T, hidden); attention_mask (B, past + T); memory (B, S, hidden)."""
+        batch, length = token_embeddings.shape[:2]
+        device, dtype = token_embeddings.device, token_embeddings.dtype
+        past = cache.length if cache is not None else 0
+        if attention_mask is not None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+        else:
+            position_ids = torch.arange(past, past + length, device=device).expand(batch, length)
+        x = self.embeddings(token_embeddings, position_ids, token_type_ids)
+        rotary = self.rotary(position_ids, dtype) if self.rotary is not None else None
+        mask = attention_mask_bias(attention_mask, length, self.causal, dtype, device, past)
+        cross_mask = attention_mask_bias(memory_mask, length, False, dtype, device) if memory is not None else None
+
+        out = ModelOutput(last_hidden_state=x)
+        keep_stages = capture is not None and capture.stages
+        if keep_stages:
+            out.stages.append(Stage("embeddings", x, token_embedding_parameters + count_parameters(self.embeddings)))
+        if capture is not None and capture.hidden_states:
+            out.hidden_states.append(x)
+        for i, block in enumerate(self.blocks):
+            need_weights = capture is not None and capture.wants_attention(i)
+            result = block(x, mask, rotary=rotary, memory=memory, memory_mask=cross_mask, cache=cache,
+                           layer=i, need_weights=need_weights, keep_stages=keep_stages)
+            x = result.hidden
+            if need_weights:
+                heads = capture.heads
+                out.attentions[i] = result.attention if heads is None else result.attention[:, heads]
+                if result.cross_attention is not None:
+                    cross = result.cross_attention
+                    out.cross_attentions[i] = cross if heads is None else cross[:, heads]
+            if keep_stages:
+                for name, tensor in result.stages.items():
+                    module = getattr(block, name)
+                    module_norm = getattr(block, f"{name}_norm")
+                    out.stages.append(Stage(f"block {i} {name}", tensor, count_parameters(module, module_norm)))
+                out.stages.append(Stage(f"block {i} output", x, count_parameters(block)))
+            if capture is not None and capture.hidden_states:
+                out.hidden_states.append(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if keep_stages:
+                out.stages.append(Stage("final norm", x, count_parameters(self.final_norm)))
+        out.last_hidden_state = x
+        return out
+
+
+class LMHead(nn.Module):
+    """Unembedding to the vocabulary (tied to the token embeddings when configured). MLM heads first
+    transform the hidden state (dense, activation, norm), as BERT's does."""
+
+    def __init__(self, config: ModelConfig, token_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = config.head == "mlm"
+        if self.transform:
+            self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+            self.act = activation(config.hidden_act)
+            self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.unembed = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.unembed.weight = token_embeddings.weight
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, hidden) -> (B, T, V)."""
+        if self.transform:
+            x = self.norm(self.act(self.dense(x)))
+        logits = self.unembed(x)
+        return logits + self.bias if self.bias is not None else logits
+
+
+class ClassificationHead(nn.Module):
+    """First token's hidden state -> [dense + tanh/relu, as BERT's pooler] -> dropout -> linear."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size) if config.classifier_pooler != "none" else None
+        self.act = activation(config.classifier_pooler) if self.dense is not None else None
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, hidden) -> (B, num_labels)."""
+        x = x[:, 0]
+        if self.dense is not None:
+            x = self.act(self.dense(x))
+        return self.out(self.dropout(x))
+
+
+class TransformerModel(nn.Module):
+    """An encoder, a decoder or an encoder-decoder, with an optional head (config.head).
+
+    Encoder-only models have `encoder`; decoder-only models have `decoder` (causal); encoder-decoders
+    have both, the decoder attending to the encoder's output through cross-attention.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        arch = config.architecture
+        self.encoder = Stack(config, False, False, config.num_hidden_layers) if arch != "decoder" else None
+        if arch == "encoder":
+            self.decoder = None
+        else:
+            layers = config.decoder_layers if arch == "encoder-decoder" else config.num_hidden_layers
+            self.decoder = Stack(config, causal=True, cross=arch == "encoder-decoder", num_layers=layers)
+        self.head: nn.Module | None = None
+        if config.head in ("mlm", "lm"):
+            self.head = LMHead(config, self.embed_tokens)
+        elif config.head == "classifier":
+            self.head = ClassificationHead(config)
+        self.embedding_scale = config.hidden_size ** 0.5 if config.scale_embedding else 1.0
+
+    @property
+    def output_stack(self) -> Stack:
+        """The stack whose output feeds the head: the decoder when there is one."""
+        return self.decoder if self.decoder is not None else self.encoder
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """(B, T) token ids -> (B, T, hidden) token embeddings (scaled when the config says so)."""
+        x = self.embed_tokens(input_ids)
+        return x * self.embedding_scale if self.embedding_scale != 1.0 else x
+
+    def start_tokens(self, batch: int, device: torch.device) -> Tensor:
+        """The decoder input of an encoder-decoder when none is given: one start token per row (B, 1)."""
+        start = self.config.decoder_start_token_id
+        start = start if start is not None else (self.config.bos_token_id or 0)
+        return torch.full((batch, 1), start, dtype=torch.long, device=device)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                decoder_input_ids: Tensor | None = None, decoder_attention_mask: Tensor | None = None,
+                cache: KVCache | None = None, capture: Capture | None = None,
+                encoder_output: ModelOutput | None = None, logits_to_keep: int | None = None) -> ModelOutput:
+        """input_ids (B, T). Decoder-only with a cache: input_ids are the new tokens and attention_mask
+        covers cached + new positions. Encoder-decoder: decoder_input_ids default to the start token."""
+        embedding_parameters = count_parameters(self.embed_tokens)
+        if self.decoder is None:
+            out = self.encoder(self.embed(input_ids), attention_mask, token_type_ids, capture=capture,
+                               token_embedding_parameters=embedding_parameters)
+        elif self.encoder is None:
+            out = self.decoder(self.embed(input_ids), attention_mask, cache=cache, capture=capture,
+                               token_embedding_parameters=embedding_parameters)
+        else:
+            if encoder_output is None:
+                encoder_output = self.encoder(self.embed(input_ids), attention_mask, capture=capture,
+                                              token_embedding_parameters=embedding_parameters)
+            if decoder_input_ids is None:
+                decoder_input_ids = self.start_tokens(input_ids.shape[0], input_ids.device)
+            out = self.decoder(self.embed(decoder_input_ids), decoder_attention_mask,
+                               memory=encoder_output.last_hidden_state, memory_mask=attention_mask, cache=cache,
+                               capture=capture, token_embedding_parameters=embedding_parameters)
+            out.encoder = encoder_output
+        if cache is not None:
+            cache.length += out.last_hidden_state.shape[1]
+            out.cache = cache
+        if self.head is not None:
+            hidden = out.last_hidden_state
+            if logits_to_keep is not None and isinstance(self.head, LMHead):
+                hidden = hidden[:, -logits_to_keep:]
+            out.logits = self.head(hidden)
+            if capture is not None and capture.stages:
+                out.stages.append(Stage("head", out.logits, count_parameters(self.head)))
+        return out
+
+    def unembed(self, hidden: Tensor) -> Tensor:
+        """Logit lens: what a hidden state (B, T, hidden) of the output stack would predict, (B, T, V):
+        through the final norm and the LM head where the model has them, else the token embeddings."""
+        stack = self.output_stack
+        if stack.final_norm is not None:
+            hidden = stack.final_norm(hidden)
+        if isinstance(self.head, LMHead):
+            return self.head(hidden)
+        return hidden @ self.embed_tokens.weight.T
+
+
+def init_weights(model: nn.Module, seed: int) -> None:
+    """Random weights as Hugging Face initialises them (normal(0, 0.02), zero biases, unit norms),
+    drawn from a generator seeded with `seed` so the same seed gives the same model everywhere."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.02)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.weight.fill_(1.0)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+        for name, param in model.named_parameters():
+            if name.endswith("head.bias"):
+                param.zero_()
