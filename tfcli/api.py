@@ -92,3 +92,16 @@ def load_model(source: str | None = None, device: str = "cpu", dtype: str | None
                seed: int = 0) -> "TransformerModel":
     """An eval-mode model from a path, bundled config name or hub id (None: bundled bert-base)."""
     return build_model(resolve_source(source), device=device, dtype=dtype, seed=seed)
+
+
+def load_model_and_tokenizer(source: str | None, device: str = "cpu", dtype: str | None = None, seed: int = 0):
+    """The model and its tokenizer (its own files, else the bundled BERT one), checked to fit together."""
+    from tfcli.tokenizer import load_tokenizer
+
+    resolved = resolve_source(source)
+    tokenizer = load_tokenizer(resolved.tokenizer_dir)
+    if tokenizer.vocab_size > resolved.config.vocab_size:
+        raise TfcliError(f"the tokenizer ({tokenizer.name}) has {tokenizer.vocab_size} tokens but the model's "
+                         f"vocabulary has {resolved.config.vocab_size}",
+                         "set vocab_size in the config to at least the tokenizer's size")
+    return build_model(resolved, device=device, dtype=dtype, seed=seed), tokenizer

@@ -52,6 +52,12 @@ class ModelOutput:
     cache: KVCache | None = None
 
 
+def parameter_count(config: ModelConfig) -> int:
+    """Parameters of the model a config builds (tied weights counted once), without allocating them."""
+    with torch.device("meta"):
+        return count_parameters(TransformerModel(config))
+
+
 def count_parameters(*modules: nn.Module | None) -> int:
     return sum(p.numel() for m in modules if m is not None for p in m.parameters())
 
@@ -67,7 +73,7 @@ def attention_mask_bias(attention_mask: Tensor | None, query_length: int, causal
         attention_mask = None
     if attention_mask is None and (not causal or query_length == 1):
         return None
-    keys = past + query_length
+    keys = attention_mask.shape[1] if attention_mask is not None else past + query_length  # cross: S != T
     allowed = torch.ones(1, 1, query_length, keys, dtype=torch.bool, device=device)
     if causal:
         query_positions = torch.arange(past, keys, device=device)[:, None]
@@ -268,6 +274,16 @@ class TransformerModel(nn.Module):
         if isinstance(self.head, LMHead):
             return self.head(hidden)
         return hidden @ self.embed_tokens.weight.T
+
+    def generate(self, input_ids: Tensor, max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 use_cache: bool = True, attention_mask: Tensor | None = None) -> Tensor:
+        """Prompt + new ids (B, T + new) like transformers' generate (encoder-decoders: the decoder's ids,
+        start token first); greedy unless do_sample. See tfcli/model/generate.py."""
+        from tfcli.model.generate import generate
+
+        return generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, use_cache,
+                        attention_mask)
 
 
 def init_weights(model: nn.Module, seed: int) -> None:

@@ -1,0 +1,151 @@
+"""`tfcli encode`, `tfcli compare`, `tfcli config` and the Python API, through their public interfaces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+import tfcli
+from tfcli.cli import app
+from tfcli.model import Capture
+from conftest import save_hf_model
+
+SEED_SENTENCE = "I gave the dog a bone because it was hungry"
+TINY_DECODER = "architecture: decoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 4\n" \
+               "intermediate_size: 64\nnorm_position: pre\nfinal_norm: true\nhead: lm\ntype_vocab_size: 0\n"
+TINY_SEQ2SEQ = "architecture: encoder-decoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_decoder_layers: 1\n" \
+               "num_attention_heads: 4\nintermediate_size: 64\nhead: lm\ndecoder_start_token_id: 101\n"
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def records(result) -> list[dict]:
+    assert result.exit_code == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_seed_sentence_through_bert_base():
+    model = tfcli.load_model("bert-base")
+    tokenizer = tfcli.load_tokenizer()
+    ids = torch.tensor([tokenizer.encode([SEED_SENTENCE])[0].ids])
+    with torch.no_grad():
+        out = model(ids, capture=Capture())
+    assert out.last_hidden_state.shape == (1, 12, 768)
+    assert len(out.attentions) == 12
+    for weights in out.attentions.values():
+        assert weights.shape == (1, 12, 12, 12)
+        assert torch.allclose(weights.sum(-1), torch.ones(1, 12, 12), atol=1e-5)
+
+
+def test_encode_json_keys_and_selection():
+    result = run("encode", "time flies like an arrow", "--model", "tiny", "--layers", "-1", "--heads", "0,2",
+                 "--top-k", "2", "--json")
+    (record,) = records(result)
+    assert list(record) == ["text", "tokens", "ids", "shapes", "attention", "lens", "weights"]
+    assert record["ids"] == [101, 2051, 10029, 2066, 2019, 8612, 102]
+    assert record["weights"] == "random"
+    assert [(a["layer"], a["head"]) for a in record["attention"]] == [(1, 0), (1, 2)]
+    assert [row["layer"] for row in record["lens"]] == [1]
+    assert all(len(top) == 2 for top in record["lens"][0]["top"])
+    stages = [s["stage"] for s in record["shapes"]]
+    assert stages[0] == "embeddings" and stages[-1] == "head" and "block 1 feed_forward" in stages
+    assert "random (seed 0)" in result.stderr
+
+
+def test_random_weights_follow_the_seed():
+    first, same, other = (records(run("encode", "hello", "--model", "tiny", "--json", "--seed", s))[0]["shapes"]
+                          for s in ("1", "1", "2"))
+    assert first == same and first != other
+
+
+def test_save_writes_design_names_and_never_overwrites(tmp_path):
+    path = tmp_path / "run.safetensors"
+    assert run("encode", "a b c", "--model", "tiny", "--save", str(path)).exit_code == 0
+    tensors = load_file(str(path))
+    assert {"input_ids", "hidden.0", "hidden.2", "attention.0", "attention.1", "logits"} <= set(tensors)
+    assert tensors["attention.1"].shape == (1, 4, 5, 5)
+    again = run("encode", "a b c", "--model", "tiny", "--save", str(path))
+    assert again.exit_code == 1 and "already exists" in again.stderr
+    assert run("encode", "x", "--model", "tiny", "--save", str(path), "--force").exit_code == 0
+    assert load_file(str(path))["input_ids"].shape == (1, 3)
+
+
+def test_lens_of_last_layer_is_the_model_prediction(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64)
+    hf = save_hf_model(BertForMaskedLM, config, tmp_path)
+    (record,) = records(run("encode", "time flies", "--model", str(tmp_path), "--json", "--top-k", "1"))
+    assert record["weights"] == "trained"
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([record["ids"]])).logits[0]
+    assert [top[0]["id"] for top in record["lens"][-1]["top"]] == logits.argmax(-1).tolist()
+
+
+def test_decoder_attention_is_causal(tmp_path):
+    config = tmp_path / "decoder.yaml"
+    config.write_text(TINY_DECODER)
+    path = tmp_path / "out.safetensors"
+    assert run("encode", "time flies like an arrow", "--model", str(config), "--save", str(path)).exit_code == 0
+    weights = load_file(str(path))["attention.0"][0]
+    assert torch.all(weights.triu(diagonal=1) == 0)
+    assert torch.allclose(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5)
+
+
+def test_encoder_decoder_shows_three_kinds_of_attention(tmp_path):
+    config = tmp_path / "seq2seq.yaml"
+    config.write_text(TINY_SEQ2SEQ)
+    path = tmp_path / "out.safetensors"
+    result = run("encode", "time flies", "--model", str(config), "--target", "le temps", "--json", "--save", str(path))
+    (record,) = records(result)
+    assert record["target_ids"][0] == 101
+    kinds = {(a["kind"], a["layer"]) for a in record["attention"]}
+    assert kinds == {("encoder", 0), ("encoder", 1), ("decoder", 0), ("cross", 0)}
+    tensors = load_file(str(path))
+    assert {"encoder.hidden.2", "decoder.hidden.1", "decoder.cross_attention.0", "logits"} <= set(tensors)
+    assert tensors["decoder.cross_attention.0"].shape[-1] == len(record["ids"])
+
+
+def test_table_output_shows_every_section():
+    result = run("encode", "time flies", "--model", "tiny", "--layers", "0")
+    assert result.exit_code == 0
+    for title in ("stages", "attention: layer 0, mean of heads", "logit lens", "attends most to"):
+        assert title in result.stdout
+
+
+def test_compare_reports_parity(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64)
+    save_hf_model(BertForMaskedLM, config, tmp_path)
+    (record,) = records(run("compare", str(tmp_path), "time flies like an arrow", "--json"))
+    names = [t["name"] for t in record["tensors"]]
+    assert names == ["hidden.0", "hidden.1", "hidden.2", "attention.0", "attention.1", "logits"]
+    assert record["max_abs_diff"] <= 1e-4
+
+
+def test_compare_needs_weights():
+    result = run("compare", "tiny", "hello")
+    assert result.exit_code == 1 and "has none" in result.stderr
+
+
+def test_config_counts_parameters():
+    (record,) = records(run("config", "tiny", "--json"))
+    model = tfcli.load_model("tiny")
+    assert record["parameters"] == sum(p.numel() for p in model.parameters())
+    assert record["config"]["hidden_size"] == 64
+
+
+@pytest.mark.parametrize("name", ["bert-base", "encoder-postnorm", "encoder-prenorm", "classifier",
+                                  "encoder-decoder", "gpt2-small", "tiny"])
+def test_every_bundled_config_resolves(name):
+    (record,) = records(run("config", name, "--json"))
+    assert record["parameters"] > 0

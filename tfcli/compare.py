@@ -1,0 +1,81 @@
+"""`tfcli compare`: run transformers' own model on the same checkpoint and input, and measure, tensor
+by tensor, how far tfcli's numbers are from it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tfcli.errors import TfcliError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from tfcli.model import TransformerModel
+    from tfcli.sources import Source
+
+
+@dataclass
+class Difference:
+    name: str
+    shape: list[int]
+    max_abs_diff: float
+
+
+def transformers_model(source: "Source"):
+    """transformers' class named in config.json `architectures` (eager attention, so it returns weights)."""
+    import transformers
+
+    transformers.logging.disable_progress_bar()
+    if source.weights is None:
+        raise TfcliError(f"compare needs a checkpoint with weights; {source.description} has none",
+                         "pass a directory written by save_pretrained (config.json + model.safetensors)")
+    values = json.loads((source.weights.parent / "config.json").read_text(encoding="utf-8"))
+    names = values.get("architectures") or ["AutoModel"]
+    cls = getattr(transformers, names[0], None)
+    if cls is None:
+        raise TfcliError(f"transformers has no class `{names[0]}`", "compare supports transformers' own models only")
+    loader = cls.from_pretrained if names[0] != "AutoModel" else transformers.AutoModel.from_pretrained
+    return loader(str(source.weights.parent), attn_implementation="eager").eval()
+
+
+def compare(model: "TransformerModel", source: "Source", input_ids: "Tensor") -> list[Difference]:
+    """Max abs difference per tensor: hidden.{i} (the last after any final norm, as transformers
+    reports it), attention.{i}, cross_attention.{i} and logits."""
+    import torch
+
+    from tfcli.model import Capture
+
+    reference = transformers_model(source).to(device=input_ids.device, dtype=model.embed_tokens.weight.dtype)
+    encoder_decoder = model.config.architecture == "encoder-decoder"
+    kwargs = {"output_hidden_states": True, "output_attentions": True}
+    with torch.no_grad():
+        ours = model(input_ids, capture=Capture())
+        decoder_ids = model.start_tokens(input_ids.shape[0], input_ids.device) if encoder_decoder else None
+        theirs = reference(input_ids=input_ids, decoder_input_ids=decoder_ids, **kwargs) if encoder_decoder \
+            else reference(input_ids=input_ids, **kwargs)
+    pairs: list[tuple[str, Tensor, Tensor]] = []
+    if encoder_decoder:
+        pairs += _stack_pairs("encoder.", ours.encoder, theirs.encoder_hidden_states, theirs.encoder_attentions)
+        pairs += _stack_pairs("decoder.", ours, theirs.decoder_hidden_states, theirs.decoder_attentions)
+        pairs += [(f"decoder.cross_attention.{i}", ours.cross_attentions[i], t)
+                  for i, t in enumerate(theirs.cross_attentions)]
+    else:
+        pairs += _stack_pairs("", ours, theirs.hidden_states, theirs.attentions)
+    if ours.logits is not None and getattr(theirs, "logits", None) is not None:
+        pairs.append(("logits", ours.logits, theirs.logits))
+    return [Difference(name, list(a.shape), _diff(name, a, b)) for name, a, b in pairs]
+
+
+def _stack_pairs(prefix: str, ours, hidden_states, attentions) -> list[tuple[str, "Tensor", "Tensor"]]:
+    last = len(hidden_states) - 1
+    pairs = [(f"{prefix}hidden.{i}", ours.hidden_states[i] if i < last else ours.last_hidden_state, t)
+             for i, t in enumerate(hidden_states)]
+    return pairs + [(f"{prefix}attention.{i}", ours.attentions[i], t) for i, t in enumerate(attentions)]
+
+
+def _diff(name: str, ours: "Tensor", theirs: "Tensor") -> float:
+    if ours.shape != theirs.shape:
+        raise TfcliError(f"{name}: tfcli's shape {tuple(ours.shape)} differs from transformers' {tuple(theirs.shape)}")
+    return (ours.double() - theirs.double()).abs().max().item()
