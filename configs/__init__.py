@@ -1,0 +1,1 @@
+# Bundled model configs, shipped inside the wheel as the package `tfcli.configs`.

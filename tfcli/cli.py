@@ -1,0 +1,348 @@
+"""The `tfcli` command line: each command parses options, calls the core, and hands the result to render.
+
+Results go to stdout (`console`); warnings, progress and errors to stderr (`err_console`).
+Heavy modules (torch, transformers, tokenizers) are imported inside the commands, so `--help` is quick.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
+
+from tfcli import __version__
+from tfcli.errors import TfcliError, usage_error
+
+if TYPE_CHECKING:
+    from tfcli.tokenizer import Encoding
+
+# rich drops colour by itself when NO_COLOR is set or the stream is not a terminal. Piped tables get
+# a wide page (or $COLUMNS) so that files and pagers receive whole cells rather than truncated ones.
+console = Console(highlight=False, markup=False, emoji=False,
+                  width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 200))
+err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+
+class _ErrorReportingGroup(TyperGroup):
+    """Turns TfcliError, and any unexpected exception, into `error:` / `hint:` lines and an exit code."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TfcliError as e:
+            fail(e.message, e.hint, e.exit_code)
+        except (TyperException, typer.Exit, typer.Abort, BrokenPipeError):
+            raise  # typer handles these: usage errors, exits, Ctrl-C (130), closed pipes
+        except Exception as e:
+            if os.environ.get("TFCLI_DEBUG") == "1":
+                raise
+            fail(f"unexpected {type(e).__name__}: {e}", "this is a bug in tfcli; TFCLI_DEBUG=1 shows the traceback", 1)
+
+
+app = typer.Typer(
+    name="tfcli",
+    cls=_ErrorReportingGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="tfcli")
+
+
+# ---------------------------------------------------------------- helpers shared by the commands
+
+
+def fail(message: str, hint: str | None, exit_code: int) -> None:
+    """Print `error: message` (and `hint: hint`) on stderr and exit."""
+    err_console.print(f"error: {message}", soft_wrap=True)
+    if hint:
+        err_console.print(f"hint: {hint}", soft_wrap=True)
+    raise typer.Exit(exit_code)
+
+
+def warn(message: str) -> None:
+    err_console.print(f"warning: {message}", soft_wrap=True)
+
+
+def read_texts(texts: list[str] | None, file: Path | None) -> list[str]:
+    """The input texts: the arguments, stdin (one per line) when `-` is the only argument, or FILE's lines."""
+    if file is not None:
+        if texts:
+            raise usage_error("give texts as arguments or with --file, not both")
+        try:
+            texts = _lines(file.read_bytes(), str(file))
+        except OSError as e:
+            raise usage_error(f"cannot read {file}: {e.strerror}") from e
+    elif texts == ["-"]:
+        texts = _lines(sys.stdin.buffer.read(), "stdin")
+    if not texts:
+        raise usage_error("no text given", "pass texts as arguments, `-` to read stdin, or --file PATH")
+    return texts
+
+
+def _lines(data: bytes, source: str) -> list[str]:
+    """Decode UTF-8 bytes into lines (without their line endings); a bad byte is the user's error."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise TfcliError(
+            f"{source} is not valid UTF-8: line {line}, byte offset {e.start}",
+            "convert it first, e.g. `iconv -f latin1 -t utf-8`",
+        ) from e
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def warn_truncated(encodings: list[Encoding]) -> None:
+    for number, encoding in enumerate(encodings, 1):
+        if encoding.truncated:
+            warn(f"text {number} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
+
+
+TextsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="TEXT", help="Texts to process; `-` alone reads stdin, one text per line.", show_default=False),
+]
+FileOption = Annotated[Path | None, typer.Option("--file", "-f", help="Read texts from FILE, one per line.", dir_okay=False)]
+ModelOption = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Model source: a path, a bundled config name or a Hugging Face hub id."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per text.")]
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        console.print(f"tfcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """See inside a transformer's forward pass: tokens, shapes, attention, and what each layer would predict."""
+
+
+@app.command()
+def tokenize(
+    texts: TextsArgument = None,
+    pair: Annotated[str | None, typer.Option(help="Second segment, paired with every text.")] = None,
+    no_special: Annotated[bool, typer.Option("--no-special", help="Leave out special tokens ([CLS], [SEP], ...).")] = False,
+    max_length: Annotated[int | None, typer.Option(metavar="N", help="Truncate to at most N tokens.")] = None,
+    model: ModelOption = None,
+    file: FileOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Show how texts split into tokens: ids, segments, and the characters each token covers."""
+    from tfcli.tokenizer import load_tokenizer
+
+    inputs = read_texts(texts, file)
+    tokenizer = load_tokenizer(model)
+    pairs = [pair] * len(inputs) if pair is not None else None
+    encodings = tokenizer.encode(inputs, pairs, add_special_tokens=not no_special, max_length=max_length)
+    warn_truncated(encodings)
+    if json_output:
+        from tfcli.render.jsonl import write_jsonl
+
+        write_jsonl(_tokenize_record(e) for e in encodings)
+    else:
+        from tfcli.render.tables import token_table
+
+        for number, encoding in enumerate(encodings, 1):
+            console.print(token_table(encoding, title=f"text {number}: {encoding.text!r}", caption=tokenizer.name))
+
+
+def _tokenize_record(encoding: Encoding) -> dict[str, Any]:
+    """The JSON Lines record of `tokenize` (keys fixed by DESIGN.md)."""
+    record = {"text": encoding.text}
+    if encoding.pair is not None:
+        record["pair"] = encoding.pair
+    return record | {
+        "tokens": encoding.tokens,
+        "ids": encoding.ids,
+        "type_ids": encoding.type_ids,
+        "attention_mask": encoding.attention_mask,
+        "offsets": encoding.offsets,
+    }
+
+
+# ---------------------------------------------------------------- tfcli config
+
+
+@app.command("config")
+def show_config(
+    source: Annotated[str | None, typer.Argument(metavar="SRC", help="Path, bundled name or hub id (default: bert-base).")] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Print the resolved config of a model source and its parameter count."""
+    from tfcli.model.transformer import parameter_count
+    from tfcli.sources import bundled_names, resolve_source
+
+    resolved = resolve_source(source)
+    config = resolved.config
+    parameters = parameter_count(config)
+    if json_output:
+        from tfcli.render.jsonl import write_jsonl
+
+        write_jsonl([{"source": resolved.description, "config": config.to_dict(), "parameters": parameters,
+                      "weights": str(resolved.weights) if resolved.weights else None}])
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{config.name}: {resolved.description}", title_justify="left",
+                  caption=f"{parameters:,} parameters; bundled configs: {', '.join(bundled_names())}", caption_justify="left")
+    table.add_column("key", no_wrap=True)
+    table.add_column("value")
+    for key, value in config.to_dict().items():
+        table.add_row(key, str(value))
+    console.print(table)
+# ---------------------------------------------------------------- tfcli encode
+
+DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
+DtypeOption = Annotated[str, typer.Option(help="float32, float16 or bfloat16.")]
+SeedOption = Annotated[int, typer.Option(help="Seed of the random weights when the model has none.")]
+
+
+def load_for_command(model: str | None, device: str, dtype: str, seed: int):
+    """Model and tokenizer for a command; says on stderr where the weights came from."""
+    from tfcli.api import load_model_and_tokenizer
+
+    loaded, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype, seed=seed)
+    err_console.print(f"model: {loaded.config.name} ({loaded.config.architecture}); weights: "
+                      f"{loaded.weights_description}", soft_wrap=True)
+    return loaded, tokenizer
+
+
+def tokenize_for_model(tokenizer, config, texts: list[str], truncate: bool) -> list[Encoding]:
+    """Tokenize texts for a model, truncating to its position table (or refusing, with --no-truncate)."""
+    encodings = tokenizer.encode(texts, max_length=config.max_position_embeddings)
+    for number, encoding in enumerate(encodings, 1):
+        if encoding.truncated and not truncate:
+            raise usage_error(f"text {number} has {encoding.untruncated_length} tokens, more than the model's "
+                              f"{config.max_position_embeddings} positions", "drop --no-truncate to truncate it")
+    warn_truncated(encodings)
+    return encodings
+
+
+@app.command()
+def encode(
+    texts: TextsArgument = None,
+    model: ModelOption = None,
+    layers: Annotated[str | None, typer.Option(help="Blocks to show, e.g. 0,-1 (default: all).")] = None,
+    heads: Annotated[str | None, typer.Option(help="Heads to show, e.g. 0,3 or all (default: their mean).")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", help="Top unembedded tokens per layer and position.")] = 3,
+    target: Annotated[str | None, typer.Option(help="Decoder input of an encoder-decoder (default: the start token).")] = None,
+    no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse texts longer than the position table.")] = False,
+    save: Annotated[Path | None, typer.Option(help="Write input_ids, hidden.{i}, attention.{i}, logits to FILE.safetensors.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite the --save file if it exists.")] = False,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Run a forward pass and show every stage's shape, the attention maps and the logit lens."""
+    from tfcli import inspect
+
+    inputs = read_texts(texts, file)
+    if top_k <= 0:
+        raise usage_error(f"--top-k must be at least 1, got {top_k}")
+    loaded, tokenizer = load_for_command(model, device, dtype, seed)
+    if top_k > loaded.config.vocab_size:
+        raise usage_error(f"--top-k {top_k} is larger than the vocabulary ({loaded.config.vocab_size})")
+    count = inspect.block_count(loaded)
+    options = inspect.EncodeOptions(layers=inspect.parse_indices(layers, count, "layers"),
+                                    heads=None if heads is None else inspect.parse_indices(heads, loaded.config.num_attention_heads, "heads")
+                                    or list(range(loaded.config.num_attention_heads)), top_k=top_k)
+    decoder_input = None
+    if loaded.config.architecture == "encoder-decoder":
+        start = loaded.start_tokens(1, "cpu")[0].tolist()
+        ids = start + (tokenizer.encode([target], add_special_tokens=False)[0].ids if target else [])
+        decoder_input = inspect.DecoderInput(ids, [tokenizer.id_to_token(i) or '?' for i in ids])
+    elif target is not None:
+        raise usage_error("--target is for encoder-decoder models", f"{loaded.config.name} is an {loaded.config.architecture}")
+    encodings = tokenize_for_model(tokenizer, loaded.config, inputs, truncate=not no_truncate)
+    batch_size = len(encodings) if save is not None else 32
+    from tfcli.render import report as render
+
+    for start in range(0, len(encodings), batch_size):
+        batch = encodings[start:start + batch_size]
+        out, model_inputs = inspect.encode_batch(loaded, tokenizer, batch, decoder_input, options)
+        for row, encoding in enumerate(batch):
+            text_report = inspect.text_report(loaded, out, row, encoding, decoder_input, options, tokenizer)
+            if json_output:
+                from tfcli.render.jsonl import write_jsonl
+
+                write_jsonl([render.json_record(text_report, loaded.trained)])
+            else:
+                render.render_report(console, text_report, start + row + 1)
+        if save is not None:
+            render.save_tensors(save, inspect.saved_tensors(out, model_inputs), overwrite=force)
+            err_console.print(f"saved {save}")
+# ---------------------------------------------------------------- tfcli compare
+
+
+@app.command()
+def compare(
+    source: Annotated[str, typer.Argument(metavar="SRC", help="A checkpoint directory (config.json + weights).")],
+    text: Annotated[str, typer.Argument(help="The input text.")],
+    device: DeviceOption = "cpu",
+    tolerance: Annotated[float, typer.Option(help="Largest difference that counts as a match.")] = 1e-4,
+    json_output: JsonOption = False,
+) -> None:
+    """Run transformers' own model on the same checkpoint and text; print each tensor's max abs difference."""
+    import torch
+
+    from tfcli import compare as comparison
+    from tfcli.api import build_model
+    from tfcli.sources import resolve_source
+    from tfcli.tokenizer import load_tokenizer
+
+    resolved = resolve_source(source)
+    loaded = build_model(resolved, device=device)
+    encoding = tokenize_for_model(load_tokenizer(resolved.tokenizer_dir), loaded.config, [text], truncate=True)[0]
+    input_ids = torch.tensor([encoding.ids], device=loaded.embed_tokens.weight.device)
+    differences = comparison.compare(loaded, resolved, input_ids)
+    worst = max(d.max_abs_diff for d in differences)
+    if json_output:
+        from tfcli.render.jsonl import write_jsonl
+
+        write_jsonl([{"text": text, "ids": encoding.ids, "tolerance": tolerance, "max_abs_diff": worst,
+                      "tensors": [{"name": d.name, "shape": d.shape, "max_abs_diff": d.max_abs_diff}
+                                  for d in differences]}])
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"tfcli vs transformers on {source} (fp32 tolerance {tolerance:g})", title_justify="left")
+        for header in ("tensor", "shape", "max abs diff", ""):
+            table.add_column(header, no_wrap=True)
+        for d in differences:
+            table.add_row(d.name, str(tuple(d.shape)), f"{d.max_abs_diff:.3g}", "ok" if d.max_abs_diff <= tolerance else "DIFFERS")
+        console.print(table)
+    if worst > tolerance:
+        err_console.print(f"largest difference {worst:.3g} exceeds {tolerance:g}")
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------- tfcli classify  (to be added)
+# ---------------------------------------------------------------- tfcli generate  (to be added)

@@ -1,0 +1,1 @@
+"""Turning results into output: rich tables, JSON Lines."""

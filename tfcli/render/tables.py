@@ -1,0 +1,25 @@
+"""Rich tables for terminal output."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from tfcli.tokenizer import Encoding
+
+TOKEN_COLUMNS = [("#", "right"), ("token", "left"), ("id", "right"), ("seg", "right"), ("span", "right"), ("text", "left")]
+
+
+def token_table(encoding: Encoding, title: str, caption: str | None = None) -> Table:
+    """One row per token: position, token, id, segment, span start:end and the text it covers (blank for specials)."""
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for header, justify in TOKEN_COLUMNS:
+        table.add_column(header, justify=justify)
+    for position, (token, token_id, segment) in enumerate(zip(encoding.tokens, encoding.ids, encoding.type_ids)):
+        special = encoding.sequence_ids[position] is None
+        start, end = encoding.offsets[position]
+        span, covered = ("", "") if special else (f"{start}:{end}", repr(encoding.span_text(position)))
+        table.add_row(str(position), token, str(token_id), str(segment), span, covered)
+    return table
