@@ -344,5 +344,51 @@ def compare(
         raise typer.Exit(1)
 
 
-# ---------------------------------------------------------------- tfcli classify  (to be added)
+# ---------------------------------------------------------------- tfcli classify
+
+
+@app.command()
+def classify(
+    texts: TextsArgument = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model source with a classification head "
+                                              "(default: the bundled `classifier`, random weights).")] = None,
+    top: Annotated[int | None, typer.Option(metavar="N", help="Show only the N most probable labels in the table.")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="Show what the first token attends to in the last layer(s), mean over heads.")] = False,
+    explain_layers: Annotated[int, typer.Option("--explain-layers", metavar="N", help="Average --explain over the last N layers.")] = 1,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Classify texts: every label's probability and the prediction; --explain shows why."""
+    from tfcli.classify import classify as run_classify
+    from tfcli.classify import require_classifier
+
+    inputs = read_texts(texts, file)
+    if top is not None and top < 1:
+        raise usage_error(f"--top must be at least 1, got {top}")
+    if explain_layers < 1:
+        raise usage_error(f"--explain-layers must be at least 1, got {explain_layers}")
+    from tfcli.sources import resolve_source
+
+    require_classifier(resolve_source(model or "classifier").config)  # before building a model for nothing
+    loaded, tokenizer = load_for_command(model or "classifier", device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these probabilities say nothing about the texts")
+    encodings = tokenize_for_model(tokenizer, loaded.config, inputs, truncate=True)
+    results = run_classify(loaded, tokenizer, encodings, explain=explain_layers if explain else 0)
+    if json_output:
+        from tfcli.render.jsonl import write_jsonl
+
+        write_jsonl(result.record() for result in results)
+        return
+    from tfcli.render.classify import classification_table, heat_strip
+
+    for number, result in enumerate(results, 1):
+        console.print(classification_table(result, number, top))
+        if result.explanation is not None:
+            console.print(heat_strip(result.explanation))
+
+
 # ---------------------------------------------------------------- tfcli generate  (to be added)

@@ -14,14 +14,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import bert
+from tfcli.checkpoints import bert, distilbert, roberta
 from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-FAMILIES: dict[str, ModuleType] = {t: module for module in (bert,) for t in module.MODEL_TYPES}
+FAMILIES: dict[str, ModuleType] = {t: module for module in (bert, distilbert, roberta)
+                                   for t in module.MODEL_TYPES}
 
 
 def family(model_type: str, origin: str = "config") -> ModuleType:

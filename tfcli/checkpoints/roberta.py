@@ -1,0 +1,43 @@
+"""RoBERTa (RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification).
+
+BERT's layout (its rules are reused) with two differences: position ids start after the padding index
+(`position_offset` = pad_token_id + 1, and HF's max_position_embeddings counts those extra rows), and
+the classification head is `classifier.dense` + tanh + `classifier.out_proj`, with no pooler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.checkpoints.bert import embedding_rules, encoder_rules, mlm_rules
+from tfcli.checkpoints.common import architecture_head, common
+from tfcli.config import ModelConfig
+
+MODEL_TYPES = ("roberta",)
+HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
+PREFIXES = ("roberta.",)
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    pad = hf.get("pad_token_id")
+    offset = (pad if pad is not None else 1) + 1
+    positions = hf.get("max_position_embeddings", 514) - offset
+    return common(hf, model_type="roberta", architecture="encoder", type_vocab_size=hf.get("type_vocab_size", 1),
+                  norm_position="post", position="learned", position_offset=offset,
+                  max_position_embeddings=positions, embedding_norm=True,
+                  head=architecture_head(hf, HEADS), lm_head_bias=True, classifier_pooler="tanh")
+
+
+def rules(config: ModelConfig) -> list[tuple[str, str | None]]:
+    return [
+        *embedding_rules(),
+        *encoder_rules("encoder", "encoder"),
+        *mlm_rules("lm_head"),
+        (r"pooler\.dense\.(weight|bias)", None),  # RobertaModel's pooler: no RoBERTa head uses it
+        (r"classifier\.dense\.(weight|bias)", r"head.dense.\1"),
+        (r"classifier\.out_proj\.(weight|bias)", r"head.out.\1"),
+    ]
+
+
+def transposed(config: ModelConfig) -> list[str]:
+    return []

@@ -1,0 +1,106 @@
+"""Classification: texts -> probabilities over the head's labels, and why (the first token's attention).
+
+Texts run in padded batches; padding is masked out of attention, so a text gets the same
+probabilities alone or in any batch. `explain` keeps the attention of the last layer(s) only, so
+the other layers stay on the fused fast path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tfcli.errors import TfcliError
+
+if TYPE_CHECKING:
+    from tfcli.config import ModelConfig
+    from tfcli.model import TransformerModel
+    from tfcli.tokenizer import Encoding, Tokenizer
+
+BATCH_SIZE = 32
+
+
+@dataclass
+class Explanation:
+    """What the classification (first) token attends to: softmax weights over the input tokens,
+    averaged over every head of `layers` (and over those layers)."""
+
+    layers: list[int]
+    tokens: list[str]
+    weights: list[float]  # one per input token, summing to 1
+
+
+@dataclass
+class Classification:
+    text: str
+    ids: list[int]
+    labels: list[str]  # every label, in head order
+    probs: list[float]  # same order
+    explanation: Explanation | None = None
+
+    @property
+    def prediction(self) -> str:
+        return self.labels[max(range(len(self.probs)), key=self.probs.__getitem__)]
+
+    def ranked(self, top: int | None = None) -> list[tuple[str, float]]:
+        """(label, probability), most probable first; the first `top` only when given."""
+        pairs = sorted(zip(self.labels, self.probs), key=lambda pair: -pair[1])
+        return pairs[:top] if top is not None else pairs
+
+    def record(self) -> dict[str, Any]:
+        """The JSON Lines record (keys fixed by DESIGN.md; `explain` only when asked for)."""
+        out: dict[str, Any] = {"text": self.text, "ids": self.ids, "labels": self.labels, "probs": self.probs,
+                               "prediction": self.prediction}
+        if self.explanation is not None:
+            e = self.explanation
+            out["explain"] = {"layers": e.layers, "tokens": e.tokens, "weights": e.weights}
+        return out
+
+
+def require_classifier(config: ModelConfig) -> None:
+    """A clear error, naming the head the model has, unless it has a classification head."""
+    if config.head != "classifier":
+        has = "no head" if config.head == "none" else f"a `{config.head}` head"
+        raise TfcliError(f"{config.name} has no classification head: it has {has}",
+                         "use a checkpoint saved from a ...ForSequenceClassification model, a config with "
+                         "`head: classifier`, or the bundled `--model classifier`")
+
+
+def explain_layers(model: TransformerModel, count: int) -> list[int]:
+    """The last `count` blocks of the stack feeding the head."""
+    total = len(model.output_stack.blocks)
+    if count < 1:
+        raise TfcliError(f"--explain-layers must be at least 1, got {count}", exit_code=2)
+    return list(range(max(total - count, 0), total))
+
+
+def classify(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding],
+             explain: int = 0, batch_size: int = BATCH_SIZE) -> list[Classification]:
+    """Classify tokenized texts in padded batches; explain > 0 adds the first token's attention,
+    averaged over heads and over the last `explain` layers."""
+    import torch
+
+    from tfcli.model import Capture
+
+    require_classifier(model.config)
+    device = next(model.parameters()).device
+    layers = explain_layers(model, explain) if explain else []
+    capture = Capture(hidden_states=False, layers=layers) if layers else None
+    results: list[Classification] = []
+    for start in range(0, len(encodings), batch_size):
+        batch = encodings[start:start + batch_size]
+        ids, mask, type_ids = (torch.tensor(rows, device=device) for rows in tokenizer.pad(batch))
+        with torch.no_grad():
+            out = model(ids, attention_mask=mask, token_type_ids=type_ids, capture=capture)
+        probs = out.logits.float().softmax(-1).cpu()
+        if layers:
+            # (B, H, T, S) per layer -> the first query row, mean over heads and layers -> (B, S)
+            first = torch.stack([out.attentions[i][:, :, 0, :].float().mean(1) for i in layers]).mean(0).cpu()
+        for row, encoding in enumerate(batch):
+            explanation = None
+            if layers:
+                n = len(encoding.ids)
+                explanation = Explanation(layers, list(encoding.tokens), first[row, :n].tolist())
+            results.append(Classification(encoding.text, list(encoding.ids), list(model.config.label_names),
+                                          probs[row].tolist(), explanation))
+    return results
