@@ -9,19 +9,21 @@ Q, K and V weights mapped to `.q/.k/.v` are fused here into the model's `qkv` (o
 from __future__ import annotations
 
 import json
+import pickle
 import re
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import bert, distilbert, roberta
+from tfcli.checkpoints import bart, bert, distilbert, gpt2, llama, roberta
 from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-FAMILIES: dict[str, ModuleType] = {t: module for module in (bert, distilbert, roberta)
+FAMILIES: dict[str, ModuleType] = {t: module for module in (bert, distilbert, roberta, gpt2, llama, bart)
                                    for t in module.MODEL_TYPES}
 
 
@@ -68,11 +70,19 @@ def _read_file(file: Path) -> dict[str, Tensor]:
             raise TfcliError(f"{file}: cannot read the safetensors file ({str(exc).splitlines()[0][:120]})",
                              "the file is truncated or corrupted: download or save it again") from None
     try:
-        state = torch.load(str(file), map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise TfcliError(f"{file}: refused to load ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
-                         "tfcli loads .bin files only when they hold plain tensors (weights_only=True); "
+        with warnings.catch_warnings():  # torch warns about pickle protocols; the error below says enough
+            warnings.simplefilter("ignore")
+            state = torch.load(str(file), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:  # weights_only refused a global or opcode: the file carries code
+        found = re.search(r"[^\n]*[Uu]nsupported[^\n]*", str(exc))  # e.g. "... unsupported GLOBAL posix.system ..."
+        detail = found.group(0).strip()[:160] if found else "not a plain tensor file"
+        raise TfcliError(f"{file}: refused to load: it holds Python objects other than tensors ({detail}); "
+                         "nothing in it was run",
+                         "tfcli loads .bin files only when they hold plain tensors (torch.load weights_only=True); "
                          "prefer safetensors") from None
+    except Exception as exc:
+        raise TfcliError(f"{file}: cannot read the checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
+                         "the file is truncated or corrupted: download or save it again") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise TfcliError(f"{file}: does not hold a dictionary of tensors")
     return state
@@ -96,6 +106,8 @@ def map_names(state: dict[str, Tensor], config: ModelConfig) -> tuple[dict[str, 
     for name in fam.transposed(config):
         if name in renamed:
             renamed[name] = renamed[name].t()
+    if hasattr(fam, "adjust"):  # optional per-family fix-ups, e.g. BART's (1, V) final_logits_bias
+        renamed = fam.adjust(renamed, config)
     return _fuse_projections(renamed), unknown
 
 

@@ -1,0 +1,236 @@
+"""Generation: KV cache, sampling, the step stream and `tfcli generate` (tiny models, so it stays fast)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import tfcli
+from tfcli.cli import app
+from tfcli.errors import TfcliError
+from tfcli.model.generate import Sampling, stream
+
+TINY = {
+    "decoder": "architecture: decoder\nnorm_position: pre\nfinal_norm: true\nembedding_norm: false\n"
+               "type_vocab_size: 0\nhead: lm\neos_token_id: 102\n",
+    "rotary": "architecture: decoder\nnorm_position: pre\nnorm: rmsnorm\nposition: rotary\nfeed_forward: gated\n"
+              "hidden_act: silu\nnum_key_value_heads: 2\nfinal_norm: true\nembedding_norm: false\n"
+              "type_vocab_size: 0\nhead: lm\ntie_word_embeddings: false\neos_token_id: 102\n",
+    "seq2seq": "architecture: encoder-decoder\nnum_decoder_layers: 3\ntype_vocab_size: 0\nhead: lm\n"
+               "tie_word_embeddings: false\ndecoder_start_token_id: 101\neos_token_id: 102\n",
+    "encoder": "architecture: encoder\nhead: mlm\n",
+}
+SIZES = "hidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 48\nmax_position_embeddings: 24\n"
+PROMPT = torch.tensor([[101, 1996, 4248, 2829, 4419]])
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("configs")
+    paths = {}
+    for name, text in TINY.items():
+        paths[name] = root / f"tiny-{name}.yaml"
+        paths[name].write_text(SIZES + text)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def models(configs):
+    return {name: tfcli.load_model(str(path), seed=3) for name, path in configs.items() if name != "encoder"}
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, list(args))
+    assert "Traceback" not in result.output + result.stderr
+    return result
+
+
+# ---------------------------------------------------------------- the decoding loop
+
+
+@pytest.mark.parametrize("name", ["decoder", "rotary", "seq2seq"])
+def test_cached_and_uncached_decoding_give_the_same_tokens(models, name):
+    model = models[name]
+    for options in (dict(), dict(do_sample=True, temperature=2.0, top_k=50, seed=5)):
+        cached = model.generate(PROMPT, max_new_tokens=10, use_cache=True, **options)
+        uncached = model.generate(PROMPT, max_new_tokens=10, use_cache=False, **options)
+        assert cached.tolist() == uncached.tolist()
+    start = 1 if name == "seq2seq" else PROMPT.shape[1]
+    assert cached.shape[1] == start + 10 or cached[0, -1].item() == 102
+
+
+def test_each_cached_step_feeds_one_token(models):
+    model, lengths = models["rotary"], []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(args[0].shape[1]),
+                                           with_kwargs=True)
+    try:
+        model.generate(PROMPT, max_new_tokens=6)
+    finally:
+        hook.remove()
+    assert lengths[0] == PROMPT.shape[1] and set(lengths[1:]) <= {1}
+
+
+def test_encoder_decoder_encodes_once_and_feeds_one_decoder_token(models):
+    model, seen = models["seq2seq"], []
+    model.encoder.register_forward_hook(lambda module, args, out: seen.append("encoder"))
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["decoder_input_ids"].shape[1]),
+                                           with_kwargs=True)
+    try:
+        ids = model.generate(PROMPT, max_new_tokens=5)
+    finally:
+        hook.remove()
+        model.encoder._forward_hooks.clear()
+    assert seen.count("encoder") == 1 and [s for s in seen if s != "encoder"] == [1] * (ids.shape[1] - 1)
+    assert ids[0, 0].item() == 101
+
+
+def test_left_padded_batch_equals_each_prompt_alone(models):
+    model = models["rotary"]
+    short = torch.tensor([[101, 2829, 4419]])
+    batch = torch.tensor([[101, 1996, 4248, 2829, 4419], [0, 0, 101, 2829, 4419]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    together = model.generate(batch, max_new_tokens=6, attention_mask=mask)
+    assert together[0].tolist() == model.generate(PROMPT, max_new_tokens=6)[0].tolist()
+    assert together[1, 2:].tolist() == model.generate(short, max_new_tokens=6)[0].tolist()
+
+
+def test_sampling_is_seeded_and_filters(models):
+    model = models["decoder"]
+    greedy = model.generate(PROMPT, max_new_tokens=8)
+    one = dict(do_sample=True, temperature=1.5, seed=1)
+    assert model.generate(PROMPT, max_new_tokens=8, **one).tolist() == \
+        model.generate(PROMPT, max_new_tokens=8, **one).tolist()
+    assert model.generate(PROMPT, max_new_tokens=8, do_sample=True, top_k=1, seed=2).tolist() == greedy.tolist()
+    assert model.generate(PROMPT, max_new_tokens=8, do_sample=True, top_p=1e-6, seed=2).tolist() == greedy.tolist()
+    runs = {tuple(model.generate(PROMPT, max_new_tokens=8, do_sample=True, temperature=5.0, seed=s)[0].tolist())
+            for s in range(3)}
+    assert len(runs) > 1
+
+
+def test_stream_reports_probabilities_and_the_lens(models):
+    model = models["rotary"]
+    steps = list(stream(model, PROMPT, max_new_tokens=4, lens=True, top=3))
+    greedy = model.generate(PROMPT, max_new_tokens=4)[0, PROMPT.shape[1]:].tolist()
+    assert [s.token_id for s in steps] == greedy[:len(steps)]
+    for step in steps:
+        assert step.top[0] == (step.token_id, pytest.approx(step.prob))
+        assert len(step.lens) == model.config.num_hidden_layers + 1
+        assert step.lens[-1][0] == step.token_id  # the last layer's lens is the model's own prediction
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(max_new_tokens=0), "max-new-tokens"),
+    (dict(do_sample=True, temperature=0.0), "temperature"),
+    (dict(do_sample=True, top_k=0), "top-k"),
+    (dict(do_sample=True, top_p=0.0), "top-p"),
+    (dict(do_sample=True, top_p=1.5), "top-p"),
+    (dict(max_new_tokens=100), "do not fit"),
+])
+def test_bad_generation_options_are_usage_errors(models, options, message):
+    with pytest.raises(TfcliError, match=message) as info:
+        models["decoder"].generate(PROMPT, **{"max_new_tokens": 3, **options})
+    assert info.value.exit_code == 2
+
+
+def test_model_without_lm_head_cannot_generate(configs):
+    with pytest.raises(TfcliError, match="head is `mlm`"):
+        tfcli.load_model(str(configs["encoder"])).generate(PROMPT, max_new_tokens=2)
+
+
+# ---------------------------------------------------------------- tfcli generate
+
+
+def test_cli_table_and_weights_statement(configs):
+    result = invoke("generate", "time flies like", "-m", str(configs["decoder"]), "-n", "3", "--lens")
+    assert result.exit_code == 0, result.stderr
+    assert "random (seed 0)" in result.stderr
+    assert result.stdout.startswith("time flies like")
+    assert "top alternatives" in result.stdout and "lens" in result.stdout
+
+
+def test_cli_json_keys(configs):
+    result = invoke("generate", "time flies", "an arrow", "-m", str(configs["rotary"]), "-n", "4", "--json",
+                    "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7", "--lens")
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 2
+    for record in records:
+        assert set(record) == {"prompt", "ids", "prompt_ids", "generated_ids", "text", "steps"}
+        assert record["ids"] == record["prompt_ids"] and record["prompt_ids"][-1] != 102  # [SEP] dropped
+        assert [s["id"] for s in record["steps"]] == record["generated_ids"]
+        assert 1 <= len(record["generated_ids"]) <= 4
+        assert len(record["steps"][0]["lens"]) == 3 and len(record["steps"][0]["top"]) == 5
+    again = invoke("generate", "time flies", "an arrow", "-m", str(configs["rotary"]), "-n", "4", "--json",
+                   "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7", "--lens")
+    assert again.stdout == result.stdout
+
+
+@pytest.mark.parametrize("name", ["gpt2-small", "encoder-decoder"])
+def test_cli_on_bundled_configs(name):
+    result = invoke("generate", "hello", "-m", name, "-n", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert len(record["generated_ids"]) <= 2 and "random (seed 0)" in result.stderr
+    if name == "encoder-decoder":
+        assert record["prompt_ids"] == [101, 7592, 102]  # the encoder reads the text with its specials
+
+
+def test_cli_checkpoint_without_and_with_tokenizer_files(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from conftest import save_hf_model
+
+    config = GPT2Config(vocab_size=30522, n_embd=32, n_layer=2, n_head=4, n_positions=32, bos_token_id=0,
+                        eos_token_id=102)
+    save_hf_model(GPT2LMHeadModel, config, tmp_path)
+    bare = invoke("generate", "hello world", "-m", str(tmp_path), "-n", "3", "--json")
+    assert bare.exit_code == 0, bare.stderr
+    assert json.loads(bare.stdout)["prompt_ids"] == [101, 7592, 2088]  # bundled BERT vocabulary
+    assert "trained, loaded from" in bare.stderr
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(["hello world", "time flies like an arrow"] * 10,
+                                  trainers.BpeTrainer(vocab_size=60, show_progress=False))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    own = invoke("generate", "hello world", "-m", str(tmp_path), "-n", "3", "--json")
+    assert own.exit_code == 0, own.stderr
+    assert json.loads(own.stdout)["prompt_ids"] == tokenizer.encode("hello world").ids
+
+
+@pytest.mark.parametrize("args,message", [
+    (["generate"], "no text given"),
+    (["generate", ""], "empty"),
+    (["generate", "   "], "whitespace"),
+    (["generate", "hi", "-n", "0"], "--max-new-tokens"),
+    (["generate", "hi", "-n", "-3"], "--max-new-tokens"),
+    (["generate", "hi", "--temperature", "0"], "temperature"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--top-k", "0"], "top-k"),
+    (["generate", "hi", "--top-p", "0"], "top-p"),
+    (["generate", "hi", "--top-p", "1.5"], "top-p"),
+    (["generate", "hi", "--greedy", "--temperature", "0.5"], "--greedy"),
+    (["generate", " ".join(["word"] * 40)], "positions"),
+])
+def test_cli_bad_input_is_a_usage_error(configs, args, message):
+    result = invoke(*args, "-m", str(configs["decoder"]))
+    assert result.exit_code == 2
+    error = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and message in error[0]
+    assert result.stdout == ""
+
+
+def test_cli_model_without_lm_head(configs):
+    result = invoke("generate", "hi", "-m", str(configs["encoder"]))
+    assert result.exit_code == 2 and "head is `mlm`" in result.stderr
+
+
+def test_cli_stops_at_the_end_of_the_position_table(configs):
+    result = invoke("generate", " ".join(["word"] * 18), "-m", str(configs["decoder"]), "-n", "20", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert "only 5 new tokens fit" in result.stderr
+    assert len(json.loads(result.stdout)["generated_ids"]) <= 5

@@ -1,0 +1,80 @@
+"""BART (BartModel, BartForConditionalGeneration).
+
+A post-norm encoder-decoder sharing one token embedding (`shared`), optionally scaled by
+sqrt(d_model); learned positions start at row 2 (`position_offset`), each stack normalises its
+embeddings (`layernorm_embedding`); the LM head is tied to the shared embedding and adds
+`final_logits_bias`. The stacks' own copies of the shared embedding are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tfcli.checkpoints.common import architecture_head, common
+from tfcli.config import ModelConfig
+from tfcli.errors import TfcliError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+MODEL_TYPES = ("bart",)
+HEADS = {"ForConditionalGeneration": "lm"}
+PREFIXES = ("model.",)
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    for a, b, default in (("encoder_attention_heads", "decoder_attention_heads", 16),
+                          ("encoder_ffn_dim", "decoder_ffn_dim", 4096)):
+        if hf.get(a, default) != hf.get(b, default):
+            raise TfcliError(f"config.json: BART with {a} != {b} is not supported by tfcli",
+                             "tfcli's encoder and decoder share one head count and feed-forward size")
+    if hf.get("normalize_before") or hf.get("add_final_layer_norm"):
+        raise TfcliError("config.json: pre-norm BART variants (normalize_before / add_final_layer_norm) "
+                         "are not supported by tfcli", "tfcli loads the post-norm BART of facebook/bart-*")
+    head = architecture_head(hf, HEADS)
+    values = common(hf, model_type="bart", architecture="encoder-decoder", hidden_size=hf.get("d_model", 1024),
+                    num_hidden_layers=hf.get("encoder_layers", 12), num_decoder_layers=hf.get("decoder_layers", 12),
+                    num_attention_heads=hf.get("encoder_attention_heads", 16),
+                    intermediate_size=hf.get("encoder_ffn_dim", 4096),
+                    max_position_embeddings=hf.get("max_position_embeddings", 1024),
+                    hidden_act=hf.get("activation_function", "gelu"), layer_norm_eps=1e-5,
+                    hidden_dropout_prob=hf.get("dropout", 0.1),
+                    attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
+                    norm="layernorm", norm_position="post", position="learned", position_offset=2,
+                    type_vocab_size=0, embedding_norm=True, scale_embedding=bool(hf.get("scale_embedding", False)),
+                    final_norm=False, feed_forward="mlp", head=head, lm_head_bias=head == "lm",
+                    tie_word_embeddings=hf.get("tie_word_embeddings", True),
+                    decoder_start_token_id=hf.get("decoder_start_token_id"))
+    values.pop("labels", None), values.pop("num_labels", None)  # BartConfig's default id2label: no head uses it
+    return values
+
+
+def rules(config: ModelConfig) -> list[tuple[str, str | None]]:
+    stack, layer, block = r"(encoder|decoder)", r"(encoder|decoder)\.layers\.(\d+)", r"\1.blocks.\2"
+    return [
+        (r"shared\.weight", "embed_tokens.weight"),
+        (rf"{stack}\.embed_tokens\.weight", None),  # copies of `shared`
+        (rf"{stack}\.embed_positions\.weight", r"\1.embeddings.positions.weight"),
+        (rf"{stack}\.layernorm_embedding\.(weight|bias)", r"\1.embeddings.norm.\2"),
+        (rf"{layer}\.self_attn\.(q|k|v)_proj\.(weight|bias)", rf"{block}.attention.\3.\4"),
+        (rf"{layer}\.self_attn\.out_proj\.(weight|bias)", rf"{block}.attention.out.\3"),
+        (rf"{layer}\.self_attn_layer_norm\.(weight|bias)", rf"{block}.attention_norm.\3"),
+        (rf"{layer}\.encoder_attn\.(q|k|v)_proj\.(weight|bias)", rf"{block}.cross_attention.\3.\4"),
+        (rf"{layer}\.encoder_attn\.out_proj\.(weight|bias)", rf"{block}.cross_attention.out.\3"),
+        (rf"{layer}\.encoder_attn_layer_norm\.(weight|bias)", rf"{block}.cross_attention_norm.\3"),
+        (rf"{layer}\.(fc1|fc2)\.(weight|bias)", rf"{block}.feed_forward.\3.\4"),
+        (rf"{layer}\.final_layer_norm\.(weight|bias)", rf"{block}.feed_forward_norm.\3"),
+        (r"final_logits_bias", "head.bias" if config.head == "lm" else None),
+        (r"lm_head\.weight", "head.unembed.weight"),
+    ]
+
+
+def transposed(config: ModelConfig) -> list[str]:
+    return []
+
+
+def adjust(renamed: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+    """final_logits_bias is stored as (1, V); the head's bias is (V,)."""
+    if "head.bias" in renamed:
+        renamed["head.bias"] = renamed["head.bias"].reshape(-1)
+    return renamed

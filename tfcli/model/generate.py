@@ -1,0 +1,206 @@
+"""Generation: greedy or sampled decoding with a KV cache, one token's work per step, watchable step by step.
+
+`decode` is the loop (batched; yields the tensors of each step), `generate` collects it into ids as
+transformers' `generate` returns them, and `stream` turns it into `Step` records for one prompt, each with
+the chosen token's probability, the most probable alternatives and, optionally, the logit lens (what every
+layer's hidden state at that step would have predicted, through `model.unembed`).
+
+Shapes: B batch, T prompt length, V vocabulary, L layers (L + 1 hidden states, embeddings first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from tfcli.errors import TfcliError, usage_error
+from tfcli.model.attention import KVCache
+from tfcli.model.transformer import Capture
+
+if TYPE_CHECKING:
+    from tfcli.model.transformer import TransformerModel
+
+
+@dataclass
+class Sampling:
+    """How the next token is chosen: argmax (greedy), or drawn after temperature, top-k and top-p (in that
+    order, as transformers applies them) from a seeded generator."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def check(self) -> None:
+        if not self.temperature > 0:
+            raise usage_error(f"temperature must be positive, got {self.temperature}",
+                              "use a value such as 0.7 or 1.0; for deterministic output use --greedy")
+        if self.top_k is not None and self.top_k <= 0:
+            raise usage_error(f"top-k must be 1 or more, got {self.top_k}", "leave it out to keep every token")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise usage_error(f"top-p must be in (0, 1], got {self.top_p}", "for example 0.9; 1 keeps every token")
+
+
+@dataclass
+class StepTensors:
+    """One decoding step for the whole batch."""
+
+    tokens: Tensor  # (B,) the chosen ids (padding for rows that had already finished)
+    logits: Tensor  # (B, V) float32 scores the tokens were chosen from, before temperature and filtering
+    hidden: Tensor | None  # (L + 1, B, hidden) the last position's hidden states, with lens
+    finished: Tensor  # (B,) bool: the row has produced its end-of-sequence token (at this step or before)
+
+
+@dataclass
+class Step:
+    """One generated token of one prompt, for display."""
+
+    index: int  # 0 for the first new token
+    token_id: int
+    prob: float  # the model's probability for it (softmax of the logits, temperature 1)
+    top: list[tuple[int, float]]  # the most probable tokens and their probabilities, best first
+    lens: list[tuple[int, float]] | None  # per hidden state (0 = embeddings): top token, its probability
+    eos: bool  # this token ends the sequence
+
+
+def choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None) -> Tensor:
+    """(B, V) scores -> (B,) token ids."""
+    if not sampling.do_sample:
+        return logits.argmax(dim=-1)
+    scores = logits / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < scores.shape[-1]:
+        kth = scores.topk(sampling.top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p is not None and sampling.top_p < 1:
+        ordered, order = scores.sort(dim=-1)  # ascending
+        cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - sampling.top_p
+        drop[:, -1] = False  # always keep the most probable token
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def position_limit(model: TransformerModel) -> int:
+    """How many positions the generating stack can take (its position table / trained context)."""
+    return model.config.max_position_embeddings
+
+
+def check_can_generate(model: TransformerModel, prompt_length: int, max_new_tokens: int) -> None:
+    """A clear error for a model without an LM head, an empty or too long prompt, or max_new_tokens <= 0."""
+    config = model.config
+    if config.head != "lm" or config.architecture == "encoder":
+        raise usage_error(f"{config.name} cannot generate: its head is `{config.head}` "
+                          f"({config.architecture}), generation needs an `lm` head on a decoder",
+                          "use a decoder or encoder-decoder with `head: lm`, e.g. --model gpt2-small")
+    if max_new_tokens <= 0:
+        raise usage_error(f"max-new-tokens must be 1 or more, got {max_new_tokens}")
+    if prompt_length == 0:
+        raise usage_error("the prompt is empty", "give some text to continue")
+    if prompt_length > position_limit(model):
+        raise usage_error(f"the prompt has {prompt_length} tokens, more than the model's {position_limit(model)} "
+                          "positions", "shorten the prompt")
+
+
+@torch.inference_mode()
+def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | None = None,
+           max_new_tokens: int = 20, sampling: Sampling | None = None, use_cache: bool = True,
+           lens: bool = False) -> Iterator[StepTensors]:
+    """Yield one StepTensors per new token until max_new_tokens or every row has hit end of sequence.
+
+    input_ids (B, T): the prompt (decoder-only, left-padded for batches) or the encoder input
+    (encoder-decoder: the decoder starts from the start token). With use_cache, the prompt runs once and
+    each later step feeds only the newest token; without it, every step re-runs the whole sequence.
+    """
+    sampling = sampling or Sampling()
+    sampling.check()
+    config = model.config
+    batch, length = input_ids.shape
+    seq2seq = model.encoder is not None
+    check_can_generate(model, length, max_new_tokens)
+    room = position_limit(model) - (1 if seq2seq else length)
+    if max_new_tokens > room:
+        raise usage_error(f"{max_new_tokens} new tokens do not fit: the model has {position_limit(model)} positions "
+                          f"and the {'decoder start token' if seq2seq else 'prompt'} takes "
+                          f"{position_limit(model) - room}", f"ask for at most {room} new tokens")
+    if int(input_ids.max()) >= config.vocab_size or int(input_ids.min()) < 0:
+        raise TfcliError(f"token id {int(input_ids.max())} is outside the model's vocabulary ({config.vocab_size})",
+                         "the tokenizer and the model do not belong together")
+    device = input_ids.device
+    generator = None
+    if sampling.do_sample and sampling.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    eos, pad = config.eos_token_id, config.pad_token_id
+    pad = pad if pad is not None else (eos if eos is not None else 0)
+    capture = Capture(hidden_states=True, attention=False) if lens else None
+    mask = attention_mask if attention_mask is not None and not bool(attention_mask.all()) else None
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    if seq2seq:
+        sequence = model.start_tokens(batch, device)  # the decoder's ids, (B, 1 + new so far)
+        cache = KVCache(1 + max_new_tokens) if use_cache else None
+        encoder_output = None
+    else:
+        sequence = input_ids
+        cache = KVCache(length + max_new_tokens) if use_cache else None
+    step_input = sequence
+    for _ in range(max_new_tokens):
+        if seq2seq:
+            out = model(input_ids, attention_mask=mask, decoder_input_ids=step_input, cache=cache,
+                        capture=capture, encoder_output=encoder_output, logits_to_keep=1)
+            encoder_output = out.encoder
+        else:
+            out = model(step_input, attention_mask=mask, cache=cache, capture=capture, logits_to_keep=1)
+        logits = out.logits[:, -1].float()  # (B, V)
+        tokens = choose(logits, sampling, generator)
+        if eos is not None:
+            tokens = tokens.masked_fill(finished, pad)
+            finished = finished | (tokens == eos)
+        hidden = torch.stack([h[:, -1] for h in out.hidden_states]) if lens else None  # (L + 1, B, hidden)
+        yield StepTensors(tokens, logits, hidden, finished.clone())
+        sequence = torch.cat([sequence, tokens[:, None]], dim=1)
+        if bool(finished.all()):
+            return
+        if mask is not None and not seq2seq:
+            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+        step_input = tokens[:, None] if use_cache else sequence
+
+
+def generate(model: TransformerModel, input_ids: Tensor, max_new_tokens: int = 20, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int | None = None, use_cache: bool = True, attention_mask: Tensor | None = None) -> Tensor:
+    """Prompt + new ids (B, T + new), as transformers' generate returns them; for an encoder-decoder, the
+    decoder's ids starting with the decoder start token. Rows that finish early are padded."""
+    sampling = Sampling(do_sample, temperature, top_k, top_p, seed)
+    seq2seq = model.encoder is not None
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    sequence = model.start_tokens(input_ids.shape[0], input_ids.device) if seq2seq else input_ids
+    new = [step.tokens for step in decode(model, input_ids, attention_mask, max_new_tokens, sampling, use_cache)]
+    return torch.cat([sequence, torch.stack(new, dim=1)], dim=1) if new else sequence
+
+
+@torch.no_grad()
+def stream(model: TransformerModel, input_ids: Tensor, max_new_tokens: int = 20, sampling: Sampling | None = None,
+           use_cache: bool = True, lens: bool = False, top: int = 5) -> Iterator[Step]:
+    """One prompt (1, T) -> a Step per new token, as soon as it is chosen."""
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.shape[0] != 1:
+        raise ValueError("stream takes one prompt; use generate for batches")
+    for index, step in enumerate(decode(model, input_ids, None, max_new_tokens, sampling, use_cache, lens)):
+        probs = step.logits[0].softmax(dim=-1)
+        token = int(step.tokens[0])
+        best = probs.topk(min(top, probs.shape[-1]))
+        layer_tops = None
+        if step.hidden is not None:
+            layer_probs = model.unembed(step.hidden).float()[:, 0].softmax(dim=-1)  # (L + 1, V)
+            values, ids = layer_probs.max(dim=-1)
+            layer_tops = [(int(i), float(v)) for i, v in zip(ids, values)]
+        yield Step(index, token, float(probs[token]), [(int(i), float(p)) for p, i in zip(*best)], layer_tops,
+                   eos=bool(step.finished[0]))
