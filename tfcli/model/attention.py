@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
+from tfcli.model.linear import Linear
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
@@ -97,11 +98,11 @@ class Attention(nn.Module):
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.cross = cross
         if cross:
-            self.q = nn.Linear(config.hidden_size, q_size, bias=config.attention_bias)
-            self.kv = nn.Linear(config.hidden_size, 2 * kv_size, bias=config.attention_bias)
+            self.q = Linear(config.hidden_size, q_size, bias=config.attention_bias)
+            self.kv = Linear(config.hidden_size, 2 * kv_size, bias=config.attention_bias)
         else:
-            self.qkv = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
-        self.out = nn.Linear(q_size, config.hidden_size, bias=config.attention_out_bias)
+            self.qkv = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.out = Linear(q_size, config.hidden_size, bias=config.attention_out_bias)
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         """(B, T, heads * D) -> (B, heads, T, D)."""

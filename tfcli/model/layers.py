@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
 from tfcli.model.attention import Attention, KVCache
+from tfcli.model.linear import Linear
 
 
 def activation(name: str) -> nn.Module:
@@ -29,12 +30,12 @@ class FeedForward(nn.Module):
         self.gated = config.feed_forward == "gated"
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         if self.gated:
-            self.gate = nn.Linear(hidden, inner, bias=bias)
-            self.up = nn.Linear(hidden, inner, bias=bias)
-            self.down = nn.Linear(inner, hidden, bias=bias)
+            self.gate = Linear(hidden, inner, bias=bias)
+            self.up = Linear(hidden, inner, bias=bias)
+            self.down = Linear(inner, hidden, bias=bias)
         else:
-            self.fc1 = nn.Linear(hidden, inner, bias=bias)
-            self.fc2 = nn.Linear(inner, hidden, bias=bias)
+            self.fc1 = Linear(hidden, inner, bias=bias)
+            self.fc2 = Linear(inner, hidden, bias=bias)
         self.act = activation(config.hidden_act)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -5,6 +5,7 @@ Shapes: B batch, T tokens, hidden = config.hidden_size, V vocabulary, H heads, S
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +15,7 @@ from tfcli.config import ModelConfig
 from tfcli.model.attention import KVCache, Rotary
 from tfcli.model.embeddings import Embeddings
 from tfcli.model.layers import Block, activation, norm
+from tfcli.model.linear import Linear
 
 
 @dataclass
@@ -53,9 +55,21 @@ class ModelOutput:
 
 
 def parameter_count(config: ModelConfig) -> int:
-    """Parameters of the model a config builds (tied weights counted once), without allocating them."""
-    with torch.device("meta"):
-        return count_parameters(TransformerModel(config))
+    """Parameters of the model a config builds (tied weights counted once), without allocating them.
+    Built on the meta device with one and two blocks per stack and extrapolated, so that a config
+    naming millions of layers is counted at once rather than built."""
+
+    def count(encoder_layers: int, decoder_layers: int) -> int:
+        small = dataclasses.replace(config, num_hidden_layers=encoder_layers, num_decoder_layers=decoder_layers)
+        with torch.device("meta"):
+            return count_parameters(TransformerModel(small))
+
+    if config.architecture != "encoder-decoder":
+        one = count(1, 1)
+        return one + (config.num_hidden_layers - 1) * (count(2, 2) - one)
+    one = count(1, 1)
+    return (one + (config.num_hidden_layers - 1) * (count(2, 1) - one)
+            + (config.decoder_layers - 1) * (count(1, 2) - one))
 
 
 def count_parameters(*modules: nn.Module | None) -> int:
@@ -154,10 +168,10 @@ class LMHead(nn.Module):
         super().__init__()
         self.transform = config.head == "mlm"
         if self.transform:
-            self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+            self.dense = Linear(config.hidden_size, config.hidden_size)
             self.act = activation(config.hidden_act)
             self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.unembed = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.unembed = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.unembed.weight = token_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
@@ -175,11 +189,11 @@ class ClassificationHead(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size) if config.classifier_pooler != "none" else None
+        self.dense = Linear(config.hidden_size, config.hidden_size) if config.classifier_pooler != "none" else None
         self.act = activation(config.classifier_pooler) if self.dense is not None else None
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
-        self.out = nn.Linear(config.hidden_size, config.num_labels)
+        self.out = Linear(config.hidden_size, config.num_labels)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, hidden) -> (B, num_labels)."""

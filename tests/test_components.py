@@ -1,0 +1,160 @@
+"""Component parity: each building block of the seeds against an independent implementation
+(the seeds' formulas, PyTorch's own nn.Transformer layers, transformers' rotary and RMSNorm)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tfcli.config import ModelConfig
+from tfcli.model.attention import Attention, apply_rotary, Rotary, scaled_dot_product_attention
+from tfcli.model.embeddings import sinusoidal_table
+from tfcli.model.layers import Block
+from tfcli.model.linear import Linear
+from tfcli.model.transformer import attention_mask_bias
+from conftest import assert_close
+
+WIDTH, HEADS = 32, 4
+
+
+def config(**overrides) -> ModelConfig:
+    values = dict(hidden_size=WIDTH, num_attention_heads=HEADS, intermediate_size=64, layer_norm_eps=1e-5,
+                  hidden_act="relu", norm_position="post")
+    return ModelConfig(**{**values, **overrides})
+
+
+def seeds_attention(q, k, v, mask=None):
+    """The seeds' scaled dot-product attention, written out."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(k.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, float("-inf"))
+    return F.softmax(scores, dim=-1) @ v
+
+
+def test_scaled_dot_product_attention_fast_and_explicit_paths_match_the_formula():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, HEADS, 5, 8).unbind(0)
+    causal = torch.tril(torch.ones(5, 5))
+    bias = attention_mask_bias(None, 5, True, torch.float32, torch.device("cpu"))
+    expected = seeds_attention(q, k, v, causal)
+    fast, no_weights = scaled_dot_product_attention(q, k, v, bias, need_weights=False)
+    explicit, weights = scaled_dot_product_attention(q, k, v, bias, need_weights=True)
+    assert no_weights is None
+    assert_close("fast", fast, expected, 1e-5)
+    assert_close("explicit", explicit, expected, 1e-5)
+    assert_close("rows sum to 1", weights.sum(-1), torch.ones(2, HEADS, 5), 1e-6)
+
+
+def test_grouped_query_attention_equals_repeated_key_value_heads():
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 6, 8)
+    k, v = torch.randn(2, 1, 2, 6, 8).unbind(0)
+    repeated = seeds_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    for need_weights in (False, True):
+        assert_close("gqa", scaled_dot_product_attention(q, k, v, None, need_weights)[0], repeated, 1e-5)
+
+
+def copy_torch_layer(ours: Block, theirs: nn.Module, cross: bool = False) -> None:
+    """Load a torch.nn.Transformer{Encoder,Decoder}Layer's weights into a tfcli Block."""
+    with torch.no_grad():
+        ours.attention.qkv.weight.copy_(theirs.self_attn.in_proj_weight)
+        ours.attention.qkv.bias.copy_(theirs.self_attn.in_proj_bias)
+        ours.attention.out.load_state_dict(theirs.self_attn.out_proj.state_dict())
+        ours.feed_forward.fc1.load_state_dict(theirs.linear1.state_dict())
+        ours.feed_forward.fc2.load_state_dict(theirs.linear2.state_dict())
+        ours.attention_norm.load_state_dict(theirs.norm1.state_dict())
+        if cross:
+            w, b = theirs.multihead_attn.in_proj_weight, theirs.multihead_attn.in_proj_bias
+            ours.cross_attention.q.weight.copy_(w[:WIDTH]), ours.cross_attention.q.bias.copy_(b[:WIDTH])
+            ours.cross_attention.kv.weight.copy_(w[WIDTH:]), ours.cross_attention.kv.bias.copy_(b[WIDTH:])
+            ours.cross_attention.out.load_state_dict(theirs.multihead_attn.out_proj.state_dict())
+            ours.cross_attention_norm.load_state_dict(theirs.norm2.state_dict())
+            ours.feed_forward_norm.load_state_dict(theirs.norm3.state_dict())
+        else:
+            ours.feed_forward_norm.load_state_dict(theirs.norm2.state_dict())
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_block_matches_torch_transformer_encoder_layer(norm_first, activation):
+    """The seeds' post-norm (add & norm) and pre-norm encoder layers, as PyTorch implements them."""
+    torch.manual_seed(0)
+    theirs = nn.TransformerEncoderLayer(WIDTH, HEADS, 64, dropout=0.0, activation=activation, batch_first=True,
+                                        norm_first=norm_first).eval()
+    ours = Block(config(norm_position="pre" if norm_first else "post", hidden_act=activation)).eval()
+    copy_torch_layer(ours, theirs)
+    x = torch.randn(2, 7, WIDTH)
+    padding = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    with torch.no_grad():
+        expected = theirs(x, src_key_padding_mask=padding == 0)
+        got = ours(x, attention_mask_bias(padding, 7, False, torch.float32, x.device)).hidden
+    assert_close("block", got[0], expected[0], 1e-5)
+    assert_close("block, real tokens of the padded text", got[1, :4], expected[1, :4], 1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_block_matches_torch_transformer_decoder_layer(norm_first):
+    """Masked self-attention, encoder-decoder attention and feed-forward, each with its residual."""
+    torch.manual_seed(0)
+    theirs = nn.TransformerDecoderLayer(WIDTH, HEADS, 64, dropout=0.0, activation="relu", batch_first=True,
+                                        norm_first=norm_first).eval()
+    ours = Block(config(norm_position="pre" if norm_first else "post"), cross=True).eval()
+    copy_torch_layer(ours, theirs, cross=True)
+    x, memory = torch.randn(2, 5, WIDTH), torch.randn(2, 6, WIDTH)
+    causal = nn.Transformer.generate_square_subsequent_mask(5)
+    with torch.no_grad():
+        expected = theirs(x, memory, tgt_mask=causal, tgt_is_causal=True)
+        mask = attention_mask_bias(None, 5, True, torch.float32, x.device)
+        got = ours(x, mask, memory=memory).hidden
+    assert_close("decoder block", got, expected, 1e-5)
+
+
+def test_sinusoidal_table_is_the_papers_formula():
+    table = sinusoidal_table(50, 16)
+    for pos in (0, 1, 17, 49):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+
+
+def test_rotary_matches_transformers():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 1, 3, 6, 8).unbind(0)
+    positions = torch.arange(6)[None]
+    cos, sin = Rotary(8, 10000.0)(positions, torch.float32)
+    theirs_q, theirs_k = apply_rotary_pos_emb(q, k, cos[:, 0], sin[:, 0])
+    assert_close("q", apply_rotary(q, cos, sin), theirs_q, 1e-6)
+    assert_close("k", apply_rotary(k, cos, sin), theirs_k, 1e-6)
+
+
+def test_attention_module_matches_torch_multihead_attention():
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(WIDTH, HEADS, batch_first=True).eval()
+    ours = Attention(config()).eval()
+    with torch.no_grad():
+        ours.qkv.weight.copy_(theirs.in_proj_weight), ours.qkv.bias.copy_(theirs.in_proj_bias)
+        ours.out.load_state_dict(theirs.out_proj.state_dict())
+        x = torch.randn(2, 5, WIDTH)
+        expected, expected_weights = theirs(x, x, x, average_attn_weights=False)
+        got, weights = ours(x, None, need_weights=True)
+    assert_close("output", got, expected, 1e-5)
+    assert_close("weights", weights, expected_weights, 1e-6)
+
+
+def test_packed_linear_matches_plain_and_follows_weight_changes():
+    torch.manual_seed(0)
+    layer = Linear(48, 24)
+    x = torch.randn(3, 5, 48)
+    with torch.no_grad():
+        assert_close("packed", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)
+        layer.weight.mul_(2)  # an in-place change must not leave a stale packed copy behind
+        assert_close("after change", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)
+        assert_close("one row", layer(x[:1, :1]), F.linear(x[:1, :1], layer.weight, layer.bias), 1e-5)
+    assert layer(x).requires_grad  # training keeps autograd's plain path
