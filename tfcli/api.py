@@ -15,6 +15,7 @@ from tfcli.sources import Source, resolve_source
 if TYPE_CHECKING:
     import torch
 
+    from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
 
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
@@ -60,6 +61,31 @@ def resolve_dtype(name: str | None) -> "torch.dtype":
     return getattr(torch, DTYPES[name])
 
 
+def estimated_parameters(config: "ModelConfig") -> int:
+    """A quick lower bound on a config's parameter count (embeddings, attention and feed-forward
+    weights), computed without building anything: a hostile config cannot make this slow."""
+    width, blocks = config.hidden_size, config.num_hidden_layers
+    if config.architecture == "encoder-decoder":
+        blocks += config.decoder_layers
+    positions = config.max_position_embeddings if config.position != "rotary" else 0
+    return (config.vocab_size + positions) * width + blocks * (2 * width * width + 2 * width * config.intermediate_size)
+
+
+def check_fits_in_memory(config: "ModelConfig", origin: str) -> None:
+    """Refuse, before allocating anything, a config whose float32 weights alone exceed this machine's memory."""
+    import os
+
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not every platform tells
+        return
+    needed = estimated_parameters(config) * 4
+    if needed > memory:
+        raise TfcliError(f"{origin}: {config.name} needs at least {needed / 2**30:,.1f} GiB for its weights, "
+                         f"more than this machine's {memory / 2**30:,.1f} GiB of memory",
+                         "check hidden_size, num_hidden_layers, intermediate_size and vocab_size in the config")
+
+
 def build_model(source: Source, device: str = "cpu", dtype: str | None = None, seed: int = 0) -> "TransformerModel":
     """A model from a resolved source: trained weights when it has them, else random from `seed`.
     Its `weights_description` says which, for every output."""
@@ -69,6 +95,9 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
     from tfcli.model import TransformerModel, init_weights
 
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
+    if not 0 <= seed < 2**64:
+        raise usage_error(f"--seed must be between 0 and 2**64 - 1, got {seed}")
+    check_fits_in_memory(source.config, source.description)
     model = TransformerModel(source.config)
     if source.weights is not None:
         load_checkpoint(model, source.weights)

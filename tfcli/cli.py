@@ -51,6 +51,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -75,19 +76,28 @@ def warn(message: str) -> None:
     err_console.print(f"warning: {message}", soft_wrap=True)
 
 
-def read_texts(texts: list[str] | None, file: Path | None) -> list[str]:
-    """The input texts: the arguments, stdin (one per line) when `-` is the only argument, or FILE's lines."""
+def read_texts(texts: list[str] | None, file: Path | None, allow_empty: bool = False) -> list[str]:
+    """The input texts: the arguments, stdin (one per line) when `-` is the only argument, or FILE's lines.
+    An empty or whitespace-only text is refused unless allow_empty (tokenize shows its special tokens):
+    a forward pass over it says nothing about any text."""
+    source = None  # where lines came from, for messages
     if file is not None:
         if texts:
             raise usage_error("give texts as arguments or with --file, not both")
         try:
-            texts = _lines(file.read_bytes(), str(file))
+            texts, source = _lines(file.read_bytes(), str(file)), str(file)
         except OSError as e:
             raise usage_error(f"cannot read {file}: {e.strerror}") from e
     elif texts == ["-"]:
-        texts = _lines(sys.stdin.buffer.read(), "stdin")
+        texts, source = _lines(sys.stdin.buffer.read(), "stdin"), "stdin"
     if not texts:
         raise usage_error("no text given", "pass texts as arguments, `-` to read stdin, or --file PATH")
+    for number, text in enumerate([] if allow_empty else texts, 1):
+        if not text.strip():
+            where = f" (line {number} of {source})" if source else ""
+            raise usage_error(f"text {number}{where} is {'only whitespace' if text else 'empty'}: there is nothing to run",
+                              "give some text" + ("; drop blank lines first, e.g. with `grep -v '^[[:space:]]*$'`"
+                                                  if source else ""))
     return texts
 
 
@@ -107,10 +117,33 @@ def _lines(data: bytes, source: str) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def warn_truncated(encodings: list[Encoding]) -> None:
-    for number, encoding in enumerate(encodings, 1):
-        if encoding.truncated:
-            warn(f"text {number} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
+def warn_truncated(encodings: list[Encoding], shown: int = 5) -> None:
+    """One warning per truncated text, the first `shown` of them, then a count (a stream stays readable)."""
+    truncated = [(number, e) for number, e in enumerate(encodings, 1) if e.truncated]
+    for number, encoding in truncated[:shown]:
+        warn(f"text {number} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
+    if len(truncated) > shown:
+        warn(f"{len(truncated) - shown} more texts truncated ({len(truncated)} of {len(encodings)} in all)")
+
+
+def batches(items: list, size: int, what: str):
+    """Yield (start, items[start:start + size]) in order; with a progress bar on stderr when stderr is a
+    terminal, stdout is not (results go to a pipe or file: on a terminal they show progress themselves)
+    and there is more than one batch. Never on pipes."""
+    spans = range(0, len(items), size)
+    if len(spans) <= 1 or not err_console.is_terminal or console.is_terminal:
+        for start in spans:
+            yield start, items[start:start + size]
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    # redirect_stdout=False: rich would otherwise send the results written to sys.stdout to stderr
+    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
+        task = progress.add_task(what, total=len(items))
+        for start in spans:
+            yield start, items[start:start + size]
+            progress.advance(task, len(items[start:start + size]))
 
 
 TextsArgument = Annotated[
@@ -156,19 +189,19 @@ def tokenize(
     """Show how texts split into tokens: ids, segments, and the characters each token covers."""
     from tfcli.tokenizer import load_tokenizer
 
-    inputs = read_texts(texts, file)
+    inputs = read_texts(texts, file, allow_empty=True)
     tokenizer = load_tokenizer(model)
     pairs = [pair] * len(inputs) if pair is not None else None
     encodings = tokenizer.encode(inputs, pairs, add_special_tokens=not no_special, max_length=max_length)
     warn_truncated(encodings)
-    if json_output:
-        from tfcli.render.jsonl import write_jsonl
+    from tfcli.render.jsonl import write_jsonl
+    from tfcli.render.tables import token_table
 
-        write_jsonl(_tokenize_record(e) for e in encodings)
-    else:
-        from tfcli.render.tables import token_table
-
-        for number, encoding in enumerate(encodings, 1):
+    for start, batch in batches(encodings, 1000, "tokenize"):
+        if json_output:
+            write_jsonl(_tokenize_record(e) for e in batch)
+            continue
+        for number, encoding in enumerate(batch, start + 1):
             console.print(token_table(encoding, title=f"text {number}: {encoding.text!r}", caption=tokenizer.name))
 
 
@@ -260,20 +293,28 @@ def encode(
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
     json_output: JsonOption = False,
+    max_capture_mb: Annotated[float, typer.Option("--max-capture-mb", metavar="MB", help="Most memory a batch's "
+                                                  "captured attention, hidden states and logits may hold.")] = 1024,
 ) -> None:
     """Run a forward pass and show every stage's shape, the attention maps and the logit lens."""
     from tfcli import inspect
 
+    from tfcli.render import report as render
+
     inputs = read_texts(texts, file)
     if top_k <= 0:
         raise usage_error(f"--top-k must be at least 1, got {top_k}")
+    if save is not None:
+        render.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
     loaded, tokenizer = load_for_command(model, device, dtype, seed)
     if top_k > loaded.config.vocab_size:
         raise usage_error(f"--top-k {top_k} is larger than the vocabulary ({loaded.config.vocab_size})")
-    count = inspect.block_count(loaded)
-    options = inspect.EncodeOptions(layers=inspect.parse_indices(layers, count, "layers"),
-                                    heads=None if heads is None else inspect.parse_indices(heads, loaded.config.num_attention_heads, "heads")
-                                    or list(range(loaded.config.num_attention_heads)), top_k=top_k)
+    head_count = loaded.config.num_attention_heads
+    selected_heads = None  # None: show the mean over heads
+    if heads is not None:
+        selected_heads = inspect.parse_indices(heads, head_count, "heads") or list(range(head_count))
+    options = inspect.EncodeOptions(layers=inspect.parse_indices(layers, inspect.block_count(loaded), "layers"),
+                                    heads=selected_heads, top_k=top_k)
     decoder_input = None
     if loaded.config.architecture == "encoder-decoder":
         start = loaded.start_tokens(1, "cpu")[0].tolist()
@@ -282,11 +323,11 @@ def encode(
     elif target is not None:
         raise usage_error("--target is for encoder-decoder models", f"{loaded.config.name} is an {loaded.config.architecture}")
     encodings = tokenize_for_model(tokenizer, loaded.config, inputs, truncate=not no_truncate)
-    batch_size = len(encodings) if save is not None else 32
-    from tfcli.render import report as render
-
-    for start in range(0, len(encodings), batch_size):
-        batch = encodings[start:start + batch_size]
+    batch_size, note = inspect.capture_batch_size(loaded, options, encodings, decoder_input, max_capture_mb,
+                                                  save is not None)
+    if note:
+        warn(note)
+    for start, batch in batches(encodings, batch_size, "encode"):
         out, model_inputs = inspect.encode_batch(loaded, tokenizer, batch, decoder_input, options)
         for row, encoding in enumerate(batch):
             text_report = inspect.text_report(loaded, out, row, encoding, decoder_input, options, tokenizer)
@@ -299,6 +340,8 @@ def encode(
         if save is not None:
             render.save_tensors(save, inspect.saved_tensors(out, model_inputs), overwrite=force)
             err_console.print(f"saved {save}")
+
+
 # ---------------------------------------------------------------- tfcli compare
 
 
@@ -391,4 +434,68 @@ def classify(
             console.print(heat_strip(result.explanation))
 
 
-# ---------------------------------------------------------------- tfcli generate  (to be added)
+# ---------------------------------------------------------------- tfcli generate
+
+
+@app.command()
+def generate(
+    prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT", show_default=False,
+                                                        help="Prompts to continue; `-` alone reads stdin, one per line.")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model source with an LM head "
+                                              "(default: the bundled `gpt2-small`, random weights).")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", help="Stop after N new tokens.")] = 20,
+    greedy: Annotated[bool, typer.Option("--greedy", help="Take the most probable token each step (the default "
+                                         "when no sampling option is given).")] = False,
+    temperature: Annotated[float | None, typer.Option(metavar="T", help="Sample, dividing the logits by T (> 0).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", metavar="K", help="Sample from the K most probable tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", metavar="P", help="Sample from the most probable tokens "
+                                                "whose probabilities add up to P, in (0, 1].")] = None,
+    lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step.")] = False,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: Annotated[int, typer.Option(help="Seed of the random weights (when the model has none) and of sampling.")] = 0,
+    json_output: JsonOption = False,
+) -> None:
+    """Continue prompts token by token: the text streams to stderr as it is made, then a step table
+    (probability, alternatives, and with --lens each layer's guess) on stdout."""
+    from tfcli import generation
+    from tfcli.model.generate import Sampling
+
+    inputs = read_texts(prompts, None)
+    do_sample = any(option is not None for option in (temperature, top_k, top_p))
+    if greedy and do_sample:
+        raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
+                          "leave out --greedy to sample")
+    sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
+    sampling.check()
+    if max_new_tokens <= 0:
+        raise usage_error(f"--max-new-tokens must be 1 or more, got {max_new_tokens}")
+    loaded, tokenizer = load_for_command(model or generation.DEFAULT_MODEL, device, dtype, seed)
+    prompt_ids = [generation.prompt_ids(loaded, tokenizer, prompt) for prompt in inputs]
+    budgets = [generation.max_new_tokens_that_fit(loaded, len(ids), max_new_tokens) for ids in prompt_ids]
+    live = err_console.is_terminal
+
+    def show(piece: str) -> None:
+        sys.stderr.write(piece)
+        sys.stderr.flush()
+
+    for number, (prompt, ids, budget) in enumerate(zip(inputs, prompt_ids, budgets), 1):
+        if budget < max_new_tokens:
+            warn(f"prompt {number}: only {budget} new tokens fit in the model's "
+                 f"{loaded.config.max_position_embeddings} positions")
+        result = generation.run(loaded, tokenizer, prompt, ids, budget, sampling, lens=lens,
+                                on_text=show if live else None)
+        if live:
+            show("\n")
+        if json_output:
+            from tfcli.render.jsonl import write_jsonl
+            from tfcli.render.generate import generate_record
+
+            write_jsonl([generate_record(result, tokenizer)])
+            continue
+        from tfcli.render.generate import step_table
+
+        console.print(result.full_text, soft_wrap=True)
+        ended = "stopped at end of sequence" if result.stopped_at_eos else f"{len(result.steps)} new tokens"
+        mode = "greedy" if not do_sample else f"sampled (seed {seed})"
+        console.print(step_table(result, tokenizer, f"prompt {number}: {ended}, {mode}"))

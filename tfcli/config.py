@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,18 @@ POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_hea
             "max_position_embeddings", "num_labels", "num_decoder_layers", "num_key_value_heads")
 
 
+# Other libraries' names for our fields: spelling similarity alone would suggest e.g. num_labels for num_layers.
+ALIASES = {
+    "num_layers": "num_hidden_layers", "n_layer": "num_hidden_layers", "n_layers": "num_hidden_layers",
+    "layers": "num_hidden_layers", "num_heads": "num_attention_heads", "n_head": "num_attention_heads",
+    "n_heads": "num_attention_heads", "heads": "num_attention_heads", "d_model": "hidden_size",
+    "n_embd": "hidden_size", "dim": "hidden_size", "d_ff": "intermediate_size", "n_inner": "intermediate_size",
+    "dim_feedforward": "intermediate_size", "ffn_dim": "intermediate_size", "n_positions": "max_position_embeddings",
+    "n_ctx": "max_position_embeddings", "num_kv_heads": "num_key_value_heads", "activation": "hidden_act",
+    "activation_function": "hidden_act", "layer_norm_epsilon": "layer_norm_eps", "rms_norm_eps": "layer_norm_eps",
+}
+
+
 def from_dict(values: dict[str, Any], origin: str = "config") -> ModelConfig:
     """Validate plain values (from YAML or a translated HF config) into a ModelConfig."""
     if not isinstance(values, dict):
@@ -112,7 +125,7 @@ def from_dict(values: dict[str, Any], origin: str = "config") -> ModelConfig:
                          "a config is a YAML mapping such as `hidden_size: 256`")
     for key in values:
         if key not in FIELDS:
-            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            close = [ALIASES[key]] if key in ALIASES else difflib.get_close_matches(str(key), FIELDS, n=1)
             hint = f"did you mean `{close[0]}`?" if close else "run `tfcli config` to see every valid key"
             raise TfcliError(f"{origin}: unknown key `{key}`", hint)
     checked = {key: _check_type(key, value, origin) for key, value in values.items()}
@@ -134,8 +147,8 @@ def _check_type(key: str, value: Any, origin: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise wrong
     elif kind.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise wrong
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise wrong  # NaN and infinity pass every `<=` check below, so refuse them here
         value = float(value)
     elif kind == "bool":
         if not isinstance(value, bool):
@@ -241,3 +254,4 @@ def load_hf_json(path: Path) -> ModelConfig:
     from tfcli.checkpoints import translate_hf_config
 
     return from_dict(translate_hf_config(values, str(path)), origin=str(path))
+

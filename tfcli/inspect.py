@@ -7,10 +7,11 @@ renderers; nothing here prints.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tfcli.errors import usage_error
+from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -91,9 +92,14 @@ class TextReport:
 
 
 def stage_row(name: str, tensor: "Tensor", parameters: int) -> StageRow:
+    import torch
+
     values = tensor.detach().float()
+    var, mean = torch.var_mean(values, correction=0)  # one call: the head's (T, V) logits make this hot
+    mean_value, var_value = mean.item(), var.item()
+    norm = math.sqrt(values.numel() * (var_value + mean_value * mean_value))
     return StageRow(name, list(tensor.shape), str(tensor.dtype).removeprefix("torch."), parameters,
-                    values.mean().item(), values.std(unbiased=False).item(), values.norm().item())
+                    mean_value, math.sqrt(var_value), norm)
 
 
 def block_count(model: "TransformerModel") -> int:
@@ -101,10 +107,49 @@ def block_count(model: "TransformerModel") -> int:
     return len(model.output_stack.blocks)
 
 
+@dataclass
+class CaptureCost:
+    """What an encode forward pass keeps for ONE text of a given length, in bytes."""
+
+    attention: int  # softmax weights of the selected layers and heads: heads x L^2 x layers
+    other: int  # hidden states, sublayer outputs and the head's logits
+    heads: int
+    layers: int
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.other
+
+
+def capture_cost(model: "TransformerModel", options: EncodeOptions, length: int, target_length: int | None = None) -> CaptureCost:
+    """Estimate, before running, what capturing one text of `length` tokens holds (batch of 1): attention
+    weights (heads x queries x keys per captured block), plus hidden states, stage outputs and logits.
+    For an encoder-decoder, `target_length` is the decoder's input length."""
+    c = model.config
+    size = model.embed_tokens.weight.element_size()
+    heads = len(options.heads) if options.heads is not None else c.num_attention_heads
+    stacks = []  # (blocks, query length, self-attention key length, cross-attention key length)
+    if model.decoder is None or model.encoder is None:
+        stacks.append((len(model.output_stack.blocks), length, length, 0))
+    else:
+        stacks.append((len(model.encoder.blocks), length, length, 0))
+        stacks.append((len(model.decoder.blocks), target_length or 1, target_length or 1, length))
+    attention = other = layers = 0
+    for blocks, queries, keys, cross_keys in stacks:
+        kept = blocks if options.layers is None else len([i for i in options.layers if i < blocks])
+        layers += kept
+        attention += kept * heads * queries * (keys + cross_keys) * size
+        other += (4 * blocks + 2) * queries * c.hidden_size * size  # hidden states + stage outputs
+    if c.head in ("mlm", "lm"):
+        other += stacks[-1][1] * c.vocab_size * size * 2  # logits, and the lens's softmax of one block
+    return CaptureCost(attention, other, heads, layers)
+
+
 def capture_for(options: EncodeOptions):
     from tfcli.model import Capture
 
-    return Capture(hidden_states=True, attention=True, layers=options.layers, stages=True)
+    # only the selected heads are kept; without --heads the mean needs them all
+    return Capture(hidden_states=True, attention=True, layers=options.layers, heads=options.heads, stages=True)
 
 
 def _maps(kind: str, attentions: dict[int, "Tensor"], row: int, q_len: int, k_len: int, options: EncodeOptions,
@@ -115,22 +160,32 @@ def _maps(kind: str, attentions: dict[int, "Tensor"], row: int, q_len: int, k_le
         if options.heads is None:
             maps.append(AttentionMap(kind, layer, "mean", weights.mean(0), query_tokens, key_tokens))
         else:
-            maps += [AttentionMap(kind, layer, h, weights[h], query_tokens, key_tokens) for h in options.heads]
+            # the capture kept only options.heads, in that order
+            maps += [AttentionMap(kind, layer, h, weights[i], query_tokens, key_tokens) for i, h in enumerate(options.heads)]
     return maps
 
 
 def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int, length: int,
-              layers: list[int] | None, top_k: int, tokenizer: "Tokenizer") -> list[LensRow]:
-    """Logit lens: each selected block's output (hidden_states[i + 1]) through the final norm and head."""
-    import torch
+              layers: list[int] | None, top_k: int, tokenizer: "Tokenizer",
+              logits: "Tensor | None" = None) -> list[LensRow]:
+    """Logit lens: each selected block's output (hidden_states[i + 1]) through the final norm and head.
+    `logits`, the model's own (B, T, V) LM logits, stand in for the last block's: they are the same."""
+    from tfcli.model.transformer import LMHead
 
     rows = []
-    blocks = range(len(hidden_states) - 1) if layers is None else layers
+    last = len(hidden_states) - 2
+    blocks = range(last + 1) if layers is None else layers
     for layer in blocks:
-        probs = torch.softmax(model.unembed(hidden_states[layer + 1][row:row + 1, :length]).float(), dim=-1)[0]
+        if layer == last and logits is not None and isinstance(model.head, LMHead) and logits.dim() == 3 \
+                and logits.shape[1] == hidden_states[-1].shape[1]:
+            scores = logits[row, :length].float()
+        else:
+            scores = model.unembed(hidden_states[layer + 1][row:row + 1, :length]).float()[0]
+        probs = scores.softmax(dim=-1)  # a fused kernel: faster on CPU than topk + logsumexp
         values, ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-        rows.append(LensRow(layer, [[(tokenizer.id_to_token(i), i, p) for i, p in zip(pos_ids.tolist(), pos_vals.tolist())]
-                                    for pos_ids, pos_vals in zip(ids, values)]))
+        # one tolist per layer, not one per position: this runs for every record of a stream
+        rows.append(LensRow(layer, [[(tokenizer.id_to_token(i), i, p) for i, p in zip(pos_ids, pos_vals)]
+                                    for pos_ids, pos_vals in zip(ids.tolist(), values.tolist())]))
     return rows
 
 
@@ -158,7 +213,7 @@ def text_report(model: "TransformerModel", out: "ModelOutput", row: int, encodin
     report.attention += _maps(kind, out.attentions, row, t_len, t_len, options, t_tokens, t_tokens)
     if out.encoder is not None:
         report.attention += _maps("cross", out.cross_attentions, row, t_len, n, options, t_tokens, encoding.tokens)
-    report.lens = lens_rows(model, out.hidden_states, row, t_len, options.layers, options.top_k, tokenizer)
+    report.lens = lens_rows(model, out.hidden_states, row, t_len, options.layers, options.top_k, tokenizer, out.logits)
     return report
 
 
@@ -193,3 +248,46 @@ def saved_tensors(out: "ModelOutput", inputs: dict[str, "Tensor"]) -> dict[str, 
     if out.logits is not None:
         tensors["logits"] = out.logits
     return {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
+
+
+def human_size(n: float) -> str:
+    """Bytes as people read them: 512 bytes, 1.5 MB."""
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return ""  # unreachable
+
+
+def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodings: list["Encoding"],
+                       decoder_input: DecoderInput | None, limit_mb: float, save: bool) -> tuple[int, str | None]:
+    """How many texts one forward pass may capture at once within --max-capture-mb: estimated before
+    running, from the longest text. Refuses when one text's attention alone would not fit (or, with --save,
+    that of all texts): that is what --layers and --heads reduce. Hidden states and logits (linear in
+    the length) count towards the batch size only. Returns the batch size and, when it had to shrink,
+    a note saying why."""
+    if not limit_mb > 0:
+        raise usage_error(f"--max-capture-mb must be positive, got {limit_mb:g}")
+    limit = limit_mb * 2**20
+    length = max(len(e.ids) for e in encodings)
+    cost = capture_cost(model, options, length, len(decoder_input.ids) if decoder_input else None)
+    mb = human_size
+    what = f"{mb(cost.attention)} of attention ({cost.heads} heads x {length}^2 positions x {cost.layers} layers)"
+    hint = ("capture fewer layers with --layers (e.g. --layers -1) or heads with --heads, "
+            "use shorter texts, or raise --max-capture-mb")
+    if cost.attention > limit:
+        raise TfcliError(f"one text of {length} tokens would capture {what}: more than --max-capture-mb {limit_mb:g}",
+                         hint)
+    if save:
+        if cost.attention * len(encodings) > limit:
+            raise TfcliError(f"--save keeps all {len(encodings)} texts in one batch: "
+                             f"{mb(cost.attention * len(encodings))} of attention to capture, more than "
+                             f"--max-capture-mb {limit_mb:g}", "save fewer texts per run, or " + hint)
+        return len(encodings), None
+    fits = max(1, min(32, int(limit // cost.total)))
+    note = None
+    if fits < min(32, len(encodings)):
+        note = (f"capturing all {len(encodings)} texts at once would hold {mb(cost.total * len(encodings))} "
+                f"(per text: {what}, {mb(cost.other)} of hidden states and logits); running {fits} at a time "
+                f"to stay under --max-capture-mb {limit_mb:g}")
+    return fits, note

@@ -6,6 +6,7 @@ Built on the `tokenizers` library; no torch here, so the CLI stays quick to star
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,14 +95,18 @@ class Tokenizer:
             self._check_max_length(max_length, pairs is not None, add_special_tokens)
         inputs = list(zip(texts, pairs)) if pairs is not None else texts
         full = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
-        if max_length is not None:
+        kept = list(full)
+        # Only the texts that overflow are encoded again, truncated; a lone text is first cut at a space
+        # past what is kept, so that a million-character text is not tokenized twice in full.
+        long = [i for i, enc in enumerate(full) if max_length is not None and len(enc.ids) > max_length]
+        if long:
+            again = [inputs[i] if pairs is not None else _cut_after(texts[i], full[i], max_length) for i in long]
             self.backend.enable_truncation(max_length)
             try:
-                kept = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+                for i, enc in zip(long, self.backend.encode_batch(again, add_special_tokens=add_special_tokens)):
+                    kept[i] = enc
             finally:
                 self.backend.no_truncation()
-        else:
-            kept = full
         return [
             Encoding(
                 text=text,
@@ -140,6 +145,17 @@ class Tokenizer:
             padded([e.attention_mask for e in encodings], 0),
             padded([e.type_ids for e in encodings], 0),
         )
+
+
+def _cut_after(text: str, encoding, tokens: int) -> str:
+    """The start of `text` that holds its first `tokens` tokens, cut before the next whitespace (a word
+    boundary for every pre-tokenizer), or all of it when no whitespace comes soon."""
+    end = max(stop for _, stop in encoding.offsets[:tokens + 1])
+    space = _WHITESPACE.search(text, end, end + 1000)
+    return text[:space.start()] if space else text
+
+
+_WHITESPACE = re.compile(r"\s")
 
 
 def load_tokenizer(source: str | Path | None = None) -> Tokenizer:

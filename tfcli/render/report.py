@@ -102,16 +102,21 @@ def _attention_summary(amap: AttentionMap) -> dict[str, Any]:
             "max_key": keys.tolist(), "max_weight": [round(v, 6) for v in values.tolist()]}
 
 
-def save_tensors(path: Path, tensors: dict[str, Tensor], overwrite: bool) -> None:
-    """Write --save FILE.safetensors; an existing file is only replaced with --force."""
-    from safetensors.torch import save_file
-
+def check_save_path(path: Path, overwrite: bool) -> None:
+    """A --save path must end in .safetensors, sit in an existing folder, and replace a file only with --force."""
     if path.suffix != ".safetensors":
         raise TfcliError(f"--save {path}: the file name must end in .safetensors")
     if path.exists() and not overwrite:
         raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
     if not path.parent.is_dir():
         raise TfcliError(f"--save {path}: the folder {path.parent} does not exist")
+
+
+def save_tensors(path: Path, tensors: dict[str, Tensor], overwrite: bool) -> None:
+    """Write --save FILE.safetensors (checked again: the file may have appeared while the model ran)."""
+    from safetensors.torch import save_file
+
+    check_save_path(path, overwrite)
     try:
         save_file(tensors, str(path))
     except OSError as exc:

@@ -1,0 +1,444 @@
+"""Every kind of bad input, through the real CLI: one `error:` line naming the problem (and a hint), a
+non-zero exit (2 for usage errors, 1 otherwise), never a traceback, and never code run from a file.
+
+Classes: paths, YAML, checkpoints, devices and dtypes, options, text. Models are tiny YAML configs
+written to tmp_path (hidden_size 32, 1 layer), or tiny checkpoints saved by transformers itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
+
+TINY = """\
+architecture: encoder
+hidden_size: 32
+num_hidden_layers: 1
+num_attention_heads: 2
+intermediate_size: 64
+max_position_embeddings: 16
+head: mlm
+"""
+
+
+def assert_error(result, exit_code: int, *needles: str) -> str:
+    """A clean user error: exit code, an `error:` line holding every needle, no traceback, no bug report."""
+    stderr = result.stderr
+    assert result.exit_code == exit_code, (result.exit_code, result.stdout, stderr)
+    assert "error: " in stderr, stderr
+    message = stderr[stderr.index("error: "):]
+    for needle in needles:
+        assert needle in message, (needle, message)
+    for text in (stderr, result.stdout):
+        assert "Traceback" not in text
+        assert "unexpected " not in text, text  # the catch-all for bugs
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    return message
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    return write(tmp_path / "tiny.yaml", TINY)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny BERT checkpoint (config.json + model.safetensors) written by transformers."""
+    import torch
+    import transformers
+
+    path = tmp_path_factory.mktemp("bert")
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=16,
+                                     architectures=["BertForMaskedLM"])
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM(config).save_pretrained(path)
+    return path
+
+
+def copy_checkpoint(source: Path, target: Path) -> Path:
+    target.mkdir()
+    for file in source.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    return target
+
+
+# ---------------------------------------------------------------- paths
+
+
+def test_missing_model_path(cli, tmp_path):
+    assert_error(cli("encode", "--model", str(tmp_path / "absent.yaml"), "hi"), 1, "no such file", "absent.yaml")
+
+
+def test_missing_text_file(cli, tiny, tmp_path):
+    assert_error(cli("encode", "--model", str(tiny), "--file", str(tmp_path / "absent.txt")), 2, "absent.txt")
+
+
+def test_unreadable_config(cli, tiny, monkeypatch):
+    if os.geteuid() != 0:
+        tiny.chmod(0)
+    else:  # root reads anything: make reading raise the PermissionError an unreadable file gives
+        real = Path.read_text
+
+        def denied(self, *args, **kwargs):
+            if self == tiny:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_text", denied)
+    try:
+        assert_error(cli("encode", "--model", str(tiny), "hi"), 1, "cannot read", "Permission denied")
+    finally:
+        tiny.chmod(0o644)
+
+
+def test_unreadable_text_file(cli, tiny, tmp_path, monkeypatch):
+    texts = write(tmp_path / "texts.txt", "hello\n")
+    if os.geteuid() != 0:
+        texts.chmod(0)
+    else:
+        real = Path.read_bytes
+
+        def denied(self):
+            if self == texts:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self)
+
+        monkeypatch.setattr(Path, "read_bytes", denied)
+    assert_error(cli("encode", "--model", str(tiny), "--file", str(texts)), 2, "cannot read", "Permission denied")
+
+
+def test_directory_without_config(cli, tmp_path):
+    (tmp_path / "model").mkdir()
+    assert_error(cli("encode", "--model", str(tmp_path / "model"), "hi"), 1, "holds no config.json")
+
+
+def test_directory_without_config_points_at_yaml(cli, tiny):
+    message = assert_error(cli("encode", "--model", str(tiny.parent), "hi"), 1, "holds no config.json")
+    assert str(tiny) in message  # the hint names the YAML file that is there
+
+
+def test_compare_needs_weights(cli, checkpoint, tmp_path):
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    assert_error(cli("compare", str(config_only), "hi"), 1, "weights")
+
+
+# ---------------------------------------------------------------- YAML
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("hidden_size: [32\n", ["not valid YAML", "line 2"]),
+    ("hidden_size: 32\n  bad indent: 1\n", ["not valid YAML"]),
+    ("- hidden_size\n- 32\n", ["expected a mapping"]),
+    ("", ["empty"]),
+])
+def test_malformed_yaml(cli, tmp_path, text, needles):
+    assert_error(cli("encode", "--model", str(write(tmp_path / "bad.yaml", text)), "hi"), 1, *needles)
+
+
+@pytest.mark.parametrize("line, needles", [
+    ("hidden_size: big", ["`hidden_size` must be an integer", "'big'"]),
+    ("hidden_size: 32.5", ["`hidden_size` must be an integer"]),
+    ("hidden_size: true", ["`hidden_size` must be an integer"]),
+    ("embedding_norm: 3", ["`embedding_norm` must be true or false"]),
+    ("layer_norm_eps: .nan", ["`layer_norm_eps` must be a number", "nan"]),
+    ("rope_theta: .inf", ["`rope_theta` must be a number"]),
+    ("hidden_act: [gelu]", ["`hidden_act` must be a string"]),
+    ("labels: {a: 1}", ["`labels` must be a list"]),
+    ("norm: batchnorm", ["unsupported norm `batchnorm`", "layernorm, rmsnorm"]),
+    ("position: rotry", ["unsupported position", "did you mean `rotary`"]),
+])
+def test_wrong_types_and_values(cli, tmp_path, line, needles):
+    path = write(tmp_path / "bad.yaml", TINY + line + "\n")
+    assert_error(cli("encode", "--model", str(path), "hi"), 1, *needles)
+
+
+@pytest.mark.parametrize("key, right", [("hiden_size", "hidden_size"), ("num_layers", "num_hidden_layers"),
+                                        ("num_attention_head", "num_attention_heads")])
+def test_misspelled_key_suggests_the_right_one(cli, tmp_path, key, right):
+    path = write(tmp_path / "bad.yaml", f"{key}: 32\n")
+    message = assert_error(cli("encode", "--model", str(path), "hi"), 1, f"unknown key `{key}`")
+    assert f"did you mean `{right}`?" in message
+
+
+@pytest.mark.parametrize("line, needles", [
+    ("hidden_size: 0", ["`hidden_size` must be positive, got 0"]),
+    ("num_hidden_layers: -1", ["`num_hidden_layers` must be positive, got -1"]),
+    ("num_attention_heads: 0", ["`num_attention_heads` must be positive"]),
+    ("vocab_size: -5", ["`vocab_size` must be positive"]),
+    ("max_position_embeddings: 0", ["`max_position_embeddings` must be positive"]),
+    ("num_attention_heads: 5", ["hidden_size 32 is not divisible by num_attention_heads 5"]),
+    ("num_key_value_heads: 3", ["not a multiple of num_key_value_heads 3"]),
+    ("hidden_dropout_prob: 1.5", ["`hidden_dropout_prob` must be in [0, 1)"]),
+    ("type_vocab_size: -1", ["`type_vocab_size` must be 0 or more"]),
+    ("pad_token_id: 999999", ["outside the vocabulary"]),
+    ("vocab_size: 100", ["the tokenizer", "30522", "vocabulary has 100"]),
+    ("vocab_size: 100000000000", ["GiB for its weights", "memory"]),
+    ("num_hidden_layers: 1000000000", ["GiB for its weights"]),
+])
+def test_impossible_sizes(cli, tmp_path, line, needles):
+    path = write(tmp_path / "bad.yaml", TINY + line + "\n")
+    started = time.monotonic()
+    assert_error(cli("encode", "--model", str(path), "hi"), 1, *needles)
+    assert time.monotonic() - started < 30  # refused before allocating anything
+
+
+@pytest.mark.parametrize("tag", ["!!python/object/apply:os.system", "!!python/object/new:os.system",
+                                 "!!python/name:os.system"])
+def test_python_tags_are_not_executed(cli, tmp_path, tag):
+    marker = tmp_path / "pwned"
+    path = write(tmp_path / "evil.yaml", f"hidden_size: {tag} [\"touch {marker}\"]\n")
+    assert_error(cli("encode", "--model", str(path), "hi"), 1, "not valid YAML", "python/")
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_truncated_safetensors(cli, checkpoint, tmp_path):
+    broken = copy_checkpoint(checkpoint, tmp_path / "broken")
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert_error(cli("encode", "--model", str(broken), "hi"), 1, "model.safetensors", "cannot read", "truncated")
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 7, os.urandom(4096), (10**15).to_bytes(8, "little") + b"{}"])
+def test_corrupted_safetensors(cli, checkpoint, tmp_path, content):
+    broken = copy_checkpoint(checkpoint, tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes(content)
+    assert_error(cli("encode", "--model", str(broken), "hi"), 1, "model.safetensors", "cannot read")
+
+
+def test_weights_that_do_not_fit_the_config(cli, checkpoint, tmp_path):
+    misfit = copy_checkpoint(checkpoint, tmp_path / "misfit")
+    config = json.loads((misfit / "config.json").read_text())
+    config["hidden_size"] = 64
+    (misfit / "config.json").write_text(json.dumps(config))
+    assert_error(cli("encode", "--model", str(misfit), "hi"), 1, "weights do not fit the config", "wrong shape",
+                 "model wants")
+
+
+def test_weights_with_missing_tensors(cli, checkpoint, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    partial = copy_checkpoint(checkpoint, tmp_path / "partial")
+    tensors = load_file(str(partial / "model.safetensors"))
+    del tensors[next(name for name in tensors if "attention.self.query.weight" in name)]
+    save_file(tensors, str(partial / "model.safetensors"))
+    assert_error(cli("encode", "--model", str(partial), "hi"), 1, "weights do not fit the config", "missing")
+
+
+class Payload:
+    """Unpickling this runs `touch MARKER`, if anything ever unpickles it without weights_only."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle.dump"])
+def test_pickle_with_code_is_refused_and_not_run(cli, checkpoint, tmp_path, writer):
+    import torch
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    marker = tmp_path / "pwned"
+    state = {"bert.embeddings.word_embeddings.weight": Payload(marker)}
+    with open(evil / "pytorch_model.bin", "wb") as f:
+        torch.save(state, f) if writer == "torch.save" else pickle.dump(state, f)
+    message = assert_error(cli("encode", "--model", str(evil), "hi"), 1, "pytorch_model.bin", "refused",
+                           "nothing in it was run")
+    assert "weights_only" in message
+    assert not marker.exists()
+
+
+def test_truncated_bin(cli, checkpoint, tmp_path):
+    import torch
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    torch.save({"x": torch.zeros(1000)}, broken / "pytorch_model.bin")
+    data = (broken / "pytorch_model.bin").read_bytes()
+    (broken / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
+    assert_error(cli("encode", "--model", str(broken), "hi"), 1, "pytorch_model.bin", "cannot read")
+
+
+def test_unsupported_model_type_lists_supported(cli, tmp_path):
+    (tmp_path / "t5").mkdir()
+    write(tmp_path / "t5" / "config.json", json.dumps({"model_type": "t5", "d_model": 32}))
+    message = assert_error(cli("encode", "--model", str(tmp_path / "t5"), "hi"), 1, "unsupported model_type `t5`")
+    assert "supported model types:" in message and "bert" in message
+
+
+@pytest.mark.parametrize("content, needle", [("{\"hidden_size\": 32}", "no `model_type`"), ("[1", "not valid JSON"),
+                                             ("[1, 2]", "expected a JSON object")])
+def test_bad_config_json(cli, tmp_path, content, needle):
+    (tmp_path / "m").mkdir()
+    write(tmp_path / "m" / "config.json", content)
+    assert_error(cli("encode", "--model", str(tmp_path / "m"), "hi"), 1, needle)
+
+
+# ---------------------------------------------------------------- devices and dtypes
+
+
+@pytest.mark.parametrize("device, code, needle", [
+    ("gpu", 2, "unknown device `gpu`"),
+    ("cuda:-1", 2, "unknown device"),
+    ("xla", 2, "unsupported device `xla`"),
+    ("meta", 2, "unsupported device `meta`"),
+])
+def test_unknown_device(cli, tiny, device, code, needle):
+    assert_error(cli("encode", "--model", str(tiny), "--device", device, "hi"), code, needle)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:3", "mps"])
+def test_absent_device(cli, tiny, device):
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available() and device != "cuda:3":
+        pytest.skip("this machine has CUDA")
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    message = assert_error(cli("encode", "--model", str(tiny), "--device", device, "hi"), 1, "not available")
+    assert "--device cpu" in message
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int8", "bogus", ""])
+def test_bogus_dtype(cli, tiny, dtype):
+    message = assert_error(cli("encode", "--model", str(tiny), "--dtype", dtype, "hi"), 2, f"unknown dtype `{dtype}`")
+    assert "float32" in message
+
+
+# ---------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--layers", "1"], ["--layers: 1 is out of range", "1 layers"]),
+    (["--layers", "-2"], ["--layers: -2 is out of range"]),
+    (["--layers", "x"], ["--layers: `x` is not a number"]),
+    (["--layers", "0,,1"], ["is not a number"]),
+    (["--heads", "2"], ["--heads: 2 is out of range", "2 heads"]),
+    (["--heads", "-3"], ["--heads: -3 is out of range"]),
+    (["--top-k", "0"], ["--top-k must be at least 1"]),
+    (["--top-k", "-4"], ["--top-k must be at least 1"]),
+    (["--top-k", "40000"], ["--top-k 40000 is larger than the vocabulary (30522)"]),
+    (["--target", "x"], ["--target is for encoder-decoder models"]),
+    (["--seed", "-1"], ["--seed must be between 0"]),
+    (["--seed", str(2**70)], ["--seed must be between 0"]),
+    (["--max-capture-mb", "0"], ["--max-capture-mb must be positive"]),
+])
+def test_option_out_of_range(cli, tiny, args, needles):
+    assert_error(cli("encode", "--model", str(tiny), *args, "hi"), 2, *needles)
+
+
+def test_texts_and_file_together(cli, tiny, tmp_path):
+    texts = write(tmp_path / "t.txt", "hello\n")
+    assert_error(cli("encode", "--model", str(tiny), "--file", str(texts), "hi"), 2, "not both")
+
+
+def test_not_a_number_option(cli, tiny):
+    """Typer's own parser catches these (its boxed `Error` message), still exit 2 and no traceback."""
+    result = cli("encode", "--model", str(tiny), "--top-k", "many", "hi")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "Invalid value for '--top-k'" in result.stderr
+
+
+def test_tokenize_max_length_too_small(cli):
+    assert_error(cli("tokenize", "--max-length", "1", "hi"), 2, "max length 1 is too small")
+
+
+# ---------------------------------------------------------------- text
+
+
+@pytest.mark.parametrize("text, needle", [("", "text 1 is empty"), ("   \t ", "text 1 is only whitespace")])
+def test_empty_or_blank_text(cli, tiny, text, needle):
+    assert_error(cli("encode", "--model", str(tiny), text), 2, needle)
+
+
+def test_blank_line_in_a_stream_names_the_line(cli, tiny):
+    message = assert_error(cli("encode", "--model", str(tiny), "-", input="one\n\nthree\n"), 2,
+                           "text 2 (line 2 of stdin) is empty")
+    assert "grep" in message  # says how to drop blank lines
+
+
+def test_no_text(cli, tiny):
+    assert_error(cli("encode", "--model", str(tiny)), 2, "no text given")
+
+
+def test_empty_stdin(cli, tiny):
+    assert_error(cli("encode", "--model", str(tiny), "-", input=""), 2, "no text given")
+
+
+def test_non_utf8_stdin(tfcli_process, tiny):
+    result = tfcli_process("encode", "--model", str(tiny), "-", input=b"fine\n\xff\xfe bad\n")
+    assert result.returncode == 1
+    assert b"Traceback" not in result.stderr and result.stdout == b""
+    assert b"error: stdin is not valid UTF-8: line 2" in result.stderr
+    assert b"hint: convert it" in result.stderr
+
+
+def test_non_utf8_file(cli, tiny, tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
+    assert_error(cli("encode", "--model", str(tiny), "--file", str(path)), 1, "not valid UTF-8", "line 2")
+
+
+def test_text_longer_than_positions_is_truncated_with_a_warning(cli, tiny):
+    result = cli("encode", "--model", str(tiny), "--json", "word " * 100)
+    assert result.exit_code == 0, result.stderr
+    assert "warning: text 1 truncated from 102 to 16 tokens" in result.stderr
+    assert len(json.loads(result.stdout)["ids"]) == 16
+
+
+def test_no_truncate_refuses_long_text(cli, tiny):
+    message = assert_error(cli("encode", "--model", str(tiny), "--no-truncate", "word " * 100), 2,
+                           "text 1 has 102 tokens, more than the model's 16 positions")
+    assert "--no-truncate" in message
+
+
+def test_many_truncations_are_summarised(cli, tiny):
+    result = cli("encode", "--model", str(tiny), "--json", "-", input="word " * 40 + "\n" * 1 + ("word " * 40 + "\n") * 19)
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count("truncated from") == 5
+    assert "15 more texts truncated (20 of 20 in all)" in result.stderr
+
+
+def test_a_million_characters(cli, tiny, tmp_path):
+    path = tmp_path / "million.txt"
+    path.write_text("abc " * 250_000 + "\n")
+    started = time.monotonic()
+    tokenized = cli("tokenize", "--json", "--max-length", "8", "--file", str(path))
+    encoded = cli("encode", "--model", str(tiny), "--json", "--file", str(path))
+    assert time.monotonic() - started < 60
+    for result in (tokenized, encoded):
+        assert result.exit_code == 0, result.stderr
+        assert "truncated from 250002" in result.stderr and "Traceback" not in result.stderr
+    assert json.loads(tokenized.stdout)["tokens"] == ["[CLS]", "abc", "abc", "abc", "abc", "abc", "abc", "[SEP]"]
+    assert len(json.loads(encoded.stdout)["ids"]) == 16
+
+
+def test_config_of_a_huge_model_is_counted_not_built(cli, tmp_path):
+    """`tfcli config` may show a model too big for this machine, but must not try to build it."""
+    path = write(tmp_path / "huge.yaml", TINY + "num_hidden_layers: 100000000\n")
+    started = time.monotonic()
+    result = cli("config", "--json", str(path))
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["parameters"] > 100_000_000 * 8000
+    assert time.monotonic() - started < 30
