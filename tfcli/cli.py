@@ -156,6 +156,9 @@ ModelOption = Annotated[
     typer.Option("--model", "-m", help="Model source: a path, a bundled config name or a Hugging Face hub id."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per text.")]
+DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
+DtypeOption = Annotated[str, typer.Option(help="float32, float16 or bfloat16.")]
+SeedOption = Annotated[int, typer.Option(help="Seed of the random weights when the model has none.")]
 
 
 # ---------------------------------------------------------------- commands
@@ -240,20 +243,13 @@ def show_config(
         write_jsonl([{"source": resolved.description, "config": config.to_dict(), "parameters": parameters,
                       "weights": str(resolved.weights) if resolved.weights else None}])
         return
-    from rich.table import Table
+    from tfcli.render.tables import key_value_table
 
-    table = Table(title=f"{config.name}: {resolved.description}", title_justify="left",
-                  caption=f"{parameters:,} parameters; bundled configs: {', '.join(bundled_names())}", caption_justify="left")
-    table.add_column("key", no_wrap=True)
-    table.add_column("value")
-    for key, value in config.to_dict().items():
-        table.add_row(key, str(value))
-    console.print(table)
+    console.print(key_value_table(config.to_dict(), title=f"{config.name}: {resolved.description}",
+                                  caption=f"{parameters:,} parameters; bundled configs: {', '.join(bundled_names())}"))
+
+
 # ---------------------------------------------------------------- tfcli encode
-
-DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
-DtypeOption = Annotated[str, typer.Option(help="float32, float16 or bfloat16.")]
-SeedOption = Annotated[int, typer.Option(help="Seed of the random weights when the model has none.")]
 
 
 def load_for_command(model: str | None, device: str, dtype: str, seed: int):
@@ -298,7 +294,6 @@ def encode(
 ) -> None:
     """Run a forward pass and show every stage's shape, the attention maps and the logit lens."""
     from tfcli import inspect
-
     from tfcli.render import report as render
 
     inputs = read_texts(texts, file)
@@ -315,13 +310,7 @@ def encode(
         selected_heads = inspect.parse_indices(heads, head_count, "heads") or list(range(head_count))
     options = inspect.EncodeOptions(layers=inspect.parse_indices(layers, inspect.block_count(loaded), "layers"),
                                     heads=selected_heads, top_k=top_k)
-    decoder_input = None
-    if loaded.config.architecture == "encoder-decoder":
-        start = loaded.start_tokens(1, "cpu")[0].tolist()
-        ids = start + (tokenizer.encode([target], add_special_tokens=False)[0].ids if target else [])
-        decoder_input = inspect.DecoderInput(ids, [tokenizer.id_to_token(i) or '?' for i in ids])
-    elif target is not None:
-        raise usage_error("--target is for encoder-decoder models", f"{loaded.config.name} is an {loaded.config.architecture}")
+    decoder_input = inspect.decoder_input(loaded, tokenizer, target)
     encodings = tokenize_for_model(tokenizer, loaded.config, inputs, truncate=not no_truncate)
     batch_size, note = inspect.capture_batch_size(loaded, options, encodings, decoder_input, max_capture_mb,
                                                   save is not None)
@@ -374,14 +363,9 @@ def compare(
                       "tensors": [{"name": d.name, "shape": d.shape, "max_abs_diff": d.max_abs_diff}
                                   for d in differences]}])
     else:
-        from rich.table import Table
+        from tfcli.render.tables import compare_table
 
-        table = Table(title=f"tfcli vs transformers on {source} (fp32 tolerance {tolerance:g})", title_justify="left")
-        for header in ("tensor", "shape", "max abs diff", ""):
-            table.add_column(header, no_wrap=True)
-        for d in differences:
-            table.add_row(d.name, str(tuple(d.shape)), f"{d.max_abs_diff:.3g}", "ok" if d.max_abs_diff <= tolerance else "DIFFERS")
-        console.print(table)
+        console.print(compare_table(differences, f"tfcli vs transformers on {source}", tolerance))
     if worst > tolerance:
         err_console.print(f"largest difference {worst:.3g} exceeds {tolerance:g}")
         raise typer.Exit(1)
@@ -411,8 +395,6 @@ def classify(
     inputs = read_texts(texts, file)
     if top is not None and top < 1:
         raise usage_error(f"--top must be at least 1, got {top}")
-    if explain_layers < 1:
-        raise usage_error(f"--explain-layers must be at least 1, got {explain_layers}")
     from tfcli.sources import resolve_source
 
     require_classifier(resolve_source(model or "classifier").config)  # before building a model for nothing

@@ -52,6 +52,19 @@ class DecoderInput:
     tokens: list[str]
 
 
+def decoder_input(model: "TransformerModel", tokenizer: "Tokenizer", target: str | None) -> DecoderInput | None:
+    """An encoder-decoder's decoder input: its start token, then --target's tokens; None for other stacks."""
+    if model.config.architecture != "encoder-decoder":
+        if target is not None:
+            raise usage_error("--target is for encoder-decoder models",
+                              f"{model.config.name} is an {model.config.architecture}")
+        return None
+    ids = model.start_tokens(1, "cpu")[0].tolist()
+    if target:
+        ids += tokenizer.encode([target], add_special_tokens=False)[0].ids
+    return DecoderInput(ids, [tokenizer.id_to_token(i) or "?" for i in ids])
+
+
 @dataclass
 class StageRow:
     name: str

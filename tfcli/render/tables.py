@@ -23,3 +23,23 @@ def token_table(encoding: Encoding, title: str, caption: str | None = None) -> T
         span, covered = ("", "") if special else (f"{start}:{end}", repr(encoding.span_text(position)))
         table.add_row(str(position), token, str(token_id), str(segment), span, covered)
     return table
+
+
+def key_value_table(values: dict, title: str, caption: str) -> Table:
+    """Two columns, key and value (e.g. a resolved config)."""
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    table.add_column("key", no_wrap=True)
+    table.add_column("value")
+    for key, value in values.items():
+        table.add_row(key, str(value))
+    return table
+
+
+def compare_table(differences, title: str, tolerance: float) -> Table:
+    """One row per compared tensor: its shape, the max abs difference and whether it is within tolerance."""
+    table = Table(title=f"{title} (tolerance {tolerance:g})", title_justify="left")
+    for header in ("tensor", "shape", "max abs diff", ""):
+        table.add_column(header, no_wrap=True)
+    for d in differences:
+        table.add_row(d.name, str(tuple(d.shape)), f"{d.max_abs_diff:.3g}", "ok" if d.max_abs_diff <= tolerance else "DIFFERS")
+    return table

@@ -1,0 +1,27 @@
+"""The README's promises: its Python example runs as written and CI runs its test command."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_python_api_example_runs_as_written():
+    section = README[README.index("## Python API"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["out"].last_hidden_state.shape == (1, 7, 768)
+    assert len(namespace["out"].hidden_states) == 13 and namespace["out"].attentions[0].shape == (1, 12, 7, 7)
+    assert namespace["greedy"].shape == (1, 16) and namespace["sampled"].shape[1] <= 16
+
+
+def test_ci_runs_the_readme_test_command():
+    quick_start = README[README.index("## Quick start"):README.index("## Commands")]
+    test_line = next(line for line in quick_start.splitlines() if "pytest" in line)
+    install = re.search(r"pip install [^&]+", test_line).group(0).strip()
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert install in ci and "pytest -q" in ci
