@@ -149,3 +149,15 @@ def test_config_counts_parameters():
 def test_every_bundled_config_resolves(name):
     (record,) = records(run("config", name, "--json"))
     assert record["parameters"] > 0
+
+
+def test_compare_on_an_encoder_decoder(tmp_path):
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(vocab_size=30522, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+    save_hf_model(BartForConditionalGeneration, config, tmp_path)
+    (record,) = records(run("compare", str(tmp_path), "time flies like an arrow", "--json"))
+    names = {t["name"] for t in record["tensors"]}
+    assert {"encoder.hidden.2", "decoder.attention.0", "decoder.cross_attention.0", "logits"} <= names
+    assert record["max_abs_diff"] <= 1e-4

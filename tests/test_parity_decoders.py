@@ -205,3 +205,18 @@ def test_unsupported_gpt2_option_is_refused():
 
     with pytest.raises(TfcliError, match="scale_attn_by_inverse_layer_idx"):
         translate_hf_config({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True}, "config.json")
+
+
+def test_special_token_outside_the_vocabulary_is_dropped_like_transformers_tolerates(tmp_path):
+    """GPT2Config keeps bos/eos 50256 even with a smaller vocabulary; transformers loads it, so does tfcli."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tfcli.cli import app
+    from typer.testing import CliRunner
+
+    save_hf_model(GPT2LMHeadModel, GPT2Config(vocab_size=30522, n_embd=32, n_layer=1, n_head=4, n_positions=32),
+                  tmp_path)
+    model = tfcli.load_model(str(tmp_path))
+    assert model.config.eos_token_id is None and model.config.bos_token_id is None
+    result = CliRunner().invoke(app, ["compare", str(tmp_path), "time flies like an arrow"])
+    assert result.exit_code == 0, result.stderr

@@ -33,4 +33,9 @@ def common(values: dict[str, Any], **overrides: Any) -> dict[str, Any]:
         out["num_labels"] = len(out["labels"])
     out["name"] = str(values.get("_name_or_path") or values.get("model_type"))
     out.update(overrides)
+    vocab = out.get("vocab_size")
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        value = out.get(key)
+        if isinstance(vocab, int) and isinstance(value, int) and not 0 <= value < vocab:
+            out[key] = None  # transformers only warns: such a token can never be read or produced
     return {key: value for key, value in out.items() if value is not None or key.endswith("token_id")}
