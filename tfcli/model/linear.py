@@ -24,8 +24,9 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., in_features) -> (..., out_features)."""
-        if (not _PACKING or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32
-                or self.weight.dtype != torch.float32 or x.numel() == x.shape[-1]):
+        # single rows first: they are the hot path of generation, one call per layer and token
+        if (x.numel() == x.shape[-1] or not _PACKING or torch.is_grad_enabled() or not x.is_cpu
+                or x.dtype != torch.float32 or self.weight.dtype != torch.float32):
             return F.linear(x, self.weight, self.bias)
         state = (self.weight.data_ptr(), self.weight._version)
         if self._packed_for != state:

@@ -250,7 +250,7 @@ class TransformerModel(nn.Module):
                 encoder_output: ModelOutput | None = None, logits_to_keep: int | None = None) -> ModelOutput:
         """input_ids (B, T). Decoder-only with a cache: input_ids are the new tokens and attention_mask
         covers cached + new positions. Encoder-decoder: decoder_input_ids default to the start token."""
-        embedding_parameters = count_parameters(self.embed_tokens)
+        embedding_parameters = count_parameters(self.embed_tokens) if capture is not None and capture.stages else 0
         if self.decoder is None:
             out = self.encoder(self.embed(input_ids), attention_mask, token_type_ids, capture=capture,
                                token_embedding_parameters=embedding_parameters)
