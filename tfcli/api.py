@@ -61,27 +61,19 @@ def resolve_dtype(name: str | None) -> "torch.dtype":
     return getattr(torch, DTYPES[name])
 
 
-def estimated_parameters(config: "ModelConfig") -> int:
-    """A quick lower bound on a config's parameter count (embeddings, attention and feed-forward
-    weights), computed without building anything: a hostile config cannot make this slow."""
-    width, blocks = config.hidden_size, config.num_hidden_layers
-    if config.architecture == "encoder-decoder":
-        blocks += config.decoder_layers
-    positions = config.max_position_embeddings if config.position != "rotary" else 0
-    return (config.vocab_size + positions) * width + blocks * (2 * width * width + 2 * width * config.intermediate_size)
-
-
 def check_fits_in_memory(config: "ModelConfig", origin: str) -> None:
     """Refuse, before allocating anything, a config whose float32 weights alone exceed this machine's memory."""
     import os
+
+    from tfcli.model.transformer import parameter_count  # counted on the meta device: nothing is allocated
 
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):  # not every platform tells
         return
-    needed = estimated_parameters(config) * 4
+    needed = parameter_count(config) * 4
     if needed > memory:
-        raise TfcliError(f"{origin}: {config.name} needs at least {needed / 2**30:,.1f} GiB for its weights, "
+        raise TfcliError(f"{origin}: {config.name} needs {needed / 2**30:,.1f} GiB for its weights, "
                          f"more than this machine's {memory / 2**30:,.1f} GiB of memory",
                          "check hidden_size, num_hidden_layers, intermediate_size and vocab_size in the config")
 
