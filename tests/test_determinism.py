@@ -67,18 +67,18 @@ def test_same_seed_same_saved_tensors(cli, config, tmp_path):
 def test_same_numbers_across_thread_counts(config):
     import torch
 
-    from tfcli import inspect
+    from tfcli import encode
     from tfcli.api import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(str(config), seed=5)
     encodings = tokenizer.encode(TEXTS, max_length=32)
-    options = inspect.EncodeOptions()
+    options = encode.EncodeOptions()
     threads = torch.get_num_threads()
     outputs = []
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
-            out, _ = inspect.encode_batch(model, tokenizer, encodings, None, options)
+            out, _ = encode.encode_batch(model, tokenizer, encodings, None, options)
             outputs.append(out)
     finally:
         torch.set_num_threads(threads)

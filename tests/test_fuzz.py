@@ -162,15 +162,15 @@ def test_truncation_matches_the_backend(text, max_length):
 @FAST
 @given(batch=st.lists(texts.filter(str.strip), min_size=1, max_size=3))
 def test_random_unicode_through_encode(batch):
-    from tfcli import inspect
-    from tfcli.render.report import json_record
+    from tfcli import encode
+    from tfcli.render.encode import record as json_record
 
     model, tokenizer = tiny_model()
-    options = inspect.EncodeOptions(top_k=2)
+    options = encode.EncodeOptions(top_k=2)
     encodings = tokenizer.encode(batch, max_length=model.config.max_position_embeddings)
-    out, _ = inspect.encode_batch(model, tokenizer, encodings, None, options)
+    out, _ = encode.encode_batch(model, tokenizer, encodings, None, options)
     for row, encoding in enumerate(encodings):
-        record = json_record(inspect.text_report(model, out, row, encoding, None, options, tokenizer), False)
+        record = json_record(encode.text_report(model, out, row, encoding, None, options, tokenizer), False)
         assert record["text"] == batch[row] and record["ids"] == encoding.ids
         assert all(math.isfinite(stage["std"]) for stage in record["shapes"])
         assert [len(position) for position in record["lens"][0]["top"]] == [2] * len(encoding.ids)

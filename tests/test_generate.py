@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import tfcli
 from tfcli.cli import app
 from tfcli.errors import TfcliError
-from tfcli.model.generate import Sampling, stream
+from tfcli.model.decoding import Sampling, stream
 
 TINY = {
     "decoder": "architecture: decoder\nnorm_position: pre\nfinal_norm: true\nembedding_norm: false\n"
@@ -122,11 +122,11 @@ def test_stream_reports_probabilities_and_the_lens(models):
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(max_new_tokens=0), "max-new-tokens"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(do_sample=True, temperature=0.0), "temperature"),
-    (dict(do_sample=True, top_k=0), "top-k"),
-    (dict(do_sample=True, top_p=0.0), "top-p"),
-    (dict(do_sample=True, top_p=1.5), "top-p"),
+    (dict(do_sample=True, top_k=0), "top_k"),
+    (dict(do_sample=True, top_p=0.0), "top_p"),
+    (dict(do_sample=True, top_p=1.5), "top_p"),
     (dict(max_new_tokens=100), "do not fit"),
 ])
 def test_bad_generation_options_are_usage_errors(models, options, message):

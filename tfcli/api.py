@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfcli.errors import TfcliError, usage_error
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
+    from tfcli.tokenizer import Tokenizer
 
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -88,7 +90,7 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
 
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     if not 0 <= seed < 2**64:
-        raise usage_error(f"--seed must be between 0 and 2**64 - 1, got {seed}")
+        raise usage_error(f"seed must be between 0 and 2**64 - 1, got {seed}", parameter="seed")
     check_fits_in_memory(source.config, source.description)
     model = TransformerModel(source.config)
     if source.weights is not None:
@@ -115,14 +117,36 @@ def load_model(source: str | None = None, device: str = "cpu", dtype: str | None
     return build_model(resolve_source(source), device=device, dtype=dtype, seed=seed)
 
 
-def load_model_and_tokenizer(source: str | None, device: str = "cpu", dtype: str | None = None, seed: int = 0):
-    """The model and its tokenizer (its own files, else the bundled BERT one), checked to fit together."""
+def load_tokenizer_for(source: Source) -> "Tokenizer":
+    """A resolved source's tokenizer (its own files, else the bundled BERT one), checked to fit its vocabulary."""
     from tfcli.tokenizer import load_tokenizer
 
-    resolved = resolve_source(source)
-    tokenizer = load_tokenizer(resolved.tokenizer_dir)
-    if tokenizer.vocab_size > resolved.config.vocab_size:
+    tokenizer = load_tokenizer(source.tokenizer_dir)
+    if tokenizer.vocab_size > source.config.vocab_size:
         raise TfcliError(f"the tokenizer ({tokenizer.name}) has {tokenizer.vocab_size} tokens but the model's "
-                         f"vocabulary has {resolved.config.vocab_size}",
+                         f"vocabulary has {source.config.vocab_size}",
                          "set vocab_size in the config to at least the tokenizer's size")
+    return tokenizer
+
+
+def load_model_and_tokenizer(source: str | None, device: str = "cpu", dtype: str | None = None, seed: int = 0):
+    """The model and its tokenizer (its own files, else the bundled BERT one), checked to fit together."""
+    resolved = resolve_source(source)
+    tokenizer = load_tokenizer_for(resolved)
     return build_model(resolved, device=device, dtype=dtype, seed=seed), tokenizer
+
+
+@dataclass
+class SourceSummary:
+    """What `tfcli config` shows: the resolved source and the parameter count of the model it builds."""
+
+    source: Source
+    parameters: int
+
+
+def describe(source: str | None) -> SourceSummary:
+    """Resolve a model source and count its parameters without building it."""
+    from tfcli.model.transformer import parameter_count
+
+    resolved = resolve_source(source)
+    return SourceSummary(resolved, parameter_count(resolved.config))

@@ -1,4 +1,4 @@
-"""Classification: texts -> probabilities over the head's labels, and why (the first token's attention).
+"""`tfcli classify`: texts -> probabilities over the head's labels, and why (the first token's attention).
 
 Texts run in padded batches; padding is masked out of attention, so a text gets the same
 probabilities alone or in any batch. `explain` keeps the attention of the last layer(s) only, so
@@ -8,9 +8,9 @@ the other layers stay on the fused fast path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tfcli.errors import TfcliError
+from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
@@ -47,15 +47,6 @@ class Classification:
         pairs = sorted(zip(self.labels, self.probs), key=lambda pair: -pair[1])
         return pairs[:top] if top is not None else pairs
 
-    def record(self) -> dict[str, Any]:
-        """The JSON Lines record (keys fixed by DESIGN.md; `explain` only when asked for)."""
-        out: dict[str, Any] = {"text": self.text, "ids": self.ids, "labels": self.labels, "probs": self.probs,
-                               "prediction": self.prediction}
-        if self.explanation is not None:
-            e = self.explanation
-            out["explain"] = {"layers": e.layers, "tokens": e.tokens, "weights": e.weights}
-        return out
-
 
 def require_classifier(config: ModelConfig) -> None:
     """A clear error, naming the head the model has, unless it has a classification head."""
@@ -70,12 +61,12 @@ def explain_layers(model: TransformerModel, count: int) -> list[int]:
     """The last `count` blocks of the stack feeding the head."""
     total = len(model.output_stack.blocks)
     if count < 1:
-        raise TfcliError(f"--explain-layers must be at least 1, got {count}", exit_code=2)
+        raise usage_error(f"explain_layers must be >= 1, got {count}", parameter="explain_layers")
     return list(range(max(total - count, 0), total))
 
 
-def classify(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding],
-             explain: int = 0, batch_size: int = BATCH_SIZE) -> list[Classification]:
+def run(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding],
+        explain: int = 0, batch_size: int = BATCH_SIZE) -> list[Classification]:
     """Classify tokenized texts in padded batches; explain > 0 adds the first token's attention,
     averaged over heads and over the last `explain` layers."""
     import torch

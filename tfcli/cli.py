@@ -1,5 +1,8 @@
-"""The `tfcli` command line: each command parses options, calls the core, and hands the result to render.
+"""The `tfcli` command line: each command parses options, calls its core module (`tfcli/<command>.py`),
+and hands the result to its renderer (`tfcli/render/<command>.py`). No model logic lives here.
 
+Option ranges are checked where the options are declared; what depends on the model is checked by
+the core against the config, before any model is built, and reported with the option's name.
 Results go to stdout (`console`); warnings, progress and errors to stderr (`err_console`).
 Heavy modules (torch, transformers, tokenizers) are imported inside the commands, so `--help` is quick.
 """
@@ -9,7 +12,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -20,7 +24,11 @@ from tfcli import __version__
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
+    from tfcli.model import TransformerModel
+    from tfcli.sources import Source
     from tfcli.tokenizer import Encoding
+
+T = TypeVar("T")
 
 # rich drops colour by itself when NO_COLOR is set or the stream is not a terminal. Piped tables get
 # a wide page (or $COLUMNS) so that files and pagers receive whole cells rather than truncated ones.
@@ -36,7 +44,7 @@ class _ErrorReportingGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except TfcliError as e:
-            fail(e.message, e.hint, e.exit_code)
+            fail(option_words(e), e.hint, e.exit_code)
         except (TyperException, typer.Exit, typer.Abort, BrokenPipeError):
             raise  # typer handles these: usage errors, exits, Ctrl-C (130), closed pipes
         except Exception as e:
@@ -74,6 +82,31 @@ def fail(message: str, hint: str | None, exit_code: int) -> None:
 
 def warn(message: str) -> None:
     err_console.print(f"warning: {message}", soft_wrap=True)
+
+
+def option_words(error: TfcliError) -> str:
+    """A library error about a parameter (`top_k must be >= 1`) said with the option's name (`--top-k ...`)."""
+    name = error.parameter
+    if name and error.message.startswith(name):
+        return "--" + name.replace("_", "-") + error.message[len(name):]
+    return error.message
+
+
+def requires(test: Callable[[Any], bool], requirement: str):
+    """An option callback: a usage error naming the option when a given value fails `test`."""
+
+    def check(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        if value is not None and not test(value):
+            raise usage_error(f"{param.opts[0]} {requirement}, got {value}")
+        return value
+
+    return check
+
+
+AT_LEAST_ONE = requires(lambda value: value >= 1, "must be at least 1")
+POSITIVE = requires(lambda value: value > 0, "must be positive")
+PROBABILITY = requires(lambda value: 0 < value <= 1, "must be in (0, 1]")
+SEED_RANGE = requires(lambda value: 0 <= value < 2**64, "must be between 0 and 2**64 - 1")
 
 
 def read_texts(texts: list[str] | None, file: Path | None, allow_empty: bool = False) -> list[str]:
@@ -126,24 +159,32 @@ def warn_truncated(encodings: list[Encoding], shown: int = 5) -> None:
         warn(f"{len(truncated) - shown} more texts truncated ({len(truncated)} of {len(encodings)} in all)")
 
 
-def batches(items: list, size: int, what: str):
-    """Yield (start, items[start:start + size]) in order; with a progress bar on stderr when stderr is a
-    terminal, stdout is not (results go to a pipe or file: on a terminal they show progress themselves)
-    and there is more than one batch. Never on pipes."""
-    spans = range(0, len(items), size)
-    if len(spans) <= 1 or not err_console.is_terminal or console.is_terminal:
-        for start in spans:
-            yield start, items[start:start + size]
+def with_progress(batches: Iterable[T], total: int, batch_size: int, what: str, count: Callable[[T], int]) -> Iterator[T]:
+    """Yield the batches in order; with a progress bar on stderr (advanced by count(batch) after each)
+    when stderr is a terminal, stdout is not (results go to a pipe or file: on a terminal they show
+    progress themselves) and there is more than one batch. Never on pipes."""
+    if total <= batch_size or not err_console.is_terminal or console.is_terminal:
+        yield from batches
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     # redirect_stdout=False: rich would otherwise send the results written to sys.stdout to stderr
     with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err_console, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
-        task = progress.add_task(what, total=len(items))
-        for start in spans:
-            yield start, items[start:start + size]
-            progress.advance(task, len(items[start:start + size]))
+        task = progress.add_task(what, total=total)
+        for batch in batches:
+            yield batch
+            progress.advance(task, count(batch))
+
+
+def build(source: Source, device: str, dtype: str, seed: int) -> TransformerModel:
+    """The model of a resolved source; says on stderr where its weights came from."""
+    from tfcli.api import build_model
+
+    model = build_model(source, device=device, dtype=dtype, seed=seed)
+    err_console.print(f"model: {model.config.name} ({model.config.architecture}); weights: "
+                      f"{model.weights_description}", soft_wrap=True)
+    return model
 
 
 TextsArgument = Annotated[
@@ -158,7 +199,7 @@ ModelOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per text.")]
 DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
 DtypeOption = Annotated[str, typer.Option(help="float32, float16 or bfloat16.")]
-SeedOption = Annotated[int, typer.Option(help="Seed of the random weights when the model has none.")]
+SeedOption = Annotated[int, typer.Option(help="Seed of the random weights when the model has none.", callback=SEED_RANGE)]
 
 
 # ---------------------------------------------------------------- commands
@@ -190,39 +231,23 @@ def tokenize(
     json_output: JsonOption = False,
 ) -> None:
     """Show how texts split into tokens: ids, segments, and the characters each token covers."""
-    from tfcli.tokenizer import load_tokenizer
-
-    inputs = read_texts(texts, file, allow_empty=True)
-    tokenizer = load_tokenizer(model)
-    pairs = [pair] * len(inputs) if pair is not None else None
-    encodings = tokenizer.encode(inputs, pairs, add_special_tokens=not no_special, max_length=max_length)
-    warn_truncated(encodings)
+    from tfcli import tokenize as core
+    from tfcli.render import tokenize as render
     from tfcli.render.jsonl import write_jsonl
-    from tfcli.render.tables import token_table
 
-    for start, batch in batches(encodings, 1000, "tokenize"):
+    tokenized = core.run(read_texts(texts, file, allow_empty=True), model, pair, not no_special, max_length)
+    encodings = tokenized.encodings
+    warn_truncated(encodings)
+    size = 1000
+    chunks = (encodings[start:start + size] for start in range(0, len(encodings), size))
+    number = 0
+    for chunk in with_progress(chunks, len(encodings), size, "tokenize", len):
         if json_output:
-            write_jsonl(_tokenize_record(e) for e in batch)
+            write_jsonl(render.record(e) for e in chunk)
             continue
-        for number, encoding in enumerate(batch, start + 1):
-            console.print(token_table(encoding, title=f"text {number}: {encoding.text!r}", caption=tokenizer.name))
-
-
-def _tokenize_record(encoding: Encoding) -> dict[str, Any]:
-    """The JSON Lines record of `tokenize` (keys fixed by DESIGN.md)."""
-    record = {"text": encoding.text}
-    if encoding.pair is not None:
-        record["pair"] = encoding.pair
-    return record | {
-        "tokens": encoding.tokens,
-        "ids": encoding.ids,
-        "type_ids": encoding.type_ids,
-        "attention_mask": encoding.attention_mask,
-        "offsets": encoding.offsets,
-    }
-
-
-# ---------------------------------------------------------------- tfcli config
+        for encoding in chunk:
+            number += 1
+            console.print(render.token_table(encoding, number, tokenized.tokenizer_name))
 
 
 @app.command("config")
@@ -231,46 +256,17 @@ def show_config(
     json_output: JsonOption = False,
 ) -> None:
     """Print the resolved config of a model source and its parameter count."""
-    from tfcli.model.transformer import parameter_count
-    from tfcli.sources import bundled_names, resolve_source
+    from tfcli.api import describe
+    from tfcli.render import config as render
+    from tfcli.sources import bundled_names
 
-    resolved = resolve_source(source)
-    config = resolved.config
-    parameters = parameter_count(config)
+    summary = describe(source)
     if json_output:
         from tfcli.render.jsonl import write_jsonl
 
-        write_jsonl([{"source": resolved.description, "config": config.to_dict(), "parameters": parameters,
-                      "weights": str(resolved.weights) if resolved.weights else None}])
-        return
-    from tfcli.render.tables import key_value_table
-
-    console.print(key_value_table(config.to_dict(), title=f"{config.name}: {resolved.description}",
-                                  caption=f"{parameters:,} parameters; bundled configs: {', '.join(bundled_names())}"))
-
-
-# ---------------------------------------------------------------- tfcli encode
-
-
-def load_for_command(model: str | None, device: str, dtype: str, seed: int):
-    """Model and tokenizer for a command; says on stderr where the weights came from."""
-    from tfcli.api import load_model_and_tokenizer
-
-    loaded, tokenizer = load_model_and_tokenizer(model, device=device, dtype=dtype, seed=seed)
-    err_console.print(f"model: {loaded.config.name} ({loaded.config.architecture}); weights: "
-                      f"{loaded.weights_description}", soft_wrap=True)
-    return loaded, tokenizer
-
-
-def tokenize_for_model(tokenizer, config, texts: list[str], truncate: bool) -> list[Encoding]:
-    """Tokenize texts for a model, truncating to its position table (or refusing, with --no-truncate)."""
-    encodings = tokenizer.encode(texts, max_length=config.max_position_embeddings)
-    for number, encoding in enumerate(encodings, 1):
-        if encoding.truncated and not truncate:
-            raise usage_error(f"text {number} has {encoding.untruncated_length} tokens, more than the model's "
-                              f"{config.max_position_embeddings} positions", "drop --no-truncate to truncate it")
-    warn_truncated(encodings)
-    return encodings
+        write_jsonl([render.record(summary)])
+    else:
+        console.print(render.config_table(summary, bundled_names()))
 
 
 @app.command()
@@ -279,7 +275,8 @@ def encode(
     model: ModelOption = None,
     layers: Annotated[str | None, typer.Option(help="Blocks to show, e.g. 0,-1 (default: all).")] = None,
     heads: Annotated[str | None, typer.Option(help="Heads to show, e.g. 0,3 or all (default: their mean).")] = None,
-    top_k: Annotated[int, typer.Option("--top-k", help="Top unembedded tokens per layer and position.")] = 3,
+    top_k: Annotated[int, typer.Option("--top-k", help="Top unembedded tokens per layer and position.",
+                                       callback=AT_LEAST_ONE)] = 3,
     target: Annotated[str | None, typer.Option(help="Decoder input of an encoder-decoder (default: the start token).")] = None,
     no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse texts longer than the position table.")] = False,
     save: Annotated[Path | None, typer.Option(help="Write input_ids, hidden.{i}, attention.{i}, logits to FILE.safetensors.")] = None,
@@ -289,49 +286,43 @@ def encode(
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
     json_output: JsonOption = False,
-    max_capture_mb: Annotated[float, typer.Option("--max-capture-mb", metavar="MB", help="Most memory a batch's "
-                                                  "captured attention, hidden states and logits may hold.")] = 1024,
+    max_capture_mb: Annotated[float, typer.Option("--max-capture-mb", metavar="MB", callback=POSITIVE,
+                                                  help="Most memory a batch's captured attention, hidden states "
+                                                  "and logits may hold.")] = 1024,
 ) -> None:
     """Run a forward pass and show every stage's shape, the attention maps and the logit lens."""
-    from tfcli import inspect
-    from tfcli.render import report as render
+    from tfcli import encode as core
+    from tfcli.api import load_tokenizer_for
+    from tfcli.render import encode as render
+    from tfcli.render.jsonl import write_jsonl
+    from tfcli.sources import resolve_source
 
     inputs = read_texts(texts, file)
-    if top_k <= 0:
-        raise usage_error(f"--top-k must be at least 1, got {top_k}")
     if save is not None:
         render.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
-    loaded, tokenizer = load_for_command(model, device, dtype, seed)
-    if top_k > loaded.config.vocab_size:
-        raise usage_error(f"--top-k {top_k} is larger than the vocabulary ({loaded.config.vocab_size})")
-    head_count = loaded.config.num_attention_heads
-    selected_heads = None  # None: show the mean over heads
-    if heads is not None:
-        selected_heads = inspect.parse_indices(heads, head_count, "heads") or list(range(head_count))
-    options = inspect.EncodeOptions(layers=inspect.parse_indices(layers, inspect.block_count(loaded), "layers"),
-                                    heads=selected_heads, top_k=top_k)
-    decoder_input = inspect.decoder_input(loaded, tokenizer, target)
-    encodings = tokenize_for_model(tokenizer, loaded.config, inputs, truncate=not no_truncate)
-    batch_size, note = inspect.capture_batch_size(loaded, options, encodings, decoder_input, max_capture_mb,
-                                                  save is not None)
+    source = resolve_source(model)
+    options = core.check_options(source.config, layers, heads, top_k)
+    tokenizer = load_tokenizer_for(source)
+    decoder_input = core.decoder_input(source.config, tokenizer, target)
+    encodings = tokenizer.encode_for_model(inputs, source.config.max_position_embeddings, truncate=not no_truncate)
+    warn_truncated(encodings)
+    loaded = build(source, device, dtype, seed)
+    batch_size, note = core.capture_batch_size(loaded, options, encodings, decoder_input, max_capture_mb,
+                                               save is not None)
     if note:
         warn(note)
-    for start, batch in batches(encodings, batch_size, "encode"):
-        out, model_inputs = inspect.encode_batch(loaded, tokenizer, batch, decoder_input, options)
-        for row, encoding in enumerate(batch):
-            text_report = inspect.text_report(loaded, out, row, encoding, decoder_input, options, tokenizer)
+    number = 0
+    batches = core.run(loaded, tokenizer, encodings, options, decoder_input, batch_size, keep_tensors=save is not None)
+    for batch in with_progress(batches, len(encodings), batch_size, "encode", lambda b: len(b.reports)):
+        for report in batch.reports:
+            number += 1
             if json_output:
-                from tfcli.render.jsonl import write_jsonl
-
-                write_jsonl([render.json_record(text_report, loaded.trained)])
+                write_jsonl([render.record(report, loaded.trained)])
             else:
-                render.render_report(console, text_report, start + row + 1)
+                render.print_report(console, report, number)
         if save is not None:
-            render.save_tensors(save, inspect.saved_tensors(out, model_inputs), overwrite=force)
+            render.save_tensors(save, batch.tensors, overwrite=force)
             err_console.print(f"saved {save}")
-
-
-# ---------------------------------------------------------------- tfcli compare
 
 
 @app.command()
@@ -343,35 +334,20 @@ def compare(
     json_output: JsonOption = False,
 ) -> None:
     """Run transformers' own model on the same checkpoint and text; print each tensor's max abs difference."""
-    import torch
+    from tfcli import compare as core
+    from tfcli.render import compare as render
 
-    from tfcli import compare as comparison
-    from tfcli.api import build_model
-    from tfcli.sources import resolve_source
-    from tfcli.tokenizer import load_tokenizer
-
-    resolved = resolve_source(source)
-    loaded = build_model(resolved, device=device)
-    encoding = tokenize_for_model(load_tokenizer(resolved.tokenizer_dir), loaded.config, [text], truncate=True)[0]
-    input_ids = torch.tensor([encoding.ids], device=loaded.embed_tokens.weight.device)
-    differences = comparison.compare(loaded, resolved, input_ids)
-    worst = max(d.max_abs_diff for d in differences)
+    comparison = core.run(source, text, device, tolerance)
+    warn_truncated([comparison.encoding])
     if json_output:
         from tfcli.render.jsonl import write_jsonl
 
-        write_jsonl([{"text": text, "ids": encoding.ids, "tolerance": tolerance, "max_abs_diff": worst,
-                      "tensors": [{"name": d.name, "shape": d.shape, "max_abs_diff": d.max_abs_diff}
-                                  for d in differences]}])
+        write_jsonl([render.record(comparison)])
     else:
-        from tfcli.render.tables import compare_table
-
-        console.print(compare_table(differences, f"tfcli vs transformers on {source}", tolerance))
-    if worst > tolerance:
-        err_console.print(f"largest difference {worst:.3g} exceeds {tolerance:g}")
+        console.print(render.compare_table(comparison))
+    if not comparison.matches:
+        err_console.print(f"largest difference {comparison.worst:.3g} exceeds {tolerance:g}")
         raise typer.Exit(1)
-
-
-# ---------------------------------------------------------------- tfcli classify
 
 
 @app.command()
@@ -379,9 +355,11 @@ def classify(
     texts: TextsArgument = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model source with a classification head "
                                               "(default: the bundled `classifier`, random weights).")] = None,
-    top: Annotated[int | None, typer.Option(metavar="N", help="Show only the N most probable labels in the table.")] = None,
+    top: Annotated[int | None, typer.Option(metavar="N", callback=AT_LEAST_ONE,
+                                            help="Show only the N most probable labels in the table.")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Show what the first token attends to in the last layer(s), mean over heads.")] = False,
-    explain_layers: Annotated[int, typer.Option("--explain-layers", metavar="N", help="Average --explain over the last N layers.")] = 1,
+    explain_layers: Annotated[int, typer.Option("--explain-layers", metavar="N", callback=AT_LEAST_ONE,
+                                                help="Average --explain over the last N layers.")] = 1,
     file: FileOption = None,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
@@ -389,34 +367,30 @@ def classify(
     json_output: JsonOption = False,
 ) -> None:
     """Classify texts: every label's probability and the prediction; --explain shows why."""
-    from tfcli.classify import classify as run_classify
-    from tfcli.classify import require_classifier
-
-    inputs = read_texts(texts, file)
-    if top is not None and top < 1:
-        raise usage_error(f"--top must be at least 1, got {top}")
+    from tfcli import classify as core
+    from tfcli.api import load_tokenizer_for
+    from tfcli.render import classify as render
     from tfcli.sources import resolve_source
 
-    require_classifier(resolve_source(model or "classifier").config)  # before building a model for nothing
-    loaded, tokenizer = load_for_command(model or "classifier", device, dtype, seed)
+    inputs = read_texts(texts, file)
+    source = resolve_source(model or "classifier")
+    core.require_classifier(source.config)  # before building a model for nothing
+    tokenizer = load_tokenizer_for(source)
+    encodings = tokenizer.encode_for_model(inputs, source.config.max_position_embeddings)
+    loaded = build(source, device, dtype, seed)
     if not loaded.trained:
         warn("random weights: these probabilities say nothing about the texts")
-    encodings = tokenize_for_model(tokenizer, loaded.config, inputs, truncate=True)
-    results = run_classify(loaded, tokenizer, encodings, explain=explain_layers if explain else 0)
+    warn_truncated(encodings)
+    results = core.run(loaded, tokenizer, encodings, explain=explain_layers if explain else 0)
     if json_output:
         from tfcli.render.jsonl import write_jsonl
 
-        write_jsonl(result.record() for result in results)
+        write_jsonl(render.record(result) for result in results)
         return
-    from tfcli.render.classify import classification_table, heat_strip
-
     for number, result in enumerate(results, 1):
-        console.print(classification_table(result, number, top))
+        console.print(render.classification_table(result, number, top))
         if result.explanation is not None:
-            console.print(heat_strip(result.explanation))
-
-
-# ---------------------------------------------------------------- tfcli generate
+            console.print(render.heat_strip(result.explanation))
 
 
 @app.command()
@@ -425,23 +399,31 @@ def generate(
                                                         help="Prompts to continue; `-` alone reads stdin, one per line.")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model source with an LM head "
                                               "(default: the bundled `gpt2-small`, random weights).")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", help="Stop after N new tokens.")] = 20,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", callback=AT_LEAST_ONE,
+                                                help="Stop after N new tokens.")] = 20,
     greedy: Annotated[bool, typer.Option("--greedy", help="Take the most probable token each step (the default "
                                          "when no sampling option is given).")] = False,
-    temperature: Annotated[float | None, typer.Option(metavar="T", help="Sample, dividing the logits by T (> 0).")] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k", metavar="K", help="Sample from the K most probable tokens.")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", metavar="P", help="Sample from the most probable tokens "
-                                                "whose probabilities add up to P, in (0, 1].")] = None,
+    temperature: Annotated[float | None, typer.Option(metavar="T", callback=POSITIVE,
+                                                      help="Sample, dividing the logits by T (> 0).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", metavar="K", callback=AT_LEAST_ONE,
+                                              help="Sample from the K most probable tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", metavar="P", callback=PROBABILITY,
+                                                help="Sample from the most probable tokens whose probabilities "
+                                                "add up to P, in (0, 1].")] = None,
     lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step.")] = False,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
-    seed: Annotated[int, typer.Option(help="Seed of the random weights (when the model has none) and of sampling.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights (when the model has none) and of sampling.",
+                                      callback=SEED_RANGE)] = 0,
     json_output: JsonOption = False,
 ) -> None:
     """Continue prompts token by token: the text streams to stderr as it is made, then a step table
     (probability, alternatives, and with --lens each layer's guess) on stdout."""
-    from tfcli import generation
-    from tfcli.model.generate import Sampling
+    from tfcli import generate as core
+    from tfcli.api import load_tokenizer_for
+    from tfcli.model.decoding import Sampling
+    from tfcli.render import generate as render
+    from tfcli.sources import resolve_source
 
     inputs = read_texts(prompts, None)
     do_sample = any(option is not None for option in (temperature, top_k, top_p))
@@ -449,35 +431,26 @@ def generate(
         raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
                           "leave out --greedy to sample")
     sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
-    sampling.check()
-    if max_new_tokens <= 0:
-        raise usage_error(f"--max-new-tokens must be 1 or more, got {max_new_tokens}")
-    loaded, tokenizer = load_for_command(model or generation.DEFAULT_MODEL, device, dtype, seed)
-    prompt_ids = [generation.prompt_ids(loaded, tokenizer, prompt) for prompt in inputs]
-    budgets = [generation.max_new_tokens_that_fit(loaded, len(ids), max_new_tokens) for ids in prompt_ids]
+    source = resolve_source(model or core.DEFAULT_MODEL)
+    tokenizer = load_tokenizer_for(source)
+    prepared = core.prompts(source.config, tokenizer, inputs, max_new_tokens)
+    loaded = build(source, device, dtype, seed)
     live = err_console.is_terminal
 
     def show(piece: str) -> None:
         sys.stderr.write(piece)
         sys.stderr.flush()
 
-    for number, (prompt, ids, budget) in enumerate(zip(inputs, prompt_ids, budgets), 1):
-        if budget < max_new_tokens:
-            warn(f"prompt {number}: only {budget} new tokens fit in the model's "
+    for number, prompt in enumerate(prepared, 1):
+        if prompt.budget < max_new_tokens:
+            warn(f"prompt {number}: only {prompt.budget} new tokens fit in the model's "
                  f"{loaded.config.max_position_embeddings} positions")
-        result = generation.run(loaded, tokenizer, prompt, ids, budget, sampling, lens=lens,
-                                on_text=show if live else None)
+        result = core.run(loaded, tokenizer, prompt, sampling, lens=lens, on_text=show if live else None)
         if live:
             show("\n")
         if json_output:
             from tfcli.render.jsonl import write_jsonl
-            from tfcli.render.generate import generate_record
 
-            write_jsonl([generate_record(result, tokenizer)])
-            continue
-        from tfcli.render.generate import step_table
-
-        console.print(result.full_text, soft_wrap=True)
-        ended = "stopped at end of sequence" if result.stopped_at_eos else f"{len(result.steps)} new tokens"
-        mode = "greedy" if not do_sample else f"sampled (seed {seed})"
-        console.print(step_table(result, tokenizer, f"prompt {number}: {ended}, {mode}"))
+            write_jsonl([render.record(result, tokenizer)])
+        else:
+            render.print_generation(console, result, tokenizer, number, seed if do_sample else None)

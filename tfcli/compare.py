@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from tfcli.model import TransformerModel
     from tfcli.sources import Source
+    from tfcli.tokenizer import Encoding
 
 
 @dataclass
@@ -23,14 +24,60 @@ class Difference:
     max_abs_diff: float
 
 
+@dataclass
+class Comparison:
+    """tfcli against transformers on one checkpoint and text."""
+
+    source: str  # as the user gave it
+    encoding: Encoding
+    tolerance: float
+    differences: list[Difference]
+
+    @property
+    def text(self) -> str:
+        return self.encoding.text
+
+    @property
+    def ids(self) -> list[int]:
+        return self.encoding.ids
+
+    @property
+    def worst(self) -> float:
+        return max(d.max_abs_diff for d in self.differences)
+
+    @property
+    def matches(self) -> bool:
+        return self.worst <= self.tolerance
+
+
+def run(source: str, text: str, device: str = "cpu", tolerance: float = 1e-4) -> Comparison:
+    """Build tfcli's model and transformers' from the checkpoint `source`, run both on `text`, and measure."""
+    import torch
+
+    from tfcli.api import build_model
+    from tfcli.sources import resolve_source
+    from tfcli.tokenizer import load_tokenizer
+
+    resolved = resolve_source(source)
+    _require_weights(resolved)
+    encoding = load_tokenizer(resolved.tokenizer_dir).encode_for_model([text], resolved.config.max_position_embeddings)[0]
+    model = build_model(resolved, device=device)
+    input_ids = torch.tensor([encoding.ids], device=model.embed_tokens.weight.device)
+    return Comparison(source, encoding, tolerance, compare(model, resolved, input_ids))
+
+
+def _require_weights(source: Source) -> None:
+    if source.weights is None:
+        raise TfcliError(f"compare needs a checkpoint with weights; {source.description} has none",
+                         "pass a directory written by save_pretrained (config.json + model.safetensors)")
+
+
 def transformers_model(source: "Source"):
     """transformers' class named in config.json `architectures` (eager attention, so it returns weights)."""
     import transformers
 
     transformers.logging.disable_progress_bar()
-    if source.weights is None:
-        raise TfcliError(f"compare needs a checkpoint with weights; {source.description} has none",
-                         "pass a directory written by save_pretrained (config.json + model.safetensors)")
+    _require_weights(source)
     values = json.loads((source.weights.parent / "config.json").read_text(encoding="utf-8"))
     names = values.get("architectures") or ["AutoModel"]
     cls = getattr(transformers, names[0], None)

@@ -123,6 +123,15 @@ class Tokenizer:
             for i, (text, enc, untruncated) in enumerate(zip(texts, kept, full))
         ]
 
+    def encode_for_model(self, texts: list[str], positions: int, truncate: bool = True) -> list[Encoding]:
+        """Tokenize texts for a model with `positions` positions: truncated to them, or refused (truncate=False)."""
+        encodings = self.encode(texts, max_length=positions)
+        for number, encoding in enumerate(encodings, 1):
+            if encoding.truncated and not truncate:
+                raise usage_error(f"text {number} has {encoding.untruncated_length} tokens, more than the model's "
+                                  f"{positions} positions", "drop --no-truncate to truncate it")
+        return encodings
+
     def _check_max_length(self, max_length: int, is_pair: bool, add_special_tokens: bool) -> None:
         post = self.backend.post_processor
         specials = post.num_special_tokens_to_add(is_pair) if post and add_special_tokens else 0

@@ -1,6 +1,7 @@
-"""The from-scratch transformer: attention, layers, embeddings, stacks and heads."""
+"""The from-scratch transformer: attention, layers, embeddings, stacks and heads, capture and decoding."""
 
 from tfcli.model.attention import KVCache
-from tfcli.model.transformer import Capture, ModelOutput, Stage, TransformerModel, init_weights
+from tfcli.model.capture import Capture, ModelOutput
+from tfcli.model.transformer import TransformerModel, init_weights
 
-__all__ = ["Capture", "KVCache", "ModelOutput", "Stage", "TransformerModel", "init_weights"]
+__all__ = ["Capture", "KVCache", "ModelOutput", "TransformerModel", "init_weights"]

@@ -6,52 +6,17 @@ Shapes: B batch, T tokens, hidden = config.hidden_size, V vocabulary, H heads, S
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
 from tfcli.model.attention import KVCache, Rotary
+from tfcli.model.capture import Capture, ModelOutput
+from tfcli.model.decoding import generate
 from tfcli.model.embeddings import Embeddings
 from tfcli.model.layers import Block, activation, norm
 from tfcli.model.linear import Linear
-
-
-@dataclass
-class Capture:
-    """What a forward pass keeps besides its result. Attention weights force the explicit softmax path
-    in the layers they are kept for; other layers stay on the fused fast path."""
-
-    hidden_states: bool = True
-    attention: bool = True
-    layers: list[int] | None = None  # blocks whose attention weights are kept; None = every block
-    heads: list[int] | None = None  # heads kept; None = every head
-    stages: bool = False  # every sublayer's output, for the shapes table
-
-    def wants_attention(self, layer: int) -> bool:
-        return self.attention and (self.layers is None or layer in self.layers)
-
-
-@dataclass
-class Stage:
-    name: str  # e.g. "embeddings", "block 0 attention", "head"
-    tensor: Tensor
-    parameters: int  # parameters of the module that produced it
-
-
-@dataclass
-class ModelOutput:
-    """One stack's results; for an encoder-decoder, the decoder's, with the encoder's in `encoder`."""
-
-    last_hidden_state: Tensor  # (B, T, hidden), after the final norm when the stack has one
-    logits: Tensor | None = None  # (B, T, V) or (B, num_labels)
-    hidden_states: list[Tensor] = field(default_factory=list)  # embeddings, then each block (before final norm)
-    attentions: dict[int, Tensor] = field(default_factory=dict)  # block -> (B, H, T, S) softmax weights
-    cross_attentions: dict[int, Tensor] = field(default_factory=dict)
-    stages: list[Stage] = field(default_factory=list)
-    encoder: ModelOutput | None = None
-    cache: KVCache | None = None
 
 
 def parameter_count(config: ModelConfig) -> int:
@@ -70,6 +35,13 @@ def parameter_count(config: ModelConfig) -> int:
     one = count(1, 1)
     return (one + (config.num_hidden_layers - 1) * (count(2, 1) - one)
             + (config.decoder_layers - 1) * (count(1, 2) - one))
+
+
+def start_token_id(config: ModelConfig) -> int:
+    """The id an encoder-decoder's decoder starts from: decoder_start_token_id, else bos, else 0."""
+    if config.decoder_start_token_id is not None:
+        return config.decoder_start_token_id
+    return config.bos_token_id or 0
 
 
 def count_parameters(*modules: nn.Module | None) -> int:
@@ -113,7 +85,7 @@ class Stack(nn.Module):
     def forward(self, token_embeddings: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: KVCache | None = None,
-                capture: Capture | None = None, token_embedding_parameters: int = 0) -> ModelOutput:
+                capture: Capture | None = None) -> ModelOutput:
         """token_embeddings (B, T, hidden); attention_mask (B, past + T); memory (B, S, hidden)."""
         batch, length = token_embeddings.shape[:2]
         device, dtype = token_embeddings.device, token_embeddings.dtype
@@ -129,9 +101,8 @@ class Stack(nn.Module):
 
         out = ModelOutput(last_hidden_state=x)
         keep_stages = capture is not None and capture.stages
-        if keep_stages:
-            out.stages.append(Stage("embeddings", x, token_embedding_parameters + count_parameters(self.embeddings)))
-        if capture is not None and capture.hidden_states:
+        keep_hidden = capture is not None and capture.wants_hidden_states
+        if keep_hidden:
             out.hidden_states.append(x)
         for i, block in enumerate(self.blocks):
             need_weights = capture is not None and capture.wants_attention(i)
@@ -145,17 +116,13 @@ class Stack(nn.Module):
                     cross = result.cross_attention
                     out.cross_attentions[i] = cross if heads is None else cross[:, heads]
             if keep_stages:
-                for name, tensor in result.stages.items():
-                    module = getattr(block, name)
-                    module_norm = getattr(block, f"{name}_norm")
-                    out.stages.append(Stage(f"block {i} {name}", tensor, count_parameters(module, module_norm)))
-                out.stages.append(Stage(f"block {i} output", x, count_parameters(block)))
-            if capture is not None and capture.hidden_states:
+                out.stages |= {f"blocks.{i}.{name}": tensor for name, tensor in result.stages.items()}
+            if keep_hidden:
                 out.hidden_states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
             if keep_stages:
-                out.stages.append(Stage("final norm", x, count_parameters(self.final_norm)))
+                out.stages["final_norm"] = x
         out.last_hidden_state = x
         return out
 
@@ -240,9 +207,7 @@ class TransformerModel(nn.Module):
 
     def start_tokens(self, batch: int, device: torch.device) -> Tensor:
         """The decoder input of an encoder-decoder when none is given: one start token per row (B, 1)."""
-        start = self.config.decoder_start_token_id
-        start = start if start is not None else (self.config.bos_token_id or 0)
-        return torch.full((batch, 1), start, dtype=torch.long, device=device)
+        return torch.full((batch, 1), start_token_id(self.config), dtype=torch.long, device=device)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 decoder_input_ids: Tensor | None = None, decoder_attention_mask: Tensor | None = None,
@@ -250,22 +215,18 @@ class TransformerModel(nn.Module):
                 encoder_output: ModelOutput | None = None, logits_to_keep: int | None = None) -> ModelOutput:
         """input_ids (B, T). Decoder-only with a cache: input_ids are the new tokens and attention_mask
         covers cached + new positions. Encoder-decoder: decoder_input_ids default to the start token."""
-        embedding_parameters = count_parameters(self.embed_tokens) if capture is not None and capture.stages else 0
         if self.decoder is None:
-            out = self.encoder(self.embed(input_ids), attention_mask, token_type_ids, capture=capture,
-                               token_embedding_parameters=embedding_parameters)
+            out = self.encoder(self.embed(input_ids), attention_mask, token_type_ids, capture=capture)
         elif self.encoder is None:
-            out = self.decoder(self.embed(input_ids), attention_mask, cache=cache, capture=capture,
-                               token_embedding_parameters=embedding_parameters)
+            out = self.decoder(self.embed(input_ids), attention_mask, cache=cache, capture=capture)
         else:
             if encoder_output is None:
-                encoder_output = self.encoder(self.embed(input_ids), attention_mask, capture=capture,
-                                              token_embedding_parameters=embedding_parameters)
+                encoder_output = self.encoder(self.embed(input_ids), attention_mask, capture=capture)
             if decoder_input_ids is None:
                 decoder_input_ids = self.start_tokens(input_ids.shape[0], input_ids.device)
             out = self.decoder(self.embed(decoder_input_ids), decoder_attention_mask,
                                memory=encoder_output.last_hidden_state, memory_mask=attention_mask, cache=cache,
-                               capture=capture, token_embedding_parameters=embedding_parameters)
+                               capture=capture)
             out.encoder = encoder_output
         if cache is not None:
             cache.length += out.last_hidden_state.shape[1]
@@ -275,8 +236,6 @@ class TransformerModel(nn.Module):
             if logits_to_keep is not None and isinstance(self.head, LMHead):
                 hidden = hidden[:, -logits_to_keep:]
             out.logits = self.head(hidden)
-            if capture is not None and capture.stages:
-                out.stages.append(Stage("head", out.logits, count_parameters(self.head)))
         return out
 
     def unembed(self, hidden: Tensor) -> Tensor:
@@ -293,9 +252,7 @@ class TransformerModel(nn.Module):
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  use_cache: bool = True, attention_mask: Tensor | None = None) -> Tensor:
         """Prompt + new ids (B, T + new) like transformers' generate (encoder-decoders: the decoder's ids,
-        start token first); greedy unless do_sample. See tfcli/model/generate.py."""
-        from tfcli.model.generate import generate
-
+        start token first); greedy unless do_sample. See tfcli/model/decoding.py."""
         return generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, use_cache,
                         attention_mask)
 

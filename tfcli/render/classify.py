@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
@@ -55,3 +55,13 @@ def heat_strip(explanation: Explanation, top: int = 3) -> Group:
     ranked = sorted(zip(explanation.tokens, explanation.weights), key=lambda pair: -pair[1])[:top]
     most = Text("most attended: " + ", ".join(f"{token} {weight:.3f}" for token, weight in ranked))
     return Group(heading, tokens, shades, most)
+
+
+def record(result: Classification) -> dict[str, Any]:
+    """The JSON Lines record of `classify`: text, ids, labels, probs, prediction (and `explain` when asked for)."""
+    out: dict[str, Any] = {"text": result.text, "ids": result.ids, "labels": result.labels, "probs": result.probs,
+                           "prediction": result.prediction}
+    if result.explanation is not None:
+        e = result.explanation
+        out["explain"] = {"layers": e.layers, "tokens": e.tokens, "weights": e.weights}
+    return out

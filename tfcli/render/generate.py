@@ -6,15 +6,26 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from tfcli.generation import token_text
+from tfcli.generate import token_text
 
 if TYPE_CHECKING:
-    from tfcli.generation import Generation
+    from rich.console import Console
+
+    from tfcli.generate import Generation
     from tfcli.tokenizer import Tokenizer
 
 
 def _shown(tokenizer: Tokenizer, token_id: int) -> str:
     return repr(token_text(tokenizer, token_id))
+
+
+def print_generation(console: Console, result: Generation, tokenizer: Tokenizer, number: int,
+                     sampled_seed: int | None) -> None:
+    """The text (prompt and continuation), then the step table; `sampled_seed` is None for greedy runs."""
+    console.print(result.full_text, soft_wrap=True)
+    ended = "stopped at end of sequence" if result.stopped_at_eos else f"{len(result.steps)} new tokens"
+    mode = "greedy" if sampled_seed is None else f"sampled (seed {sampled_seed})"
+    console.print(step_table(result, tokenizer, f"prompt {number}: {ended}, {mode}"))
 
 
 def step_table(result: Generation, tokenizer: Tokenizer, title: str) -> Table:
@@ -56,8 +67,8 @@ def _has_lens(result: Generation) -> bool:
     return bool(result.steps) and result.steps[0].lens is not None
 
 
-def generate_record(result: Generation, tokenizer: Tokenizer) -> dict[str, Any]:
-    """The JSON Lines record of `generate` (keys fixed by DESIGN.md, plus `ids`: the input ids)."""
+def record(result: Generation, tokenizer: Tokenizer) -> dict[str, Any]:
+    """The JSON Lines record of `generate`: prompt, ids (the input ids), prompt_ids, generated_ids, text, steps."""
 
     def token(i: int, p: float) -> dict[str, Any]:
         return {"id": i, "token": token_text(tokenizer, i), "prob": round(p, 6)}

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from torch import Tensor
 
-    from tfcli.inspect import AttentionMap, TextReport
+    from tfcli.encode import AttentionMap, TextReport
 
 KIND_TITLES = {"self": "attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention",
                "cross": "cross-attention (decoder query -> encoder key)"}
@@ -67,7 +67,7 @@ def lens_table(report: TextReport) -> Table:
     return table
 
 
-def render_report(console: Console, report: TextReport, number: int) -> None:
+def print_report(console: Console, report: TextReport, number: int) -> None:
     console.print(Text(f"text {number}: {report.text!r}", style="bold"))
     console.print(f"tokens: {' '.join(report.tokens)}")
     if report.target_tokens is not None:
@@ -79,8 +79,8 @@ def render_report(console: Console, report: TextReport, number: int) -> None:
         console.print(lens_table(report))
 
 
-def json_record(report: TextReport, trained: bool) -> dict[str, Any]:
-    """The encode record of DESIGN.md: text, tokens, ids, shapes, attention (summarised), lens, weights."""
+def record(report: TextReport, trained: bool) -> dict[str, Any]:
+    """The encode JSON Lines record (README, "encode"): text, tokens, ids, shapes, attention (summarised), lens, weights."""
     record: dict[str, Any] = {"text": report.text, "tokens": report.tokens, "ids": report.ids}
     if report.target_ids is not None:
         record |= {"target_tokens": report.target_tokens, "target_ids": report.target_ids}

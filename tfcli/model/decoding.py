@@ -1,4 +1,4 @@
-"""Generation: greedy or sampled decoding with a KV cache, one token's work per step, watchable step by step.
+"""Decoding: greedy or sampled decoding with a KV cache, one token's work per step, watchable step by step.
 
 `decode` is the loop (batched; yields the tensors of each step), `generate` collects it into ids as
 transformers' `generate` returns them, and `stream` turns it into `Step` records for one prompt, each with
@@ -19,9 +19,10 @@ from torch import Tensor
 
 from tfcli.errors import TfcliError, usage_error
 from tfcli.model.attention import KVCache
-from tfcli.model.transformer import Capture
+from tfcli.model.capture import Capture
 
 if TYPE_CHECKING:
+    from tfcli.config import ModelConfig
     from tfcli.model.transformer import TransformerModel
 
 
@@ -38,12 +39,14 @@ class Sampling:
 
     def check(self) -> None:
         if not self.temperature > 0:
-            raise usage_error(f"temperature must be positive, got {self.temperature}",
-                              "use a value such as 0.7 or 1.0; for deterministic output use --greedy")
-        if self.top_k is not None and self.top_k <= 0:
-            raise usage_error(f"top-k must be 1 or more, got {self.top_k}", "leave it out to keep every token")
+            raise usage_error(f"temperature must be > 0, got {self.temperature}",
+                              "use a value such as 0.7 or 1.0; for deterministic output use do_sample=False",
+                              parameter="temperature")
+        if self.top_k is not None and self.top_k < 1:
+            raise usage_error(f"top_k must be >= 1, got {self.top_k}", "use None to keep every token", parameter="top_k")
         if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise usage_error(f"top-p must be in (0, 1], got {self.top_p}", "for example 0.9; 1 keeps every token")
+            raise usage_error(f"top_p must be in (0, 1], got {self.top_p}", "for example 0.9; 1 keeps every token",
+                              parameter="top_p")
 
 
 @dataclass
@@ -86,25 +89,21 @@ def choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
-def position_limit(model: TransformerModel) -> int:
-    """How many positions the generating stack can take (its position table / trained context)."""
-    return model.config.max_position_embeddings
-
-
-def check_can_generate(model: TransformerModel, prompt_length: int, max_new_tokens: int) -> None:
-    """A clear error for a model without an LM head, an empty or too long prompt, or max_new_tokens <= 0."""
-    config = model.config
+def check_can_generate(config: ModelConfig, prompt_length: int | None = None, max_new_tokens: int = 1) -> None:
+    """A clear error for a model without an LM head, an empty or too long prompt, or max_new_tokens < 1.
+    Needs only the config, so it runs before any model is built."""
     if config.head != "lm" or config.architecture == "encoder":
         raise usage_error(f"{config.name} cannot generate: its head is `{config.head}` "
                           f"({config.architecture}), generation needs an `lm` head on a decoder",
                           "use a decoder or encoder-decoder with `head: lm`, e.g. --model gpt2-small")
-    if max_new_tokens <= 0:
-        raise usage_error(f"max-new-tokens must be 1 or more, got {max_new_tokens}")
+    if max_new_tokens < 1:
+        raise usage_error(f"max_new_tokens must be >= 1, got {max_new_tokens}", parameter="max_new_tokens")
     if prompt_length == 0:
         raise usage_error("the prompt is empty", "give some text to continue")
-    if prompt_length > position_limit(model):
-        raise usage_error(f"the prompt has {prompt_length} tokens, more than the model's {position_limit(model)} "
-                          "positions", "shorten the prompt")
+    positions = config.max_position_embeddings  # the generating stack's position table / trained context
+    if prompt_length is not None and prompt_length > positions:
+        raise usage_error(f"the prompt has {prompt_length} tokens, more than the model's {positions} positions",
+                          "shorten the prompt")
 
 
 @torch.inference_mode()
@@ -122,12 +121,13 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
     config = model.config
     batch, length = input_ids.shape
     seq2seq = model.encoder is not None
-    check_can_generate(model, length, max_new_tokens)
-    room = position_limit(model) - (1 if seq2seq else length)
+    check_can_generate(config, length, max_new_tokens)
+    positions = config.max_position_embeddings
+    room = positions - (1 if seq2seq else length)
     if max_new_tokens > room:
-        raise usage_error(f"{max_new_tokens} new tokens do not fit: the model has {position_limit(model)} positions "
+        raise usage_error(f"{max_new_tokens} new tokens do not fit: the model has {positions} positions "
                           f"and the {'decoder start token' if seq2seq else 'prompt'} takes "
-                          f"{position_limit(model) - room}", f"ask for at most {room} new tokens")
+                          f"{positions - room}", f"ask for at most {room} new tokens")
     if int(input_ids.max()) >= config.vocab_size or int(input_ids.min()) < 0:
         raise TfcliError(f"token id {int(input_ids.max())} is outside the model's vocabulary ({config.vocab_size})",
                          "the tokenizer and the model do not belong together")

@@ -1,13 +1,15 @@
-"""What an `encode` run captures and the report it builds: tokens, stage shapes and statistics,
-attention maps of the selected layers and heads, and the logit lens (top tokens per layer).
+"""`tfcli encode`: one forward pass with capture per batch of texts, and the report of each text: tokens,
+every stage's shape and statistics, attention maps of the selected layers and heads, and the logit
+lens (top tokens per layer).
 
-The report holds plain Python values and small tensors, ready for the table, JSON and safetensors
-renderers; nothing here prints.
+`options` checks what can be checked against the config before a model is built; `run` yields plain
+report objects (and the --save tensors) batch by batch; nothing here prints.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,8 +18,12 @@ from tfcli.errors import TfcliError, usage_error
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from tfcli.config import ModelConfig
     from tfcli.model import ModelOutput, TransformerModel
+    from tfcli.model.transformer import Stack
     from tfcli.tokenizer import Encoding, Tokenizer
+
+SUBLAYERS = ("attention", "cross_attention", "feed_forward")  # a block's sublayers, in forward order
 
 
 def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
@@ -29,10 +35,11 @@ def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
         try:
             index = int(part)
         except ValueError:
-            raise usage_error(f"--{what}: `{part}` is not a number", f"for example --{what} 0,-1 or --{what} all") from None
+            raise usage_error(f"{what}: `{part}` is not a number", f"for example 0,-1 or all",
+                              parameter=what) from None
         if not -count <= index < count:
-            raise usage_error(f"--{what}: {index} is out of range: the model has {count} {what}",
-                              f"use 0 to {count - 1}, or -1 for the last")
+            raise usage_error(f"{what}: {index} is out of range: the model has {count} {what}",
+                              f"use 0 to {count - 1}, or -1 for the last", parameter=what)
         indices.append(index % count)
     return sorted(set(indices))
 
@@ -44,22 +51,44 @@ class EncodeOptions:
     top_k: int = 3
 
 
+def block_count(config: "ModelConfig") -> int:
+    """Blocks of the stack the options index (the output stack: the decoder when there is one)."""
+    return config.decoder_layers if config.architecture == "encoder-decoder" else config.num_hidden_layers
+
+
+def check_options(config: "ModelConfig", layers: str | None = None, heads: str | None = None,
+            top_k: int = 3) -> EncodeOptions:
+    """Options checked against a config, before any model is built. `layers` and `heads` are specs such
+    as '0,-1' or 'all'; without `heads`, the report shows the mean over heads."""
+    if top_k < 1:
+        raise usage_error(f"top_k must be >= 1, got {top_k}", parameter="top_k")
+    if top_k > config.vocab_size:
+        raise usage_error(f"top_k {top_k} is larger than the vocabulary ({config.vocab_size})", parameter="top_k")
+    head_count = config.num_attention_heads
+    selected_heads = None  # None: show the mean over heads
+    if heads is not None:
+        selected_heads = parse_indices(heads, head_count, "heads") or list(range(head_count))
+    return EncodeOptions(parse_indices(layers, block_count(config), "layers"), selected_heads, top_k)
+
+
 @dataclass
 class DecoderInput:
-    """What an encoder-decoder's decoder reads: the start token, then --target's tokens."""
+    """What an encoder-decoder's decoder reads: the start token, then the target's tokens."""
 
     ids: list[int]
     tokens: list[str]
 
 
-def decoder_input(model: "TransformerModel", tokenizer: "Tokenizer", target: str | None) -> DecoderInput | None:
-    """An encoder-decoder's decoder input: its start token, then --target's tokens; None for other stacks."""
-    if model.config.architecture != "encoder-decoder":
+def decoder_input(config: "ModelConfig", tokenizer: "Tokenizer", target: str | None) -> DecoderInput | None:
+    """An encoder-decoder's decoder input: its start token, then `target`'s tokens; None for other stacks."""
+    if config.architecture != "encoder-decoder":
         if target is not None:
-            raise usage_error("--target is for encoder-decoder models",
-                              f"{model.config.name} is an {model.config.architecture}")
+            raise usage_error("target is for encoder-decoder models", f"{config.name} is an {config.architecture}",
+                              parameter="target")
         return None
-    ids = model.start_tokens(1, "cpu")[0].tolist()
+    from tfcli.model.transformer import start_token_id
+
+    ids = [start_token_id(config)]
     if target:
         ids += tokenizer.encode([target], add_special_tokens=False)[0].ids
     return DecoderInput(ids, [tokenizer.id_to_token(i) or "?" for i in ids])
@@ -113,11 +142,6 @@ def stage_row(name: str, tensor: "Tensor", parameters: int) -> StageRow:
     norm = math.sqrt(values.numel() * (var_value + mean_value * mean_value))
     return StageRow(name, list(tensor.shape), str(tensor.dtype).removeprefix("torch."), parameters,
                     mean_value, math.sqrt(var_value), norm)
-
-
-def block_count(model: "TransformerModel") -> int:
-    """Blocks of the stack the options index (the output stack: the decoder when there is one)."""
-    return len(model.output_stack.blocks)
 
 
 @dataclass
@@ -202,27 +226,48 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
     return rows
 
 
+def stage_rows(model: "TransformerModel", stack: "Stack", out: "ModelOutput", row: int, length: int,
+               prefix: str = "") -> list[StageRow]:
+    """One stack's stages for row `row` of a batch: the embeddings, each block's sublayers and output,
+    the final norm. Labels and parameter counts come from the module that produced each tensor."""
+    from tfcli.model.transformer import count_parameters
+
+    def stage(label: str, tensor: "Tensor", *modules) -> StageRow:
+        return stage_row(prefix + label, tensor[row, :length], count_parameters(*modules))
+
+    rows = [stage("embeddings", out.hidden_states[0], model.embed_tokens, stack.embeddings)]
+    for i, block in enumerate(stack.blocks):
+        for name in SUBLAYERS:
+            path = f"blocks.{i}.{name}"
+            if path in out.stages:  # the sublayer and the norm that goes with it
+                rows.append(stage(f"block {i} {name}", out.stages[path], stack.get_submodule(path),
+                                  stack.get_submodule(f"{path}_norm")))
+        rows.append(stage(f"block {i} output", out.hidden_states[i + 1], block))
+    if "final_norm" in out.stages:
+        rows.append(stage("final norm", out.stages["final_norm"], stack.final_norm))
+    return rows
+
+
 def text_report(model: "TransformerModel", out: "ModelOutput", row: int, encoding: "Encoding",
                 target: DecoderInput | None, options: EncodeOptions, tokenizer: "Tokenizer") -> TextReport:
     """The report of one text (row `row` of a padded batch), sliced to its real tokens."""
+    from tfcli.model.transformer import count_parameters
+
     n = len(encoding.ids)
     report = TextReport(encoding.text, encoding.tokens, encoding.ids)
     if out.encoder is None:  # encoder-only or decoder-only: one stack
-        kind = "self"
+        kind, prefix = "self", ""
         t_tokens, t_len = encoding.tokens, n
-        stacks = [("", out)]
     else:
+        kind, prefix = "decoder", "decoder "
         report.target_tokens, report.target_ids = target.tokens, target.ids
         t_tokens, t_len = target.tokens, len(target.ids)
-        stacks = [("encoder ", out.encoder), ("decoder ", out)]
+        report.stages = stage_rows(model, model.encoder, out.encoder, row, n, "encoder ")
         report.attention += _maps("encoder", out.encoder.attentions, row, n, n, options, encoding.tokens, encoding.tokens)
-        kind = "decoder"
-    for prefix, stack_out in stacks:
-        length = t_len if stack_out is out else n
-        for stage in stack_out.stages:
-            # classifier logits are (B, labels); everything else is (B, T, ...)
-            tensor = stage.tensor[row] if stage.tensor.dim() == 2 else stage.tensor[row, :length]
-            report.stages.append(stage_row(prefix + stage.name, tensor, stage.parameters))
+    report.stages += stage_rows(model, model.output_stack, out, row, t_len, prefix)
+    if out.logits is not None:  # classifier logits are (B, labels); LM logits (B, T, V)
+        logits = out.logits[row] if out.logits.dim() == 2 else out.logits[row, :t_len]
+        report.stages.append(stage_row(prefix + "head", logits, count_parameters(model.head)))
     report.attention += _maps(kind, out.attentions, row, t_len, t_len, options, t_tokens, t_tokens)
     if out.encoder is not None:
         report.attention += _maps("cross", out.cross_attentions, row, t_len, n, options, t_tokens, encoding.tokens)
@@ -248,8 +293,8 @@ def encode_batch(model: "TransformerModel", tokenizer: "Tokenizer", encodings: l
 
 
 def saved_tensors(out: "ModelOutput", inputs: dict[str, "Tensor"]) -> dict[str, "Tensor"]:
-    """The --save names of DESIGN.md: input_ids, hidden.{i}, attention.{i}, logits; encoder-decoders
-    prefix encoder./decoder. and add decoder.cross_attention.{i}."""
+    """The --save names (README, "encode"): input_ids, attention_mask, hidden.{i}, attention.{i}, logits;
+    encoder-decoders prefix encoder./decoder. and add decoder.cross_attention.{i} and decoder.input_ids."""
     tensors = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
     stacks = [("", out)] if out.encoder is None else [("encoder.", out.encoder), ("decoder.", out)]
     for prefix, stack_out in stacks:
@@ -280,7 +325,7 @@ def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodi
     the length) count towards the batch size only. Returns the batch size and, when it had to shrink,
     a note saying why."""
     if not limit_mb > 0:
-        raise usage_error(f"--max-capture-mb must be positive, got {limit_mb:g}")
+        raise usage_error(f"max_capture_mb must be > 0, got {limit_mb:g}", parameter="max_capture_mb")
     limit = limit_mb * 2**20
     length = max(len(e.ids) for e in encodings)
     cost = capture_cost(model, options, length, len(decoder_input.ids) if decoder_input else None)
@@ -304,3 +349,22 @@ def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodi
                 f"(per text: {what}, {mb(cost.other)} of hidden states and logits); running {fits} at a time "
                 f"to stay under --max-capture-mb {limit_mb:g}")
     return fits, note
+
+
+@dataclass
+class EncodedBatch:
+    """The reports of one batch of texts, and its --save tensors when they were asked for."""
+
+    reports: list[TextReport]
+    tensors: dict[str, "Tensor"] | None = None
+
+
+def run(model: "TransformerModel", tokenizer: "Tokenizer", encodings: list["Encoding"], options: EncodeOptions,
+        target: DecoderInput | None, batch_size: int, keep_tensors: bool = False) -> Iterator[EncodedBatch]:
+    """Encode texts `batch_size` at a time (see capture_batch_size), yielding each batch's reports in order."""
+    for start in range(0, len(encodings), batch_size):
+        batch = encodings[start:start + batch_size]
+        out, inputs = encode_batch(model, tokenizer, batch, target, options)
+        reports = [text_report(model, out, row, encoding, target, options, tokenizer)
+                   for row, encoding in enumerate(batch)]
+        yield EncodedBatch(reports, saved_tensors(out, inputs) if keep_tensors else None)

@@ -1,0 +1,98 @@
+"""`tfcli generate`: prompts checked and tokenized for a model, the decoding loop streamed, the text decoded.
+
+The loop itself is `tfcli.model.decoding` (what `model.generate` runs too); this module joins it to a
+tokenizer and returns one plain `Generation` report per prompt. Everything about the prompts is checked
+against the config, before a model is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tfcli.errors import usage_error
+
+if TYPE_CHECKING:
+    from tfcli.config import ModelConfig
+    from tfcli.model import TransformerModel
+    from tfcli.model.decoding import Sampling, Step
+    from tfcli.tokenizer import Tokenizer
+
+DEFAULT_MODEL = "gpt2-small"  # the bundled default (bert-base) is an encoder and cannot generate
+
+
+@dataclass
+class Prompt:
+    """One prompt, tokenized for the model, and how many new tokens fit after it."""
+
+    text: str
+    ids: list[int]  # what the model reads: the decoder's prompt, or the encoder's input
+    budget: int  # new tokens that fit in the position table (at most the number asked for)
+
+
+@dataclass
+class Generation:
+    prompt: str
+    prompt_ids: list[int]
+    generated_ids: list[int] = field(default_factory=list)  # new tokens only (no start token)
+    text: str = ""  # the new tokens decoded, special tokens left out
+    full_text: str = ""  # what reads on: prompt + new tokens (decoders), the new tokens (encoder-decoders)
+    steps: list[Step] = field(default_factory=list)
+    stopped_at_eos: bool = False
+
+
+def prompts(config: ModelConfig, tokenizer: Tokenizer, texts: list[str], max_new_tokens: int) -> list[Prompt]:
+    """Tokenize prompts for a model that can generate (else a clear error naming its head). A decoder
+    continues the prompt, so an end-of-sequence token that the tokenizer appends (BERT's [SEP] ends every
+    text) is dropped; an encoder reads the text as encoded. A prompt longer than the position table is
+    refused; a budget shorter than `max_new_tokens` means the table ends first."""
+    from tfcli.model.decoding import check_can_generate
+
+    check_can_generate(config, max_new_tokens=max_new_tokens)
+    out = []
+    for text in texts:
+        if not text.strip():
+            raise usage_error("the prompt is empty", "give some text to continue")
+        ids = tokenizer.encode([text])[0].ids
+        eos = config.eos_token_id
+        decoder_only = config.architecture == "decoder"
+        if decoder_only and len(ids) > 1 and eos is not None and ids[-1] == eos:
+            ids = ids[:-1]
+        check_can_generate(config, len(ids), max_new_tokens)
+        used = len(ids) if decoder_only else 1  # an encoder-decoder's decoder starts from one token
+        out.append(Prompt(text, ids, max(1, min(max_new_tokens, config.max_position_embeddings - used))))
+    return out
+
+
+def run(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, sampling: Sampling, lens: bool = False,
+        on_text: Callable[[str], None] | None = None) -> Generation:
+    """Generate for one prompt; on_text receives each new piece of text as soon as it is decoded."""
+    import torch
+
+    from tfcli.model.decoding import stream
+
+    context = [] if model.encoder is not None else prompt.ids  # decoded with the new tokens, so words join right
+    result = Generation(prompt.text, prompt.ids, full_text=tokenizer.decode(context))
+    if on_text is not None and result.full_text:
+        on_text(result.full_text)
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([prompt.ids], dtype=torch.long, device=device)
+    for step in stream(model, input_ids, prompt.budget, sampling, lens=lens):
+        result.steps.append(step)
+        result.generated_ids.append(step.token_id)
+        full = tokenizer.decode(context + result.generated_ids)
+        if on_text is not None and full.startswith(result.full_text) and len(full) > len(result.full_text):
+            on_text(full[len(result.full_text):])
+        result.full_text = full
+        result.stopped_at_eos = step.eos
+    result.text = tokenizer.decode(result.generated_ids)
+    return result
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token as it reads: decoded where that gives clean text, else its vocabulary entry."""
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    if not text or "\ufffd" in text:
+        text = tokenizer.id_to_token(token_id) or f"<{token_id}>"
+    return text
