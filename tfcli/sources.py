@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from tfcli.config import ModelConfig, load_hf_json, load_yaml
+from tfcli.checkpoints import read_hf_config
+from tfcli.config import ModelConfig, load_yaml
 from tfcli.errors import TfcliError
 
 DEFAULT_MODEL = "bert-base"
@@ -61,7 +62,7 @@ def _from_path(path: Path, description: str | None = None) -> Source:
             raise TfcliError(f"{path} holds no config.json",
                              f"pass the YAML file itself: {yamls[0]}" if yamls else
                              "a model directory needs config.json (as save_pretrained writes it)")
-        config = load_hf_json(config_file)
+        config = read_hf_config(config_file)
         weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
         tokenizer_dir = path if any((path / name).is_file() for name in TOKENIZER_FILES) else None
         what = "trained weights" if weights else "config only, no weights"
@@ -69,7 +70,7 @@ def _from_path(path: Path, description: str | None = None) -> Source:
     if path.suffix in (".yaml", ".yml"):
         return Source(load_yaml(path), None, None, f"config file {path}")
     if path.suffix == ".json":
-        return Source(load_hf_json(path), None, None, f"config file {path}")
+        return Source(read_hf_config(path), None, None, f"config file {path}")
     raise TfcliError(f"{path}: not a model source", "pass a YAML config, a config.json or a model directory")
 
 

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfcli.checkpoints import bart, bert, distilbert, gpt2, llama, roberta
-from tfcli.config import ModelConfig
+from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
@@ -40,6 +40,21 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
     if not isinstance(model_type, str):
         raise TfcliError(f"{origin}: no `model_type`", "a Hugging Face config.json names its model_type")
     return family(model_type, origin).translate(values)
+
+
+def read_hf_config(path: Path) -> ModelConfig:
+    """Read a Hugging Face config.json and translate it for its model_type."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TfcliError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    except UnicodeDecodeError:
+        raise TfcliError(f"{path}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise TfcliError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
+    if not isinstance(values, dict):
+        raise TfcliError(f"{path}: expected a JSON object")
+    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
 
 
 def read_state_dict(path: Path) -> dict[str, Tensor]:
