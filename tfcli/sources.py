@@ -10,10 +10,14 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfcli.checkpoints import read_hf_config
 from tfcli.config import ModelConfig, load_yaml
 from tfcli.errors import TfcliError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 DEFAULT_MODEL = "bert-base"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -31,8 +35,17 @@ class Source:
     description: str  # where it came from, for the output
 
 
+def bundled_config_dir() -> Traversable:
+    """The folder of bundled YAML configs: the installed package `tfcli.configs`, or, when tfcli runs from
+    a source checkout (whose tfcli/ has no configs), the checkout's top-level configs/."""
+    try:
+        return resources.files("tfcli.configs")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "configs"
+
+
 def bundled_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("tfcli.configs").iterdir() if p.name.endswith(".yaml"))
+    return sorted(p.name[:-5] for p in bundled_config_dir().iterdir() if p.name.endswith(".yaml"))
 
 
 def resolve_source(src: str | None) -> Source:
@@ -41,7 +54,7 @@ def resolve_source(src: str | None) -> Source:
     path = Path(src).expanduser()
     if path.exists():
         return _from_path(path)
-    bundled = resources.files("tfcli.configs") / f"{src}.yaml"
+    bundled = bundled_config_dir() / f"{src}.yaml"
     if bundled.is_file():
         with resources.as_file(bundled) as file:
             config = load_yaml(Path(file))
