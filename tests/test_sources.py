@@ -6,11 +6,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from tfcli.cli import app
+from tfcli.sources import bundled_names
 from conftest import save_hf_model
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def config_record(*args: str) -> dict:
@@ -64,3 +68,16 @@ def test_an_existing_path_wins_over_a_bundled_name(tmp_path, monkeypatch):
 def test_unknown_name_lists_the_bundled_configs():
     result = CliRunner().invoke(app, ["config", "no-such-model"])
     assert result.exit_code == 1 and "bert-base" in result.stderr and "tiny" in result.stderr
+
+
+def test_bundled_configs_are_found_from_a_source_checkout(monkeypatch):
+    # From a checkout, its tfcli/ shadows an installed tfcli and holds no `configs` package (that is the
+    # top-level configs/); blocking the import stands in for that, whatever this environment installed.
+    cli = ("import runpy, sys; sys.modules['tfcli.configs'] = None; "
+           "sys.argv = ['tfcli', 'config', 'tiny', '--json']; runpy.run_module('tfcli', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", cli], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["source"] == "bundled config `tiny`"
+    monkeypatch.setitem(sys.modules, "tfcli.configs", None)
+    assert "tiny" in bundled_names()

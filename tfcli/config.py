@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,21 +236,3 @@ def load_yaml(path: Path) -> ModelConfig:
         values = {**values, "num_labels": len(values["labels"])}
     values = {"name": path.stem, **values} if isinstance(values, dict) else values
     return from_dict(values, origin=str(path))
-
-
-def load_hf_json(path: Path) -> ModelConfig:
-    """Read a Hugging Face config.json and translate it for its model_type."""
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise TfcliError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
-    except UnicodeDecodeError:
-        raise TfcliError(f"{path}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise TfcliError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
-    if not isinstance(values, dict):
-        raise TfcliError(f"{path}: expected a JSON object")
-    from tfcli.checkpoints import translate_hf_config
-
-    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
-

@@ -10,9 +10,14 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tfcli.config import ModelConfig, load_hf_json, load_yaml
+from tfcli.checkpoints import read_hf_config
+from tfcli.config import ModelConfig, load_yaml
 from tfcli.errors import TfcliError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 DEFAULT_MODEL = "bert-base"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -30,8 +35,17 @@ class Source:
     description: str  # where it came from, for the output
 
 
+def bundled_config_dir() -> Traversable:
+    """The folder of bundled YAML configs: the installed package `tfcli.configs`, or, when tfcli runs from
+    a source checkout (whose tfcli/ has no configs), the checkout's top-level configs/."""
+    try:
+        return resources.files("tfcli.configs")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "configs"
+
+
 def bundled_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("tfcli.configs").iterdir() if p.name.endswith(".yaml"))
+    return sorted(p.name[:-5] for p in bundled_config_dir().iterdir() if p.name.endswith(".yaml"))
 
 
 def resolve_source(src: str | None) -> Source:
@@ -40,7 +54,7 @@ def resolve_source(src: str | None) -> Source:
     path = Path(src).expanduser()
     if path.exists():
         return _from_path(path)
-    bundled = resources.files("tfcli.configs") / f"{src}.yaml"
+    bundled = bundled_config_dir() / f"{src}.yaml"
     if bundled.is_file():
         with resources.as_file(bundled) as file:
             config = load_yaml(Path(file))
@@ -61,7 +75,7 @@ def _from_path(path: Path, description: str | None = None) -> Source:
             raise TfcliError(f"{path} holds no config.json",
                              f"pass the YAML file itself: {yamls[0]}" if yamls else
                              "a model directory needs config.json (as save_pretrained writes it)")
-        config = load_hf_json(config_file)
+        config = read_hf_config(config_file)
         weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
         tokenizer_dir = path if any((path / name).is_file() for name in TOKENIZER_FILES) else None
         what = "trained weights" if weights else "config only, no weights"
@@ -69,7 +83,7 @@ def _from_path(path: Path, description: str | None = None) -> Source:
     if path.suffix in (".yaml", ".yml"):
         return Source(load_yaml(path), None, None, f"config file {path}")
     if path.suffix == ".json":
-        return Source(load_hf_json(path), None, None, f"config file {path}")
+        return Source(read_hf_config(path), None, None, f"config file {path}")
     raise TfcliError(f"{path}: not a model source", "pass a YAML config, a config.json or a model directory")
 
 

@@ -1,33 +1,39 @@
-"""Hugging Face checkpoints: one declarative module per family, one shared loader.
+"""Hugging Face checkpoints: one declarative `Family` per model family, one shared loader.
 
-A family module defines MODEL_TYPES, `translate(hf: dict) -> dict` (HF config.json -> ModelConfig
-values) and `rules(config) -> list[(hf_regex, our_name | None)]` (a None name means "known, not used").
-Q, K and V weights mapped to `.q/.k/.v` are fused here into the model's `qkv` (or cross-attention
-`q` + `kv`) projections; names listed by `transposed(config)` are transposed (GPT-2's Conv1D).
+Each family module fills in `FAMILY = Family(...)` (see family.py): the model_types it reads,
+`translate(hf)` for config.json, weight-name `rules` as templates ("h.{}.ln_1.weight" ->
+"decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, not used"), and
+optionally `config_rules(config)`, name `prefixes`, `transposed` names and an `adjust` fix-up. Here
+Q, K and V weights mapped to `.q/.k/.v` are fused into the model's `qkv` (or cross-attention `q` + `kv`)
+projections. To add a family: write its module and add its FAMILY to FAMILIES below.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import re
 import warnings
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tfcli.checkpoints import bart, bert, distilbert, gpt2, llama, roberta
-from tfcli.config import ModelConfig
+from tfcli.checkpoints.family import Family
+from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-FAMILIES: dict[str, ModuleType] = {t: module for module in (bert, distilbert, roberta, gpt2, llama, bart)
-                                   for t in module.MODEL_TYPES}
+FAMILIES: dict[str, Family] = {
+    model_type: fam
+    for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, bart.FAMILY)
+    for model_type in fam.model_types
+}
 
 
-def family(model_type: str, origin: str = "config") -> ModuleType:
+def family(model_type: str, origin: str = "config") -> Family:
     if model_type not in FAMILIES:
         raise TfcliError(f"{origin}: unsupported model_type `{model_type}`",
                          f"supported model types: {', '.join(sorted(FAMILIES))}")
@@ -40,6 +46,21 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
     if not isinstance(model_type, str):
         raise TfcliError(f"{origin}: no `model_type`", "a Hugging Face config.json names its model_type")
     return family(model_type, origin).translate(values)
+
+
+def read_hf_config(path: Path) -> ModelConfig:
+    """Read a Hugging Face config.json and translate it for its model_type."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TfcliError(f"{path}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    except UnicodeDecodeError:
+        raise TfcliError(f"{path}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise TfcliError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
+    if not isinstance(values, dict):
+        raise TfcliError(f"{path}: expected a JSON object")
+    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
 
 
 def read_state_dict(path: Path) -> dict[str, Tensor]:
@@ -91,24 +112,31 @@ def _read_file(file: Path) -> dict[str, Tensor]:
 def map_names(state: dict[str, Tensor], config: ModelConfig) -> tuple[dict[str, Tensor], list[str]]:
     """Rename a HF state dict to tfcli's names; returns the renamed tensors and the unknown HF names."""
     fam = family(config.model_type)
-    rules = [(re.compile(pattern), target) for pattern, target in fam.rules(config)]
+    rules = [*fam.rules, *(fam.config_rules(config) if fam.config_rules else ())]
     renamed: dict[str, Tensor] = {}
     unknown: list[str] = []
     for name, tensor in state.items():
-        bare = next((name[len(p):] for p in getattr(fam, "PREFIXES", ()) if name.startswith(p)), name)
-        for pattern, target in rules:
-            if pattern.fullmatch(bare):
+        bare = next((name[len(p):] for p in fam.prefixes if name.startswith(p)), name)
+        for source, target in rules:
+            match = _template(source).fullmatch(bare)
+            if match:
                 if target is not None:
-                    renamed[pattern.sub(target, bare)] = tensor
+                    renamed[target.format(*match.groups())] = tensor
                 break
         else:
             unknown.append(name)
-    for name in fam.transposed(config):
-        if name in renamed:
+    for name in renamed:
+        if any(_template(t).fullmatch(name) for t in fam.transposed):
             renamed[name] = renamed[name].t()
-    if hasattr(fam, "adjust"):  # optional per-family fix-ups, e.g. BART's (1, V) final_logits_bias
+    if fam.adjust:
         renamed = fam.adjust(renamed, config)
     return _fuse_projections(renamed), unknown
+
+
+@functools.cache
+def _template(template: str) -> re.Pattern[str]:
+    """A name template as a regex: "h.{}.ln_1.weight" matches h.0.ln_1.weight, with the layer number as a group."""
+    return re.compile(r"(\d+)".join(re.escape(part) for part in template.split("{}")))
 
 
 def _fuse_projections(renamed: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints.common import architecture_head, common
+from tfcli.checkpoints.family import Family, Rule, architecture_head, common, weight_bias
 from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-MODEL_TYPES = ("bart",)
 HEADS = {"ForConditionalGeneration": "lm"}
-PREFIXES = ("model.",)
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
@@ -49,28 +47,32 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def rules(config: ModelConfig) -> list[tuple[str, str | None]]:
-    stack, layer, block = r"(encoder|decoder)", r"(encoder|decoder)\.layers\.(\d+)", r"\1.blocks.\2"
-    return [
-        (r"shared\.weight", "embed_tokens.weight"),
-        (rf"{stack}\.embed_tokens\.weight", None),  # copies of `shared`
-        (rf"{stack}\.embed_positions\.weight", r"\1.embeddings.positions.weight"),
-        (rf"{stack}\.layernorm_embedding\.(weight|bias)", r"\1.embeddings.norm.\2"),
-        (rf"{layer}\.self_attn\.(q|k|v)_proj\.(weight|bias)", rf"{block}.attention.\3.\4"),
-        (rf"{layer}\.self_attn\.out_proj\.(weight|bias)", rf"{block}.attention.out.\3"),
-        (rf"{layer}\.self_attn_layer_norm\.(weight|bias)", rf"{block}.attention_norm.\3"),
-        (rf"{layer}\.encoder_attn\.(q|k|v)_proj\.(weight|bias)", rf"{block}.cross_attention.\3.\4"),
-        (rf"{layer}\.encoder_attn\.out_proj\.(weight|bias)", rf"{block}.cross_attention.out.\3"),
-        (rf"{layer}\.encoder_attn_layer_norm\.(weight|bias)", rf"{block}.cross_attention_norm.\3"),
-        (rf"{layer}\.(fc1|fc2)\.(weight|bias)", rf"{block}.feed_forward.\3.\4"),
-        (rf"{layer}\.final_layer_norm\.(weight|bias)", rf"{block}.feed_forward_norm.\3"),
-        (r"final_logits_bias", "head.bias" if config.head == "lm" else None),
-        (r"lm_head\.weight", "head.unembed.weight"),
-    ]
+def stack_rules(stack: str) -> tuple[Rule, ...]:
+    """The rules of one stack, `encoder` or `decoder` (HF names both alike)."""
+    layer, block = stack + ".layers.{}", stack + ".blocks.{}"
+    return (
+        (f"{stack}.embed_tokens.weight", None),  # a copy of `shared`
+        (f"{stack}.embed_positions.weight", f"{stack}.embeddings.positions.weight"),
+        *weight_bias(f"{stack}.layernorm_embedding", f"{stack}.embeddings.norm"),
+        *weight_bias(f"{layer}.self_attn.q_proj", f"{block}.attention.q"),
+        *weight_bias(f"{layer}.self_attn.k_proj", f"{block}.attention.k"),
+        *weight_bias(f"{layer}.self_attn.v_proj", f"{block}.attention.v"),
+        *weight_bias(f"{layer}.self_attn.out_proj", f"{block}.attention.out"),
+        *weight_bias(f"{layer}.self_attn_layer_norm", f"{block}.attention_norm"),
+        *weight_bias(f"{layer}.encoder_attn.q_proj", f"{block}.cross_attention.q"),
+        *weight_bias(f"{layer}.encoder_attn.k_proj", f"{block}.cross_attention.k"),
+        *weight_bias(f"{layer}.encoder_attn.v_proj", f"{block}.cross_attention.v"),
+        *weight_bias(f"{layer}.encoder_attn.out_proj", f"{block}.cross_attention.out"),
+        *weight_bias(f"{layer}.encoder_attn_layer_norm", f"{block}.cross_attention_norm"),
+        *weight_bias(f"{layer}.fc1", f"{block}.feed_forward.fc1"),
+        *weight_bias(f"{layer}.fc2", f"{block}.feed_forward.fc2"),
+        *weight_bias(f"{layer}.final_layer_norm", f"{block}.feed_forward_norm"),
+    )
 
 
-def transposed(config: ModelConfig) -> list[str]:
-    return []
+def head_bias_rules(config: ModelConfig) -> tuple[Rule, ...]:
+    """final_logits_bias is the LM head's bias; without that head it is not used."""
+    return (("final_logits_bias", "head.bias" if config.head == "lm" else None),)
 
 
 def adjust(renamed: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
@@ -78,3 +80,18 @@ def adjust(renamed: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]
     if "head.bias" in renamed:
         renamed["head.bias"] = renamed["head.bias"].reshape(-1)
     return renamed
+
+
+FAMILY = Family(
+    model_types=("bart",),
+    translate=translate,
+    prefixes=("model.",),
+    rules=(
+        ("shared.weight", "embed_tokens.weight"),
+        *stack_rules("encoder"),
+        *stack_rules("decoder"),
+        ("lm_head.weight", "head.unembed.weight"),
+    ),
+    config_rules=head_bias_rules,
+    adjust=adjust,
+)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.common import architecture_head, common
+from tfcli.checkpoints.family import Family, Rule, architecture_head, common, weight_bias
 from tfcli.config import ModelConfig
 
-MODEL_TYPES = ("bert",)
 HEADS = {"ForMaskedLM": "mlm", "ForPreTraining": "mlm", "ForSequenceClassification": "classifier"}
-PREFIXES = ("bert.",)
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
@@ -18,54 +16,56 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
                   head=architecture_head(hf, HEADS), lm_head_bias=True, classifier_pooler="tanh")
 
 
-def encoder_rules(source: str, target: str) -> list[tuple[str, str | None]]:
-    """The BERT layer layout, shared by RoBERTa: `source`.layer.N... -> `target`.blocks.N..."""
-    layer, block = rf"{source}\.layer\.(\d+)", rf"{target}.blocks.\1"
-    return [
-        (rf"{layer}\.attention\.self\.query\.(weight|bias)", rf"{block}.attention.q.\2"),
-        (rf"{layer}\.attention\.self\.key\.(weight|bias)", rf"{block}.attention.k.\2"),
-        (rf"{layer}\.attention\.self\.value\.(weight|bias)", rf"{block}.attention.v.\2"),
-        (rf"{layer}\.attention\.output\.dense\.(weight|bias)", rf"{block}.attention.out.\2"),
-        (rf"{layer}\.attention\.output\.LayerNorm\.(weight|bias)", rf"{block}.attention_norm.\2"),
-        (rf"{layer}\.intermediate\.dense\.(weight|bias)", rf"{block}.feed_forward.fc1.\2"),
-        (rf"{layer}\.output\.dense\.(weight|bias)", rf"{block}.feed_forward.fc2.\2"),
-        (rf"{layer}\.output\.LayerNorm\.(weight|bias)", rf"{block}.feed_forward_norm.\2"),
-    ]
+EMBEDDING_RULES = (  # shared by RoBERTa
+    ("embeddings.word_embeddings.weight", "embed_tokens.weight"),
+    ("embeddings.position_embeddings.weight", "encoder.embeddings.positions.weight"),
+    ("embeddings.token_type_embeddings.weight", "encoder.embeddings.segments.weight"),
+    *weight_bias("embeddings.LayerNorm", "encoder.embeddings.norm"),
+    ("embeddings.position_ids", None),
+    ("embeddings.token_type_ids", None),
+)
+
+ENCODER_RULES = (  # the BERT layer layout, shared by RoBERTa
+    *weight_bias("encoder.layer.{}.attention.self.query", "encoder.blocks.{}.attention.q"),
+    *weight_bias("encoder.layer.{}.attention.self.key", "encoder.blocks.{}.attention.k"),
+    *weight_bias("encoder.layer.{}.attention.self.value", "encoder.blocks.{}.attention.v"),
+    *weight_bias("encoder.layer.{}.attention.output.dense", "encoder.blocks.{}.attention.out"),
+    *weight_bias("encoder.layer.{}.attention.output.LayerNorm", "encoder.blocks.{}.attention_norm"),
+    *weight_bias("encoder.layer.{}.intermediate.dense", "encoder.blocks.{}.feed_forward.fc1"),
+    *weight_bias("encoder.layer.{}.output.dense", "encoder.blocks.{}.feed_forward.fc2"),
+    *weight_bias("encoder.layer.{}.output.LayerNorm", "encoder.blocks.{}.feed_forward_norm"),
+)
 
 
-def embedding_rules() -> list[tuple[str, str | None]]:
-    return [
-        (r"embeddings\.word_embeddings\.weight", "embed_tokens.weight"),
-        (r"embeddings\.position_embeddings\.weight", "encoder.embeddings.positions.weight"),
-        (r"embeddings\.token_type_embeddings\.weight", "encoder.embeddings.segments.weight"),
-        (r"embeddings\.LayerNorm\.(weight|bias)", r"encoder.embeddings.norm.\1"),
-        (r"embeddings\.position_ids", None),
-        (r"embeddings\.token_type_ids", None),
-    ]
+def mlm_rules(prefix: str) -> tuple[Rule, ...]:
+    """BERT's MLM head, `prefix` = cls.predictions (BERT) or lm_head (RoBERTa); the transform may sit
+    under `transform.` or not, and its norm be spelled LayerNorm or layer_norm."""
+    return (
+        *(rule for transform in ("transform.", "") for rule in (
+            *weight_bias(f"{prefix}.{transform}dense", "head.dense"),
+            *weight_bias(f"{prefix}.{transform}LayerNorm", "head.norm"),
+            *weight_bias(f"{prefix}.{transform}layer_norm", "head.norm"))),
+        (f"{prefix}.decoder.weight", "head.unembed.weight"),
+        (f"{prefix}.decoder.bias", "head.bias"),
+        (f"{prefix}.bias", "head.bias"),
+    )
 
 
-def mlm_rules(prefix: str) -> list[tuple[str, str | None]]:
-    """BERT's MLM head, `prefix` = cls.predictions (BERT) or lm_head (RoBERTa)."""
-    p = prefix.replace(".", r"\.")
-    return [
-        (rf"{p}\.(?:transform\.)?dense\.(weight|bias)", r"head.dense.\1"),
-        (rf"{p}\.(?:transform\.)?(?:LayerNorm|layer_norm)\.(weight|bias)", r"head.norm.\1"),
-        (rf"{p}\.decoder\.weight", "head.unembed.weight"),
-        (rf"{p}\.(?:decoder\.)?bias", "head.bias"),
-    ]
+def pooler_rules(config: ModelConfig) -> tuple[Rule, ...]:
+    """The pooler feeds the classifier head; with any other head it is not used."""
+    return weight_bias("pooler.dense", "head.dense" if config.head == "classifier" else None)
 
 
-def rules(config: ModelConfig) -> list[tuple[str, str | None]]:
-    classifier = config.head == "classifier"
-    return [
-        *embedding_rules(),
-        *encoder_rules("encoder", "encoder"),
+FAMILY = Family(
+    model_types=("bert",),
+    translate=translate,
+    prefixes=("bert.",),
+    rules=(
+        *EMBEDDING_RULES,
+        *ENCODER_RULES,
         *mlm_rules("cls.predictions"),
-        (r"cls\.seq_relationship\.(weight|bias)", None),
-        (r"pooler\.dense\.(weight|bias)", r"head.dense.\1" if classifier else None),
-        (r"classifier\.(weight|bias)", r"head.out.\1"),
-    ]
-
-
-def transposed(config: ModelConfig) -> list[str]:
-    return []
+        *weight_bias("cls.seq_relationship", None),
+        *weight_bias("classifier", "head.out"),
+    ),
+    config_rules=pooler_rules,
+)

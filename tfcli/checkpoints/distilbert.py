@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.common import architecture_head, common
-from tfcli.config import ModelConfig
+from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
 
-MODEL_TYPES = ("distilbert",)
 HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
-PREFIXES = ("distilbert.",)
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
@@ -28,29 +25,28 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
                   head=architecture_head(hf, HEADS), lm_head_bias=True, classifier_pooler="relu")
 
 
-def rules(config: ModelConfig) -> list[tuple[str, str | None]]:
-    layer, block = r"transformer\.layer\.(\d+)", r"encoder.blocks.\1"
-    return [
-        (r"embeddings\.word_embeddings\.weight", "embed_tokens.weight"),
-        (r"embeddings\.position_embeddings\.weight", "encoder.embeddings.positions.weight"),
-        (r"embeddings\.LayerNorm\.(weight|bias)", r"encoder.embeddings.norm.\1"),
-        (r"embeddings\.position_ids", None),
-        (rf"{layer}\.attention\.q_lin\.(weight|bias)", rf"{block}.attention.q.\2"),
-        (rf"{layer}\.attention\.k_lin\.(weight|bias)", rf"{block}.attention.k.\2"),
-        (rf"{layer}\.attention\.v_lin\.(weight|bias)", rf"{block}.attention.v.\2"),
-        (rf"{layer}\.attention\.out_lin\.(weight|bias)", rf"{block}.attention.out.\2"),
-        (rf"{layer}\.sa_layer_norm\.(weight|bias)", rf"{block}.attention_norm.\2"),
-        (rf"{layer}\.ffn\.lin1\.(weight|bias)", rf"{block}.feed_forward.fc1.\2"),
-        (rf"{layer}\.ffn\.lin2\.(weight|bias)", rf"{block}.feed_forward.fc2.\2"),
-        (rf"{layer}\.output_layer_norm\.(weight|bias)", rf"{block}.feed_forward_norm.\2"),
-        (r"vocab_transform\.(weight|bias)", r"head.dense.\1"),
-        (r"vocab_layer_norm\.(weight|bias)", r"head.norm.\1"),
-        (r"vocab_projector\.weight", "head.unembed.weight"),
-        (r"vocab_projector\.bias", "head.bias"),
-        (r"pre_classifier\.(weight|bias)", r"head.dense.\1"),
-        (r"classifier\.(weight|bias)", r"head.out.\1"),
-    ]
-
-
-def transposed(config: ModelConfig) -> list[str]:
-    return []
+FAMILY = Family(
+    model_types=("distilbert",),
+    translate=translate,
+    prefixes=("distilbert.",),
+    rules=(
+        ("embeddings.word_embeddings.weight", "embed_tokens.weight"),
+        ("embeddings.position_embeddings.weight", "encoder.embeddings.positions.weight"),
+        *weight_bias("embeddings.LayerNorm", "encoder.embeddings.norm"),
+        ("embeddings.position_ids", None),
+        *weight_bias("transformer.layer.{}.attention.q_lin", "encoder.blocks.{}.attention.q"),
+        *weight_bias("transformer.layer.{}.attention.k_lin", "encoder.blocks.{}.attention.k"),
+        *weight_bias("transformer.layer.{}.attention.v_lin", "encoder.blocks.{}.attention.v"),
+        *weight_bias("transformer.layer.{}.attention.out_lin", "encoder.blocks.{}.attention.out"),
+        *weight_bias("transformer.layer.{}.sa_layer_norm", "encoder.blocks.{}.attention_norm"),
+        *weight_bias("transformer.layer.{}.ffn.lin1", "encoder.blocks.{}.feed_forward.fc1"),
+        *weight_bias("transformer.layer.{}.ffn.lin2", "encoder.blocks.{}.feed_forward.fc2"),
+        *weight_bias("transformer.layer.{}.output_layer_norm", "encoder.blocks.{}.feed_forward_norm"),
+        *weight_bias("vocab_transform", "head.dense"),
+        *weight_bias("vocab_layer_norm", "head.norm"),
+        ("vocab_projector.weight", "head.unembed.weight"),
+        ("vocab_projector.bias", "head.bias"),
+        *weight_bias("pre_classifier", "head.dense"),
+        *weight_bias("classifier", "head.out"),
+    ),
+)

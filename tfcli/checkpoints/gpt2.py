@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.common import architecture_head, common
-from tfcli.config import ModelConfig
+from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
 from tfcli.errors import TfcliError
 
-MODEL_TYPES = ("gpt2",)
 HEADS = {"LMHeadModel": "lm", "ForCausalLM": "lm"}
-PREFIXES = ("transformer.",)
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
@@ -41,23 +38,24 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
                   head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", True))
 
 
-def rules(config: ModelConfig) -> list[tuple[str, str | None]]:
-    layer, block = r"h\.(\d+)", r"decoder.blocks.\1"
-    return [
-        (r"wte\.weight", "embed_tokens.weight"),
-        (r"wpe\.weight", "decoder.embeddings.positions.weight"),
-        (rf"{layer}\.ln_1\.(weight|bias)", rf"{block}.attention_norm.\2"),
-        (rf"{layer}\.attn\.c_attn\.(weight|bias)", rf"{block}.attention.qkv.\2"),
-        (rf"{layer}\.attn\.c_proj\.(weight|bias)", rf"{block}.attention.out.\2"),
-        (rf"{layer}\.attn\.(?:bias|masked_bias)", None),  # causal-mask buffers of old checkpoints
-        (rf"{layer}\.ln_2\.(weight|bias)", rf"{block}.feed_forward_norm.\2"),
-        (rf"{layer}\.mlp\.c_fc\.(weight|bias)", rf"{block}.feed_forward.fc1.\2"),
-        (rf"{layer}\.mlp\.c_proj\.(weight|bias)", rf"{block}.feed_forward.fc2.\2"),
-        (r"ln_f\.(weight|bias)", r"decoder.final_norm.\1"),
-        (r"lm_head\.weight", "head.unembed.weight"),
-    ]
-
-
-def transposed(config: ModelConfig) -> list[str]:
-    return [f"decoder.blocks.{i}.{name}.weight" for i in range(config.num_hidden_layers)
-            for name in ("attention.qkv", "attention.out", "feed_forward.fc1", "feed_forward.fc2")]
+FAMILY = Family(
+    model_types=("gpt2",),
+    translate=translate,
+    prefixes=("transformer.",),
+    rules=(
+        ("wte.weight", "embed_tokens.weight"),
+        ("wpe.weight", "decoder.embeddings.positions.weight"),
+        *weight_bias("h.{}.ln_1", "decoder.blocks.{}.attention_norm"),
+        *weight_bias("h.{}.attn.c_attn", "decoder.blocks.{}.attention.qkv"),
+        *weight_bias("h.{}.attn.c_proj", "decoder.blocks.{}.attention.out"),
+        ("h.{}.attn.bias", None),  # causal-mask buffers of old checkpoints
+        ("h.{}.attn.masked_bias", None),
+        *weight_bias("h.{}.ln_2", "decoder.blocks.{}.feed_forward_norm"),
+        *weight_bias("h.{}.mlp.c_fc", "decoder.blocks.{}.feed_forward.fc1"),
+        *weight_bias("h.{}.mlp.c_proj", "decoder.blocks.{}.feed_forward.fc2"),
+        *weight_bias("ln_f", "decoder.final_norm"),
+        ("lm_head.weight", "head.unembed.weight"),
+    ),
+    transposed=("decoder.blocks.{}.attention.qkv.weight", "decoder.blocks.{}.attention.out.weight",
+                "decoder.blocks.{}.feed_forward.fc1.weight", "decoder.blocks.{}.feed_forward.fc2.weight"),
+)

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.common import architecture_head, common
-from tfcli.config import ModelConfig
+from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
 from tfcli.errors import TfcliError
 
-MODEL_TYPES = ("llama", "qwen2", "mistral")
 HEADS = {"ForCausalLM": "lm"}
-PREFIXES = ("model.",)
 
 
 def _refuse(model_type: str, what: str) -> TfcliError:
@@ -67,21 +64,24 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def rules(config: ModelConfig) -> list[tuple[str, str | None]]:
-    layer, block = r"layers\.(\d+)", r"decoder.blocks.\1"
-    return [
-        (r"embed_tokens\.weight", "embed_tokens.weight"),
-        (rf"{layer}\.input_layernorm\.weight", rf"{block}.attention_norm.weight"),
-        (rf"{layer}\.self_attn\.(q|k|v)_proj\.(weight|bias)", rf"{block}.attention.\2.\3"),
-        (rf"{layer}\.self_attn\.o_proj\.(weight|bias)", rf"{block}.attention.out.\2"),
-        (rf"{layer}\.self_attn\.rotary_emb\.inv_freq", None),
-        (rf"{layer}\.post_attention_layernorm\.weight", rf"{block}.feed_forward_norm.weight"),
-        (rf"{layer}\.mlp\.(gate|up|down)_proj\.(weight|bias)", rf"{block}.feed_forward.\2.\3"),
-        (r"rotary_emb\.inv_freq", None),
-        (r"norm\.weight", "decoder.final_norm.weight"),
-        (r"lm_head\.weight", "head.unembed.weight"),
-    ]
-
-
-def transposed(config: ModelConfig) -> list[str]:
-    return []
+FAMILY = Family(
+    model_types=("llama", "qwen2", "mistral"),
+    translate=translate,
+    prefixes=("model.",),
+    rules=(
+        ("embed_tokens.weight", "embed_tokens.weight"),
+        ("layers.{}.input_layernorm.weight", "decoder.blocks.{}.attention_norm.weight"),
+        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attention.q"),
+        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attention.k"),
+        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attention.v"),
+        *weight_bias("layers.{}.self_attn.o_proj", "decoder.blocks.{}.attention.out"),
+        ("layers.{}.self_attn.rotary_emb.inv_freq", None),
+        ("layers.{}.post_attention_layernorm.weight", "decoder.blocks.{}.feed_forward_norm.weight"),
+        *weight_bias("layers.{}.mlp.gate_proj", "decoder.blocks.{}.feed_forward.gate"),
+        *weight_bias("layers.{}.mlp.up_proj", "decoder.blocks.{}.feed_forward.up"),
+        *weight_bias("layers.{}.mlp.down_proj", "decoder.blocks.{}.feed_forward.down"),
+        ("rotary_emb.inv_freq", None),
+        ("norm.weight", "decoder.final_norm.weight"),
+        ("lm_head.weight", "head.unembed.weight"),
+    ),
+)

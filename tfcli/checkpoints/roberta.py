@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.bert import embedding_rules, encoder_rules, mlm_rules
-from tfcli.checkpoints.common import architecture_head, common
-from tfcli.config import ModelConfig
+from tfcli.checkpoints.bert import EMBEDDING_RULES, ENCODER_RULES, mlm_rules
+from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
 
-MODEL_TYPES = ("roberta",)
 HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
-PREFIXES = ("roberta.",)
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
@@ -28,16 +25,16 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
                   head=architecture_head(hf, HEADS), lm_head_bias=True, classifier_pooler="tanh")
 
 
-def rules(config: ModelConfig) -> list[tuple[str, str | None]]:
-    return [
-        *embedding_rules(),
-        *encoder_rules("encoder", "encoder"),
+FAMILY = Family(
+    model_types=("roberta",),
+    translate=translate,
+    prefixes=("roberta.",),
+    rules=(
+        *EMBEDDING_RULES,
+        *ENCODER_RULES,
         *mlm_rules("lm_head"),
-        (r"pooler\.dense\.(weight|bias)", None),  # RobertaModel's pooler: no RoBERTa head uses it
-        (r"classifier\.dense\.(weight|bias)", r"head.dense.\1"),
-        (r"classifier\.out_proj\.(weight|bias)", r"head.out.\1"),
-    ]
-
-
-def transposed(config: ModelConfig) -> list[str]:
-    return []
+        *weight_bias("pooler.dense", None),  # RobertaModel's pooler: no RoBERTa head uses it
+        *weight_bias("classifier.dense", "head.dense"),
+        *weight_bias("classifier.out_proj", "head.out"),
+    ),
+)

@@ -1,10 +1,44 @@
-"""Translation helpers every family shares."""
+"""What a checkpoint family provides, and the helpers that fill it in.
+
+A family module defines `FAMILY = Family(...)`: the HF `model_types` it reads, `translate(hf)` (HF
+config.json values -> ModelConfig values), `rules`: (HF name, tfcli name) templates where `{}` stands
+for a layer number and a tfcli name of None means "known, not used", plus, only where needed,
+`config_rules(config)` (rules that depend on the config, e.g. on its head), `prefixes` stripped from HF
+names first (`bert.`), `transposed` tfcli names whose weights HF stores as (in, out), and
+`adjust(renamed, config)` for any other fix-up. The shared loader is in `tfcli/checkpoints/__init__.py`.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+Rule = tuple[str, str | None]  # ("h.{}.ln_1.weight", "decoder.blocks.{}.attention_norm.weight")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One checkpoint family (see the module docstring)."""
+
+    model_types: tuple[str, ...]
+    translate: Callable[[dict[str, Any]], dict[str, Any]]
+    rules: tuple[Rule, ...]
+    config_rules: Callable[[ModelConfig], Sequence[Rule]] | None = None
+    prefixes: tuple[str, ...] = ()
+    transposed: tuple[str, ...] = ()
+    adjust: Callable[[dict[str, Tensor], ModelConfig], dict[str, Tensor]] | None = None
+
+
+def weight_bias(source: str, target: str | None) -> tuple[Rule, ...]:
+    """The rules for a module's `.weight` and `.bias`: ("ln_f", "decoder.final_norm") -> two rules."""
+    return tuple((f"{source}.{param}", None if target is None else f"{target}.{param}") for param in ("weight", "bias"))
 
 
 def architecture_head(values: dict[str, Any], heads: dict[str, str]) -> str:
