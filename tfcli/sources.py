@@ -1,6 +1,6 @@
 """Resolve --model SRC to a config, optional weights and optional tokenizer files.
 
-Order (DESIGN.md): an existing path (YAML file, HF config.json, or a directory holding config.json),
+Order (README, "Commands"): an existing path (YAML file, HF config.json, or a directory holding config.json),
 then a bundled config name (configs/NAME.yaml), then a Hugging Face hub id (local cache first).
 """
 

@@ -1,0 +1,105 @@
+"""The package's one-way layout: data flows source -> config -> model -> capture -> report -> render, and no
+module imports from a layer above its own, nor takes part in an import cycle (imports inside functions
+count; those under `if TYPE_CHECKING:` do not, they never run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tfcli"
+COMMANDS = ("tokenize", "encode", "classify", "generate", "compare")
+
+# Each layer and the layers it may import from (besides itself), lowest first.
+ALLOWED = {
+    "errors": set(),
+    "config": {"errors"},
+    "model": {"errors", "config"},
+    "checkpoints": {"errors", "config"},
+    "sources": {"errors", "config", "checkpoints"},
+    "tokenizer": {"errors", "sources"},
+    "api": {"errors", "config", "model", "checkpoints", "sources", "tokenizer"},
+    "command": {"errors", "config", "model", "sources", "tokenizer", "api"},
+    "render": {"errors", "command", "tokenizer"},
+    "cli": {"errors", "command", "render", "sources", "api", "model", "tokenizer"},
+    "package": {"cli"},
+}
+
+
+def layer(module: str) -> str:
+    """tfcli.model.attention -> model, tfcli.encode -> command, tfcli.render.encode -> render, ..."""
+    parts = module.split(".")
+    if parts[-1] in ("tfcli", "__main__"):
+        return "package"
+    if parts[1] in COMMANDS:
+        return "command"
+    return parts[1]
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("tfcli", *path.relative_to(PACKAGE).with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The tfcli modules a file imports at run time (`from tfcli import encode` counts as tfcli.encode)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    type_checking = {id(node) for block in ast.walk(tree)
+                     if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+                     for statement in block.body for node in ast.walk(statement)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in type_checking:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    # `tfcli` itself (its __init__) holds only the version and lazy names that import nothing at import time
+    return {name for name in found if name in known and name != "tfcli"}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(path, set(found)) - {name} for name, path in found.items()}
+
+
+def test_every_module_has_a_layer():
+    assert {layer(name) for name in graph()} <= set(ALLOWED)
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    upward = [f"{source} imports {target}" for source, targets in graph().items() for target in targets
+              if layer(target) != layer(source) and layer(target) not in ALLOWED[layer(source)]]
+    assert upward == []
+
+
+def test_no_import_cycle():
+    edges = graph()
+    cycles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in edges[module]:
+            if target in path:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in edges:
+        if module not in done:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_checks_see_what_they_check():
+    """The graph is not empty and knows the edges the flow is made of (so the checks above can fail)."""
+    edges = graph()
+    assert "tfcli.config" in edges["tfcli.sources"] and "tfcli.model.capture" in edges["tfcli.model.decoding"]
+    assert "tfcli.encode" in edges["tfcli.cli"]  # imported inside the command function
+    assert layer("tfcli.render.encode") == "render" and layer("tfcli.encode") == "command"
