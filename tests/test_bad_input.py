@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
 
 TINY = """\
 architecture: encoder

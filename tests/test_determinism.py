@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
 
 CONFIG = """\
 architecture: encoder

@@ -9,7 +9,6 @@ import json
 import math
 
 import pytest
-from cli_fixtures import cli  # noqa: F401  (fixture)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -10,7 +10,6 @@ import random
 import time
 
 import pytest
-from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
 
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "home"]
 LINES = 10_000
