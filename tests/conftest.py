@@ -11,6 +11,15 @@ from typer.testing import CliRunner
 from tfcli.cli import app
 
 TOLERANCE = 1e-4  # fp32 max abs difference allowed against transformers
+TINY_CONFIG = """\
+architecture: encoder
+hidden_size: 32
+num_hidden_layers: 1
+num_attention_heads: 2
+intermediate_size: 64
+max_position_embeddings: 16
+head: mlm
+"""
 
 
 @pytest.fixture
@@ -32,6 +41,14 @@ def tfcli_process():
         return subprocess.run([sys.executable, "-m", "tfcli", *args], input=input, capture_output=True, env=env)
 
     return run
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """tmp_path/tiny.yaml: a tiny random encoder (hidden_size 32, 1 layer, 2 heads, 16 positions, MLM head)."""
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_CONFIG, encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="session")
