@@ -404,6 +404,7 @@ def test_many_truncations_are_summarised(cli, tiny_config):
     assert "15 more texts truncated (20 of 20 in all)" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_million_characters(cli, tiny_config, tmp_path):
     path = tmp_path / "million.txt"
     path.write_text("abc " * 250_000 + "\n")

@@ -112,6 +112,7 @@ def test_stdin_and_file(cli, bert_checkpoint, tmp_path):
     assert from_args == from_stdin == from_file
 
 
+@pytest.mark.slow
 def test_bundled_classifier_works_out_of_the_box(cli):
     result = cli("classify", "hello world", "--json", "--seed", "3")
     (record,) = records(result)

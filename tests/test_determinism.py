@@ -32,6 +32,7 @@ def encode_json(cli, config, *args):
     return result.stdout
 
 
+@pytest.mark.slow
 def test_same_seed_same_json_every_run(cli, tfcli_process, config):
     first = encode_json(cli, config, "--seed", "7")
     assert encode_json(cli, config, "--seed", "7") == first

@@ -29,6 +29,7 @@ def records(result) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_seed_sentence_through_bert_base():
     model = tfcli.load_model("bert-base")
     tokenizer = tfcli.load_tokenizer()

@@ -168,6 +168,7 @@ def test_cli_json_keys(configs):
     assert again.stdout == result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2-small", "encoder-decoder"])
 def test_cli_on_bundled_configs(name):
     result = invoke("generate", "hello", "-m", name, "-n", "2", "--json")

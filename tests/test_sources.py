@@ -31,6 +31,7 @@ def tiny_bert(save_hf_model):
     return save
 
 
+@pytest.mark.slow
 def test_hub_id_resolves_from_the_local_cache_offline(tmp_path, tiny_bert):
     snapshot = tmp_path / "hub" / "models--someone--tiny-bert" / "snapshots" / "abc123"
     tiny_bert(snapshot)

@@ -49,6 +49,7 @@ def check_records(stdout: bytes, lines: list[str]) -> list[dict]:
     return records
 
 
+@pytest.mark.slow
 def test_tokenize_stream(tfcli_process):
     lines = stream()
     started = time.monotonic()
@@ -61,6 +62,7 @@ def test_tokenize_stream(tfcli_process):
     assert elapsed < 60
 
 
+@pytest.mark.slow
 def test_encode_stream(tfcli_process, small_model):
     lines = stream()
     started = time.monotonic()
