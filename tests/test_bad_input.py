@@ -14,18 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
-
-TINY = """\
-architecture: encoder
-hidden_size: 32
-num_hidden_layers: 1
-num_attention_heads: 2
-intermediate_size: 64
-max_position_embeddings: 16
-head: mlm
-"""
-
 
 def assert_error(result, exit_code: int, *needles: str) -> str:
     """A clean user error: exit code, an `error:` line holding every needle, no traceback, no bug report."""
@@ -47,23 +35,16 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-@pytest.fixture
-def tiny(tmp_path) -> Path:
-    return write(tmp_path / "tiny.yaml", TINY)
-
-
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def checkpoint(tmp_path_factory, save_hf_model) -> Path:
     """A tiny BERT checkpoint (config.json + model.safetensors) written by transformers."""
-    import torch
     import transformers
 
     path = tmp_path_factory.mktemp("bert")
     config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=64, max_position_embeddings=16,
                                      architectures=["BertForMaskedLM"])
-    torch.manual_seed(0)
-    transformers.BertForMaskedLM(config).save_pretrained(path)
+    save_hf_model(transformers.BertForMaskedLM, config, path)
     return path
 
 
@@ -81,29 +62,29 @@ def test_missing_model_path(cli, tmp_path):
     assert_error(cli("encode", "--model", str(tmp_path / "absent.yaml"), "hi"), 1, "no such file", "absent.yaml")
 
 
-def test_missing_text_file(cli, tiny, tmp_path):
-    assert_error(cli("encode", "--model", str(tiny), "--file", str(tmp_path / "absent.txt")), 2, "absent.txt")
+def test_missing_text_file(cli, tiny_config, tmp_path):
+    assert_error(cli("encode", "--model", str(tiny_config), "--file", str(tmp_path / "absent.txt")), 2, "absent.txt")
 
 
-def test_unreadable_config(cli, tiny, monkeypatch):
+def test_unreadable_config(cli, tiny_config, monkeypatch):
     if os.geteuid() != 0:
-        tiny.chmod(0)
+        tiny_config.chmod(0)
     else:  # root reads anything: make reading raise the PermissionError an unreadable file gives
         real = Path.read_text
 
         def denied(self, *args, **kwargs):
-            if self == tiny:
+            if self == tiny_config:
                 raise PermissionError(13, "Permission denied", str(self))
             return real(self, *args, **kwargs)
 
         monkeypatch.setattr(Path, "read_text", denied)
     try:
-        assert_error(cli("encode", "--model", str(tiny), "hi"), 1, "cannot read", "Permission denied")
+        assert_error(cli("encode", "--model", str(tiny_config), "hi"), 1, "cannot read", "Permission denied")
     finally:
-        tiny.chmod(0o644)
+        tiny_config.chmod(0o644)
 
 
-def test_unreadable_text_file(cli, tiny, tmp_path, monkeypatch):
+def test_unreadable_text_file(cli, tiny_config, tmp_path, monkeypatch):
     texts = write(tmp_path / "texts.txt", "hello\n")
     if os.geteuid() != 0:
         texts.chmod(0)
@@ -116,7 +97,8 @@ def test_unreadable_text_file(cli, tiny, tmp_path, monkeypatch):
             return real(self)
 
         monkeypatch.setattr(Path, "read_bytes", denied)
-    assert_error(cli("encode", "--model", str(tiny), "--file", str(texts)), 2, "cannot read", "Permission denied")
+    assert_error(cli("encode", "--model", str(tiny_config), "--file", str(texts)), 2, "cannot read",
+                 "Permission denied")
 
 
 def test_directory_without_config(cli, tmp_path):
@@ -124,9 +106,9 @@ def test_directory_without_config(cli, tmp_path):
     assert_error(cli("encode", "--model", str(tmp_path / "model"), "hi"), 1, "holds no config.json")
 
 
-def test_directory_without_config_points_at_yaml(cli, tiny):
-    message = assert_error(cli("encode", "--model", str(tiny.parent), "hi"), 1, "holds no config.json")
-    assert str(tiny) in message  # the hint names the YAML file that is there
+def test_directory_without_config_points_at_yaml(cli, tiny_config):
+    message = assert_error(cli("encode", "--model", str(tiny_config.parent), "hi"), 1, "holds no config.json")
+    assert str(tiny_config) in message  # the hint names the YAML file that is there
 
 
 def test_compare_needs_weights(cli, checkpoint, tmp_path):
@@ -161,8 +143,8 @@ def test_malformed_yaml(cli, tmp_path, text, needles):
     ("norm: batchnorm", ["unsupported norm `batchnorm`", "layernorm, rmsnorm"]),
     ("position: rotry", ["unsupported position", "did you mean `rotary`"]),
 ])
-def test_wrong_types_and_values(cli, tmp_path, line, needles):
-    path = write(tmp_path / "bad.yaml", TINY + line + "\n")
+def test_wrong_types_and_values(cli, tiny_config, tmp_path, line, needles):
+    path = write(tmp_path / "bad.yaml", tiny_config.read_text() + line + "\n")
     assert_error(cli("encode", "--model", str(path), "hi"), 1, *needles)
 
 
@@ -189,8 +171,8 @@ def test_misspelled_key_suggests_the_right_one(cli, tmp_path, key, right):
     ("vocab_size: 100000000000", ["GiB for its weights", "memory"]),
     ("num_hidden_layers: 1000000000", ["GiB for its weights"]),
 ])
-def test_impossible_sizes(cli, tmp_path, line, needles):
-    path = write(tmp_path / "bad.yaml", TINY + line + "\n")
+def test_impossible_sizes(cli, tiny_config, tmp_path, line, needles):
+    path = write(tmp_path / "bad.yaml", tiny_config.read_text() + line + "\n")
     started = time.monotonic()
     assert_error(cli("encode", "--model", str(path), "hi"), 1, *needles)
     assert time.monotonic() - started < 30  # refused before allocating anything
@@ -304,25 +286,26 @@ def test_bad_config_json(cli, tmp_path, content, needle):
     ("xla", 2, "unsupported device `xla`"),
     ("meta", 2, "unsupported device `meta`"),
 ])
-def test_unknown_device(cli, tiny, device, code, needle):
-    assert_error(cli("encode", "--model", str(tiny), "--device", device, "hi"), code, needle)
+def test_unknown_device(cli, tiny_config, device, code, needle):
+    assert_error(cli("encode", "--model", str(tiny_config), "--device", device, "hi"), code, needle)
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:3", "mps"])
-def test_absent_device(cli, tiny, device):
+def test_absent_device(cli, tiny_config, device):
     import torch
 
     if device.startswith("cuda") and torch.cuda.is_available() and device != "cuda:3":
         pytest.skip("this machine has CUDA")
     if device == "mps" and torch.backends.mps.is_available():
         pytest.skip("this machine has MPS")
-    message = assert_error(cli("encode", "--model", str(tiny), "--device", device, "hi"), 1, "not available")
+    message = assert_error(cli("encode", "--model", str(tiny_config), "--device", device, "hi"), 1, "not available")
     assert "--device cpu" in message
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int8", "bogus", ""])
-def test_bogus_dtype(cli, tiny, dtype):
-    message = assert_error(cli("encode", "--model", str(tiny), "--dtype", dtype, "hi"), 2, f"unknown dtype `{dtype}`")
+def test_bogus_dtype(cli, tiny_config, dtype):
+    message = assert_error(cli("encode", "--model", str(tiny_config), "--dtype", dtype, "hi"), 2,
+                           f"unknown dtype `{dtype}`")
     assert "float32" in message
 
 
@@ -344,18 +327,18 @@ def test_bogus_dtype(cli, tiny, dtype):
     (["--seed", str(2**70)], ["--seed must be between 0"]),
     (["--max-capture-mb", "0"], ["--max-capture-mb must be positive"]),
 ])
-def test_option_out_of_range(cli, tiny, args, needles):
-    assert_error(cli("encode", "--model", str(tiny), *args, "hi"), 2, *needles)
+def test_option_out_of_range(cli, tiny_config, args, needles):
+    assert_error(cli("encode", "--model", str(tiny_config), *args, "hi"), 2, *needles)
 
 
-def test_texts_and_file_together(cli, tiny, tmp_path):
+def test_texts_and_file_together(cli, tiny_config, tmp_path):
     texts = write(tmp_path / "t.txt", "hello\n")
-    assert_error(cli("encode", "--model", str(tiny), "--file", str(texts), "hi"), 2, "not both")
+    assert_error(cli("encode", "--model", str(tiny_config), "--file", str(texts), "hi"), 2, "not both")
 
 
-def test_not_a_number_option(cli, tiny):
+def test_not_a_number_option(cli, tiny_config):
     """Typer's own parser catches these (its boxed `Error` message), still exit 2 and no traceback."""
-    result = cli("encode", "--model", str(tiny), "--top-k", "many", "hi")
+    result = cli("encode", "--model", str(tiny_config), "--top-k", "many", "hi")
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "Invalid value for '--top-k'" in result.stderr
 
@@ -368,64 +351,66 @@ def test_tokenize_max_length_too_small(cli):
 
 
 @pytest.mark.parametrize("text, needle", [("", "text 1 is empty"), ("   \t ", "text 1 is only whitespace")])
-def test_empty_or_blank_text(cli, tiny, text, needle):
-    assert_error(cli("encode", "--model", str(tiny), text), 2, needle)
+def test_empty_or_blank_text(cli, tiny_config, text, needle):
+    assert_error(cli("encode", "--model", str(tiny_config), text), 2, needle)
 
 
-def test_blank_line_in_a_stream_names_the_line(cli, tiny):
-    message = assert_error(cli("encode", "--model", str(tiny), "-", input="one\n\nthree\n"), 2,
+def test_blank_line_in_a_stream_names_the_line(cli, tiny_config):
+    message = assert_error(cli("encode", "--model", str(tiny_config), "-", input="one\n\nthree\n"), 2,
                            "text 2 (line 2 of stdin) is empty")
     assert "grep" in message  # says how to drop blank lines
 
 
-def test_no_text(cli, tiny):
-    assert_error(cli("encode", "--model", str(tiny)), 2, "no text given")
+def test_no_text(cli, tiny_config):
+    assert_error(cli("encode", "--model", str(tiny_config)), 2, "no text given")
 
 
-def test_empty_stdin(cli, tiny):
-    assert_error(cli("encode", "--model", str(tiny), "-", input=""), 2, "no text given")
+def test_empty_stdin(cli, tiny_config):
+    assert_error(cli("encode", "--model", str(tiny_config), "-", input=""), 2, "no text given")
 
 
-def test_non_utf8_stdin(tfcli_process, tiny):
-    result = tfcli_process("encode", "--model", str(tiny), "-", input=b"fine\n\xff\xfe bad\n")
+def test_non_utf8_stdin(tfcli_process, tiny_config):
+    result = tfcli_process("encode", "--model", str(tiny_config), "-", input=b"fine\n\xff\xfe bad\n")
     assert result.returncode == 1
     assert b"Traceback" not in result.stderr and result.stdout == b""
     assert b"error: stdin is not valid UTF-8: line 2" in result.stderr
     assert b"hint: convert it" in result.stderr
 
 
-def test_non_utf8_file(cli, tiny, tmp_path):
+def test_non_utf8_file(cli, tiny_config, tmp_path):
     path = tmp_path / "latin1.txt"
     path.write_bytes("ok\ncaf\xe9\n".encode("latin-1"))
-    assert_error(cli("encode", "--model", str(tiny), "--file", str(path)), 1, "not valid UTF-8", "line 2")
+    assert_error(cli("encode", "--model", str(tiny_config), "--file", str(path)), 1, "not valid UTF-8", "line 2")
 
 
-def test_text_longer_than_positions_is_truncated_with_a_warning(cli, tiny):
-    result = cli("encode", "--model", str(tiny), "--json", "word " * 100)
+def test_text_longer_than_positions_is_truncated_with_a_warning(cli, tiny_config):
+    result = cli("encode", "--model", str(tiny_config), "--json", "word " * 100)
     assert result.exit_code == 0, result.stderr
     assert "warning: text 1 truncated from 102 to 16 tokens" in result.stderr
     assert len(json.loads(result.stdout)["ids"]) == 16
 
 
-def test_no_truncate_refuses_long_text(cli, tiny):
-    message = assert_error(cli("encode", "--model", str(tiny), "--no-truncate", "word " * 100), 2,
+def test_no_truncate_refuses_long_text(cli, tiny_config):
+    message = assert_error(cli("encode", "--model", str(tiny_config), "--no-truncate", "word " * 100), 2,
                            "text 1 has 102 tokens, more than the model's 16 positions")
     assert "--no-truncate" in message
 
 
-def test_many_truncations_are_summarised(cli, tiny):
-    result = cli("encode", "--model", str(tiny), "--json", "-", input="word " * 40 + "\n" * 1 + ("word " * 40 + "\n") * 19)
+def test_many_truncations_are_summarised(cli, tiny_config):
+    result = cli("encode", "--model", str(tiny_config), "--json", "-",
+                 input="word " * 40 + "\n" * 1 + ("word " * 40 + "\n") * 19)
     assert result.exit_code == 0, result.stderr
     assert result.stderr.count("truncated from") == 5
     assert "15 more texts truncated (20 of 20 in all)" in result.stderr
 
 
-def test_a_million_characters(cli, tiny, tmp_path):
+@pytest.mark.slow
+def test_a_million_characters(cli, tiny_config, tmp_path):
     path = tmp_path / "million.txt"
     path.write_text("abc " * 250_000 + "\n")
     started = time.monotonic()
     tokenized = cli("tokenize", "--json", "--max-length", "8", "--file", str(path))
-    encoded = cli("encode", "--model", str(tiny), "--json", "--file", str(path))
+    encoded = cli("encode", "--model", str(tiny_config), "--json", "--file", str(path))
     assert time.monotonic() - started < 60
     for result in (tokenized, encoded):
         assert result.exit_code == 0, result.stderr
@@ -434,9 +419,9 @@ def test_a_million_characters(cli, tiny, tmp_path):
     assert len(json.loads(encoded.stdout)["ids"]) == 16
 
 
-def test_config_of_a_huge_model_is_counted_not_built(cli, tmp_path):
+def test_config_of_a_huge_model_is_counted_not_built(cli, tiny_config, tmp_path):
     """`tfcli config` may show a model too big for this machine, but must not try to build it."""
-    path = write(tmp_path / "huge.yaml", TINY + "num_hidden_layers: 100000000\n")
+    path = write(tmp_path / "huge.yaml", tiny_config.read_text() + "num_hidden_layers: 100000000\n")
     started = time.monotonic()
     result = cli("config", "--json", str(path))
     assert result.exit_code == 0, result.stderr

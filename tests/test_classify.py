@@ -7,9 +7,6 @@ import json
 import pytest
 import torch
 
-from cli_fixtures import cli  # noqa: F401  (fixture)
-from conftest import assert_close, save_hf_model
-
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TEXTS = ["I loved this film", "terrible, awful acting and a plot that goes nowhere at all", "ok"]
 
@@ -33,7 +30,7 @@ CLASSES = {"bert": "BertForSequenceClassification", "distilbert": "DistilBertFor
 
 
 @pytest.fixture(scope="module", params=list(CLASSES))
-def checkpoint(request, tmp_path_factory):
+def checkpoint(request, tmp_path_factory, save_hf_model):
     """A tiny random classifier saved by transformers with id2label set (bundled BERT vocabulary)."""
     import transformers
 
@@ -43,7 +40,7 @@ def checkpoint(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bert_checkpoint(tmp_path_factory):
+def bert_checkpoint(tmp_path_factory, save_hf_model):
     import transformers
 
     path = tmp_path_factory.mktemp("bert")
@@ -60,7 +57,7 @@ def hf_probs(hf, ids: list[int]) -> torch.Tensor:
         return hf(input_ids=torch.tensor([ids])).logits.softmax(-1)[0]
 
 
-def test_probabilities_match_transformers_batched_and_alone(cli, checkpoint):
+def test_probabilities_match_transformers_batched_and_alone(cli, checkpoint, assert_close):
     path, hf = checkpoint
     batched = records(cli("classify", *TEXTS, "--model", str(path), "--json"))
     alone = [records(cli("classify", text, "--model", str(path), "--json"))[0] for text in TEXTS]
@@ -75,7 +72,7 @@ def test_probabilities_match_transformers_batched_and_alone(cli, checkpoint):
         assert together["prediction"] == LABELS[int(theirs.argmax())]
 
 
-def test_explain_is_the_first_tokens_last_layer_attention(cli, bert_checkpoint):
+def test_explain_is_the_first_tokens_last_layer_attention(cli, bert_checkpoint, assert_close):
     path, hf = bert_checkpoint
     record = records(cli("classify", *TEXTS[:2], "--model", str(path), "--json", "--explain"))[1]
     explain = record["explain"]
@@ -115,6 +112,7 @@ def test_stdin_and_file(cli, bert_checkpoint, tmp_path):
     assert from_args == from_stdin == from_file
 
 
+@pytest.mark.slow
 def test_bundled_classifier_works_out_of_the_box(cli):
     result = cli("classify", "hello world", "--json", "--seed", "3")
     (record,) = records(result)

@@ -3,8 +3,6 @@
 import subprocess
 import sys
 
-from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
-
 import tfcli
 from tfcli.errors import TfcliError
 

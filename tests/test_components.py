@@ -16,7 +16,6 @@ from tfcli.model.embeddings import sinusoidal_table
 from tfcli.model.layers import Block
 from tfcli.model.linear import Linear
 from tfcli.model.transformer import attention_mask_bias
-from conftest import assert_close
 
 WIDTH, HEADS = 32, 4
 
@@ -35,7 +34,7 @@ def seeds_attention(q, k, v, mask=None):
     return F.softmax(scores, dim=-1) @ v
 
 
-def test_scaled_dot_product_attention_fast_and_explicit_paths_match_the_formula():
+def test_scaled_dot_product_attention_fast_and_explicit_paths_match_the_formula(assert_close):
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 2, HEADS, 5, 8).unbind(0)
     causal = torch.tril(torch.ones(5, 5))
@@ -49,7 +48,7 @@ def test_scaled_dot_product_attention_fast_and_explicit_paths_match_the_formula(
     assert_close("rows sum to 1", weights.sum(-1), torch.ones(2, HEADS, 5), 1e-6)
 
 
-def test_grouped_query_attention_equals_repeated_key_value_heads():
+def test_grouped_query_attention_equals_repeated_key_value_heads(assert_close):
     torch.manual_seed(0)
     q = torch.randn(1, 4, 6, 8)
     k, v = torch.randn(2, 1, 2, 6, 8).unbind(0)
@@ -80,7 +79,7 @@ def copy_torch_layer(ours: Block, theirs: nn.Module, cross: bool = False) -> Non
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_encoder_block_matches_torch_transformer_encoder_layer(norm_first, activation):
+def test_encoder_block_matches_torch_transformer_encoder_layer(norm_first, activation, assert_close):
     """The seeds' post-norm (add & norm) and pre-norm encoder layers, as PyTorch implements them."""
     torch.manual_seed(0)
     theirs = nn.TransformerEncoderLayer(WIDTH, HEADS, 64, dropout=0.0, activation=activation, batch_first=True,
@@ -97,7 +96,7 @@ def test_encoder_block_matches_torch_transformer_encoder_layer(norm_first, activ
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_decoder_block_matches_torch_transformer_decoder_layer(norm_first):
+def test_decoder_block_matches_torch_transformer_decoder_layer(norm_first, assert_close):
     """Masked self-attention, encoder-decoder attention and feed-forward, each with its residual."""
     torch.manual_seed(0)
     theirs = nn.TransformerDecoderLayer(WIDTH, HEADS, 64, dropout=0.0, activation="relu", batch_first=True,
@@ -122,7 +121,7 @@ def test_sinusoidal_table_is_the_papers_formula():
             assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
 
 
-def test_rotary_matches_transformers():
+def test_rotary_matches_transformers(assert_close):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     torch.manual_seed(0)
@@ -134,7 +133,7 @@ def test_rotary_matches_transformers():
     assert_close("k", apply_rotary(k, cos, sin), theirs_k, 1e-6)
 
 
-def test_attention_module_matches_torch_multihead_attention():
+def test_attention_module_matches_torch_multihead_attention(assert_close):
     torch.manual_seed(0)
     theirs = nn.MultiheadAttention(WIDTH, HEADS, batch_first=True).eval()
     ours = Attention(config()).eval()
@@ -148,7 +147,7 @@ def test_attention_module_matches_torch_multihead_attention():
     assert_close("weights", weights, expected_weights, 1e-6)
 
 
-def test_packed_linear_matches_plain_and_follows_weight_changes():
+def test_packed_linear_matches_plain_and_follows_weight_changes(assert_close):
     torch.manual_seed(0)
     layer = Linear(48, 24)
     x = torch.randn(3, 5, 48)

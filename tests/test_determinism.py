@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
 
 CONFIG = """\
 architecture: encoder
@@ -33,6 +32,7 @@ def encode_json(cli, config, *args):
     return result.stdout
 
 
+@pytest.mark.slow
 def test_same_seed_same_json_every_run(cli, tfcli_process, config):
     first = encode_json(cli, config, "--seed", "7")
     assert encode_json(cli, config, "--seed", "7") == first

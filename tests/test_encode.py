@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 import tfcli
 from tfcli.cli import app
 from tfcli.model import Capture
-from conftest import save_hf_model
 
 SEED_SENTENCE = "I gave the dog a bone because it was hungry"
 TINY_DECODER = "architecture: decoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 4\n" \
@@ -30,6 +29,7 @@ def records(result) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_seed_sentence_through_bert_base():
     model = tfcli.load_model("bert-base")
     tokenizer = tfcli.load_tokenizer()
@@ -76,7 +76,7 @@ def test_save_writes_design_names_and_never_overwrites(tmp_path):
     assert load_file(str(path))["input_ids"].shape == (1, 3)
 
 
-def test_lens_of_last_layer_is_the_model_prediction(tmp_path):
+def test_lens_of_last_layer_is_the_model_prediction(tmp_path, save_hf_model):
     from transformers import BertConfig, BertForMaskedLM
 
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -120,7 +120,7 @@ def test_table_output_shows_every_section():
         assert title in result.stdout
 
 
-def test_compare_reports_parity(tmp_path):
+def test_compare_reports_parity(tmp_path, save_hf_model):
     from transformers import BertConfig, BertForMaskedLM
 
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -151,7 +151,7 @@ def test_every_bundled_config_resolves(name):
     assert record["parameters"] > 0
 
 
-def test_compare_on_an_encoder_decoder(tmp_path):
+def test_compare_on_an_encoder_decoder(tmp_path, save_hf_model):
     from transformers import BartConfig, BartForConditionalGeneration
 
     config = BartConfig(vocab_size=30522, d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,

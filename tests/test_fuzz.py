@@ -9,7 +9,6 @@ import json
 import math
 
 import pytest
-from cli_fixtures import cli  # noqa: F401  (fixture)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -186,11 +185,8 @@ def test_random_unicode_through_the_cli(cli, text):
 
 
 @pytest.mark.parametrize("text", ["\x00", "\u202e\u200b\ufeff", "🧑‍🚀" * 50, "\u0301" * 30, "a\u00a0b", "\U0010ffff"])
-def test_awkward_characters_through_encode(cli, tmp_path, text):
-    config = tmp_path / "tiny.yaml"
-    config.write_text("hidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\nintermediate_size: 64\n"
-                      "max_position_embeddings: 16\nhead: mlm\n")
-    result = cli("encode", "--model", str(config), "--json", text)
+def test_awkward_characters_through_encode(cli, tiny_config, text):
+    result = cli("encode", "--model", str(tiny_config), "--json", text)
     if text.strip():
         assert result.exit_code == 0, result.stderr
         assert json.loads(result.stdout)["text"] == text

@@ -168,6 +168,7 @@ def test_cli_json_keys(configs):
     assert again.stdout == result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2-small", "encoder-decoder"])
 def test_cli_on_bundled_configs(name):
     result = invoke("generate", "hello", "-m", name, "-n", "2", "--json")
@@ -178,11 +179,9 @@ def test_cli_on_bundled_configs(name):
         assert record["prompt_ids"] == [101, 7592, 102]  # the encoder reads the text with its specials
 
 
-def test_cli_checkpoint_without_and_with_tokenizer_files(tmp_path):
+def test_cli_checkpoint_without_and_with_tokenizer_files(tmp_path, save_hf_model):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel
-
-    from conftest import save_hf_model
 
     config = GPT2Config(vocab_size=30522, n_embd=32, n_layer=2, n_head=4, n_positions=32, bos_token_id=0,
                         eos_token_id=102)

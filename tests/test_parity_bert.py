@@ -7,7 +7,6 @@ import torch
 
 import tfcli
 from tfcli.model import Capture
-from conftest import assert_close, save_hf_model
 
 IDS = torch.tensor([[101, 2051, 10029, 2066, 2019, 8612, 102], [101, 7592, 2088, 102, 0, 0, 0]])
 MASK = (IDS != 0).long()
@@ -21,23 +20,29 @@ def tiny_bert_config(**overrides):
     return BertConfig(**{**values, **overrides})
 
 
-def check_parity(ours_model, hf_model, ids=IDS, mask=MASK, logits=True):
-    with torch.no_grad():
-        theirs = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-        ours = ours_model(ids, attention_mask=mask, capture=Capture())
-    real = mask.bool()
-    for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states, strict=True)):
-        assert_close(f"hidden.{i}", a[real], b[real])
-    for i, b in enumerate(theirs.attentions):
-        # padded queries differ by design (they are ignored); compare the real ones
-        for row in range(ids.shape[0]):
-            n = int(mask[row].sum())
-            assert_close(f"attention.{i}", ours.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
-    if logits:
-        assert_close("logits", ours.logits[real], theirs.logits[real])
+@pytest.fixture
+def check_parity(assert_close):
+    """check_parity(ours_model, hf_model, ids=IDS, mask=MASK, logits=True): hidden states, attention, logits."""
+
+    def check(ours_model, hf_model, ids=IDS, mask=MASK, logits=True):
+        with torch.no_grad():
+            theirs = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+            ours = ours_model(ids, attention_mask=mask, capture=Capture())
+        real = mask.bool()
+        for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states, strict=True)):
+            assert_close(f"hidden.{i}", a[real], b[real])
+        for i, b in enumerate(theirs.attentions):
+            # padded queries differ by design (they are ignored); compare the real ones
+            for row in range(ids.shape[0]):
+                n = int(mask[row].sum())
+                assert_close(f"attention.{i}", ours.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
+        if logits:
+            assert_close("logits", ours.logits[real], theirs.logits[real])
+
+    return check
 
 
-def test_bert_masked_lm_parity(tmp_path):
+def test_bert_masked_lm_parity(tmp_path, save_hf_model, check_parity):
     from transformers import BertForMaskedLM
 
     hf = save_hf_model(BertForMaskedLM, tiny_bert_config(), tmp_path)
@@ -46,7 +51,7 @@ def test_bert_masked_lm_parity(tmp_path):
     check_parity(ours, hf)
 
 
-def test_bert_model_parity_with_bin_weights(tmp_path):
+def test_bert_model_parity_with_bin_weights(tmp_path, save_hf_model, check_parity):
     from transformers import BertModel
 
     hf = save_hf_model(BertModel, tiny_bert_config(), tmp_path)
@@ -57,7 +62,7 @@ def test_bert_model_parity_with_bin_weights(tmp_path):
     check_parity(ours, hf, logits=False)
 
 
-def test_real_minilm_checkpoint_parity(minilm_dir):
+def test_real_minilm_checkpoint_parity(minilm_dir, check_parity):
     from transformers import BertModel
 
     hf = BertModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
@@ -65,7 +70,7 @@ def test_real_minilm_checkpoint_parity(minilm_dir):
     check_parity(ours, hf, logits=False)
 
 
-def test_fast_path_matches_explicit_softmax(minilm_dir):
+def test_fast_path_matches_explicit_softmax(minilm_dir, assert_close):
     model = tfcli.load_model(str(minilm_dir))
     with torch.no_grad():
         fast = model(IDS, attention_mask=MASK)
@@ -73,7 +78,7 @@ def test_fast_path_matches_explicit_softmax(minilm_dir):
     assert_close("last_hidden_state", fast.last_hidden_state, explicit.last_hidden_state, 1e-5)
 
 
-def test_padded_batch_equals_each_text_alone(minilm_dir):
+def test_padded_batch_equals_each_text_alone(minilm_dir, assert_close):
     model = tfcli.load_model(str(minilm_dir))
     with torch.no_grad():
         batch = model(IDS, attention_mask=MASK).last_hidden_state
@@ -83,7 +88,7 @@ def test_padded_batch_equals_each_text_alone(minilm_dir):
             assert_close(f"text {row}", batch[row, :n], alone[0], 1e-5)
 
 
-def test_mismatched_weights_are_named(tmp_path):
+def test_mismatched_weights_are_named(tmp_path, save_hf_model):
     from transformers import BertModel
 
     save_hf_model(BertModel, tiny_bert_config(), tmp_path)

@@ -9,7 +9,6 @@ import torch
 import tfcli
 from tfcli.errors import TfcliError
 from tfcli.model import Capture
-from conftest import assert_close, save_hf_model
 
 VOCAB = 96
 IDS = torch.tensor([[5, 17, 42, 8, 77, 3, 60], [9, 31, 12, 50, 0, 0, 0]])
@@ -40,37 +39,49 @@ def bart_config(**overrides):
     return BartConfig(**{**values, **overrides})
 
 
-def load_pair(model_class, config, path):
-    hf = save_hf_model(model_class, config, path)
-    with torch.no_grad():  # random non-zero biases, so that a bias mapped to the wrong place shows
-        for name, param in hf.named_parameters():
-            if name.endswith("bias") or "norm" in name or "ln_" in name:
-                param.add_(torch.randn_like(param) * 0.1)
-        for name, buffer in hf.named_buffers():
-            if name.endswith("final_logits_bias"):  # BART's, zero when fresh
-                buffer.copy_(torch.randn_like(buffer))
-    hf.save_pretrained(path)
-    return hf, tfcli.load_model(str(path))
+@pytest.fixture
+def load_pair(save_hf_model):
+    """load_pair(model_class, config, path) -> (transformers model, tfcli model), biases made non-zero."""
+
+    def load(model_class, config, path):
+        hf = save_hf_model(model_class, config, path)
+        with torch.no_grad():  # random non-zero biases, so that a bias mapped to the wrong place shows
+            for name, param in hf.named_parameters():
+                if name.endswith("bias") or "norm" in name or "ln_" in name:
+                    param.add_(torch.randn_like(param) * 0.1)
+            for name, buffer in hf.named_buffers():
+                if name.endswith("final_logits_bias"):  # BART's, zero when fresh
+                    buffer.copy_(torch.randn_like(buffer))
+        hf.save_pretrained(path)
+        return hf, tfcli.load_model(str(path))
+
+    return load
 
 
-def compare_decoder(ours_model, hf_model):
-    with torch.no_grad():
-        theirs = hf_model(input_ids=IDS, attention_mask=MASK, output_hidden_states=True, output_attentions=True)
-        ours = ours_model(IDS, attention_mask=MASK, capture=Capture())
-    real = MASK.bool()
-    # transformers' last hidden state is after the final norm; ours are all before it
-    assert len(ours.hidden_states) == len(theirs.hidden_states)
-    for i, (a, b) in enumerate(zip(ours.hidden_states[:-1], theirs.hidden_states[:-1])):
-        assert_close(f"hidden.{i}", a[real], b[real])
-    assert_close("last_hidden_state", ours.last_hidden_state[real], theirs.hidden_states[-1][real])
-    for i, b in enumerate(theirs.attentions):
-        for row in range(IDS.shape[0]):
-            n = int(MASK[row].sum())
-            assert_close(f"attention.{i}", ours.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
-    assert_close("logits", ours.logits[real], theirs.logits[real])
+@pytest.fixture
+def compare_decoder(assert_close):
+    """compare_decoder(ours_model, hf_model): every hidden state and attention map, the logits (IDS, MASK)."""
+
+    def compare(ours_model, hf_model):
+        with torch.no_grad():
+            theirs = hf_model(input_ids=IDS, attention_mask=MASK, output_hidden_states=True, output_attentions=True)
+            ours = ours_model(IDS, attention_mask=MASK, capture=Capture())
+        real = MASK.bool()
+        # transformers' last hidden state is after the final norm; ours are all before it
+        assert len(ours.hidden_states) == len(theirs.hidden_states)
+        for i, (a, b) in enumerate(zip(ours.hidden_states[:-1], theirs.hidden_states[:-1])):
+            assert_close(f"hidden.{i}", a[real], b[real])
+        assert_close("last_hidden_state", ours.last_hidden_state[real], theirs.hidden_states[-1][real])
+        for i, b in enumerate(theirs.attentions):
+            for row in range(IDS.shape[0]):
+                n = int(MASK[row].sum())
+                assert_close(f"attention.{i}", ours.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
+        assert_close("logits", ours.logits[real], theirs.logits[real])
+
+    return compare
 
 
-def test_gpt2_parity(tmp_path):
+def test_gpt2_parity(tmp_path, load_pair, compare_decoder):
     from transformers import GPT2LMHeadModel
 
     hf, ours = load_pair(GPT2LMHeadModel, gpt2_config(), tmp_path)
@@ -81,7 +92,7 @@ def test_gpt2_parity(tmp_path):
 @pytest.mark.parametrize("cls_name,model_name", [("LlamaConfig", "LlamaForCausalLM"),
                                                  ("Qwen2Config", "Qwen2ForCausalLM"),
                                                  ("MistralConfig", "MistralForCausalLM")])
-def test_llama_family_parity(tmp_path, cls_name, model_name):
+def test_llama_family_parity(tmp_path, load_pair, compare_decoder, cls_name, model_name):
     import transformers
 
     extra = {"sliding_window": None} if cls_name == "MistralConfig" else {}
@@ -93,7 +104,7 @@ def test_llama_family_parity(tmp_path, cls_name, model_name):
     compare_decoder(ours, hf)
 
 
-def test_llama_with_biases_and_tied_embeddings(tmp_path):
+def test_llama_with_biases_and_tied_embeddings(tmp_path, load_pair, compare_decoder):
     from transformers import LlamaForCausalLM
 
     config = llama_config(attention_bias=True, mlp_bias=True, tie_word_embeddings=True, num_key_value_heads=1)
@@ -102,7 +113,7 @@ def test_llama_with_biases_and_tied_embeddings(tmp_path):
     compare_decoder(ours, hf)
 
 
-def test_bart_parity(tmp_path):
+def test_bart_parity(tmp_path, load_pair, assert_close):
     from transformers import BartForConditionalGeneration
 
     hf, ours = load_pair(BartForConditionalGeneration, bart_config(), tmp_path)
@@ -141,7 +152,7 @@ def greedy_both(hf, ours, ids, mask, new=12):
     return mine, theirs
 
 
-def test_gpt2_greedy_generation_matches_transformers(tmp_path):
+def test_gpt2_greedy_generation_matches_transformers(tmp_path, load_pair):
     from transformers import GPT2LMHeadModel
 
     hf, ours = load_pair(GPT2LMHeadModel, gpt2_config(), tmp_path)
@@ -149,7 +160,7 @@ def test_gpt2_greedy_generation_matches_transformers(tmp_path):
     assert mine.tolist() == theirs.tolist()
 
 
-def test_llama_greedy_generation_matches_transformers_left_padded(tmp_path):
+def test_llama_greedy_generation_matches_transformers_left_padded(tmp_path, load_pair):
     from transformers import LlamaForCausalLM
 
     hf, ours = load_pair(LlamaForCausalLM, llama_config(), tmp_path)
@@ -159,7 +170,7 @@ def test_llama_greedy_generation_matches_transformers_left_padded(tmp_path):
     assert mine.tolist() == theirs.tolist()
 
 
-def test_bart_greedy_generation_matches_transformers(tmp_path):
+def test_bart_greedy_generation_matches_transformers(tmp_path, load_pair):
     from transformers import BartForConditionalGeneration
 
     hf, ours = load_pair(BartForConditionalGeneration, bart_config(), tmp_path)
@@ -168,7 +179,7 @@ def test_bart_greedy_generation_matches_transformers(tmp_path):
     assert mine[0, 0].item() == 2  # the decoder start token leads, as in transformers
 
 
-def test_generation_stops_at_eos_like_transformers(tmp_path):
+def test_generation_stops_at_eos_like_transformers(tmp_path, load_pair):
     from transformers import GPT2LMHeadModel
 
     hf, ours = load_pair(GPT2LMHeadModel, gpt2_config(), tmp_path)
@@ -207,7 +218,7 @@ def test_unsupported_gpt2_option_is_refused():
         translate_hf_config({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True}, "config.json")
 
 
-def test_special_token_outside_the_vocabulary_is_dropped_like_transformers_tolerates(tmp_path):
+def test_special_token_outside_the_vocabulary_is_dropped_like_transformers_tolerates(tmp_path, save_hf_model):
     """GPT2Config keeps bos/eos 50256 even with a smaller vocabulary; transformers loads it, so does tfcli."""
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -11,7 +11,6 @@ import torch
 
 import tfcli
 from tfcli.model import Capture
-from conftest import assert_close, save_hf_model
 
 SIZES = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
@@ -24,22 +23,28 @@ def batch(pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def check_parity(ours_model, hf_model, ids, mask, logits: bool = True) -> None:
-    with torch.no_grad():
-        theirs = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-        ours = ours_model(ids, attention_mask=mask, capture=Capture())
-    real = mask.bool()
-    assert len(ours.hidden_states) == len(theirs.hidden_states)
-    for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states)):
-        assert_close(f"hidden.{i}", a[real], b[real])
-    assert len(ours.attentions) == len(theirs.attentions)
-    for i, b in enumerate(theirs.attentions):
-        for row in range(ids.shape[0]):  # padded queries are ignored by design: compare the real ones
-            n = int(mask[row].sum())
-            assert_close(f"attention.{i}", ours.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
-    if logits:
-        a, b = ours.logits, theirs.logits
-        assert_close("logits", a[real] if a.dim() == 3 else a, b[real] if b.dim() == 3 else b)
+@pytest.fixture
+def check_parity(assert_close):
+    """check_parity(ours_model, hf_model, ids, mask, logits=True): hidden states, attention maps, logits."""
+
+    def check(ours_model, hf_model, ids, mask, logits: bool = True) -> None:
+        with torch.no_grad():
+            theirs = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+            ours = ours_model(ids, attention_mask=mask, capture=Capture())
+        real = mask.bool()
+        assert len(ours.hidden_states) == len(theirs.hidden_states)
+        for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states)):
+            assert_close(f"hidden.{i}", a[real], b[real])
+        assert len(ours.attentions) == len(theirs.attentions)
+        for i, b in enumerate(theirs.attentions):
+            for row in range(ids.shape[0]):  # padded queries are ignored by design: compare the real ones
+                n = int(mask[row].sum())
+                assert_close(f"attention.{i}", ours.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
+        if logits:
+            a, b = ours.logits, theirs.logits
+            assert_close("logits", a[real] if a.dim() == 3 else a, b[real] if b.dim() == 3 else b)
+
+    return check
 
 
 def bert_config(**overrides):
@@ -75,7 +80,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("class_name", "make_config", "pad", "head"), CASES, ids=[c[0] for c in CASES])
-def test_parity(tmp_path, class_name, make_config, pad, head):
+def test_parity(tmp_path, save_hf_model, check_parity, class_name, make_config, pad, head):
     import transformers
 
     extra = {"id2label": LABELS} if head == "classifier" else {}
@@ -88,7 +93,7 @@ def test_parity(tmp_path, class_name, make_config, pad, head):
     check_parity(ours, hf, ids, mask, logits=head != "none")
 
 
-def test_roberta_positions_start_after_padding_index(tmp_path):
+def test_roberta_positions_start_after_padding_index(tmp_path, save_hf_model):
     from transformers import RobertaModel
 
     save_hf_model(RobertaModel, roberta_config(), tmp_path)
@@ -96,7 +101,7 @@ def test_roberta_positions_start_after_padding_index(tmp_path):
     assert config.position_offset == 2 and config.max_position_embeddings == 64
 
 
-def test_bert_classifier_uses_the_pooler(tmp_path):
+def test_bert_classifier_uses_the_pooler(tmp_path, save_hf_model):
     """BertForSequenceClassification's logits come from the pooler (dense + tanh) on [CLS]."""
     from transformers import BertForSequenceClassification
 

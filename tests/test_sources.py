@@ -1,4 +1,4 @@
-"""--model resolution: every kind of source DESIGN.md lists, in its order."""
+"""--model resolution: every kind of source the README lists, in its order."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tfcli.cli import app
 from tfcli.sources import bundled_names
-from conftest import save_hf_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,14 +23,20 @@ def config_record(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-def tiny_bert(path):
+@pytest.fixture
+def tiny_bert(save_hf_model):
+    """tiny_bert(path): save a 1-layer BertModel checkpoint there."""
     from transformers import BertConfig, BertModel
 
-    save_hf_model(BertModel, BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                        intermediate_size=64), path)
+    def save(path):
+        save_hf_model(BertModel, BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1,
+                                            num_attention_heads=4, intermediate_size=64), path)
+
+    return save
 
 
-def test_hub_id_resolves_from_the_local_cache_offline(tmp_path):
+@pytest.mark.slow
+def test_hub_id_resolves_from_the_local_cache_offline(tmp_path, tiny_bert):
     snapshot = tmp_path / "hub" / "models--someone--tiny-bert" / "snapshots" / "abc123"
     tiny_bert(snapshot)
     (tmp_path / "hub" / "models--someone--tiny-bert" / "refs").mkdir()
@@ -44,7 +50,7 @@ def test_hub_id_resolves_from_the_local_cache_offline(tmp_path):
     assert missing.returncode == 1 and "local cache" in missing.stderr and "Traceback" not in missing.stderr
 
 
-def test_every_path_kind_resolves(tmp_path):
+def test_every_path_kind_resolves(tmp_path, tiny_bert):
     tiny_bert(tmp_path / "checkpoint")
     directory = config_record(str(tmp_path / "checkpoint"))
     assert directory["weights"] is not None and "trained weights" in directory["source"]
@@ -57,7 +63,7 @@ def test_every_path_kind_resolves(tmp_path):
     assert config_record()["config"]["name"] == "bert-base"  # the default
 
 
-def test_an_existing_path_wins_over_a_bundled_name(tmp_path, monkeypatch):
+def test_an_existing_path_wins_over_a_bundled_name(tmp_path, monkeypatch, tiny_bert):
     (tmp_path / "tiny").mkdir()
     tiny_bert(tmp_path / "tiny")
     monkeypatch.chdir(tmp_path)

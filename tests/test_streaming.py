@@ -10,7 +10,6 @@ import random
 import time
 
 import pytest
-from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
 
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "home"]
 LINES = 10_000
@@ -50,6 +49,7 @@ def check_records(stdout: bytes, lines: list[str]) -> list[dict]:
     return records
 
 
+@pytest.mark.slow
 def test_tokenize_stream(tfcli_process):
     lines = stream()
     started = time.monotonic()
@@ -62,6 +62,7 @@ def test_tokenize_stream(tfcli_process):
     assert elapsed < 60
 
 
+@pytest.mark.slow
 def test_encode_stream(tfcli_process, small_model):
     lines = stream()
     started = time.monotonic()

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cli_fixtures import cli, tfcli_process  # noqa: F401  (fixtures)
 from tfcli.tokenizer import BUNDLED_NAME, load_tokenizer
 
 SEED_TEXT = "time flies like an arrow"
