@@ -94,7 +94,7 @@
     const readout = el("div", {class: "readout mono"});
     const legendMax = el("span");
     const legend = el("div", {class: "legend"}, "0", el("span", {class: "ramp"}), legendMax,
-                      el("span", {}, "(shaded relative to this map's largest weight; rows: queries, columns: keys)"));
+                      el("span", {}, "(relative to the map's largest)"));
     const left = el("div", {class: "col left"}), right = el("div", {class: "col right"});
     const lines = el("canvas", {class: "lines"});
     const headview = el("div", {},

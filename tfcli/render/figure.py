@@ -13,6 +13,7 @@ searched and edited; math parsing is off, so a `$` in a token stays a `$`.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ LABELLED_TOKENS = 64  # more tokens than this per axis: no tick labels (they wou
 
 def save_figure(stream: IO[bytes], fmt: str, run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None) -> None:
     """Write the figure(s) of `items` to `stream` in format `fmt` (svg, png, pdf; several pages only in pdf)."""
-    import warnings
-
     import matplotlib
 
     draw = {"encode": encode_figure, "generate": lambda item, run: generate_figure(item, run, tokenizer),
