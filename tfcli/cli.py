@@ -22,6 +22,7 @@ from typer.exceptions import TyperException
 
 from tfcli import __version__
 from tfcli.errors import TfcliError, usage_error
+from tfcli.render.report_file import check_report_path
 
 if TYPE_CHECKING:
     from tfcli.model import TransformerModel
@@ -187,6 +188,15 @@ def build(source: Source, device: str, dtype: str, seed: int) -> TransformerMode
     return model
 
 
+def write_report_file(path: Path, command: str, model: TransformerModel, source: Source, items: list[Any],
+                      overwrite: bool, tokenizer: Any = None) -> None:
+    """Write --report PATH from a command's report objects, and say so on stderr."""
+    from tfcli.render.report_file import run_info, write_report
+
+    write_report(path, run_info(command, model, source.description), items, overwrite, tokenizer)
+    err_console.print(f"wrote {path}")
+
+
 TextsArgument = Annotated[
     list[str] | None,
     typer.Argument(metavar="TEXT", help="Texts to process; `-` alone reads stdin, one text per line.", show_default=False),
@@ -200,6 +210,10 @@ JsonOption = Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, 
 DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
 DtypeOption = Annotated[str, typer.Option(help="float32, float16 or bfloat16.")]
 SeedOption = Annotated[int, typer.Option(help="Seed of the random weights when the model has none.", callback=SEED_RANGE)]
+ReportOption = Annotated[Path | None, typer.Option(
+    "--report", metavar="PATH", dir_okay=False,
+    help="Also write the results to PATH: an interactive page (.html) or a figure (.svg, .png, .pdf).")]
+ReportForceOption = Annotated[bool, typer.Option("--force", help="Overwrite the --report file if it exists.")]
 
 
 # ---------------------------------------------------------------- commands
@@ -280,7 +294,8 @@ def encode(
     target: Annotated[str | None, typer.Option(help="Decoder input of an encoder-decoder (default: the start token).")] = None,
     no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse texts longer than the position table.")] = False,
     save: Annotated[Path | None, typer.Option(help="Write input_ids, hidden.{i}, attention.{i}, logits to FILE.safetensors.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite the --save file if it exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite the --save or --report file if it exists.")] = False,
+    report: ReportOption = None,
     file: FileOption = None,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
@@ -300,8 +315,11 @@ def encode(
     inputs = read_texts(texts, file)
     if save is not None:
         render.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
+    if report is not None:
+        check_report_path(report, force, len(inputs))
     source = resolve_source(model)
     options = core.check_options(source.config, layers, heads, top_k)
+    options.keep_heads = report is not None  # the page's head selector shows every head behind a mean
     tokenizer = load_tokenizer_for(source)
     decoder_input = core.decoder_input(source.config, tokenizer, target)
     encodings = tokenizer.encode_for_model(inputs, source.config.max_position_embeddings, truncate=not no_truncate)
@@ -312,17 +330,22 @@ def encode(
     if note:
         warn(note)
     number = 0
+    reported = []  # every text's report, for --report
     batches = core.run(loaded, tokenizer, encodings, options, decoder_input, batch_size, keep_tensors=save is not None)
     for batch in with_progress(batches, len(encodings), batch_size, "encode", lambda b: len(b.reports)):
-        for report in batch.reports:
+        for text_report in batch.reports:
             number += 1
             if json_output:
-                write_jsonl([render.record(report, loaded.trained)])
+                write_jsonl([render.record(text_report, loaded.trained)])
             else:
-                render.print_report(console, report, number)
+                render.print_report(console, text_report, number)
+        if report is not None:
+            reported += batch.reports
         if save is not None:
             render.save_tensors(save, batch.tensors, overwrite=force)
             err_console.print(f"saved {save}")
+    if report is not None:
+        write_report_file(report, "encode", loaded, source, reported, force)
 
 
 @app.command()
@@ -360,6 +383,8 @@ def classify(
     explain: Annotated[bool, typer.Option("--explain", help="Show what the first token attends to in the last layer(s), mean over heads.")] = False,
     explain_layers: Annotated[int, typer.Option("--explain-layers", metavar="N", callback=AT_LEAST_ONE,
                                                 help="Average --explain over the last N layers.")] = 1,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
     file: FileOption = None,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
@@ -373,6 +398,8 @@ def classify(
     from tfcli.sources import resolve_source
 
     inputs = read_texts(texts, file)
+    if report is not None:
+        check_report_path(report, force, len(inputs))
     source = resolve_source(model or "classifier")
     core.require_classifier(source.config)  # before building a model for nothing
     tokenizer = load_tokenizer_for(source)
@@ -386,11 +413,13 @@ def classify(
         from tfcli.render.jsonl import write_jsonl
 
         write_jsonl(render.record(result) for result in results)
-        return
-    for number, result in enumerate(results, 1):
-        console.print(render.classification_table(result, number, top))
-        if result.explanation is not None:
-            console.print(render.heat_strip(result.explanation))
+    else:
+        for number, result in enumerate(results, 1):
+            console.print(render.classification_table(result, number, top))
+            if result.explanation is not None:
+                console.print(render.heat_strip(result.explanation))
+    if report is not None:
+        write_report_file(report, "classify", loaded, source, results, force)
 
 
 @app.command()
@@ -411,6 +440,8 @@ def generate(
                                                 help="Sample from the most probable tokens whose probabilities "
                                                 "add up to P, in (0, 1].")] = None,
     lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step.")] = False,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
     seed: Annotated[int, typer.Option(help="Seed of the random weights (when the model has none) and of sampling.",
@@ -426,6 +457,8 @@ def generate(
     from tfcli.sources import resolve_source
 
     inputs = read_texts(prompts, None)
+    if report is not None:
+        check_report_path(report, force, len(inputs))
     do_sample = any(option is not None for option in (temperature, top_k, top_p))
     if greedy and do_sample:
         raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
@@ -441,6 +474,7 @@ def generate(
         sys.stderr.write(piece)
         sys.stderr.flush()
 
+    generations = []  # for --report
     for number, prompt in enumerate(prepared, 1):
         if prompt.budget < max_new_tokens:
             warn(f"prompt {number}: only {prompt.budget} new tokens fit in the model's "
@@ -454,3 +488,6 @@ def generate(
             write_jsonl([render.record(result, tokenizer)])
         else:
             render.print_generation(console, result, tokenizer, number, seed if do_sample else None)
+        generations.append(result)
+    if report is not None:
+        write_report_file(report, "generate", loaded, source, generations, force, tokenizer)

@@ -49,6 +49,7 @@ class EncodeOptions:
     layers: list[int] | None = None  # blocks to show (attention, lens); None = all
     heads: list[int] | None = None  # heads to show; None = the mean over all heads
     top_k: int = 3
+    keep_heads: bool = False  # with the mean, also keep each head's map (for --report's head selector)
 
 
 def block_count(config: "ModelConfig") -> int:
@@ -113,6 +114,7 @@ class AttentionMap:
     weights: "Tensor"  # (queries, keys)
     query_tokens: list[str]
     key_tokens: list[str]
+    heads: "Tensor | None" = None  # (heads, queries, keys) behind a mean map, when options.keep_heads
 
 
 @dataclass
@@ -195,7 +197,9 @@ def _maps(kind: str, attentions: dict[int, "Tensor"], row: int, q_len: int, k_le
     for layer, weights in sorted(attentions.items()):
         weights = weights[row, :, :q_len, :k_len].float()
         if options.heads is None:
-            maps.append(AttentionMap(kind, layer, "mean", weights.mean(0), query_tokens, key_tokens))
+            # the capture holds every head for the mean anyway: keeping them costs no extra capture
+            every_head = weights.clone() if options.keep_heads else None  # a copy: frees the batch's tensor
+            maps.append(AttentionMap(kind, layer, "mean", weights.mean(0), query_tokens, key_tokens, every_head))
         else:
             # the capture kept only options.heads, in that order
             maps += [AttentionMap(kind, layer, h, weights[i], query_tokens, key_tokens) for i, h in enumerate(options.heads)]

@@ -1,0 +1,201 @@
+"""--report PATH on encode, generate and classify: the path checks, atomic writing, the page's inline data
+(compared with the --save tensors), and the static figures checked as files. The page in a real browser is
+tests/test_report_browser.py."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tfcli.cli import app
+from tfcli.errors import TfcliError
+from tfcli.render.report_file import write_atomically
+
+TEXT = "time flies like an arrow"
+TOKENS = ["[CLS]", "time", "flies", "like", "an", "arrow", "[SEP]"]
+
+
+def tfcli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def page_data(path: Path) -> dict:
+    """The JSON the page draws, read back out of its <script id="tfcli-data">."""
+    html = path.read_text(encoding="utf-8")
+    payload = re.search(r'<script id="tfcli-data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    return json.loads(payload)
+
+
+def unpack_weights(section: dict) -> list[np.ndarray]:
+    """The page's attention maps: base64 -> gzip -> little-endian uint16 thousandths -> (rows, cols) arrays."""
+    values = np.frombuffer(gzip.decompress(base64.b64decode(section["attention"]["weights"])), dtype="<u2")
+    maps, offset = [], 0
+    for m in section["attention"]["maps"]:
+        size = m["rows"] * m["cols"]
+        maps.append(values[offset:offset + size].reshape(m["rows"], m["cols"]) / section["attention"]["scale"])
+        offset += size
+    assert offset == len(values)
+    return maps
+
+
+# ---------------------------------------------------------------- the path, checked before any work
+
+
+@pytest.mark.parametrize("command", [["encode"], ["generate", "-n", "1"], ["classify"]])
+def test_an_unknown_extension_is_a_usage_error_listing_the_formats(tmp_path, command):
+    target = tmp_path / "report.txt"
+    # --model names nothing that exists: the report path is refused first, before any model is looked for
+    result = tfcli(*command, TEXT, "--model", str(tmp_path / "missing"), "--report", str(target))
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error: --report") and "`.txt`" in result.stderr
+    assert all(ext in result.stderr for ext in (".html", ".svg", ".png", ".pdf"))
+    assert result.stdout == "" and not target.exists()
+
+
+@pytest.mark.parametrize("command", [["encode", "--model", "tiny"], ["generate", "-n", "1"], ["classify"]])
+def test_an_existing_report_needs_force(tmp_path, command):
+    target = tmp_path / "report.html"
+    target.write_text("keep me")
+    refused = tfcli(*command, TEXT, "--report", str(target))
+    assert refused.exit_code == 1 and "already exists" in refused.stderr and "--force" in refused.stderr
+    assert refused.stdout == "" and target.read_text() == "keep me"
+    forced = tfcli(*command, TEXT, "--report", str(target), "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert f"wrote {target}" in forced.stderr
+
+
+def test_a_one_picture_format_refuses_several_texts(tmp_path):
+    result = tfcli("encode", "--model", "tiny", "one", "two", "--report", str(tmp_path / "a.png"))
+    assert result.exit_code == 2 and "holds one text, and 2 were given" in result.stderr and ".pdf" in result.stderr
+
+
+def test_a_missing_folder_is_refused_before_any_work(tmp_path):
+    result = tfcli("encode", "--model", "tiny", TEXT, "--report", str(tmp_path / "no" / "a.html"))
+    assert result.exit_code == 1 and "does not exist" in result.stderr and result.stdout == ""
+
+
+def test_an_interrupted_write_leaves_no_file(tmp_path):
+    target = tmp_path / "report.html"
+
+    def half_then_fail(stream):
+        stream.write(b"<!DOCTYPE html> half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(TfcliError, match="cannot write .*No space left"):
+        write_atomically(target, half_then_fail, overwrite=False)
+    assert list(tmp_path.iterdir()) == []  # neither the report nor a temporary file
+
+    target.write_text("old")
+    with pytest.raises(TfcliError):
+        write_atomically(target, half_then_fail, overwrite=True)
+    assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
+
+
+def test_matplotlib_is_not_imported_to_start_the_cli():
+    code = "import sys, tfcli.cli; print('matplotlib' in sys.modules, 'tfcli.render.html' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+# ---------------------------------------------------------------- the page
+
+
+def test_encode_page_holds_every_head_with_the_weights_that_save_writes(tmp_path):
+    """With --json and --save in the same run: the page's maps (the mean, and each head behind it) are the
+    captured weights to 3 decimals, and the page references nothing outside itself."""
+    page, tensors = tmp_path / "page.html", tmp_path / "t.safetensors"
+    result = tfcli("encode", "--model", "tiny", TEXT, "--layers", "-1", "--json", "--save", str(tensors),
+                   "--report", str(page))
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["tokens"] == TOKENS and tensors.exists()
+    html = page.read_text(encoding="utf-8")
+    assert re.findall(r"https?:|(?:src|href)\s*=\s*[\"']?(?!#)[^\s>\"']|url\(|@import|<link|<img|<iframe", html) == []
+
+    data = page_data(page)
+    assert data["run"]["command"] == "encode" and data["run"]["trained"] is False
+    assert data["run"]["weights"].startswith("random (seed 0)") and data["run"]["version"]
+    section, = data["sections"]
+    assert section["tokens"]["tokens"] == TOKENS and [s[0] for s in section["stages"]][0] == "embeddings"
+    from safetensors.numpy import load_file
+
+    saved = load_file(tensors)["attention.1"][0]  # (heads, queries, keys) of the last of tiny's 2 blocks
+    heads = [m["head"] for m in section["attention"]["maps"]]
+    assert heads == ["mean", *range(saved.shape[0])]
+    maps = unpack_weights(section)
+    np.testing.assert_allclose(maps[0], saved.mean(0), atol=5e-4 + 1e-6)
+    for head, weights in enumerate(maps[1:]):
+        np.testing.assert_allclose(weights, saved[head], atol=5e-4 + 1e-6)
+    lens, = section["lens"]["rows"]
+    assert lens["layer"] == 1 and len(lens["top"]) == len(TOKENS) and len(lens["top"][0]) == 3
+
+
+def test_selected_heads_are_the_maps_and_several_texts_give_a_section_each(tmp_path):
+    page = tmp_path / "page.html"
+    assert tfcli("encode", "--model", "tiny", "one text", "another text", "--heads", "1,0",
+                 "--report", str(page)).exit_code == 0
+    data = page_data(page)
+    assert [s["text"] for s in data["sections"]] == ["one text", "another text"]
+    assert {m["head"] for s in data["sections"] for m in s["attention"]["maps"]} == {0, 1}
+
+
+def test_generate_and_classify_pages_carry_their_records(tmp_path):
+    generated, classified = tmp_path / "g.html", tmp_path / "c.html"
+    result = tfcli("generate", TEXT, "-n", "3", "--lens", "--json", "--report", str(generated))
+    assert result.exit_code == 0, result.stderr
+    section, = page_data(generated)["sections"]
+    record = json.loads(result.stdout)
+    assert section["steps"] == record["steps"] and len(section["steps"][0]["lens"]) == 13
+    assert section["full_text"].startswith(TEXT)
+
+    assert tfcli("classify", TEXT, "--explain", "--report", str(classified)).exit_code == 0
+    section, = page_data(classified)["sections"]
+    assert section["labels"] == ["negative", "neutral", "positive"] and section["explain"]["tokens"] == TOKENS
+
+
+def test_a_token_cannot_end_the_data_script_early(tmp_path):
+    page = tmp_path / "page.html"
+    assert tfcli("classify", "</script><b>x", "--report", str(page)).exit_code == 0
+    assert page_data(page)["sections"][0]["text"] == "</script><b>x"
+
+
+# ---------------------------------------------------------------- the figures
+
+
+def test_svg_figure_is_valid_with_tokens_as_text(tmp_path):
+    figure = tmp_path / "a.svg"
+    result = tfcli("encode", "--model", "tiny", TEXT, "--layers", "0", "--heads", "0,1", "--report", str(figure))
+    assert result.exit_code == 0, result.stderr
+    root = ElementTree.parse(figure).getroot()
+    assert root.tag.endswith("svg")
+    texts = {node.text for node in root.iter() if node.tag.endswith("text")}
+    assert set(TOKENS) <= texts and "layer 0, head 1" in texts
+
+
+def test_png_figure_has_a_sensible_size_and_is_not_blank(tmp_path):
+    from matplotlib.image import imread
+
+    figure = tmp_path / "a.png"
+    assert tfcli("generate", TEXT, "-n", "3", "--lens", "--report", str(figure)).exit_code == 0
+    pixels = imread(figure)
+    assert pixels.shape[0] >= 300 and pixels.shape[1] >= 300
+    assert pixels[..., :3].std() > 0.05  # drawn, not one flat colour
+
+
+def test_pdf_figure_has_a_page_per_text(tmp_path):
+    figure = tmp_path / "a.pdf"
+    assert tfcli("classify", "good", "bad", "--explain", "--report", str(figure)).exit_code == 0
+    data = figure.read_bytes()
+    assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")
+    assert len(re.findall(rb"/Type\s*/Page\b(?!s)", data)) == 2
+    assert b"/FontFile2" in data  # TrueType fonts embedded (fonttype 42): text stays text

@@ -1,0 +1,124 @@
+"""The --report page in a real browser: Debian's chromium-headless-shell driven by Playwright (one launch for
+the module). Proves the page draws the tokens, that another layer/head redraws the heatmap, that hovering a
+cell reads out its weight, that clicking a token shows what it attends to, and that nothing is fetched."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tfcli.cli import app
+
+TEXT = "time flies like an arrow"
+TOKENS = ["[CLS]", "time", "flies", "like", "an", "arrow", "[SEP]"]
+BROWSER = os.environ.get("TFCLI_BROWSER") or shutil.which("chromium-headless-shell") or shutil.which("chromium")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if BROWSER is None:
+        pytest.skip("no browser: install Debian's chromium-headless-shell (apt-get install -y chromium-headless-shell)"
+                    " or set TFCLI_BROWSER to a Chromium binary")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the [test] extra")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=BROWSER)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """Reports of the three commands (tiny models) and the --save tensors of the encode run."""
+    folder = tmp_path_factory.mktemp("pages")
+    runs = {"encode": ["encode", "--model", "tiny", TEXT, "--save", str(folder / "t.safetensors")],
+            "generate": ["generate", TEXT, "-n", "3", "--lens"],
+            "classify": ["classify", TEXT, "--explain"]}
+    for name, args in runs.items():
+        result = CliRunner().invoke(app, [*args, "--report", str(folder / f"{name}.html")])
+        assert result.exit_code == 0, result.stderr
+    return folder
+
+
+def open_page(browser, path: Path):
+    """A page loaded from `path` with every request and script error recorded; waits until it is drawn."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.requests, page.errors = [], []
+    page.on("request", lambda request: page.requests.append(request.url))
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-ready]")
+    assert page.get_attribute("body", "data-ready") == "1", page.text_content("body")
+    return page
+
+
+def heatmap(page) -> str:
+    return page.eval_on_selector("canvas.heatmap", "canvas => canvas.toDataURL()")
+
+
+def test_encode_page_draws_tokens_and_switches_maps_and_reads_out_weights(browser, pages):
+    from safetensors.numpy import load_file
+
+    page = open_page(browser, pages / "encode.html")
+    assert page.locator(".tokens").first.inner_text().split() == TOKENS
+    assert page.locator(".headview .col.left span").all_inner_texts() == TOKENS
+    assert "random (seed 0)" in page.inner_text("header")
+    assert page.inner_text("header code") == shlex.join(sys.argv)  # this process's: the CLI ran in-process
+
+    # layer and head selectors: every layer, the mean and each head; another choice redraws the heatmap
+    assert page.locator("select.layer option").all_inner_texts() == ["0", "1"]
+    assert page.locator("select.head option").all_inner_texts()[:2] == ["mean of heads", "head 0"]
+    shown = {heatmap(page)}
+    page.select_option("select.head", "0")
+    shown.add(heatmap(page))
+    page.select_option("select.layer", "1")
+    shown.add(heatmap(page))
+    assert len(shown) == 3
+
+    # hovering cell (query 2, key 4) of layer 1 head 0 reads out that weight, as --save wrote it
+    geometry = page.eval_on_selector("canvas.heatmap", "c => [c.getBoundingClientRect().x, c.getBoundingClientRect().y,"
+                                     " Number(c.dataset.x0), Number(c.dataset.y0), Number(c.dataset.cell)]")
+    left, top, x0, y0, cell = geometry
+    page.mouse.move(left + x0 + 4.5 * cell, top + y0 + 2.5 * cell)
+    expected = load_file(pages / "t.safetensors")["attention.1"][0, 0, 2, 4]
+    readout = f'query "flies" [2] \u2192 key "an" [4]: {round(float(expected) * 1000) / 1000:.3f}'
+    assert page.inner_text(".readout") == readout
+    assert page.is_visible("#tip") and page.inner_text("#tip") == readout
+
+    # clicking a query token in the head view says what it attends to, and marks the keys
+    page.click(".headview .col.left span >> nth=5")
+    assert page.inner_text(".focus").startswith('"arrow" (query 5) attends most to: ')
+    assert page.locator(".headview .col.right span[data-tip]").count() == len(TOKENS)
+    page.click(".headview .col.right span >> nth=0")
+    assert page.inner_text(".focus").startswith('"[CLS]" (key 0) is attended most by: ')
+
+    # the lens grid: a row per layer, a cell per position, top tokens on hover
+    assert page.locator(".lens tbody tr").count() == 2 and page.locator(".lens tbody tr >> nth=0 >> td").count() == 7
+    page.hover(".lens tbody td >> nth=1")
+    assert page.inner_text("#tip").startswith('layer 0, position 1 "time"\n1. ')
+    assert page.locator(".stages tbody tr").first.inner_text().startswith("embeddings")
+
+    assert page.errors == [] and page.requests == [(pages / "encode.html").as_uri()]
+    page.close()
+
+
+def test_generate_and_classify_pages_draw_in_the_browser(browser, pages):
+    page = open_page(browser, pages / "generate.html")
+    assert page.locator("section.report h3").all_inner_texts() == ["STEPS", "LOGIT LENS"]
+    assert page.locator(".lens, table.grid tbody tr").count() == 13  # emb + 12 layers of gpt2-small
+    assert page.locator("table.grid thead th").count() == 1 + 3  # a column per step
+    assert page.errors == [] and page.requests == [(pages / "generate.html").as_uri()]
+    page.close()
+
+    page = open_page(browser, pages / "classify.html")
+    assert page.locator("table.labels tbody tr").count() == 3
+    assert page.locator(".explain .tok").all_inner_texts() == TOKENS
+    page.hover(".explain .tok >> nth=2")
+    assert page.inner_text("#tip").startswith('"flies" [2]: 0.')
+    assert page.errors == [] and page.requests == [(pages / "classify.html").as_uri()]
+    page.close()

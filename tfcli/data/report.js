@@ -1,0 +1,387 @@
+// tfcli --report page: draws the data in #tfcli-data. Plain DOM and canvas, no library, no network.
+// When everything is drawn, <body data-ready="1"> (tests and scripts wait for it).
+"use strict";
+(function () {
+  const DATA = JSON.parse(document.getElementById("tfcli-data").textContent);
+  const RAMP = [[255, 255, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107]];
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (name === "class") node.className = value;
+      else if (name === "style") node.style.cssText = value;
+      else node.setAttribute(name, value);
+    }
+    for (const child of children) if (child !== null && child !== undefined) node.append(child);
+    return node;
+  }
+
+  // t in [0, 1] -> [r, g, b] along the white-to-navy ramp
+  function rgb(t) {
+    const x = Math.min(Math.max(t, 0), 1) * (RAMP.length - 1), i = Math.min(Math.floor(x), RAMP.length - 2), f = x - i;
+    return RAMP[i].map((c, k) => Math.round(c + (RAMP[i + 1][k] - c) * f));
+  }
+  function colour(t) { return "rgb(" + rgb(t).join(",") + ")"; }
+  function shade(node, t) { node.style.background = colour(t); node.style.color = t > 0.55 ? "#fff" : ""; }
+  function fmt(p) { return p >= 0.001 || p === 0 ? p.toFixed(3) : p.toExponential(1); }
+  function short(token, width) { return token.length <= width ? token : token.slice(0, width - 1) + "\u2026"; }
+  function quoted(token) { return JSON.stringify(token); }
+
+  // ---------------------------------------------------------------- tooltip: [data-tip] elements and canvases
+  const tip = el("div", {id: "tip", role: "tooltip"});
+  tip.hidden = true;
+  document.body.append(tip);
+  function showTip(text, x, y) {
+    tip.textContent = text;
+    tip.hidden = false;
+    const w = tip.offsetWidth, h = tip.offsetHeight;
+    tip.style.left = Math.min(x + 14, window.innerWidth - w - 4) + "px";
+    tip.style.top = (y + 16 + h > window.innerHeight ? y - h - 8 : y + 16) + "px";
+  }
+  function hideTip() { tip.hidden = true; }
+  document.addEventListener("mouseover", (e) => {
+    const target = e.target.closest && e.target.closest("[data-tip]");
+    if (target) showTip(target.dataset.tip, e.clientX, e.clientY);
+  });
+  document.addEventListener("mouseout", (e) => {
+    if (e.target.closest && e.target.closest("[data-tip]")) hideTip();
+  });
+
+  // ---------------------------------------------------------------- data
+  async function inflate(base64) {
+    if (!base64) return new Uint16Array(0);
+    if (typeof DecompressionStream === "undefined")
+      throw new Error("this browser lacks DecompressionStream (Chrome 80+, Firefox 113+, Safari 16.4+ have it)");
+    const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    const buffer = await new Response(stream).arrayBuffer();
+    const view = new DataView(buffer), values = new Uint16Array(buffer.byteLength / 2);
+    for (let i = 0; i < values.length; i++) values[i] = view.getUint16(2 * i, true);  // little-endian
+    return values;
+  }
+
+  // ---------------------------------------------------------------- header
+  function header(run) {
+    const kind = run.trained ? "trained" : "random";
+    const dl = el("dl", {},
+      el("dt", {}, "model"), el("dd", {}, run.model),
+      el("dt", {}, "source"), el("dd", {}, run.source),
+      el("dt", {}, "weights"), el("dd", {}, el("span", {class: "badge " + kind}, kind), run.weights),
+      el("dt", {}, "tfcli"), el("dd", {}, run.version),
+      el("dt", {}, "command"), el("dd", {}, el("code", {}, run.command_line)));
+    return el("header", {}, el("h1", {}, "tfcli " + run.command), dl);
+  }
+
+  function tokenLine(tokens) {
+    return el("div", {class: "tokens"}, ...tokens.map((t, i) => el("span", {class: "tok", "data-tip": "position " + i + ": " + quoted(t)}, t)));
+  }
+
+  // ---------------------------------------------------------------- encode: attention
+  const KINDS = {self: "self-attention", encoder: "encoder self-attention", decoder: "decoder self-attention",
+                 cross: "cross-attention (decoder query \u2192 encoder key)"};
+  const headName = (h) => (h === "mean" ? "mean of heads" : "head " + h);
+
+  function attentionView(s, maps, scale) {
+    const tokensOf = (m, side) => s.tokens[m[side]];
+    const kinds = [...new Set(maps.map((m) => m.kind))];
+    const kindSel = el("select", {class: "kind"}, ...kinds.map((k) => el("option", {value: k}, KINDS[k])));
+    const layerSel = el("select", {class: "layer"});
+    const headSel = el("select", {class: "head"});
+    const controls = el("div", {class: "controls"},
+      kinds.length > 1 ? el("label", {}, "attention", kindSel) : null,
+      el("label", {}, "layer", layerSel), el("label", {}, "head", headSel));
+    const canvas = el("canvas", {class: "heatmap", "aria-label": "attention heatmap: query rows, key columns"});
+    const readout = el("div", {class: "readout mono"});
+    const legendMax = el("span");
+    const legend = el("div", {class: "legend"}, "0", el("span", {class: "ramp"}), legendMax,
+                      el("span", {}, "(relative to the map's largest)"));
+    const left = el("div", {class: "col left"}), right = el("div", {class: "col right"});
+    const lines = el("canvas", {class: "lines"});
+    const headview = el("div", {},
+      el("div", {class: "caption"}, "head view: queries \u2192 keys; click a token"),
+      el("div", {class: "headview"}, left, lines, right));
+    const focusLine = el("p", {class: "focus"});
+    const state = {map: null, focus: null, geometry: null};
+
+    function choices(kind, layer) {
+      return maps.filter((m) => m.kind === kind && (layer === undefined || m.layer === layer));
+    }
+    function fillLayers() {
+      const layers = [...new Set(choices(kindSel.value).map((m) => m.layer))];
+      const keep = Number(layerSel.value);
+      layerSel.replaceChildren(...layers.map((l) => el("option", {value: l}, String(l))));
+      if (layers.includes(keep)) layerSel.value = String(keep);
+      fillHeads();
+    }
+    function fillHeads() {
+      const heads = choices(kindSel.value, Number(layerSel.value)).map((m) => String(m.head));
+      const keep = headSel.value;
+      headSel.replaceChildren(...heads.map((h) => el("option", {value: h}, headName(h === "mean" ? h : Number(h)))));
+      if (heads.includes(keep)) headSel.value = keep;
+      pick();
+    }
+    function pick() {
+      state.map = choices(kindSel.value, Number(layerSel.value)).find((m) => String(m.head) === headSel.value);
+      if (state.focus && !(state.focus.index < (state.focus.side === "query" ? state.map.rows : state.map.cols))) state.focus = null;
+      draw();
+    }
+    function weight(m, i, j) { return m.values[i * m.cols + j] / scale; }
+    function largest(m) { let top = 1; for (const v of m.values) if (v > top) top = v; return top / scale; }
+
+    function drawHeatmap() {
+      const m = state.map, queries = tokensOf(m, "query"), keys = tokensOf(m, "key");
+      const cell = Math.max(5, Math.min(28, Math.floor(560 / Math.max(m.rows, m.cols))));
+      const font = Math.min(12, cell - 2), labelled = font >= 7;
+      const ctx = canvas.getContext("2d");
+      ctx.font = font + "px system-ui, sans-serif";
+      const widest = (tokens) => Math.max(0, ...tokens.map((t) => ctx.measureText(short(t, 14)).width));
+      const x0 = labelled ? Math.ceil(widest(queries)) + 8 : 0, y0 = labelled ? Math.ceil(widest(keys)) + 8 : 0;
+      const width = x0 + m.cols * cell + 2, height = y0 + m.rows * cell + 2, ratio = window.devicePixelRatio || 1;
+      canvas.width = width * ratio; canvas.height = height * ratio;
+      canvas.style.width = width + "px"; canvas.style.height = height + "px";
+      ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+      ctx.font = font + "px system-ui, sans-serif";
+      const top = largest(m);
+      for (let i = 0; i < m.rows; i++)
+        for (let j = 0; j < m.cols; j++) {
+          ctx.fillStyle = colour(weight(m, i, j) / top);
+          ctx.fillRect(x0 + j * cell, y0 + i * cell, cell, cell);
+        }
+      if (labelled) {
+        ctx.fillStyle = "#1b1f24"; ctx.textBaseline = "middle"; ctx.textAlign = "right";
+        queries.forEach((t, i) => ctx.fillText(short(t, 14), x0 - 4, y0 + (i + 0.5) * cell));
+        ctx.save(); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left";
+        keys.forEach((t, j) => ctx.fillText(short(t, 14), -y0 + 4, x0 + (j + 0.5) * cell));
+        ctx.restore();
+      }
+      if (state.focus) {
+        ctx.strokeStyle = "#e6550d"; ctx.lineWidth = 2;
+        const f = state.focus.index;
+        if (state.focus.side === "query") ctx.strokeRect(x0, y0 + f * cell, m.cols * cell, cell);
+        else ctx.strokeRect(x0 + f * cell, y0, cell, m.rows * cell);
+      }
+      state.geometry = {x0, y0, cell};
+      Object.assign(canvas.dataset, {x0, y0, cell, rows: m.rows, cols: m.cols});
+      legendMax.textContent = fmt(top);
+    }
+
+    function drawHeadView() {
+      const m = state.map, queries = tokensOf(m, "query"), keys = tokensOf(m, "key"), f = state.focus;
+      const column = (node, tokens, side) => node.replaceChildren(...tokens.map((t, i) => {
+        const span = el("span", {"data-side": side, "data-index": i}, t);
+        if (f && f.side === side && f.index === i) span.classList.add("picked");
+        else if (f && f.side !== side) {
+          const w = side === "key" ? weight(m, f.index, i) : weight(m, i, f.index);
+          shade(span, w / largestIn(f)); span.dataset.tip = fmt(w);
+        }
+        return span;
+      }));
+      function largestIn(focus) {
+        let top = 1e-9;
+        const n = focus.side === "query" ? m.cols : m.rows;
+        for (let k = 0; k < n; k++) top = Math.max(top, focus.side === "query" ? weight(m, focus.index, k) : weight(m, k, focus.index));
+        return top;
+      }
+      column(left, queries, "query"); column(right, keys, "key");
+      const row = 18, width = 150, height = Math.max(m.rows, m.cols) * row, ratio = window.devicePixelRatio || 1;
+      lines.width = width * ratio; lines.height = height * ratio;
+      lines.style.width = width + "px"; lines.style.height = height + "px";
+      const ctx = lines.getContext("2d");
+      ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+      const top = largest(m);
+      ctx.lineWidth = 1.6;
+      for (let i = 0; i < m.rows; i++) {
+        if (f && f.side === "query" && f.index !== i) continue;
+        for (let j = 0; j < m.cols; j++) {
+          if (f && f.side === "key" && f.index !== j) continue;
+          const a = weight(m, i, j) / top;
+          if (a < 0.02) continue;
+          ctx.strokeStyle = "rgba(33,113,181," + a.toFixed(3) + ")";
+          ctx.beginPath(); ctx.moveTo(0, (i + 0.5) * row); ctx.lineTo(width, (j + 0.5) * row); ctx.stroke();
+        }
+      }
+    }
+
+    function describeFocus() {
+      const m = state.map, f = state.focus;
+      if (!f) { focusLine.textContent = "Click a token in the head view (or a heatmap row) to see what it attends to and what attends to it."; return; }
+      const mine = f.side === "query" ? tokensOf(m, "query")[f.index] : tokensOf(m, "key")[f.index];
+      const others = f.side === "query" ? tokensOf(m, "key") : tokensOf(m, "query");
+      const ranked = others.map((t, k) => [t, k, f.side === "query" ? weight(m, f.index, k) : weight(m, k, f.index)])
+        .sort((a, b) => b[2] - a[2]).slice(0, 6);
+      const what = f.side === "query" ? " (query " + f.index + ") attends most to: " : " (key " + f.index + ") is attended most by: ";
+      focusLine.textContent = quoted(mine) + what + ranked.map(([t, k, w]) => t + " [" + k + "] " + fmt(w)).join(", ");
+    }
+
+    function draw() { drawHeatmap(); drawHeadView(); describeFocus(); }
+
+    function cellAt(e) {
+      const box = canvas.getBoundingClientRect(), g = state.geometry, m = state.map;
+      const j = Math.floor((e.clientX - box.left - g.x0) / g.cell), i = Math.floor((e.clientY - box.top - g.y0) / g.cell);
+      return i >= 0 && j >= 0 && i < m.rows && j < m.cols ? [i, j] : null;
+    }
+    canvas.addEventListener("mousemove", (e) => {
+      const at = cellAt(e);
+      if (!at) { hideTip(); readout.textContent = ""; return; }
+      const [i, j] = at, m = state.map;
+      const text = "query " + quoted(tokensOf(m, "query")[i]) + " [" + i + "] \u2192 key " + quoted(tokensOf(m, "key")[j]) +
+        " [" + j + "]: " + weight(m, i, j).toFixed(3);
+      readout.textContent = text;
+      showTip(text, e.clientX, e.clientY);
+    });
+    canvas.addEventListener("mouseleave", () => { hideTip(); readout.textContent = ""; });
+    canvas.addEventListener("click", (e) => {
+      const at = cellAt(e);
+      if (at) toggleFocus("query", at[0]);
+    });
+    for (const column of [left, right])
+      column.addEventListener("click", (e) => {
+        const span = e.target.closest("span[data-side]");
+        if (span) toggleFocus(span.dataset.side, Number(span.dataset.index));
+      });
+    function toggleFocus(side, index) {
+      const f = state.focus;
+      state.focus = f && f.side === side && f.index === index ? null : {side, index};
+      draw();
+    }
+
+    kindSel.addEventListener("change", fillLayers);
+    layerSel.addEventListener("change", fillHeads);
+    headSel.addEventListener("change", pick);
+    fillLayers();
+    return el("div", {class: "attention"}, el("h3", {}, "attention"), controls,
+      el("div", {class: "views"}, el("div", {class: "heatmap-box"}, canvas, legend, readout), headview), focusLine);
+  }
+
+  // A layers x columns grid of top tokens, each cell shaded by its probability, the top list on hover.
+  function grid(caption, columns, rows) {
+    const table = el("table", {class: "grid"},
+      el("thead", {}, el("tr", {}, el("th", {class: "left"}, caption), ...columns.map((c) => el("th", {title: c}, short(c, 10))))));
+    const body = el("tbody");
+    for (const row of rows) {
+      const tr = el("tr", {}, el("th", {class: "left"}, row.label));
+      row.cells.forEach((cell) => {
+        const td = el("td", {"data-tip": cell.tip}, short(cell.token, 10));
+        shade(td, cell.prob);
+        tr.append(td);
+      });
+      body.append(tr);
+    }
+    table.append(body);
+    return el("div", {class: "scroll"}, table);
+  }
+
+  function lensView(s) {
+    const positions = s.tokens[s.lens.positions], vocabulary = s.lens.vocabulary;
+    const rows = s.lens.rows.map((row) => ({
+      label: "layer " + row.layer,
+      cells: row.top.map((top, p) => ({
+        token: vocabulary[top[0][0]], prob: top[0][1],
+        tip: "layer " + row.layer + ", position " + p + " " + quoted(positions[p]) + "\n" +
+             top.map(([t, prob], k) => (k + 1) + ". " + quoted(vocabulary[t]) + " " + fmt(prob)).join("\n"),
+      })),
+    }));
+    return el("div", {class: "lens"}, el("h3", {}, "logit lens"),
+      el("p", {class: "note"}, "What each layer would predict at each position (its output through the final norm and the head): the top token, shaded by its probability; hover for the top " + (s.lens.rows[0].top[0].length) + "."),
+      grid("layer \\ position", positions, rows));
+  }
+
+  function stagesTable(stages) {
+    const head = ["stage", "shape", "dtype", "params", "mean", "std", "norm"];
+    const signed = (x) => (x >= 0 ? "+" : "") + x.toFixed(4);
+    return el("div", {class: "stages"}, el("h3", {}, "stages"), el("div", {class: "scroll"}, el("table", {},
+      el("thead", {}, el("tr", {}, ...head.map((h, k) => el("th", {class: k === 0 || k === 2 ? "left" : ""}, h)))),
+      el("tbody", {}, ...stages.map(([name, shape, dtype, params, mean, std, norm]) => el("tr", {},
+        el("td", {class: "left"}, name), el("td", {}, "(" + shape.join(", ") + ")"), el("td", {class: "left"}, dtype),
+        el("td", {}, params.toLocaleString("en-US")), el("td", {}, signed(mean)), el("td", {}, std.toFixed(4)),
+        el("td", {}, norm.toFixed(2))))))));
+  }
+
+  async function renderEncode(section, s, number) {
+    section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)), tokenLine(s.tokens.tokens));
+    if (s.tokens.target) section.append(el("p", {class: "note"}, "decoder input:"), tokenLine(s.tokens.target));
+    const maps = s.attention.maps;
+    if (maps.length) {
+      const values = await inflate(s.attention.weights);
+      let offset = 0;
+      for (const m of maps) { m.values = values.subarray(offset, offset + m.rows * m.cols); offset += m.rows * m.cols; }
+      section.append(attentionView(s, maps, s.attention.scale));
+    }
+    if (s.lens.rows.length) section.append(lensView(s));
+    section.append(stagesTable(s.stages));
+  }
+
+  // ---------------------------------------------------------------- generate
+  function renderGenerate(section, s, number) {
+    const steps = s.steps;
+    const ended = s.stopped_at_eos ? "stopped at end of sequence" : steps.length + " new tokens";
+    section.append(el("h2", {}, "prompt " + number + ": " + quoted(s.prompt)),
+      el("p", {class: "note"}, ended + "; probabilities are the model's (softmax of the logits, before temperature and filtering)"),
+      el("div", {class: "text-block"}, s.full_text));
+    const alternatives = (step) => step.top.filter((t) => t.id !== step.id).map((t) => quoted(t.token) + " " + fmt(t.prob)).join("  ");
+    section.append(el("h3", {}, "steps"), el("div", {class: "scroll"}, el("table", {},
+      el("thead", {}, el("tr", {}, el("th", {}, "step"), el("th", {class: "left"}, "token"), el("th", {}, "id"),
+        el("th", {}, "prob"), el("th", {class: "left"}, ""), el("th", {class: "left"}, "top alternatives"))),
+      el("tbody", {}, ...steps.map((step) => el("tr", {},
+        el("td", {}, String(step.step)), el("td", {class: "left mono"}, quoted(step.token) + (step.eos ? " (end)" : "")),
+        el("td", {}, String(step.id)), el("td", {}, fmt(step.prob)),
+        el("td", {class: "left"}, el("span", {class: "bar", style: "width:" + Math.round(step.prob * 80) + "px"})),
+        el("td", {class: "left mono"}, alternatives(step))))))));
+    if (steps.length && steps[0].lens) {
+      const layers = steps[0].lens.length;
+      const rows = [];
+      for (let layer = 0; layer < layers; layer++)
+        rows.push({label: layer === 0 ? "emb" : "layer " + layer, cells: steps.map((step) => {
+          const guess = step.lens[layer];
+          return {token: guess.token, prob: guess.prob,
+                  tip: (layer === 0 ? "embeddings" : "layer " + layer) + ", step " + step.step + " (chose " + quoted(step.token) +
+                       ")\ntop: " + quoted(guess.token) + " " + fmt(guess.prob)};
+        })});
+      section.append(el("h3", {}, "logit lens"),
+        el("p", {class: "note"}, "What each layer's hidden state would have predicted at each step (through the final norm and the LM head), shaded by probability."),
+        grid("layer \\ step", steps.map((step) => step.token), rows));
+    }
+  }
+
+  // ---------------------------------------------------------------- classify
+  function renderClassify(section, s, number) {
+    section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)));
+    const ranked = s.labels.map((label, k) => [label, s.probs[k]]).sort((a, b) => b[1] - a[1]);
+    section.append(el("table", {class: "labels"},
+      el("thead", {}, el("tr", {}, el("th", {class: "left"}, "label"), el("th", {}, "prob"), el("th", {}), el("th", {}))),
+      el("tbody", {}, ...ranked.map(([label, p]) => el("tr", {},
+        el("td", {class: "left" + (label === s.prediction ? " prediction" : "")}, label), el("td", {}, p.toFixed(4)),
+        el("td", {class: "left"}, el("span", {class: "bar", style: "width:" + Math.round(p * 240) + "px"})),
+        el("td", {class: "left prediction"}, label === s.prediction ? "\u25c0 prediction" : ""))))));
+    if (s.explain) {
+      const e = s.explain, top = Math.max(1e-9, ...e.weights);
+      const where = e.layers.length === 1 ? "layer " + e.layers[0] : "layers " + e.layers[0] + "-" + e.layers[e.layers.length - 1];
+      section.append(el("h3", {}, "why"),
+        el("p", {class: "note"}, "What the first token (the one the classifier reads) attends to in " + where + ", mean over heads; shaded relative to the largest weight."),
+        el("div", {class: "tokens explain"}, ...e.tokens.map((t, k) => {
+          const span = el("span", {class: "tok", "data-tip": quoted(t) + " [" + k + "]: " + fmt(e.weights[k])}, t);
+          shade(span, e.weights[k] / top);
+          return span;
+        })));
+    }
+  }
+
+  // ---------------------------------------------------------------- page
+  const RENDER = {encode: renderEncode, generate: renderGenerate, classify: renderClassify};
+  async function main() {
+    document.body.append(header(DATA.run));
+    const what = DATA.run.command === "generate" ? "prompt" : "text";
+    if (DATA.sections.length > 1)
+      document.body.append(el("nav", {}, ...DATA.sections.map((s, k) => el("a", {href: "#" + what + "-" + (k + 1)}, what + " " + (k + 1)))));
+    for (const [k, s] of DATA.sections.entries()) {
+      const section = el("section", {class: "report", id: what + "-" + (k + 1)});
+      document.body.append(section);
+      await RENDER[DATA.run.command](section, s, k + 1);
+    }
+    document.body.dataset.ready = "1";
+  }
+  main().catch((error) => {
+    document.body.append(el("p", {class: "error"}, "could not draw this report: " + error.message));
+    document.body.dataset.ready = "error";
+  });
+})();

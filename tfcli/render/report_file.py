@@ -1,0 +1,102 @@
+"""`--report PATH`: a run's results as one file, its format chosen by the extension: an interactive page
+(.html, `render/html.py`) or a static figure (.svg, .png, .pdf, `render/figure.py`).
+
+The path is checked before any work (`check_report_path`), and the file is written atomically: into a
+temporary file beside it, then renamed, so an interrupted run leaves no half-written report.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from tfcli.errors import TfcliError, usage_error
+
+if TYPE_CHECKING:
+    from tfcli.tokenizer import Tokenizer
+
+FORMATS = {".html": "interactive page", ".svg": "vector figure", ".png": "image", ".pdf": "figure, a page per text"}
+ONE_TEXT_FORMATS = (".svg", ".png")  # one picture: one text
+
+
+@dataclass
+class RunInfo:
+    """Where a report's numbers come from, shown on the page and under each figure."""
+
+    command: str  # encode, generate or classify
+    model: str  # the config's name and architecture
+    source: str  # what --model resolved to
+    weights: str  # "trained, loaded from ..." or "random (seed 0), from ..."
+    trained: bool
+    version: str  # tfcli's
+    command_line: str  # the exact command line
+
+
+def run_info(command: str, model: Any, source_description: str) -> RunInfo:
+    """The RunInfo of a run of `command` on a built model (`trained`, `weights_description`, `config`)."""
+    from tfcli import __version__
+
+    return RunInfo(command, f"{model.config.name} ({model.config.architecture})", source_description,
+                   model.weights_description, model.trained, __version__, shlex.join(sys.argv))
+
+
+def check_report_path(path: Path, overwrite: bool, texts: int) -> None:
+    """Before any work: a known extension (else a usage error listing them), one text for a one-picture
+    format, an existing folder, and no existing file unless `overwrite` (--force)."""
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        listed = ", ".join(f"{ext} ({what})" for ext, what in FORMATS.items())
+        raise usage_error(f"--report {path}: unknown format `{path.suffix or '(no extension)'}`",
+                          f"end the file name in one of: {listed}")
+    if suffix in ONE_TEXT_FORMATS and texts > 1:
+        raise usage_error(f"--report {path}: a {suffix} figure holds one text, and {texts} were given",
+                          "use .pdf (a page per text) or .html (a section per text), or run one text at a time")
+    if path.exists() and not overwrite:
+        raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
+    if not path.parent.is_dir():
+        raise TfcliError(f"--report {path}: the folder {path.parent} does not exist")
+
+
+def write_report(path: Path, run: RunInfo, items: list[Any], overwrite: bool,
+                 tokenizer: Tokenizer | None = None) -> None:
+    """Write the report of `items` (encode's TextReports, generate's Generations with their `tokenizer`,
+    or classify's Classifications) in the format of `path`'s extension."""
+    suffix = path.suffix.lower()
+    if suffix == ".html":
+        from tfcli.render.html import page
+
+        text = page(run, items, tokenizer)
+        write_atomically(path, lambda stream: stream.write(text.encode("utf-8")), overwrite)
+    else:
+        from tfcli.render.figure import save_figure
+
+        write_atomically(path, lambda stream: save_figure(stream, suffix[1:], run, items, tokenizer), overwrite)
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], Any], overwrite: bool) -> None:
+    """write(stream) into a temporary file in path's folder, then rename it to path. Checked again first:
+    the file may have appeared while the model ran."""
+    check_report_path(path, overwrite, texts=1)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            write(stream)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; a report is an ordinary file
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise TfcliError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
