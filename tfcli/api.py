@@ -112,9 +112,10 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
 
 
 def load_model(source: str | None = None, device: str = "cpu", dtype: str | None = None,
-               seed: int = 0) -> "TransformerModel":
-    """An eval-mode model from a path, bundled config name or hub id (None: bundled bert-base)."""
-    return build_model(resolve_source(source), device=device, dtype=dtype, seed=seed)
+               seed: int = 0, revision: str | None = None) -> "TransformerModel":
+    """An eval-mode model from a path, bundled config name or hub id (None: bundled bert-base);
+    `revision` picks a branch, tag or commit of a hub model."""
+    return build_model(resolve_source(source, revision), device=device, dtype=dtype, seed=seed)
 
 
 def load_tokenizer_for(source: Source) -> "Tokenizer":
@@ -144,9 +145,9 @@ class SourceSummary:
     parameters: int
 
 
-def describe(source: str | None) -> SourceSummary:
+def describe(source: str | None, revision: str | None = None) -> SourceSummary:
     """Resolve a model source and count its parameters without building it."""
     from tfcli.model.transformer import parameter_count
 
-    resolved = resolve_source(source)
+    resolved = resolve_source(source, revision)
     return SourceSummary(resolved, parameter_count(resolved.config))
