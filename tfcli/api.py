@@ -67,7 +67,7 @@ def check_fits_in_memory(config: "ModelConfig", origin: str) -> None:
     """Refuse, before allocating anything, a config whose float32 weights alone exceed this machine's memory."""
     import os
 
-    from tfcli.model.transformer import parameter_count  # counted on the meta device: nothing is allocated
+    from tfcli.config import parameter_count  # arithmetic: nothing is built
 
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -146,8 +146,8 @@ class SourceSummary:
 
 
 def describe(source: str | None, revision: str | None = None) -> SourceSummary:
-    """Resolve a model source and count its parameters without building it."""
-    from tfcli.model.transformer import parameter_count
+    """Resolve a model source and count its parameters without building it (nor importing torch)."""
+    from tfcli.config import parameter_count
 
     resolved = resolve_source(source, revision)
     return SourceSummary(resolved, parameter_count(resolved.config))

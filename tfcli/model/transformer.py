@@ -5,8 +5,6 @@ Shapes: B batch, T tokens, hidden = config.hidden_size, V vocabulary, H heads, S
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import Tensor, nn
 
@@ -17,24 +15,6 @@ from tfcli.model.decoding import generate
 from tfcli.model.embeddings import Embeddings
 from tfcli.model.layers import Block, activation, norm
 from tfcli.model.linear import Linear
-
-
-def parameter_count(config: ModelConfig) -> int:
-    """Parameters of the model a config builds (tied weights counted once), without allocating them.
-    Built on the meta device with one and two blocks per stack and extrapolated, so that a config
-    naming millions of layers is counted at once rather than built."""
-
-    def count(encoder_layers: int, decoder_layers: int) -> int:
-        small = dataclasses.replace(config, num_hidden_layers=encoder_layers, num_decoder_layers=decoder_layers)
-        with torch.device("meta"):
-            return count_parameters(TransformerModel(small))
-
-    if config.architecture != "encoder-decoder":
-        one = count(1, 1)
-        return one + (config.num_hidden_layers - 1) * (count(2, 2) - one)
-    one = count(1, 1)
-    return (one + (config.num_hidden_layers - 1) * (count(2, 1) - one)
-            + (config.decoder_layers - 1) * (count(1, 2) - one))
 
 
 def start_token_id(config: ModelConfig) -> int:
