@@ -63,45 +63,67 @@ def resolve_dtype(name: str | None) -> "torch.dtype":
     return getattr(torch, DTYPES[name])
 
 
-def check_fits_in_memory(config: "ModelConfig", origin: str) -> None:
-    """Refuse, before allocating anything, a config whose float32 weights alone exceed this machine's memory."""
+def memory_size() -> int | None:
+    """This machine's memory in bytes, or None where the platform does not tell."""
     import os
 
-    from tfcli.model.transformer import parameter_count  # counted on the meta device: nothing is allocated
-
     try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # not every platform tells
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits_in_memory(config: "ModelConfig", origin: str, dtype: "torch.dtype") -> None:
+    """Refuse, before allocating anything, a config whose weights alone, in `dtype`, exceed this machine's
+    memory; say which --dtype would fit when a smaller one would."""
+    import torch
+
+    from tfcli.config import parameter_count  # arithmetic: nothing is built
+
+    memory = memory_size()
+    if memory is None:
         return
-    needed = parameter_count(config) * 4
-    if needed > memory:
-        raise TfcliError(f"{origin}: {config.name} needs {needed / 2**30:,.1f} GiB for its weights, "
-                         f"more than this machine's {memory / 2**30:,.1f} GiB of memory",
-                         "check hidden_size, num_hidden_layers, intermediate_size and vocab_size in the config")
+    parameters = parameter_count(config)
+    needed = parameters * dtype.itemsize
+    if needed <= memory:
+        return
+    smaller = [name for name, size in (("bfloat16", 2), ("float16", 2)) if size < dtype.itemsize
+               and parameters * size <= memory]
+    hint = (f"--dtype {smaller[0]} would fit ({parameters * 2 / 2**30:,.1f} GiB)" if smaller else
+            "check hidden_size, num_hidden_layers, intermediate_size and vocab_size in the config")
+    raise TfcliError(f"{origin}: {config.name} needs {needed / 2**30:,.1f} GiB for its weights in "
+                     f"{str(dtype).removeprefix('torch.')}, more than this machine's {memory / 2**30:,.1f} GiB "
+                     "of memory", hint)
 
 
 def build_model(source: Source, device: str = "cpu", dtype: str | None = None, seed: int = 0) -> "TransformerModel":
     """A model from a resolved source: trained weights when it has them, else random from `seed`.
-    Its `weights_description` says which, for every output."""
+    Its `weights_description` says which, for every output. The model is built on the meta device and
+    each weight is made once, in `dtype` on `device`: read straight from the checkpoint files, or drawn."""
     import torch
 
     from tfcli.checkpoints import load_checkpoint
-    from tfcli.model import TransformerModel, init_weights
+    from tfcli.model import TransformerModel, assign_parameters, init_weights
 
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     if not 0 <= seed < 2**64:
         raise usage_error(f"seed must be between 0 and 2**64 - 1, got {seed}", parameter="seed")
-    check_fits_in_memory(source.config, source.description)
-    model = TransformerModel(source.config)
-    if source.weights is not None:
-        load_checkpoint(model, source.weights)
-        model.weights_description = f"trained, loaded from {source.weights}"
-    else:
-        init_weights(model, seed)
-        model.weights_description = f"random (seed {seed}), from {source.description}"
+    check_fits_in_memory(source.config, source.description, torch_dtype)
+    with torch.device("meta"):
+        model = TransformerModel(source.config)
+    try:
+        if source.weights is not None:
+            assign_parameters(model, load_checkpoint(model, source.weights, torch_dtype, torch_device))
+            model.weights_description = f"trained, loaded from {source.weights}"
+        else:
+            init_weights(model, seed, torch_dtype, torch_device)
+            model.weights_description = f"random (seed {seed}), from {source.description}"
+    except torch.OutOfMemoryError:
+        raise TfcliError(f"{source.config.name} does not fit in the memory of {torch_device} in {dtype or 'float32'}",
+                         "try --dtype bfloat16 or another device") from None
     model.trained = source.weights is not None
     try:
-        model.to(device=torch_device, dtype=torch_dtype)
+        model.to(device=torch_device, dtype=torch_dtype)  # the computed buffers: positions, rotary frequencies
         if torch_device.type != "cpu" or torch_dtype != torch.float32:
             with torch.no_grad():  # fail now, with a clear message, if the device cannot run this dtype
                 model(torch.zeros(1, 1, dtype=torch.long, device=torch_device))
@@ -112,9 +134,10 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
 
 
 def load_model(source: str | None = None, device: str = "cpu", dtype: str | None = None,
-               seed: int = 0) -> "TransformerModel":
-    """An eval-mode model from a path, bundled config name or hub id (None: bundled bert-base)."""
-    return build_model(resolve_source(source), device=device, dtype=dtype, seed=seed)
+               seed: int = 0, revision: str | None = None) -> "TransformerModel":
+    """An eval-mode model from a path, bundled config name or hub id (None: bundled bert-base);
+    `revision` picks a branch, tag or commit of a hub model."""
+    return build_model(resolve_source(source, revision), device=device, dtype=dtype, seed=seed)
 
 
 def load_tokenizer_for(source: Source) -> "Tokenizer":
@@ -144,9 +167,9 @@ class SourceSummary:
     parameters: int
 
 
-def describe(source: str | None) -> SourceSummary:
-    """Resolve a model source and count its parameters without building it."""
-    from tfcli.model.transformer import parameter_count
+def describe(source: str | None, revision: str | None = None) -> SourceSummary:
+    """Resolve a model source and count its parameters without building it (nor importing torch)."""
+    from tfcli.config import parameter_count
 
-    resolved = resolve_source(source)
+    resolved = resolve_source(source, revision)
     return SourceSummary(resolved, parameter_count(resolved.config))

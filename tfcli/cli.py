@@ -206,6 +206,7 @@ ModelOption = Annotated[
     str | None,
     typer.Option("--model", "-m", help="Model source: a path, a bundled config name or a Hugging Face hub id."),
 ]
+RevisionOption = Annotated[str | None, typer.Option(help="Branch, tag or commit of a Hugging Face hub model.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per text.")]
 DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
 DtypeOption = Annotated[str, typer.Option(help="float32, float16 or bfloat16.")]
@@ -241,6 +242,7 @@ def tokenize(
     no_special: Annotated[bool, typer.Option("--no-special", help="Leave out special tokens ([CLS], [SEP], ...).")] = False,
     max_length: Annotated[int | None, typer.Option(metavar="N", help="Truncate to at most N tokens.")] = None,
     model: ModelOption = None,
+    revision: RevisionOption = None,
     file: FileOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -249,7 +251,8 @@ def tokenize(
     from tfcli.render import tokenize as render
     from tfcli.render.jsonl import write_jsonl
 
-    tokenized = core.run(read_texts(texts, file, allow_empty=True), model, pair, not no_special, max_length)
+    tokenized = core.run(read_texts(texts, file, allow_empty=True), model, pair, not no_special, max_length,
+                         revision)
     encodings = tokenized.encodings
     warn_truncated(encodings)
     size = 1000
@@ -267,6 +270,7 @@ def tokenize(
 @app.command("config")
 def show_config(
     source: Annotated[str | None, typer.Argument(metavar="SRC", help="Path, bundled name or hub id (default: bert-base).")] = None,
+    revision: RevisionOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Print the resolved config of a model source and its parameter count."""
@@ -274,7 +278,7 @@ def show_config(
     from tfcli.render import config as render
     from tfcli.sources import bundled_names
 
-    summary = describe(source)
+    summary = describe(source, revision)
     if json_output:
         from tfcli.render.jsonl import write_jsonl
 
@@ -287,6 +291,7 @@ def show_config(
 def encode(
     texts: TextsArgument = None,
     model: ModelOption = None,
+    revision: RevisionOption = None,
     layers: Annotated[str | None, typer.Option(help="Blocks to show, e.g. 0,-1 (default: all).")] = None,
     heads: Annotated[str | None, typer.Option(help="Heads to show, e.g. 0,3 or all (default: their mean).")] = None,
     top_k: Annotated[int, typer.Option("--top-k", help="Top unembedded tokens per layer and position.",
@@ -317,7 +322,7 @@ def encode(
         render.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
     if report is not None:
         check_report_path(report, force, len(inputs))
-    source = resolve_source(model)
+    source = resolve_source(model, revision)
     options = core.check_options(source.config, layers, heads, top_k)
     options.keep_heads = report is not None  # the page's head selector shows every head behind a mean
     tokenizer = load_tokenizer_for(source)
@@ -378,6 +383,7 @@ def classify(
     texts: TextsArgument = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model source with a classification head "
                                               "(default: the bundled `classifier`, random weights).")] = None,
+    revision: RevisionOption = None,
     top: Annotated[int | None, typer.Option(metavar="N", callback=AT_LEAST_ONE,
                                             help="Show only the N most probable labels in the table.")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Show what the first token attends to in the last layer(s), mean over heads.")] = False,
@@ -400,7 +406,7 @@ def classify(
     inputs = read_texts(texts, file)
     if report is not None:
         check_report_path(report, force, len(inputs))
-    source = resolve_source(model or "classifier")
+    source = resolve_source(model or "classifier", revision)
     core.require_classifier(source.config)  # before building a model for nothing
     tokenizer = load_tokenizer_for(source)
     encodings = tokenizer.encode_for_model(inputs, source.config.max_position_embeddings)
@@ -428,6 +434,7 @@ def generate(
                                                         help="Prompts to continue; `-` alone reads stdin, one per line.")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model source with an LM head "
                                               "(default: the bundled `gpt2-small`, random weights).")] = None,
+    revision: RevisionOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", callback=AT_LEAST_ONE,
                                                 help="Stop after N new tokens.")] = 20,
     greedy: Annotated[bool, typer.Option("--greedy", help="Take the most probable token each step (the default "
@@ -464,7 +471,7 @@ def generate(
         raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
                           "leave out --greedy to sample")
     sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
-    source = resolve_source(model or core.DEFAULT_MODEL)
+    source = resolve_source(model or core.DEFAULT_MODEL, revision)
     tokenizer = load_tokenizer_for(source)
     prepared = core.prompts(source.config, tokenizer, inputs, max_new_tokens)
     loaded = build(source, device, dtype, seed)

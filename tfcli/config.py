@@ -236,3 +236,45 @@ def load_yaml(path: Path) -> ModelConfig:
         values = {**values, "num_labels": len(values["labels"])}
     values = {"name": path.stem, **values} if isinstance(values, dict) else values
     return from_dict(values, origin=str(path))
+
+
+def parameter_count(c: ModelConfig) -> int:
+    """Parameters of the model a config builds (tied weights counted once), by arithmetic: no torch, no
+    model, so `tfcli config` and the memory check are instant for any size. Mirrors the module tree of
+    tfcli/model; tests/test_model_size.py checks it against the built model's count."""
+    hidden, inner, vocab = c.hidden_size, c.intermediate_size, c.vocab_size
+    q_size, kv_size = c.num_attention_heads * c.head_dim, c.kv_heads * c.head_dim
+    norm = hidden if c.norm == "rmsnorm" else 2 * hidden  # RMSNorm has no bias
+
+    def linear(inputs: int, outputs: int, bias: bool = True) -> int:
+        return inputs * outputs + (outputs if bias else 0)
+
+    self_attention = (linear(hidden, q_size + 2 * kv_size, c.attention_bias)
+                      + linear(q_size, hidden, c.attention_out_bias))
+    cross_attention = (linear(hidden, q_size, c.attention_bias) + linear(hidden, 2 * kv_size, c.attention_bias)
+                       + linear(q_size, hidden, c.attention_out_bias))
+    if c.feed_forward == "gated":
+        feed_forward = 2 * linear(hidden, inner, c.mlp_bias) + linear(inner, hidden, c.mlp_bias)
+    else:
+        feed_forward = linear(hidden, inner, c.mlp_bias) + linear(inner, hidden, c.mlp_bias)
+
+    def stack(layers: int, causal: bool, cross: bool) -> int:
+        embeddings = (c.max_position_embeddings + c.position_offset) * hidden if c.position == "learned" else 0
+        embeddings += c.type_vocab_size * hidden if c.type_vocab_size > 0 and not causal else 0
+        embeddings += norm if c.embedding_norm else 0
+        block = self_attention + feed_forward + 2 * norm + (cross_attention + norm if cross else 0)
+        return embeddings + layers * block + (norm if c.final_norm else 0)
+
+    total = vocab * hidden  # token embeddings
+    if c.architecture != "decoder":
+        total += stack(c.num_hidden_layers, causal=False, cross=False)
+    if c.architecture != "encoder":
+        layers = c.decoder_layers if c.architecture == "encoder-decoder" else c.num_hidden_layers
+        total += stack(layers, causal=True, cross=c.architecture == "encoder-decoder")
+    if c.head in ("mlm", "lm"):
+        total += linear(hidden, hidden) + 2 * hidden if c.head == "mlm" else 0  # dense + LayerNorm
+        total += 0 if c.tie_word_embeddings else vocab * hidden
+        total += vocab if c.lm_head_bias else 0
+    elif c.head == "classifier":
+        total += (linear(hidden, hidden) if c.classifier_pooler != "none" else 0) + linear(hidden, c.num_labels)
+    return total

@@ -1,7 +1,8 @@
 """Resolve --model SRC to a config, optional weights and optional tokenizer files.
 
 Order (README, "Commands"): an existing path (YAML file, HF config.json, or a directory holding config.json),
-then a bundled config name (configs/NAME.yaml), then a Hugging Face hub id (local cache first).
+then a bundled config name (configs/NAME.yaml), then a Hugging Face hub id, `name` or `owner/name`, found in the
+local Hugging Face cache without touching the network, and downloaded only when it is not there.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tfcli.checkpoints import read_hf_config
 from tfcli.config import ModelConfig, load_yaml
-from tfcli.errors import TfcliError
+from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -23,6 +24,7 @@ DEFAULT_MODEL = "bert-base"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+HUB_ID = re.compile(r"(?:\w[\w.-]*/)?\w[\w.-]*")  # `name` or `owner/name`, as the hub spells them
 
 
 @dataclass
@@ -48,26 +50,38 @@ def bundled_names() -> list[str]:
     return sorted(p.name[:-5] for p in bundled_config_dir().iterdir() if p.name.endswith(".yaml"))
 
 
-def resolve_source(src: str | None) -> Source:
-    """Turn a --model value into a Source; None means the bundled default."""
+def resolve_source(src: str | None, revision: str | None = None) -> Source:
+    """Turn a --model value into a Source; None means the bundled default. `revision` (a branch, tag or
+    commit) applies to hub ids only."""
     src = src or DEFAULT_MODEL
     path = Path(src).expanduser()
-    if path.exists():
-        return _from_path(path)
     bundled = bundled_config_dir() / f"{src}.yaml"
-    if bundled.is_file():
+    if path.exists() or bundled.is_file():
+        if revision is not None:
+            raise usage_error(f"revision applies to Hugging Face hub ids only, and `{src}` is a "
+                              f"{'path' if path.exists() else 'bundled config'}", parameter="revision")
+        if path.exists():
+            return _from_path(path)
         with resources.as_file(bundled) as file:
             config = load_yaml(Path(file))
         return Source(config, None, None, f"bundled config `{src}`")
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", src):
-        return _from_path(_hub_snapshot(src), description=f"hub model {src}")
-    if any(ch in src for ch in "/\\") or src.endswith((".yaml", ".yml", ".json")):
+    if _looks_like_path(src):
         raise TfcliError(f"no such file or directory: {src}", "check the path")
+    if HUB_ID.fullmatch(src):
+        return _from_path(_hub_snapshot(src, revision),
+                          f"hub model {src}" + (f" at revision {revision}" if revision else ""))
     raise TfcliError(f"unknown model `{src}`: not a path, a bundled config or a hub id",
                      f"bundled configs: {', '.join(bundled_names())}")
 
 
-def _from_path(path: Path, description: str | None = None) -> Source:
+def _looks_like_path(src: str) -> bool:
+    """A path rather than a hub id (`owner/name` or `name`): ./x, ../x, /x, ~/x, a/b/c, C:\\x, x.yaml, x.json."""
+    return (src.startswith((".", "/", "~")) or "\\" in src or src.count("/") > 1
+            or src.endswith((".yaml", ".yml", ".json", ".safetensors", ".bin")))
+
+
+def _from_path(path: Path, name: str | None = None) -> Source:
+    """The source a path holds; `name` says where it came from (default: the path)."""
     if path.is_dir():
         config_file = path / "config.json"
         if not config_file.is_file():
@@ -79,7 +93,7 @@ def _from_path(path: Path, description: str | None = None) -> Source:
         weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
         tokenizer_dir = path if any((path / name).is_file() for name in TOKENIZER_FILES) else None
         what = "trained weights" if weights else "config only, no weights"
-        return Source(config, weights, tokenizer_dir, description or f"{path} ({what})")
+        return Source(config, weights, tokenizer_dir, f"{name or path} ({what})")
     if path.suffix in (".yaml", ".yml"):
         return Source(load_yaml(path), None, None, f"config file {path}")
     if path.suffix == ".json":
@@ -87,20 +101,54 @@ def _from_path(path: Path, description: str | None = None) -> Source:
     raise TfcliError(f"{path}: not a model source", "pass a YAML config, a config.json or a model directory")
 
 
-def _hub_snapshot(repo_id: str) -> Path:
-    """The local snapshot of a hub model; downloads only when it is not cached and the network allows."""
+def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
+    """The local snapshot of a hub model, found in the Hugging Face cache without any network access;
+    downloaded only when it is not cached and the network (and HF_HUB_OFFLINE) allows."""
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants, try_to_load_from_cache
     except ImportError:  # pragma: no cover - transformers depends on it
-        raise TfcliError(f"`{repo_id}` looks like a hub id, but huggingface_hub is not installed") from None
-    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.bin"]
+        raise TfcliError(f"`{repo_id}` looks like a hub id, but huggingface_hub is not installed",
+                         "pip install huggingface_hub") from None
+    cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    if isinstance(cached, str):
+        return Path(cached).parent
+    at = f" at revision {revision}" if revision else ""
+    not_cached = (f"`{repo_id}`{at} is not a path, a bundled config, or a model in the local cache of "
+                  f"Hugging Face models ({constants.HF_HUB_CACHE})")
+    where_to_get_it = (f"download it with `hf download {repo_id}"
+                       f"{f' --revision {revision}' if revision else ''}` where there is a network; "
+                       f"bundled configs: {', '.join(bundled_names())}")
+    if constants.HF_HUB_OFFLINE:
+        raise TfcliError(f"{not_cached}, and HF_HUB_OFFLINE=1 forbids downloading it", where_to_get_it)
+    return _download(repo_id, revision, not_cached, where_to_get_it)
+
+
+def _download(repo_id: str, revision: str | None, not_cached: str, where_to_get_it: str) -> Path:
+    """Download config, tokenizer files and weights (safetensors, else .bin: never both) into the cache."""
+    from huggingface_hub import errors, snapshot_download
+
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=patterns))
-    except Exception:
-        pass
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+        folder = Path(snapshot_download(repo_id, revision=revision,
+                                        allow_patterns=["*.json", "*.txt", "*.model", "model*.safetensors"]))
+        if not any((folder / name).is_file() for name in WEIGHT_FILES):
+            folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=["pytorch_model*.bin"]))
+    except errors.GatedRepoError:
+        raise TfcliError(f"{repo_id} is a gated model on the Hugging Face hub",
+                         "accept its terms on the hub, then log in with `hf auth login`") from None
+    except errors.RepositoryNotFoundError:
+        raise TfcliError(f"{not_cached}, and the Hugging Face hub has no such model (or it is private)",
+                         f"check the name; bundled configs: {', '.join(bundled_names())}") from None
+    except errors.RevisionNotFoundError:
+        raise TfcliError(f"{repo_id} has no revision `{revision}` on the Hugging Face hub",
+                         "use a branch, a tag or a commit of that model") from None
+    except errors.LocalEntryNotFoundError:  # what huggingface_hub raises when the hub cannot be reached
+        raise TfcliError(f"{not_cached}, and the Hugging Face hub cannot be reached", where_to_get_it) from None
+    except (errors.HFValidationError, ValueError) as exc:
+        raise TfcliError(f"`{repo_id}` is not a valid hub id: {str(exc).splitlines()[0][:160]}",
+                         f"a hub id is `name` or `owner/name`; bundled configs: {', '.join(bundled_names())}") from None
     except Exception as exc:
-        raise TfcliError(f"`{repo_id}` is not a path, a bundled config, or a hub model in the local cache, "
-                         f"and it could not be downloaded ({type(exc).__name__})",
-                         f"bundled configs: {', '.join(bundled_names())}") from None
+        raise TfcliError(f"{not_cached}, and downloading it failed: {str(exc).splitlines()[0][:160]}",
+                         where_to_get_it) from None
+    if not (folder / "config.json").is_file():
+        raise TfcliError(f"hub model {repo_id} has no config.json", "tfcli loads transformers checkpoints")
+    return folder

@@ -18,11 +18,13 @@ class Tokenized:
 
 
 def run(texts: list[str], model: str | None = None, pair: str | None = None, special_tokens: bool = True,
-        max_length: int | None = None) -> Tokenized:
-    """Tokenize each text (with `pair` as every text's second segment), truncating to max_length."""
+        max_length: int | None = None, revision: str | None = None) -> Tokenized:
+    """Tokenize each text (with `pair` as every text's second segment), truncating to max_length.
+    `revision` picks a version of a hub model."""
+    from tfcli.sources import resolve_source
     from tfcli.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(model)
+    tokenizer = load_tokenizer(model if revision is None else resolve_source(model, revision).tokenizer_dir)
     pairs = [pair] * len(texts) if pair is not None else None
     return Tokenized(tokenizer.name, tokenizer.encode(texts, pairs, add_special_tokens=special_tokens,
                                                       max_length=max_length))

@@ -3,18 +3,25 @@
 Each family module fills in `FAMILY = Family(...)` (see family.py): the model_types it reads,
 `translate(hf)` for config.json, weight-name `rules` as templates ("h.{}.ln_1.weight" ->
 "decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, not used"), and
-optionally `config_rules(config)`, name `prefixes`, `transposed` names and an `adjust` fix-up. Here
-Q, K and V weights mapped to `.q/.k/.v` are fused into the model's `qkv` (or cross-attention `q` + `kv`)
-projections. To add a family: write its module and add its FAMILY to FAMILIES below.
+optionally `config_rules(config)`, name `prefixes`, `transposed` names and `flattened` names. Here
+Q, K and V weights mapped to `.q/.k/.v` are read into the rows of the model's fused `qkv` (or
+cross-attention `kv`) projections. To add a family: write its module and add its FAMILY to FAMILIES below.
+
+Loading is lean: the model is built on the meta device, `read_checkpoint` reads only the files' headers,
+and `load_checkpoint` reads each weight straight from its file into a new tensor of the requested dtype on
+the requested device, so a load never holds more than the weights plus one tensor in flight.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import pickle
 import re
 import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +31,7 @@ from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor, nn
 
 FAMILIES: dict[str, Family] = {
@@ -63,9 +71,19 @@ def read_hf_config(path: Path) -> ModelConfig:
     return from_dict(translate_hf_config(values, str(path)), origin=str(path))
 
 
-def read_state_dict(path: Path) -> dict[str, Tensor]:
-    """All tensors of a checkpoint: safetensors (one file or an index of shards) or, only through
-    torch.load(weights_only=True), which refuses pickled code, a .bin file or index."""
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a checkpoint, not read yet: its shape and dtype, and `read(out=None)`, which returns
+    it (into `out`, a contiguous CPU tensor of the same dtype and size, when given)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    read: Callable[..., Tensor]
+
+
+def read_checkpoint(path: Path) -> dict[str, StoredTensor]:
+    """Every tensor of a checkpoint by name, none of them read yet: safetensors (one file or an index of
+    shards) or, only through torch.load(weights_only=True), which refuses pickled code, a .bin file or index."""
     files = [path]
     if path.name.endswith(".index.json"):
         try:
@@ -73,27 +91,88 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
             files = [path.parent / name for name in dict.fromkeys(index["weight_map"].values())]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise TfcliError(f"{path}: not a valid checkpoint index ({exc})") from None
-    tensors: dict[str, Tensor] = {}
+    tensors: dict[str, StoredTensor] = {}
     for file in files:
-        tensors.update(_read_file(file))
+        tensors.update(_read_safetensors_header(file) if file.suffix == ".safetensors" else _read_bin(file))
     return tensors
 
 
-def _read_file(file: Path) -> dict[str, Tensor]:
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def _read_safetensors_header(file: Path) -> dict[str, StoredTensor]:
+    """The tensors a safetensors file holds, from its header (8-byte little-endian size, then JSON); each is
+    read later with plain reads at its offsets, so nothing but the tensor asked for is ever in memory."""
     import torch
 
-    if file.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    def broken(detail: str) -> TfcliError:
+        return TfcliError(f"{file}: cannot read the safetensors file ({detail})",
+                          "the file is truncated or corrupted: download or save it again")
 
-        try:
-            return load_file(str(file))
-        except Exception as exc:
-            raise TfcliError(f"{file}: cannot read the safetensors file ({str(exc).splitlines()[0][:120]})",
-                             "the file is truncated or corrupted: download or save it again") from None
     try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            if size < 8 or header_size > size - 8:
+                raise broken(f"its header claims {header_size} bytes, the file has {size}")
+            header = json.loads(f.read(header_size))
+    except OSError as exc:
+        raise TfcliError(f"cannot read {file}: {exc.strerror}", "check the path and its permissions") from None
+    except (ValueError, UnicodeDecodeError):
+        raise broken("its header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise broken("its header is not a JSON object")
+    data_start = 8 + header_size
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = getattr(torch, SAFETENSORS_DTYPES[info["dtype"]])
+            shape = tuple(int(n) for n in info["shape"])
+            begin, end = (int(n) for n in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise broken(f"tensor {name} has no valid dtype, shape and data_offsets") from None
+        if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
+            raise broken(f"tensor {name}: {end - begin} bytes for shape {list(shape)} in {info['dtype']}")
+        if data_start + end > size:
+            raise broken(f"tensor {name} ends at byte {data_start + end}, after the end of the file ({size} bytes)")
+        tensors[name] = StoredTensor(shape, dtype, functools.partial(_read_at, file, data_start + begin, shape, dtype))
+    return tensors
+
+
+def _read_at(file: Path, offset: int, shape: tuple[int, ...], dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+    """The tensor stored at `offset` of `file`, read straight into `out` (or a new tensor)."""
+    import torch
+
+    tensor = torch.empty(shape, dtype=dtype) if out is None else out
+    buffer = tensor.reshape(-1).view(torch.uint8).numpy()
+    with open(file, "rb") as f:
+        f.seek(offset)
+        if f.readinto(buffer) != len(buffer):
+            raise TfcliError(f"{file}: cannot read the safetensors file (it ends early)",
+                             "the file is truncated or corrupted: download or save it again")
+    return tensor.view(shape)
+
+
+def _read_bin(file: Path) -> dict[str, StoredTensor]:
+    """The tensors of a .bin checkpoint, memory-mapped by torch.load(weights_only=True, mmap=True) (files
+    older than torch's zip format are read whole)."""
+    import torch
+
+    def load(mmap: bool):
         with warnings.catch_warnings():  # torch warns about pickle protocols; the error below says enough
             warnings.simplefilter("ignore")
-            state = torch.load(str(file), map_location="cpu", weights_only=True)
+            return torch.load(str(file), map_location="cpu", weights_only=True, mmap=mmap)
+
+    try:
+        try:
+            state = load(mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            state = load(mmap=False)
     except pickle.UnpicklingError as exc:  # weights_only refused a global or opcode: the file carries code
         found = re.search(r"[^\n]*[Uu]nsupported[^\n]*", str(exc))  # e.g. "... unsupported GLOBAL posix.system ..."
         detail = found.group(0).strip()[:160] if found else "not a plain tensor file"
@@ -106,31 +185,31 @@ def _read_file(file: Path) -> dict[str, Tensor]:
                          "the file is truncated or corrupted: download or save it again") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise TfcliError(f"{file}: does not hold a dictionary of tensors")
-    return state
+    return {name: StoredTensor(tuple(t.shape), t.dtype, functools.partial(_copy_into, t)) for name, t in state.items()}
 
 
-def map_names(state: dict[str, Tensor], config: ModelConfig) -> tuple[dict[str, Tensor], list[str]]:
-    """Rename a HF state dict to tfcli's names; returns the renamed tensors and the unknown HF names."""
+def _copy_into(tensor: Tensor, out: Tensor | None = None) -> Tensor:
+    return tensor if out is None else out.copy_(tensor.view(out.shape))
+
+
+def map_names(names: Iterable[str], config: ModelConfig) -> tuple[dict[str, str], list[str]]:
+    """HF checkpoint names -> {tfcli name: HF name}, Q/K/V still apart as `.q/.k/.v` (see `pieces`), and the
+    HF names no rule knows."""
     fam = family(config.model_type)
     rules = [*fam.rules, *(fam.config_rules(config) if fam.config_rules else ())]
-    renamed: dict[str, Tensor] = {}
+    renamed: dict[str, str] = {}
     unknown: list[str] = []
-    for name, tensor in state.items():
+    for name in names:
         bare = next((name[len(p):] for p in fam.prefixes if name.startswith(p)), name)
         for source, target in rules:
             match = _template(source).fullmatch(bare)
             if match:
                 if target is not None:
-                    renamed[target.format(*match.groups())] = tensor
+                    renamed[target.format(*match.groups())] = name
                 break
         else:
             unknown.append(name)
-    for name in renamed:
-        if any(_template(t).fullmatch(name) for t in fam.transposed):
-            renamed[name] = renamed[name].t()
-    if fam.adjust:
-        renamed = fam.adjust(renamed, config)
-    return _fuse_projections(renamed), unknown
+    return renamed, unknown
 
 
 @functools.cache
@@ -139,43 +218,89 @@ def _template(template: str) -> re.Pattern[str]:
     return re.compile(r"(\d+)".join(re.escape(part) for part in template.split("{}")))
 
 
-def _fuse_projections(renamed: dict[str, Tensor]) -> dict[str, Tensor]:
-    """`X.q.P`, `X.k.P`, `X.v.P` -> `X.qkv.P` (self-attention) or `X.q.P` + `X.kv.P` (cross-attention)."""
+def pieces(name: str, renamed: dict[str, str]) -> list[str] | None:
+    """The tfcli-named checkpoint tensors that make the model parameter `name`, stacked along the rows:
+    itself, or for fused projections `X.qkv.P` <- X.q.P, X.k.P, X.v.P and `X.kv.P` <- X.k.P, X.v.P.
+    None when the checkpoint lacks one."""
+    if name in renamed:
+        return [name]
+    for fused, parts in ((".qkv.", "qkv"), (".kv.", "kv")):
+        if fused in name:
+            stem, param = name.rsplit(fused, 1)
+            wanted = [f"{stem}.{part}.{param}" for part in parts]
+            return wanted if all(w in renamed for w in wanted) else None
+    return None
+
+
+def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = None,
+                    device: torch.device | str = "cpu") -> dict[str, Tensor]:
+    """The parameters of `model` (built from the checkpoint's config, e.g. on the meta device) read from a HF
+    checkpoint, keyed by model.named_parameters() names: each read straight from its file into a new tensor
+    of `dtype` (default float32) on `device`, so a load holds the weights once plus one tensor in flight. The
+    model is not changed (see tfcli.model.assign_parameters). A clear error names any weight that is
+    missing, unexpected or of the wrong shape, before anything is read."""
     import torch
 
-    fused = dict(renamed)
-    for name in renamed:
-        if not name.endswith((".q.weight", ".q.bias")):
+    config: ModelConfig = model.config
+    fam = family(config.model_type)
+    stored = read_checkpoint(path)
+    renamed, unknown = map_names(stored, config)
+
+    def transposed(piece: str) -> bool:
+        return any(_template(t).fullmatch(piece) for t in fam.transposed)
+
+    def shape(piece: str) -> tuple[int, ...]:
+        """A piece's shape as the model holds it: HF's (in, out) weights transposed, BART's (1, V) bias flat."""
+        found = stored[renamed[piece]].shape
+        if transposed(piece):
+            return found[::-1]
+        return (math.prod(found),) if piece in fam.flattened else found
+
+    aliases: dict[int, list[str]] = {}  # a tied parameter has several names
+    for name, param in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(name)
+    plan: dict[str, list[str]] = {}
+    missing, wrong, used = [], [], set()
+    for name, param in model.named_parameters():
+        names = aliases[id(param)]
+        used.update(alias for alias in names if alias in renamed)  # a tied copy (lm_head.weight) is known, not read
+        found = next(filter(None, (pieces(alias, renamed) for alias in names)), None)
+        if found is None:
+            missing.append(name)
             continue
-        stem, param = name.rsplit(".q.", 1)
-        parts = [fused.get(f"{stem}.{p}.{param}") for p in "kv"]
-        if any(part is None for part in parts):
-            continue
-        del fused[f"{stem}.k.{param}"], fused[f"{stem}.v.{param}"]
-        if ".cross_attention" in stem:
-            fused[f"{stem}.kv.{param}"] = torch.cat(parts)
-        else:
-            fused[f"{stem}.qkv.{param}"] = torch.cat([fused.pop(name), *parts])
-    return fused
-
-
-def load_checkpoint(model: nn.Module, path: Path) -> None:
-    """Load a HF checkpoint into a tfcli model built from its config; a clear error names any weight
-    that is missing, unexpected or of the wrong shape."""
-    import torch
-
-    renamed, unknown = map_names(read_state_dict(path), model.config)
-    expected = model.state_dict()
-    tied = {"head.unembed.weight"} if model.config.tie_word_embeddings else set()
-    missing = [k for k in expected if k not in renamed and k not in tied]
-    unexpected = unknown + [k for k in renamed if k not in expected]
-    wrong = [f"{k} {tuple(renamed[k].shape)} (model wants {tuple(expected[k].shape)})"
-             for k in renamed if k in expected and renamed[k].shape != expected[k].shape]
-    problems = [(missing, "missing"), (unexpected, "unexpected"), (wrong, "of the wrong shape")]
-    for names, what in problems:
+        used.update(found)
+        shapes = [shape(piece) for piece in found]
+        if _stacked(shapes) != tuple(param.shape):
+            wrong.append(f"{name} {' + '.join(map(str, shapes))} (model wants {tuple(param.shape)})")
+        plan[name] = found
+    unexpected = unknown + [k for k in renamed if k not in used]
+    for names, what in [(missing, "missing"), (unexpected, "unexpected"), (wrong, "of the wrong shape")]:
         if names:
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             raise TfcliError(f"{path}: weights do not fit the config: {len(names)} {what}: {shown}",
                              "the weights and config.json must come from the same model")
-    with torch.no_grad():
-        model.load_state_dict(renamed, strict=False)
+
+    dtype = dtype or torch.float32
+    tensors = {}
+    for name, found in plan.items():
+        tensor = torch.empty(model.get_parameter(name).shape, dtype=dtype, device=device)
+        row = 0
+        for piece in found:
+            part, rows = stored[renamed[piece]], tensor.narrow(0, row, shape(piece)[0])
+            row += rows.shape[0]
+            if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece):
+                part.read(out=rows)  # straight from the file into the parameter
+            else:  # one tensor in flight, cast and moved as it is copied
+                value = part.read()
+                rows.copy_(value.t() if transposed(piece) else value.view(rows.shape))
+        tensors[name] = tensor
+    return tensors
+
+
+def _stacked(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The shape of tensors stacked along their rows; None when they do not stack."""
+    if len(shapes) == 1:
+        return shapes[0]
+    if not all(len(s) and s[1:] == shapes[0][1:] for s in shapes):
+        return None
+    return (sum(s[0] for s in shapes), *shapes[0][1:])

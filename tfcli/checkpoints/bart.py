@@ -8,14 +8,11 @@ embeddings (`layernorm_embedding`); the LM head is tied to the shared embedding 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tfcli.checkpoints.family import Family, Rule, architecture_head, common, weight_bias
 from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 HEADS = {"ForConditionalGeneration": "lm"}
 
@@ -75,13 +72,6 @@ def head_bias_rules(config: ModelConfig) -> tuple[Rule, ...]:
     return (("final_logits_bias", "head.bias" if config.head == "lm" else None),)
 
 
-def adjust(renamed: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
-    """final_logits_bias is stored as (1, V); the head's bias is (V,)."""
-    if "head.bias" in renamed:
-        renamed["head.bias"] = renamed["head.bias"].reshape(-1)
-    return renamed
-
-
 FAMILY = Family(
     model_types=("bart",),
     translate=translate,
@@ -93,5 +83,5 @@ FAMILY = Family(
         ("lm_head.weight", "head.unembed.weight"),
     ),
     config_rules=head_bias_rules,
-    adjust=adjust,
+    flattened=("head.bias",),  # final_logits_bias is stored as (1, V)
 )

@@ -4,21 +4,19 @@ A family module defines `FAMILY = Family(...)`: the HF `model_types` it reads, `
 config.json values -> ModelConfig values), `rules`: (HF name, tfcli name) templates where `{}` stands
 for a layer number and a tfcli name of None means "known, not used", plus, only where needed,
 `config_rules(config)` (rules that depend on the config, e.g. on its head), `prefixes` stripped from HF
-names first (`bert.`), `transposed` tfcli names whose weights HF stores as (in, out), and
-`adjust(renamed, config)` for any other fix-up. The shared loader is in `tfcli/checkpoints/__init__.py`.
+names first (`bert.`), `transposed` tfcli names whose weights HF stores as (in, out), and `flattened`
+tfcli names that HF stores with extra dimensions of size 1 (BART's final_logits_bias, (1, V)). The shared
+loader is in `tfcli/checkpoints/__init__.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 Rule = tuple[str, str | None]  # ("h.{}.ln_1.weight", "decoder.blocks.{}.attention_norm.weight")
 
@@ -33,7 +31,7 @@ class Family:
     config_rules: Callable[[ModelConfig], Sequence[Rule]] | None = None
     prefixes: tuple[str, ...] = ()
     transposed: tuple[str, ...] = ()
-    adjust: Callable[[dict[str, Tensor], ModelConfig], dict[str, Tensor]] | None = None
+    flattened: tuple[str, ...] = ()
 
 
 def weight_bias(source: str, target: str | None) -> tuple[Rule, ...]:

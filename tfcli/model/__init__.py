@@ -2,6 +2,6 @@
 
 from tfcli.model.attention import KVCache
 from tfcli.model.capture import Capture, ModelOutput
-from tfcli.model.transformer import TransformerModel, init_weights
+from tfcli.model.transformer import TransformerModel, assign_parameters, init_weights
 
-__all__ = ["Capture", "KVCache", "ModelOutput", "TransformerModel", "init_weights"]
+__all__ = ["Capture", "KVCache", "ModelOutput", "TransformerModel", "assign_parameters", "init_weights"]

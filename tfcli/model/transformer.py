@@ -5,8 +5,6 @@ Shapes: B batch, T tokens, hidden = config.hidden_size, V vocabulary, H heads, S
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import Tensor, nn
 
@@ -14,27 +12,9 @@ from tfcli.config import ModelConfig
 from tfcli.model.attention import KVCache, Rotary
 from tfcli.model.capture import Capture, ModelOutput
 from tfcli.model.decoding import generate
-from tfcli.model.embeddings import Embeddings
+from tfcli.model.embeddings import Embeddings, embedding
 from tfcli.model.layers import Block, activation, norm
 from tfcli.model.linear import Linear
-
-
-def parameter_count(config: ModelConfig) -> int:
-    """Parameters of the model a config builds (tied weights counted once), without allocating them.
-    Built on the meta device with one and two blocks per stack and extrapolated, so that a config
-    naming millions of layers is counted at once rather than built."""
-
-    def count(encoder_layers: int, decoder_layers: int) -> int:
-        small = dataclasses.replace(config, num_hidden_layers=encoder_layers, num_decoder_layers=decoder_layers)
-        with torch.device("meta"):
-            return count_parameters(TransformerModel(small))
-
-    if config.architecture != "encoder-decoder":
-        one = count(1, 1)
-        return one + (config.num_hidden_layers - 1) * (count(2, 2) - one)
-    one = count(1, 1)
-    return (one + (config.num_hidden_layers - 1) * (count(2, 1) - one)
-            + (config.decoder_layers - 1) * (count(1, 2) - one))
 
 
 def start_token_id(config: ModelConfig) -> int:
@@ -174,13 +154,15 @@ class TransformerModel(nn.Module):
     """An encoder, a decoder or an encoder-decoder, with an optional head (config.head).
 
     Encoder-only models have `encoder`; decoder-only models have `decoder` (causal); encoder-decoders
-    have both, the decoder attending to the encoder's output through cross-attention.
+    have both, the decoder attending to the encoder's output through cross-attention. tfcli builds it on
+    the meta device (nothing allocated) and then gives it its weights: `init_weights` or
+    `assign_parameters(model, tfcli.checkpoints.load_checkpoint(...))` (see api.build_model).
     """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         arch = config.architecture
         self.encoder = Stack(config, False, False, config.num_hidden_layers) if arch != "decoder" else None
         if arch == "encoder":
@@ -257,20 +239,35 @@ class TransformerModel(nn.Module):
                         attention_mask)
 
 
-def init_weights(model: nn.Module, seed: int) -> None:
-    """Random weights as Hugging Face initialises them (normal(0, 0.02), zero biases, unit norms),
-    drawn from a generator seeded with `seed` so the same seed gives the same model everywhere."""
+def init_weights(model: nn.Module, seed: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+    """Random weights as Hugging Face initialises them (normal(0, 0.02) for linear and embedding weights,
+    zero biases, unit norms), drawn from a generator seeded with `seed` so the same seed gives the same
+    model everywhere. Each parameter is made once, directly in `dtype` on `device` (the model may be on the
+    meta device): drawn in float32 on the CPU in module order, then cast and moved. A tied weight is drawn
+    for each module that holds it and keeps the last draw, as it always has."""
     generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.02)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
-            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-                module.weight.fill_(1.0)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
-        for name, param in model.named_parameters():
-            if name.endswith("head.bias"):
-                param.zero_()
+    values: dict[int, Tensor] = {}  # by id of the parameter it replaces
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if name == "weight" and isinstance(module, (nn.Linear, nn.Embedding)):
+                value = torch.randn(param.shape, generator=generator).mul_(0.02)
+            elif name == "weight" and isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                value = torch.ones(param.shape)
+            elif name == "bias":
+                value = torch.zeros(param.shape)
+            else:
+                raise TypeError(f"init_weights does not know how to initialise {type(module).__name__}.{name}")
+            values[id(param)] = value.to(device=device, dtype=dtype)
+    assign_parameters(model, {name: values[id(param)] for name, param in model.named_parameters()})
+
+
+def assign_parameters(model: nn.Module, tensors: dict[str, Tensor]) -> None:
+    """Make `tensors` (keyed by model.named_parameters() names) the model's parameters, replacing those it
+    was built with (e.g. on the meta device) without copying; a tied parameter stays one shared parameter."""
+    replaced: dict[int, nn.Parameter] = {}
+    for name, param in list(model.named_parameters(remove_duplicate=False)):
+        if id(param) not in replaced:
+            replaced[id(param)] = nn.Parameter(tensors[name], requires_grad=param.requires_grad)
+        module_name, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(module_name), leaf, replaced[id(param)])

@@ -1,0 +1,100 @@
+"""The parameter count that `tfcli config` and the memory check use is arithmetic; it must equal the count of
+the model that the same config builds, for every kind of stack, head and option."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfcli.config import ModelConfig, parameter_count
+from tfcli.sources import bundled_names, resolve_source
+
+SMALL = dict(vocab_size=101, hidden_size=16, num_attention_heads=4, intermediate_size=24, max_position_embeddings=20,
+             num_hidden_layers=2)
+CASES = {
+    "encoder, post-norm, MLM head": dict(head="mlm"),
+    "encoder, untied MLM head with bias": dict(head="mlm", tie_word_embeddings=False, lm_head_bias=True),
+    "classifier with pooler": dict(head="classifier", num_labels=3),
+    "classifier without pooler": dict(head="classifier", classifier_pooler="none", num_labels=5),
+    "decoder, tied LM head": dict(architecture="decoder", head="lm", norm_position="pre", final_norm=True),
+    "decoder, gated, GQA, RMSNorm, rotary, untied": dict(
+        architecture="decoder", head="lm", feed_forward="gated", num_key_value_heads=2, norm="rmsnorm",
+        position="rotary", type_vocab_size=0, embedding_norm=False, final_norm=True, tie_word_embeddings=False,
+        attention_bias=False, attention_out_bias=False, mlp_bias=False),
+    "decoder, QKV bias only (Qwen2)": dict(architecture="decoder", attention_bias=True, attention_out_bias=False,
+                                           feed_forward="gated", num_key_value_heads=1),
+    "encoder-decoder, more decoder layers, offset positions": dict(
+        architecture="encoder-decoder", num_decoder_layers=3, head="lm", lm_head_bias=True, position_offset=2),
+    "encoder-decoder, sinusoidal, no segments": dict(architecture="encoder-decoder", position="sinusoidal",
+                                                     type_vocab_size=0),
+    "encoder without head": dict(head="none", type_vocab_size=3),
+}
+
+
+def built_count(config: ModelConfig) -> int:
+    """Parameters of the model itself, built on the meta device (tied weights once)."""
+    import torch
+
+    from tfcli.model import TransformerModel
+
+    with torch.device("meta"):
+        model = TransformerModel(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_arithmetic_count_equals_the_built_model(case):
+    config = ModelConfig(**{**SMALL, **CASES[case]})
+    assert parameter_count(config) == built_count(config)
+
+
+@pytest.mark.parametrize("name", bundled_names())
+def test_bundled_configs(name):
+    config = resolve_source(name).config
+    assert parameter_count(config) == built_count(config)
+
+
+@settings(max_examples=40, deadline=None)
+@given(architecture=st.sampled_from(["encoder", "decoder", "encoder-decoder"]), layers=st.integers(1, 3),
+       decoder_layers=st.integers(1, 3), kv_heads=st.sampled_from([1, 2, 4]), flags=st.lists(st.booleans(), min_size=8,
+                                                                                           max_size=8),
+       head=st.sampled_from(["none", "mlm", "lm", "classifier"]), position=st.sampled_from(["learned", "sinusoidal",
+                                                                                            "rotary"]))
+def test_any_config(architecture, layers, decoder_layers, kv_heads, flags, head, position):
+    if head == "lm" and architecture == "encoder":
+        head = "mlm"
+    gated, rms, tied, qkv_bias, out_bias, mlp_bias, final_norm, embedding_norm = flags
+    config = ModelConfig(**{**SMALL, "architecture": architecture, "num_hidden_layers": layers,
+                            "num_decoder_layers": decoder_layers, "num_key_value_heads": kv_heads, "head": head,
+                            "position": position, "feed_forward": "gated" if gated else "mlp",
+                            "norm": "rmsnorm" if rms else "layernorm", "tie_word_embeddings": tied,
+                            "attention_bias": qkv_bias, "attention_out_bias": out_bias, "mlp_bias": mlp_bias,
+                            "final_norm": final_norm, "embedding_norm": embedding_norm, "lm_head_bias": not tied})
+    assert parameter_count(config) == built_count(config)
+
+
+def test_a_huge_config_is_counted_at_once():
+    config = dataclasses.replace(ModelConfig(), num_hidden_layers=10**9)
+    per_layer = parameter_count(dataclasses.replace(config, num_hidden_layers=2)) - parameter_count(
+        dataclasses.replace(config, num_hidden_layers=1))
+    assert parameter_count(config) == parameter_count(dataclasses.replace(config, num_hidden_layers=1)) + (
+        10**9 - 1) * per_layer
+
+
+def test_config_imports_no_torch():
+    """`tfcli config` needs no weights, so it imports neither torch nor anything heavy."""
+    code = ("import sys; from typer.testing import CliRunner; from tfcli.cli import app; "
+            "result = CliRunner().invoke(app, ['config', 'bert-base', '--json']); "
+            "print(result.stdout.strip()); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
+    assert result.returncode == 0, result.stderr
+    record, imported = result.stdout.strip().splitlines()
+    assert json.loads(record)["parameters"] == 109_514_298  # BERT-base with its MLM head, as transformers counts
+    assert imported == "[]"
