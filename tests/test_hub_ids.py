@@ -14,20 +14,25 @@ from typer.testing import CliRunner
 from tfcli.cli import app
 from tfcli.errors import TfcliError
 from tfcli.sources import resolve_source
-from conftest import save_hf_model
 
 
-def cache_model(cache, repo_id: str, commit: str, hidden_size: int = 32, refs: tuple[str, ...] = ("main",)):
-    """Save a tiny BERT as the snapshot `commit` of `repo_id` in a hub cache laid out as huggingface_hub lays
-    it out (models--owner--name/snapshots/COMMIT, refs/NAME holding the commit)."""
-    from transformers import BertConfig, BertModel
+@pytest.fixture
+def cache_model(save_hf_model):
+    """cache_model(cache, repo_id, commit, hidden_size=32, refs=("main",)): save a tiny BERT as the snapshot
+    `commit` of `repo_id` in a hub cache laid out as huggingface_hub lays it out (models--owner--name/
+    snapshots/COMMIT, refs/NAME holding the commit)."""
 
-    folder = cache / ("models--" + repo_id.replace("/", "--"))
-    save_hf_model(BertModel, BertConfig(vocab_size=30522, hidden_size=hidden_size, num_hidden_layers=1,
-                                        num_attention_heads=4, intermediate_size=64), folder / "snapshots" / commit)
-    (folder / "refs").mkdir(exist_ok=True)
-    for ref in refs:
-        (folder / "refs" / ref).write_text(commit)
+    def save(cache, repo_id: str, commit: str, hidden_size: int = 32, refs: tuple[str, ...] = ("main",)):
+        from transformers import BertConfig, BertModel
+
+        folder = cache / ("models--" + repo_id.replace("/", "--"))
+        save_hf_model(BertModel, BertConfig(vocab_size=30522, hidden_size=hidden_size, num_hidden_layers=1,
+                                            num_attention_heads=4, intermediate_size=64), folder / "snapshots" / commit)
+        (folder / "refs").mkdir(exist_ok=True)
+        for ref in refs:
+            (folder / "refs" / ref).write_text(commit)
+
+    return save
 
 
 def tfcli_offline(cache, *args: str) -> subprocess.CompletedProcess:
@@ -69,7 +74,7 @@ def hub_cache(tmp_path, monkeypatch):
     return cache
 
 
-def test_ids_with_and_without_an_owner_come_from_the_cache_offline(tmp_path):
+def test_ids_with_and_without_an_owner_come_from_the_cache_offline(tmp_path, cache_model):
     for repo_id, commit in (("gpt2", "a1"), ("bert-base-uncased", "b2"), ("openai-community/gpt2", "c3")):
         cache_model(tmp_path, repo_id, commit)
     for repo_id, commit in (("gpt2", "a1"), ("bert-base-uncased", "b2"), ("openai-community/gpt2", "c3")):
@@ -81,7 +86,7 @@ def test_ids_with_and_without_an_owner_come_from_the_cache_offline(tmp_path):
                                          / "model.safetensors")
 
 
-def test_a_cached_id_runs_and_touches_no_network(hub_cache, no_download):
+def test_a_cached_id_runs_and_touches_no_network(hub_cache, no_download, cache_model):
     cache_model(hub_cache, "bert-base-uncased", "abc")
     source = resolve_source("bert-base-uncased")
     assert source.weights == hub_cache / "models--bert-base-uncased" / "snapshots" / "abc" / "model.safetensors"
@@ -90,7 +95,7 @@ def test_a_cached_id_runs_and_touches_no_network(hub_cache, no_download):
     assert json.loads(result.stdout)["weights"] == "trained" and f"loaded from {source.weights}" in result.stderr
 
 
-def test_revision_picks_a_branch_or_commit(hub_cache, no_download):
+def test_revision_picks_a_branch_or_commit(hub_cache, no_download, cache_model):
     cache_model(hub_cache, "someone/tiny", "1111", hidden_size=32)
     cache_model(hub_cache, "someone/tiny", "2222", hidden_size=64, refs=("v2",))
     assert resolve_source("someone/tiny").config.hidden_size == 32
@@ -108,7 +113,7 @@ def test_revision_of_something_that_is_not_a_hub_id_is_a_usage_error():
                                     "bundled config")
 
 
-def test_an_id_not_cached_offline_says_how_to_get_it(tmp_path):
+def test_an_id_not_cached_offline_says_how_to_get_it(tmp_path, cache_model):
     cache_model(tmp_path, "someone/present", "abc")
     for repo_id in ("gpt2", "someone/absent"):
         assert_one_line_error(tfcli_offline(tmp_path, "encode", "--model", repo_id, "hi"), 1,
@@ -143,7 +148,7 @@ def test_an_unreachable_hub_is_one_clear_line(hub_cache, monkeypatch):
     assert "hf download gpt2" in error.value.hint
 
 
-def test_a_download_goes_into_the_cache_and_prefers_safetensors(hub_cache, monkeypatch):
+def test_a_download_goes_into_the_cache_and_prefers_safetensors(hub_cache, monkeypatch, cache_model):
     """Online and not cached: one download of config, tokenizer files and safetensors weights (no .bin)."""
     import huggingface_hub
     from huggingface_hub import constants
