@@ -53,14 +53,23 @@ def tiny_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def save_hf_model():
-    """save_hf_model(model_class, config, path, seed=0): build a tiny random transformers model, save it with
-    save_pretrained (no network) and return it (eval mode, eager attention)."""
+    """save_hf_model(model_class, config, path, seed=0, perturb=False): build a tiny random transformers model,
+    save it with save_pretrained (no network) and return it (eval mode, eager attention). perturb=True makes
+    every bias, norm weight and BART-style final_logits_bias random, so that one mapped to the wrong place shows."""
     import torch
 
-    def save(model_class, config, path, seed: int = 0):
+    def save(model_class, config, path, seed: int = 0, perturb: bool = False):
         torch.manual_seed(seed)
         config._attn_implementation = "eager"
         model = model_class(config).eval()
+        if perturb:
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.dim() == 1:  # biases and norm weights: zeros and ones when fresh
+                        param.add_(torch.randn_like(param) * 0.1)
+                for name, buffer in model.named_buffers():
+                    if name.endswith("final_logits_bias"):
+                        buffer.copy_(torch.randn_like(buffer))
         model.save_pretrained(path)
         return model
 

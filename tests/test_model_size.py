@@ -35,6 +35,8 @@ CASES = {
     "encoder-decoder, sinusoidal, no segments": dict(architecture="encoder-decoder", position="sinusoidal",
                                                      type_vocab_size=0),
     "encoder without head": dict(head="none", type_vocab_size=3),
+    "encoder-decoder, each stack its own token embeddings, untied head": dict(
+        architecture="encoder-decoder", head="lm", share_encoder_decoder_embeddings=False, tie_word_embeddings=False),
 }
 
 

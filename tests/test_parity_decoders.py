@@ -44,15 +44,7 @@ def load_pair(save_hf_model):
     """load_pair(model_class, config, path) -> (transformers model, tfcli model), biases made non-zero."""
 
     def load(model_class, config, path):
-        hf = save_hf_model(model_class, config, path)
-        with torch.no_grad():  # random non-zero biases, so that a bias mapped to the wrong place shows
-            for name, param in hf.named_parameters():
-                if name.endswith("bias") or "norm" in name or "ln_" in name:
-                    param.add_(torch.randn_like(param) * 0.1)
-            for name, buffer in hf.named_buffers():
-                if name.endswith("final_logits_bias"):  # BART's, zero when fresh
-                    buffer.copy_(torch.randn_like(buffer))
-        hf.save_pretrained(path)
+        hf = save_hf_model(model_class, config, path, perturb=True)
         return hf, tfcli.load_model(str(path))
 
     return load

@@ -53,11 +53,14 @@ class ModelConfig:
     scale_embedding: bool = False  # multiply token embeddings by sqrt(hidden_size) (BART option)
     final_norm: bool = False  # a norm after the last block (pre-norm stacks: GPT-2, Llama)
     feed_forward: str = "mlp"  # mlp | gated (SiLU-gated, Llama)
+    attention_scale: float | None = None  # scores = q k^T * attention_scale; None = 1/sqrt(head size)
     attention_bias: bool = True  # biases on the Q/K/V projections
     attention_out_bias: bool = True  # bias on the attention output projection
     mlp_bias: bool = True
     head: str = "none"  # none | mlm | lm | classifier
-    tie_word_embeddings: bool = True
+    head_act: str | None = None  # the activation in the MLM head's transform; None = hidden_act (RoBERTa: gelu)
+    tie_word_embeddings: bool = True  # the LM head is the (decoder's) token embedding
+    share_encoder_decoder_embeddings: bool = True  # encoder-decoder: one token embedding for both stacks
     lm_head_bias: bool = False  # a bias on the unembedding (MLM decoders, BART's final_logits_bias)
     num_labels: int = 2
     labels: list[str] = field(default_factory=list)
@@ -94,6 +97,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
 CHOICES = {
     "architecture": ARCHITECTURES,
     "hidden_act": ACTIVATIONS,
+    "head_act": ACTIVATIONS,
     "position": POSITIONS,
     "norm": NORMS,
     "norm_position": NORM_POSITIONS,
@@ -172,6 +176,8 @@ def _describe(kind: str) -> str:
 def _check_values(c: ModelConfig, origin: str) -> None:
     for key, allowed in CHOICES.items():
         value = getattr(c, key)
+        if value is None and "None" in FIELDS[key].type:
+            continue
         if value not in allowed:
             close = difflib.get_close_matches(value, allowed, n=1)
             hint = f"did you mean `{close[0]}`?" if close else f"choose one of: {', '.join(allowed)}"
@@ -199,8 +205,9 @@ def _check_values(c: ModelConfig, origin: str) -> None:
         value = getattr(c, key)
         if value is not None and not 0 <= value < 1:
             raise TfcliError(f"{origin}: `{key}` must be in [0, 1), got {value}")
-    if c.layer_norm_eps <= 0 or c.rope_theta <= 0:
-        raise TfcliError(f"{origin}: `layer_norm_eps` and `rope_theta` must be positive")
+    for key in ("layer_norm_eps", "rope_theta", "attention_scale"):
+        if getattr(c, key) is not None and getattr(c, key) <= 0:
+            raise TfcliError(f"{origin}: `{key}` must be positive, got {getattr(c, key)}")
     if c.labels and len(c.labels) != c.num_labels:
         raise TfcliError(f"{origin}: {len(c.labels)} labels given but num_labels is {c.num_labels}",
                          "give one name per label, or leave `num_labels` out to count them")
@@ -266,6 +273,8 @@ def parameter_count(c: ModelConfig) -> int:
         return embeddings + layers * block + (norm if c.final_norm else 0)
 
     total = vocab * hidden  # token embeddings
+    if c.architecture == "encoder-decoder" and not c.share_encoder_decoder_embeddings:
+        total += vocab * hidden  # the decoder's own
     if c.architecture != "decoder":
         total += stack(c.num_hidden_layers, causal=False, cross=False)
     if c.architecture != "encoder":

@@ -16,8 +16,8 @@ from tfcli.model.linear import Linear
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                                 need_weights: bool) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T / sqrt(D) + mask) v.
+                                 need_weights: bool, scale: float | None = None) -> tuple[Tensor, Tensor | None]:
+    """softmax(q k^T * scale + mask) v, scale 1/sqrt(D) unless given.
 
     q: (B, H, T, D); k, v: (B, G, S, D) with H a multiple of G (grouped-query attention);
     mask: additive, broadcastable to (B, H, T, S), or None. Returns (B, H, T, D) and, when
@@ -26,10 +26,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     """
     groups = q.shape[1] // k.shape[1]
     if not need_weights:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1), None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1, scale=scale), None
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-1, -2)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
     if mask is not None:
         scores = scores + mask
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
@@ -99,6 +100,7 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.kv_heads, config.head_dim
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.cross = cross
+        self.scale = config.attention_scale
         if cross:
             self.q = Linear(config.hidden_size, q_size, bias=config.attention_bias)
             self.kv = Linear(config.hidden_size, 2 * kv_size, bias=config.attention_bias)
@@ -131,6 +133,6 @@ class Attention(nn.Module):
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights, self.scale)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)  # (B, T, H * D)
         return self.out(out), weights
