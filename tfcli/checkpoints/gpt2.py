@@ -23,7 +23,7 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
                   max_position_embeddings=hf.get("n_positions", 1024),
                   layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
                   hidden_act=hf.get("activation_function", "gelu_new"),
-                  attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,
+                  query_pre_attn_scalar=None if hf.get("scale_attn_weights", True) else 1.0,  # unscaled: * 1
                   hidden_dropout_prob=hf.get("resid_pdrop", 0.1),
                   attention_probs_dropout_prob=hf.get("attn_pdrop", 0.1),
                   norm="layernorm", norm_position="pre", position="learned", type_vocab_size=0,
