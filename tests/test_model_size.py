@@ -35,6 +35,12 @@ CASES = {
     "encoder-decoder, sinusoidal, no segments": dict(architecture="encoder-decoder", position="sinusoidal",
                                                      type_vocab_size=0),
     "encoder without head": dict(head="none", type_vocab_size=3),
+    "encoder-decoder, T5: no positions, relative position bias, own head size, gated, no biases": dict(
+        architecture="encoder-decoder", head="lm", position="none", relative_attention_num_buckets=8, head_dim=6,
+        norm="rmsnorm", norm_position="pre", final_norm=True, feed_forward="gated", attention_bias=False,
+        attention_out_bias=False, mlp_bias=False, embedding_norm=False, scale_decoder_outputs=True),
+    "encoder-decoder, Marian: sinusoidal halves": dict(architecture="encoder-decoder", position="sinusoidal_halves",
+                                                        head="lm", lm_head_bias=True),
     "encoder-decoder, each stack its own token embeddings, untied head": dict(
         architecture="encoder-decoder", head="lm", share_encoder_decoder_embeddings=False, tie_word_embeddings=False),
     "decoder, sandwich norms, per-head q/k norms, own head size (Gemma 3)": dict(

@@ -18,7 +18,7 @@ from tfcli.errors import TfcliError
 
 ARCHITECTURES = ("encoder", "decoder", "encoder-decoder")
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu")
-POSITIONS = ("learned", "sinusoidal", "rotary")
+POSITIONS = ("learned", "sinusoidal", "sinusoidal_halves", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 NORM_POSITIONS = ("pre", "post", "sandwich", "sublayer_output")
 FEED_FORWARDS = ("mlp", "gated")
@@ -60,6 +60,8 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     position: str = "learned"
     position_offset: int = 0  # learned positions start here (RoBERTa: pad + 1, BART: 2)
+    relative_attention_num_buckets: int = 0  # > 0: a learned bias per head and relative-distance bucket (T5)
+    relative_attention_max_distance: int = 128  # distances from here on share the last bucket
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0  # rotary positions on this fraction of each head's dimensions (the first ones)
     rotary_interleaved: bool = False  # rotate adjacent pairs of dimensions (GPT-J), not the two halves (Llama)
@@ -85,6 +87,7 @@ class ModelConfig:
     head_act: str | None = None  # the activation in the MLM head's transform; None = hidden_act (RoBERTa: gelu)
     tie_word_embeddings: bool = True  # the LM head is the (decoder's) token embedding
     share_encoder_decoder_embeddings: bool = True  # encoder-decoder: one token embedding for both stacks
+    scale_decoder_outputs: bool = False  # LM head input scaled by hidden_size ** -0.5 (T5 with a tied head)
     lm_head_bias: bool = False  # a bias on the unembedding (MLM decoders, BART's final_logits_bias)
     num_labels: int = 2
     labels: list[str] = field(default_factory=list)
@@ -258,7 +261,12 @@ def _check_values(c: ModelConfig, origin: str) -> None:
             f"num_key_value_heads {c.kv_heads}", "each key/value head serves a whole group of query heads")
     _check_rotary(c, origin)
     _check_attention_variants(c, origin)
-    if c.position == "sinusoidal" and c.hidden_size % 2:
+    buckets = c.relative_attention_num_buckets
+    if buckets and (buckets < 4 or c.relative_attention_max_distance <= buckets // 2):
+        raise TfcliError(f"{origin}: relative positions need relative_attention_num_buckets >= 4 (or 0 for none) and "
+                         f"relative_attention_max_distance > half of them, got {buckets} and "
+                         f"{c.relative_attention_max_distance}", "T5 uses 32 buckets and a max distance of 128")
+    if c.position in ("sinusoidal", "sinusoidal_halves") and c.hidden_size % 2:
         raise TfcliError(f"{origin}: sinusoidal positions need an even hidden_size, got {c.hidden_size}")
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
         value = getattr(c, key)
@@ -387,6 +395,7 @@ def parameter_count(c: ModelConfig) -> int:
         embeddings = (c.max_position_embeddings + c.position_offset) * hidden if c.position == "learned" else 0
         embeddings += c.type_vocab_size * hidden if c.type_vocab_size > 0 and not causal else 0
         embeddings += norm if c.embedding_norm else 0
+        embeddings += c.relative_attention_num_buckets * c.num_attention_heads
         sublayer_norms = {"pre": 1, "post": 1, "sandwich": 2, "sublayer_output": 1}[c.norm_position] * norm
         block_norms = 2 * sublayer_norms - (norm if c.shared_block_norm else 0)
         block = self_attention + feed_forward + block_norms + (cross_attention + sublayer_norms if cross else 0)

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "bert-base"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "spm.model",
+                   "source.spm", "tokenizer.model")  # those tfcli cannot read give an error, not the bundled vocab
 HUB_ID = re.compile(r"(?:\w[\w.-]*/)?\w[\w.-]*")  # `name` or `owner/name`, as the hub spells them
 
 

@@ -29,7 +29,7 @@ def translate_seq2seq(hf: dict[str, Any], family: str, **overrides: Any) -> dict
             raise TfcliError(f"config.json: {family} with {a} != {b} is not supported by tfcli",
                              "tfcli's encoder and decoder share one head count and feed-forward size")
     head = architecture_head(hf, HEADS)
-    values = common(hf, architecture="encoder-decoder", hidden_size=hf.get("d_model", 1024),
+    base = dict(architecture="encoder-decoder", hidden_size=hf.get("d_model", 1024),
                     num_hidden_layers=hf.get("encoder_layers", 12), num_decoder_layers=hf.get("decoder_layers", 12),
                     num_attention_heads=hf.get("encoder_attention_heads", 16),
                     intermediate_size=hf.get("encoder_ffn_dim", 4096),
@@ -40,7 +40,8 @@ def translate_seq2seq(hf: dict[str, Any], family: str, **overrides: Any) -> dict
                     norm="layernorm", type_vocab_size=0, scale_embedding=bool(hf.get("scale_embedding", False)),
                     feed_forward="mlp", head=head, lm_head_bias=head == "lm",
                     tie_word_embeddings=hf.get("tie_word_embeddings", True),
-                    decoder_start_token_id=hf.get("decoder_start_token_id"), **overrides)
+                    decoder_start_token_id=hf.get("decoder_start_token_id"))
+    values = common(hf, **{**base, **overrides})
     values.pop("labels", None), values.pop("num_labels", None)  # the default id2label: no head uses it
     return values
 

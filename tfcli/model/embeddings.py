@@ -1,4 +1,5 @@
-"""Position (learned or sinusoidal) and segment embeddings added to the token embeddings, then a norm."""
+"""Position (learned or sinusoidal) and segment embeddings added to the token embeddings, then a norm.
+(Rotary and relative positions act inside attention: rotary.py, position_bias.py.)"""
 
 from __future__ import annotations
 
@@ -18,16 +19,21 @@ def embedding(count: int, dim: int) -> nn.Embedding:
     return nn.Embedding.from_pretrained(torch.empty(count, dim), freeze=False)
 
 
-def sinusoidal_table(length: int, dim: int) -> Tensor:
-    """The fixed encodings of "Attention is all you need": (length, dim), sin on even, cos on odd dims.
-    Computed on the CPU even while a model is built on the meta device: nothing loads it later."""
+def sinusoidal_table(length: int, dim: int, halves: bool = False) -> Tensor:
+    """The fixed encodings of "Attention is all you need": (length, dim) float32, sin(p / 10000^(2i/dim)) on
+    even dims and the cos on odd ones, or with `halves` all the sines first, then all the cosines (Marian).
+    Computed in float64, as transformers computes Marian's, and on the CPU even while a model is built on
+    the meta device: nothing loads it later."""
     cpu = torch.device("cpu")
-    position = torch.arange(length, dtype=torch.float32, device=cpu)[:, None]
-    rate = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=cpu) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim, device=cpu)
-    table[:, 0::2] = torch.sin(position * rate)
-    table[:, 1::2] = torch.cos(position * rate)
-    return table
+    position = torch.arange(length, dtype=torch.float64, device=cpu)[:, None]
+    rate = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64, device=cpu) * (-math.log(10000.0) / dim))
+    sin, cos = torch.sin(position * rate), torch.cos(position * rate)
+    if halves:
+        return torch.cat([sin, cos], dim=1).float()
+    table = torch.zeros(length, dim, dtype=torch.float64, device=cpu)
+    table[:, 0::2] = sin
+    table[:, 1::2] = cos
+    return table.float()
 
 
 class Embeddings(nn.Module):
@@ -40,9 +46,10 @@ class Embeddings(nn.Module):
         self.kind = config.position
         if config.position == "learned":
             self.positions = embedding(config.max_position_embeddings + config.position_offset, config.hidden_size)
-        elif config.position == "sinusoidal":
-            self.register_buffer("table", sinusoidal_table(config.max_position_embeddings, config.hidden_size),
-                                 persistent=False)
+        elif config.position in ("sinusoidal", "sinusoidal_halves"):
+            table = sinusoidal_table(config.max_position_embeddings, config.hidden_size,
+                                     halves=config.position == "sinusoidal_halves")
+            self.register_buffer("table", table, persistent=False)
         self.segments = embedding(config.type_vocab_size, config.hidden_size) if segments else None
         self.norm = norm(config) if config.embedding_norm else None
 
@@ -50,7 +57,7 @@ class Embeddings(nn.Module):
         x = token_embeddings
         if self.kind == "learned":
             x = x + self.positions(position_ids + self.offset)
-        elif self.kind == "sinusoidal":
+        elif self.kind in ("sinusoidal", "sinusoidal_halves"):
             x = x + self.table[position_ids].to(x.dtype)
         if self.segments is not None:
             if token_type_ids is None:

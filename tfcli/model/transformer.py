@@ -16,6 +16,7 @@ from tfcli.model.embeddings import Embeddings, embedding
 from tfcli.model.layers import Block, activation
 from tfcli.model.linear import Linear
 from tfcli.model.norms import RMSNormPlusOne, norm
+from tfcli.model.position_bias import RelativePositionBias
 from tfcli.model.rotary import Rotary
 
 
@@ -75,6 +76,9 @@ class Stack(nn.Module):
         self.local_rotary = Rotary(config, local=True) if rotary and config.local_rope_theta is not None else None
         self.blocks = nn.ModuleList(Block(config, cross=cross) for _ in range(num_layers))
         self.final_norm = norm(config) if config.final_norm else None
+        # a relative position bias every block adds to its self-attention scores (T5, MPNet)
+        buckets = config.relative_attention_num_buckets
+        self.position_bias = RelativePositionBias(config, bidirectional=not causal) if buckets else None
 
     def forward(self, token_embeddings: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, memory: Tensor | None = None,
@@ -95,6 +99,10 @@ class Stack(nn.Module):
         window_mask = attention_mask_bias(attention_mask, length, self.causal, dtype, device, past, self.window) \
             if any(self.sliding) else None
         cross_mask = attention_mask_bias(memory_mask, length, False, dtype, device) if memory is not None else None
+        if self.position_bias is not None:  # (1, H, T, S), added to the additive masks
+            bias = self.position_bias(length, past + length, past).to(dtype)
+            mask = bias if mask is None else mask + bias
+            window_mask = None if window_mask is None else window_mask + bias
 
         out = ModelOutput(last_hidden_state=x)
         keep_stages = capture is not None and capture.stages
@@ -128,7 +136,8 @@ class Stack(nn.Module):
 
 class LMHead(nn.Module):
     """Unembedding to the vocabulary (tied to the token embeddings when configured). MLM heads first
-    transform the hidden state (dense, activation, norm), as BERT's does. With final_logit_softcapping
+    transform the hidden state (dense, activation, norm), as BERT's does. With scale_decoder_outputs the
+    hidden state is first scaled by hidden_size ** -0.5 (T5's tied head). With final_logit_softcapping
     the logits are cap * tanh(logits / cap) (Gemma 2)."""
 
     def __init__(self, config: ModelConfig, token_embeddings: nn.Embedding):
@@ -143,9 +152,12 @@ class LMHead(nn.Module):
             self.unembed.weight = token_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
         self.softcap = config.final_logit_softcapping
+        self.input_scale = config.hidden_size ** -0.5 if config.scale_decoder_outputs else None
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, hidden) -> (B, T, V)."""
+        if self.input_scale is not None:
+            x = x * self.input_scale
         if self.transform:
             x = self.norm(self.act(self.dense(x)))
         logits = self.unembed(x)

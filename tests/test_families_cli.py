@@ -1,0 +1,67 @@
+"""The new encoder and encoder-decoder families through the commands: encode (attention of every kind, the logit
+lens, --target), generate (greedy ids equal to transformers' generate on the same tokens), compare, classify;
+and a tokenizer tfcli cannot read is refused rather than replaced by the bundled BERT vocabulary.
+
+The checkpoints are tiny and random, with the bundled BERT vocabulary's size so the bundled tokenizer fits.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+VOCAB = 30522  # the bundled BERT tokenizer's
+
+
+def records(result) -> list[dict]:
+    assert result.exit_code == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.fixture
+def t5_dir(tmp_path, save_hf_model):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=20, decoder_start_token_id=0,
+                      feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    save_hf_model(T5ForConditionalGeneration, config, tmp_path, perturb=True)
+    return tmp_path
+
+
+def test_t5_encode_shows_every_kind_of_attention_and_the_lens(cli, t5_dir):
+    (record,) = records(cli("encode", "time flies like an arrow", "--model", str(t5_dir), "--target", "it flies",
+                            "--top-k", "2", "--json"))
+    assert record["target_tokens"] == ["[PAD]", "it", "flies"]  # T5's decoder starts from the pad token, id 0
+    kinds = {(a["kind"], a["layer"]) for a in record["attention"]}
+    assert kinds == {(kind, layer) for kind in ("encoder", "decoder", "cross") for layer in (0, 1)}
+    assert [row["layer"] for row in record["lens"]] == [0, 1]
+    assert all(len(position) == 2 for row in record["lens"] for position in row["top"])
+    stages = [s["stage"] for s in record["shapes"]]
+    assert "encoder final norm" in stages and "decoder final norm" in stages and stages[-1] == "decoder head"
+
+
+def test_t5_generate_equals_transformers_and_compare_passes(cli, t5_dir):
+    from transformers import T5ForConditionalGeneration
+
+    (record,) = records(cli("generate", "time flies like an arrow", "--model", str(t5_dir), "-n", "6", "--json"))
+    hf = T5ForConditionalGeneration.from_pretrained(str(t5_dir)).eval()
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([record["prompt_ids"]]), max_new_tokens=6, do_sample=False, num_beams=1)
+    assert record["generated_ids"] == expected[0, 1:].tolist()  # without the start token
+
+    (comparison,) = records(cli("compare", str(t5_dir), "time flies like an arrow", "--json"))
+    names = {t["name"] for t in comparison["tensors"]}
+    assert {"encoder.hidden.2", "decoder.attention.1", "decoder.cross_attention.1", "logits"} <= names
+    assert comparison["max_abs_diff"] <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["spiece.model", "sentencepiece.bpe.model", "source.spm"])
+def test_a_sentencepiece_only_tokenizer_is_refused_not_replaced(cli, t5_dir, name):
+    (t5_dir / name).write_bytes(b"\x0a\x00")  # present: tfcli must not fall back to the bundled vocabulary
+    result = cli("encode", "hello", "--model", str(t5_dir))
+    assert result.exit_code == 1
+    assert f"its tokenizer is {name}, which tfcli does not read" in result.stderr
+    assert "save_pretrained" in result.stderr
