@@ -263,9 +263,9 @@ def test_truncated_bin(cli, checkpoint, tmp_path):
 
 
 def test_unsupported_model_type_lists_supported(cli, tmp_path):
-    (tmp_path / "t5").mkdir()
-    write(tmp_path / "t5" / "config.json", json.dumps({"model_type": "t5", "d_model": 32}))
-    message = assert_error(cli("encode", "--model", str(tmp_path / "t5"), "hi"), 1, "unsupported model_type `t5`")
+    (tmp_path / "xlnet").mkdir()
+    write(tmp_path / "xlnet" / "config.json", json.dumps({"model_type": "xlnet", "d_model": 32}))
+    message = assert_error(cli("encode", "--model", str(tmp_path / "xlnet"), "hi"), 1, "unsupported model_type `xlnet`")
     assert "supported model types:" in message and "bert" in message
 
 

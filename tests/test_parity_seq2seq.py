@@ -23,9 +23,9 @@ DECODER_MASK = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
 T5 = dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
           relative_attention_max_distance=20, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
 BART_SIZES = dict(vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
-                  forced_eos_token_id=None)
-MBART = dict(BART_SIZES, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True)
+                  decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
+MBART = dict(BART_SIZES, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
+             forced_eos_token_id=2)
 MARIAN = dict(BART_SIZES, pad_token_id=95, eos_token_id=94, decoder_start_token_id=95, scale_embedding=True,
               activation_function="swish")
 
@@ -50,6 +50,9 @@ def pair(tmp_path, save_hf_model):
         config_class, model_class, settings = CASES[case]
         config = getattr(transformers, config_class)(**settings)
         hf = save_hf_model(getattr(transformers, model_class), config, tmp_path, perturb=True)
+        if case == "mbart":  # mBART-50 forces the target language code first: generation_config.json says so
+            hf.generation_config.forced_bos_token_id = 7
+            hf.save_pretrained(tmp_path)
         return hf, tfcli.load_model(str(tmp_path))
 
     return make
@@ -86,6 +89,8 @@ def test_parity_and_greedy_generation(pair, assert_close, case):
         expected = hf.generate(IDS, attention_mask=MASK, max_new_tokens=12, do_sample=False, num_beams=1)
     generated = ours.generate(IDS, attention_mask=MASK, max_new_tokens=12)
     assert generated.tolist() == expected.tolist()
+    if case == "mbart":  # the forced first and last tokens are among those compared
+        assert generated[:, 1].tolist() == [7, 7] and generated[:, -1].tolist() == [2, 2]
     # random tiny models repeat tokens, so also check each cached step's logits against a full forward pass
     steps = torch.stack([step.logits for step in decode(ours, IDS, MASK, max_new_tokens=12)], dim=1)
     with torch.no_grad():

@@ -99,6 +99,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None  # several ids: any of them ends a generation
     decoder_start_token_id: int | None = None
+    forced_bos_token_id: int | None = None  # generate's first new token when the sequence so far is one token
+    forced_eos_token_id: int | None = None  # generate's last new token when max_new_tokens is reached
 
     @property
     def head_size(self) -> int:
@@ -280,7 +282,8 @@ def _check_values(c: ModelConfig, origin: str) -> None:
     if c.head == "lm" and c.architecture == "encoder":
         raise TfcliError(f"{origin}: head `lm` needs a decoder (architecture decoder or encoder-decoder)",
                          "an encoder predicts masked tokens with head `mlm`")
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_bos_token_id",
+                "forced_eos_token_id"):
         value = getattr(c, key)
         for token in value if isinstance(value, list) else [value]:
             if token is not None and not 0 <= token < c.vocab_size:

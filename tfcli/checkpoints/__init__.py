@@ -58,8 +58,22 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
     return family(model_type, origin).translate(values)
 
 
+# what transformers' generate takes from generation_config.json, beside config.json, rather than from config.json
+GENERATION_KEYS = ("decoder_start_token_id", "eos_token_id", "forced_bos_token_id", "forced_eos_token_id")
+
+
 def read_hf_config(path: Path) -> ModelConfig:
-    """Read a Hugging Face config.json and translate it for its model_type."""
+    """Read a Hugging Face config.json and translate it for its model_type. The token ids that steer generation
+    come from generation_config.json beside it, where there is one, as transformers' generate takes them."""
+    values = _read_json(path)
+    generation = path.parent / "generation_config.json"
+    if path.name == "config.json" and generation.is_file():
+        settings = _read_json(generation)
+        values = {**values, **{key: settings[key] for key in GENERATION_KEYS if key in settings}}
+    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -70,7 +84,7 @@ def read_hf_config(path: Path) -> ModelConfig:
         raise TfcliError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
     if not isinstance(values, dict):
         raise TfcliError(f"{path}: expected a JSON object")
-    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
+    return values
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,6 @@
 """mBART and mBART-50 (MBartModel, MBartForConditionalGeneration): BART's layout and names, pre-norm, with a
 final norm per stack (`encoder.layer_norm`, `decoder.layer_norm`) after the embedding norm and the blocks.
-
-Translation with mBART-50 starts the output with the target language's code: transformers forces it with
-`forced_bos_token_id`, which tfcli's generate does not apply (give the code as the start of `--target`).
+(mBART-50 translates into the language whose code `forced_bos_token_id` forces first, as generate does.)
 """
 
 from __future__ import annotations
