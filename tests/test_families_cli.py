@@ -65,3 +65,33 @@ def test_a_sentencepiece_only_tokenizer_is_refused_not_replaced(cli, t5_dir, nam
     assert result.exit_code == 1
     assert f"its tokenizer is {name}, which tfcli does not read" in result.stderr
     assert "save_pretrained" in result.stderr
+
+
+def test_electra_discriminator_encode_has_a_score_per_token_and_no_lens(cli, tmp_path, save_hf_model):
+    """Its embeddings are narrower than the hidden state and it has no MLM head: nothing to unembed through."""
+    from transformers import ElectraConfig, ElectraForPreTraining
+
+    config = ElectraConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=48)
+    save_hf_model(ElectraForPreTraining, config, tmp_path)
+    (record,) = records(cli("encode", "time flies like an arrow", "--model", str(tmp_path), "--json"))
+    head = record["shapes"][-1]
+    assert head["stage"] == "head" and head["shape"] == [len(record["ids"])]
+    assert record["shapes"][0]["shape"] == [len(record["ids"]), 32]  # hidden.0: projected to the hidden size
+    assert record["lens"] == [] and len(record["attention"]) == 2
+
+
+@pytest.mark.parametrize("family", ["albert", "electra"])
+def test_classify_reads_the_checkpoint_labels(cli, tmp_path, save_hf_model, family):
+    import transformers
+
+    prefix = {"albert": "Albert", "electra": "Electra"}[family]
+    config = getattr(transformers, f"{prefix}Config")(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=48, id2label={0: "negative", 1: "positive"})
+    hf = save_hf_model(getattr(transformers, f"{prefix}ForSequenceClassification"), config, tmp_path, perturb=True)
+    (record,) = records(cli("classify", "I loved this film", "--model", str(tmp_path), "--json"))
+    assert record["labels"] == ["negative", "positive"]
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor([record["ids"]])).logits.softmax(-1)[0]
+    assert torch.allclose(torch.tensor(record["probs"]), expected, atol=1e-5)

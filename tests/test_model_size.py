@@ -39,6 +39,12 @@ CASES = {
         architecture="encoder-decoder", head="lm", position="none", relative_attention_num_buckets=8, head_dim=6,
         norm="rmsnorm", norm_position="pre", final_norm=True, feed_forward="gated", attention_bias=False,
         attention_out_bias=False, mlp_bias=False, embedding_norm=False, scale_decoder_outputs=True),
+    "encoder, ALBERT: narrower embeddings projected up, one shared block, MLM head": dict(
+        embedding_size=8, num_hidden_groups=1, head="mlm", lm_head_bias=True, num_hidden_layers=3),
+    "encoder, two groups over three layers, untied MLM head": dict(
+        embedding_size=8, num_hidden_groups=2, head="mlm", tie_word_embeddings=False, num_hidden_layers=3),
+    "encoder, ELECTRA discriminator": dict(embedding_size=8, head="discriminator"),
+    "classifier with a GELU pooler": dict(head="classifier", classifier_pooler="gelu", num_labels=3),
     "encoder-decoder, Marian: sinusoidal halves": dict(architecture="encoder-decoder", position="sinusoidal_halves",
                                                         head="lm", lm_head_bias=True),
     "encoder-decoder, each stack its own token embeddings, untied head": dict(

@@ -22,8 +22,8 @@ POSITIONS = ("learned", "sinusoidal", "sinusoidal_halves", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 NORM_POSITIONS = ("pre", "post", "sandwich", "sublayer_output")
 FEED_FORWARDS = ("mlp", "gated")
-HEADS = ("none", "mlm", "lm", "classifier")
-CLASSIFIER_POOLERS = ("none", "tanh", "relu")
+HEADS = ("none", "mlm", "lm", "classifier", "discriminator")
+CLASSIFIER_POOLERS = ("none", "tanh", "relu", "gelu")
 QK_NORMS = ("none", "head", "projection")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # rope_scaling: the keys each RoPE scaling type takes (the first ones required), as Hugging Face names them
@@ -47,6 +47,10 @@ class ModelConfig:
     hidden_size: int = 768
     num_hidden_layers: int = 12
     num_decoder_layers: int | None = None  # encoder-decoder only; None = num_hidden_layers
+    num_hidden_groups: int | None = None  # blocks sharing weights: block i runs group int(i / (layers / groups))
+    # (ALBERT: 1, one block's weights at every depth); None = every block its own
+    embedding_size: int | None = None  # embeddings this wide, then projected to hidden_size by a linear layer
+    # (ALBERT, ELECTRA); None = hidden_size, no projection
     num_attention_heads: int = 12
     num_key_value_heads: int | None = None  # grouped-query attention; None = num_attention_heads
     head_dim: int | None = None  # size of each head; None = hidden_size / num_attention_heads
@@ -83,7 +87,7 @@ class ModelConfig:
     attention_bias: bool = True  # biases on the Q/K/V projections
     attention_out_bias: bool = True  # bias on the attention output projection
     mlp_bias: bool = True
-    head: str = "none"  # none | mlm | lm | classifier
+    head: str = "none"  # none | mlm | lm | classifier | discriminator (a score per token: ELECTRA)
     head_act: str | None = None  # the activation in the MLM head's transform; None = hidden_act (RoBERTa: gelu)
     tie_word_embeddings: bool = True  # the LM head is the (decoder's) token embedding
     share_encoder_decoder_embeddings: bool = True  # encoder-decoder: one token embedding for both stacks
@@ -156,6 +160,7 @@ CHOICES = {
     "qk_norm": QK_NORMS,
 }
 POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "embedding_size", "num_hidden_groups",
             "max_position_embeddings", "num_labels", "num_decoder_layers", "num_key_value_heads", "head_dim",
             "sliding_window", "local_rope_theta", "query_pre_attn_scalar", "attn_logit_softcapping",
             "final_logit_softcapping")
@@ -279,6 +284,14 @@ def _check_values(c: ModelConfig, origin: str) -> None:
     if c.labels and len(c.labels) != c.num_labels:
         raise TfcliError(f"{origin}: {len(c.labels)} labels given but num_labels is {c.num_labels}",
                          "give one name per label, or leave `num_labels` out to count them")
+    groups, layers = c.num_hidden_groups, min(c.num_hidden_layers, c.decoder_layers)
+    if groups is not None and groups > layers:
+        raise TfcliError(f"{origin}: num_hidden_groups {groups} is more than the {layers} layers that share them",
+                         "a group is a block whose weights several consecutive layers use")
+    if c.embedding_size not in (None, c.hidden_size) and c.head == "lm":
+        raise TfcliError(f"{origin}: an `lm` head reads the hidden state through the token embeddings, so "
+                         f"embedding_size ({c.embedding_size}) must equal hidden_size ({c.hidden_size})",
+                         "an `mlm` head projects the hidden state down to embedding_size first")
     if c.head == "lm" and c.architecture == "encoder":
         raise TfcliError(f"{origin}: head `lm` needs a decoder (architecture decoder or encoder-decoder)",
                          "an encoder predicts masked tokens with head `mlm`")
@@ -394,28 +407,33 @@ def parameter_count(c: ModelConfig) -> int:
     else:
         feed_forward = linear(hidden, inner, c.mlp_bias) + linear(inner, hidden, c.mlp_bias)
 
+    width = c.embedding_size or hidden  # of the embeddings
+
     def stack(layers: int, causal: bool, cross: bool) -> int:
-        embeddings = (c.max_position_embeddings + c.position_offset) * hidden if c.position == "learned" else 0
-        embeddings += c.type_vocab_size * hidden if c.type_vocab_size > 0 and not causal else 0
-        embeddings += norm if c.embedding_norm else 0
+        embeddings = (c.max_position_embeddings + c.position_offset) * width if c.position == "learned" else 0
+        embeddings += c.type_vocab_size * width if c.type_vocab_size > 0 and not causal else 0
+        embeddings += norm_of(width) if c.embedding_norm else 0
+        embeddings += linear(width, hidden) if c.embedding_size is not None else 0
         embeddings += c.relative_attention_num_buckets * c.num_attention_heads
         sublayer_norms = {"pre": 1, "post": 1, "sandwich": 2, "sublayer_output": 1}[c.norm_position] * norm
         block_norms = 2 * sublayer_norms - (norm if c.shared_block_norm else 0)
         block = self_attention + feed_forward + block_norms + (cross_attention + sublayer_norms if cross else 0)
-        return embeddings + layers * block + (norm if c.final_norm else 0)
+        return embeddings + min(layers, c.num_hidden_groups or layers) * block + (norm if c.final_norm else 0)
 
-    total = vocab * hidden  # token embeddings
+    total = vocab * width  # token embeddings
     if c.architecture == "encoder-decoder" and not c.share_encoder_decoder_embeddings:
-        total += vocab * hidden  # the decoder's own
+        total += vocab * width  # the decoder's own
     if c.architecture != "decoder":
         total += stack(c.num_hidden_layers, causal=False, cross=False)
     if c.architecture != "encoder":
         layers = c.decoder_layers if c.architecture == "encoder-decoder" else c.num_hidden_layers
         total += stack(layers, causal=True, cross=c.architecture == "encoder-decoder")
     if c.head in ("mlm", "lm"):
-        total += linear(hidden, hidden) + 2 * hidden if c.head == "mlm" else 0  # dense + LayerNorm
-        total += 0 if c.tie_word_embeddings else vocab * hidden
+        total += linear(hidden, width) + 2 * width if c.head == "mlm" else 0  # dense + LayerNorm
+        total += 0 if c.tie_word_embeddings else vocab * width
         total += vocab if c.lm_head_bias else 0
     elif c.head == "classifier":
         total += (linear(hidden, hidden) if c.classifier_pooler != "none" else 0) + linear(hidden, c.num_labels)
+    elif c.head == "discriminator":
+        total += linear(hidden, hidden) + linear(hidden, 1)
     return total

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
+from tfcli.model.linear import Linear
 from tfcli.model.norms import norm
 
 
@@ -37,23 +38,26 @@ def sinusoidal_table(length: int, dim: int, halves: bool = False) -> Tensor:
 
 
 class Embeddings(nn.Module):
-    """Adds positions and segments to token embeddings (B, T, hidden) and normalises when configured.
-    Rotary positions are applied inside attention instead, so they add nothing here."""
+    """Adds positions and segments to token embeddings (B, T, width) and normalises when configured; with
+    config.embedding_size (ALBERT, ELECTRA) the embeddings are that wide and a linear layer (`project`) then
+    maps them to hidden_size. Rotary and relative positions act inside attention instead."""
 
     def __init__(self, config: ModelConfig, segments: bool):
         super().__init__()
         self.offset = config.position_offset
         self.kind = config.position
+        width = config.embedding_size or config.hidden_size
         if config.position == "learned":
-            self.positions = embedding(config.max_position_embeddings + config.position_offset, config.hidden_size)
+            self.positions = embedding(config.max_position_embeddings + config.position_offset, width)
         elif config.position in ("sinusoidal", "sinusoidal_halves"):
-            table = sinusoidal_table(config.max_position_embeddings, config.hidden_size,
-                                     halves=config.position == "sinusoidal_halves")
+            table = sinusoidal_table(config.max_position_embeddings, width, halves=config.position == "sinusoidal_halves")
             self.register_buffer("table", table, persistent=False)
-        self.segments = embedding(config.type_vocab_size, config.hidden_size) if segments else None
-        self.norm = norm(config) if config.embedding_norm else None
+        self.segments = embedding(config.type_vocab_size, width) if segments else None
+        self.norm = norm(config, width) if config.embedding_norm else None
+        self.project = Linear(width, config.hidden_size) if config.embedding_size is not None else None
 
     def forward(self, token_embeddings: Tensor, position_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
+        """(B, T, width) token embeddings, (B, T) positions and segments -> (B, T, hidden_size)."""
         x = token_embeddings
         if self.kind == "learned":
             x = x + self.positions(position_ids + self.offset)
@@ -63,4 +67,5 @@ class Embeddings(nn.Module):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids)
             x = x + self.segments(token_type_ids)
-        return self.norm(x) if self.norm is not None else x
+        x = self.norm(x) if self.norm is not None else x
+        return self.project(x) if self.project is not None else x

@@ -74,7 +74,9 @@ class Stack(nn.Module):
         self.rotary = Rotary(config) if rotary else None
         # sliding-window layers may turn at a base of their own (Gemma 3)
         self.local_rotary = Rotary(config, local=True) if rotary and config.local_rope_theta is not None else None
-        self.blocks = nn.ModuleList(Block(config, cross=cross) for _ in range(num_layers))
+        # blocks may share weights (ALBERT): layer i runs group int(i / (layers / groups)), as transformers counts
+        groups = [Block(config, cross=cross) for _ in range(config.num_hidden_groups or num_layers)]
+        self.blocks = nn.ModuleList(groups[int(i / (num_layers / len(groups)))] for i in range(num_layers))
         self.final_norm = norm(config) if config.final_norm else None
         # a relative position bias every block adds to its self-attention scores (T5, MPNet)
         buckets = config.relative_attention_num_buckets
@@ -143,11 +145,12 @@ class LMHead(nn.Module):
     def __init__(self, config: ModelConfig, token_embeddings: nn.Embedding):
         super().__init__()
         self.transform = config.head == "mlm"
+        width = config.embedding_size or config.hidden_size  # the token embeddings', which an MLM head maps to
         if self.transform:
-            self.dense = Linear(config.hidden_size, config.hidden_size)
+            self.dense = Linear(config.hidden_size, width)
             self.act = activation(config.head_act or config.hidden_act)
-            self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.unembed = Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.unembed = Linear(width, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.unembed.weight = token_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
@@ -187,6 +190,20 @@ class ClassificationHead(nn.Module):
         return self.out(self.dropout(x))
 
 
+class DiscriminatorHead(nn.Module):
+    """A score per token (ELECTRA's replaced-token detector): dense -> activation -> linear to one value."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.out = Linear(config.hidden_size, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, hidden) -> (B, T)."""
+        return self.out(self.act(self.dense(x))).squeeze(-1)
+
+
 class TransformerModel(nn.Module):
     """An encoder, a decoder or an encoder-decoder, with an optional head (config.head).
 
@@ -200,9 +217,10 @@ class TransformerModel(nn.Module):
         super().__init__()
         self.config = config
         arch = config.architecture
-        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)  # the encoder's, or the only one
+        width = config.embedding_size or config.hidden_size
+        self.embed_tokens = embedding(config.vocab_size, width)  # the encoder's, or the only one
         own = arch == "encoder-decoder" and not config.share_encoder_decoder_embeddings
-        self.decoder_embed_tokens = embedding(config.vocab_size, config.hidden_size) if own else None
+        self.decoder_embed_tokens = embedding(config.vocab_size, width) if own else None
         self.encoder = Stack(config, False, False, config.num_hidden_layers) if arch != "decoder" else None
         if arch == "encoder":
             self.decoder = None
@@ -214,6 +232,8 @@ class TransformerModel(nn.Module):
             self.head = LMHead(config, self.token_embedding(self.output_stack))
         elif config.head == "classifier":
             self.head = ClassificationHead(config)
+        elif config.head == "discriminator":
+            self.head = DiscriminatorHead(config)
         self.embedding_scale = config.hidden_size ** 0.5 if config.scale_embedding else 1.0
 
     @property
@@ -265,9 +285,17 @@ class TransformerModel(nn.Module):
             out.logits = self.head(hidden)
         return out
 
+    @property
+    def has_lens(self) -> bool:
+        """Whether `unembed` can read a hidden state: through an LM head, or token embeddings as wide as it
+        (not so for ALBERT or ELECTRA without their MLM head: their embeddings are narrower)."""
+        return isinstance(self.head, LMHead) or self.token_embedding(self.output_stack).weight.shape[1] == \
+            self.config.hidden_size
+
     def unembed(self, hidden: Tensor) -> Tensor:
         """Logit lens: what a hidden state (B, T, hidden) of the output stack would predict, (B, T, V):
-        through the final norm and the LM head where the model has them, else the token embeddings."""
+        through the final norm and the LM head where the model has them, else the token embeddings
+        (see has_lens)."""
         stack = self.output_stack
         if stack.final_norm is not None:
             hidden = stack.final_norm(hidden)

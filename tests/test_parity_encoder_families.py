@@ -1,0 +1,79 @@
+"""Encoder families against transformers (fp32, tiny random checkpoints saved by transformers itself, with the
+real models' distinctive settings): ELECTRA (narrower embeddings projected up; discriminator, generator and
+classifier heads), ALBERT (factorised embeddings, one block's weights at every depth, and two groups).
+
+A padded batch; every hidden state, every attention map (real tokens) and the logits within 1e-4.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tfcli
+from tfcli.model import Capture
+
+IDS = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11], [9, 31, 12, 50, 44, 0, 0, 0]])
+MASK = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
+LABELS = {0: "entailment", 1: "neutral", 2: "contradiction"}
+ELECTRA = dict(vocab_size=96, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=48, max_position_embeddings=64)
+ALBERT = dict(vocab_size=96, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+              intermediate_size=48, max_position_embeddings=64)
+
+CASES = {  # config class, model class, settings, tfcli head
+    "electra discriminator": ("ElectraConfig", "ElectraForPreTraining", ELECTRA, "discriminator"),
+    "electra generator (relu, its head still GELU)": ("ElectraConfig", "ElectraForMaskedLM", dict(
+        ELECTRA, hidden_act="relu"), "mlm"),
+    "electra classifier, embeddings as wide as the hidden state": ("ElectraConfig", "ElectraForSequenceClassification",
+                                                                   dict(ELECTRA, embedding_size=32, id2label=LABELS),
+                                                                   "classifier"),
+    "albert masked lm, one shared block": ("AlbertConfig", "AlbertForMaskedLM", ALBERT, "mlm"),
+    "albert classifier, two groups over three layers": ("AlbertConfig", "AlbertForSequenceClassification", dict(
+        ALBERT, num_hidden_groups=2, id2label=LABELS), "classifier"),
+    "albert pretraining, untied": ("AlbertConfig", "AlbertForPreTraining", dict(ALBERT, tie_word_embeddings=False),
+                                   "mlm"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_parity(tmp_path, save_hf_model, assert_close, case):
+    import transformers
+
+    config_class, model_class, settings, head = CASES[case]
+    hf = save_hf_model(getattr(transformers, model_class), getattr(transformers, config_class)(**settings), tmp_path,
+                       perturb=True)
+    ours = tfcli.load_model(str(tmp_path))
+    assert ours.config.head == head
+    with torch.no_grad():
+        theirs = hf(input_ids=IDS, attention_mask=MASK, output_hidden_states=True, output_attentions=True)
+        mine = ours(IDS, attention_mask=MASK, capture=Capture())
+    real = MASK.bool()
+    assert len(mine.hidden_states) == len(theirs.hidden_states) == settings["num_hidden_layers"] + 1
+    for i, (a, b) in enumerate(zip(mine.hidden_states, theirs.hidden_states)):
+        assert_close(f"hidden.{i}", a[real], b[real])
+    assert len(mine.attentions) == len(theirs.attentions)
+    for i, b in enumerate(theirs.attentions):
+        for row in range(2):
+            n = int(MASK[row].sum())
+            assert_close(f"attention.{i}", mine.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
+    logits = getattr(theirs, "logits", None)
+    if logits is None:
+        logits = theirs.prediction_logits  # AlbertForPreTraining
+    assert_close("logits", mine.logits if head == "classifier" else mine.logits[real],
+                 logits if head == "classifier" else logits[real])
+
+
+def test_albert_runs_one_block_at_every_depth(tmp_path, save_hf_model):
+    """The shared weights are held once, yet each depth has its own attention map and hidden state."""
+    from transformers import AlbertConfig, AlbertModel
+
+    save_hf_model(AlbertModel, AlbertConfig(**ALBERT), tmp_path)
+    ours = tfcli.load_model(str(tmp_path))
+    blocks = ours.encoder.blocks
+    assert blocks[0] is blocks[1] is blocks[2]
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in blocks[0].parameters()) + sum(
+        p.numel() for p in ours.embed_tokens.parameters()) + sum(p.numel() for p in ours.encoder.embeddings.parameters())
+    with torch.no_grad():
+        out = ours(IDS[:1], capture=Capture())
+    assert len(out.attentions) == 3 and not torch.equal(out.attentions[0], out.attentions[1])
