@@ -95,3 +95,40 @@ def test_classify_reads_the_checkpoint_labels(cli, tmp_path, save_hf_model, fami
     with torch.no_grad():
         expected = hf(input_ids=torch.tensor([record["ids"]])).logits.softmax(-1)[0]
     assert torch.allclose(torch.tensor(record["probs"]), expected, atol=1e-5)
+
+
+@pytest.fixture
+def deberta_nli(tmp_path, save_hf_model):
+    """A tiny DeBERTa-v3-shaped NLI classifier (disentangled attention, log buckets, shared keys)."""
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    config = DebertaV2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=48, relative_attention=True, pos_att_type="p2c|c2p", position_buckets=4,
+                             max_relative_positions=6, share_att_key=True, norm_rel_ebd="layer_norm",
+                             position_biased_input=False, type_vocab_size=0, initializer_range=0.2,
+                             id2label={0: "entailment", 1: "neutral", 2: "contradiction"})
+    return save_hf_model(DebertaV2ForSequenceClassification, config, tmp_path, perturb=True), tmp_path
+
+
+def test_deberta_encode_shows_attention_and_lens(cli, deberta_nli):
+    _, path = deberta_nli
+    (record,) = records(cli("encode", "a man plays a guitar", "--model", str(path), "--json", "--heads", "0,3"))
+    assert [(a["layer"], a["head"]) for a in record["attention"]] == [(0, 0), (0, 3), (1, 0), (1, 3)]
+    assert [row["layer"] for row in record["lens"]] == [0, 1]  # through the tied token embeddings
+
+
+def test_deberta_classifies_sentence_pairs_like_transformers(deberta_nli):
+    """Sentence pairs through the Python API (the classify command takes one text per record)."""
+    import tfcli
+    from tfcli import classify
+
+    hf, path = deberta_nli
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    premises, hypotheses = ["a man plays a guitar", "the cat sleeps"], ["someone makes music", "a dog barks loudly"]
+    encodings = tokenizer.encode(premises, pairs=hypotheses)
+    results = classify.run(model, tokenizer, encodings)
+    ids, mask, _ = (torch.tensor(rows) for rows in tokenizer.pad(encodings))
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask).logits.softmax(-1)
+    assert [r.labels for r in results] == [["entailment", "neutral", "contradiction"]] * 2
+    assert torch.allclose(torch.tensor([r.probs for r in results]), expected, atol=1e-5)

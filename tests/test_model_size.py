@@ -44,6 +44,13 @@ CASES = {
     "encoder, two groups over three layers, untied MLM head": dict(
         embedding_size=8, num_hidden_groups=2, head="mlm", tie_word_embeddings=False, num_hidden_layers=3),
     "encoder, ELECTRA discriminator": dict(embedding_size=8, head="discriminator"),
+    "encoder, DeBERTa-v3: disentangled attention, shared keys, buckets, normed table": dict(
+        relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8, max_relative_positions=16,
+        share_att_key=True, norm_rel_ebd=True, position="none", type_vocab_size=0, head="mlm"),
+    "encoder, DeBERTa-v2: own position projections for c2p only, exact distances": dict(
+        relative_attention=True, pos_att_type=["c2p"], max_relative_positions=16, head="classifier"),
+    "encoder, MPNet: relative position bias with learned positions": dict(
+        relative_attention_num_buckets=32, position_offset=2, type_vocab_size=0, head="mlm"),
     "classifier with a GELU pooler": dict(head="classifier", classifier_pooler="gelu", num_labels=3),
     "encoder-decoder, Marian: sinusoidal halves": dict(architecture="encoder-decoder", position="sinusoidal_halves",
                                                         head="lm", lm_head_bias=True),

@@ -66,6 +66,12 @@ class ModelConfig:
     position_offset: int = 0  # learned positions start here (RoBERTa: pad + 1, BART: 2)
     relative_attention_num_buckets: int = 0  # > 0: a learned bias per head and relative-distance bucket (T5)
     relative_attention_max_distance: int = 128  # distances from here on share the last bucket
+    relative_attention: bool = False  # DeBERTa's disentangled attention (model/disentangled.py), encoders only:
+    pos_att_type: list[str] = field(default_factory=list)  # its position terms: c2p, p2c
+    position_buckets: int = 0  # relative distances bucketed logarithmically beyond half of this; 0 = exact
+    max_relative_positions: int = 0  # the furthest distance told apart (the table's span without buckets)
+    share_att_key: bool = False  # the position terms use the attention's own query and key projections
+    norm_rel_ebd: bool = False  # a LayerNorm on the relative position embeddings
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0  # rotary positions on this fraction of each head's dimensions (the first ones)
     rotary_interleaved: bool = False  # rotate adjacent pairs of dimensions (GPT-J), not the two halves (Llama)
@@ -273,6 +279,14 @@ def _check_values(c: ModelConfig, origin: str) -> None:
         raise TfcliError(f"{origin}: relative positions need relative_attention_num_buckets >= 4 (or 0 for none) and "
                          f"relative_attention_max_distance > half of them, got {buckets} and "
                          f"{c.relative_attention_max_distance}", "T5 uses 32 buckets and a max distance of 128")
+    if c.relative_attention:
+        if c.architecture != "encoder":
+            raise TfcliError(f"{origin}: relative_attention (DeBERTa's) is implemented for encoders only")
+        if not set(c.pos_att_type) <= {"c2p", "p2c"}:
+            raise TfcliError(f"{origin}: pos_att_type takes c2p and p2c, got {c.pos_att_type}")
+        if c.max_relative_positions < 1 or c.position_buckets < 0 or c.position_buckets == 1:
+            raise TfcliError(f"{origin}: relative_attention needs max_relative_positions >= 1 and position_buckets "
+                             f"0 (exact distances) or >= 2, got {c.max_relative_positions} and {c.position_buckets}")
     if c.position in ("sinusoidal", "sinusoidal_halves") and c.hidden_size % 2:
         raise TfcliError(f"{origin}: sinusoidal positions need an even hidden_size, got {c.hidden_size}")
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
@@ -400,6 +414,8 @@ def parameter_count(c: ModelConfig) -> int:
     qk_norms = {"none": 0, "head": 2 * norm_of(c.head_size), "projection": norm_of(q_size) + norm_of(kv_size)}
     self_attention = (linear(hidden, q_size + 2 * kv_size, c.attention_bias)
                       + linear(q_size, hidden, c.attention_out_bias) + qk_norms[c.qk_norm])
+    if c.relative_attention and not c.share_att_key:  # DeBERTa's own position projections
+        self_attention += sum(linear(hidden, q_size) for term in ("c2p", "p2c") if term in c.pos_att_type)
     cross_attention = (linear(hidden, q_size, c.attention_bias) + linear(hidden, 2 * kv_size, c.attention_bias)
                        + linear(q_size, hidden, c.attention_out_bias))
     if c.feed_forward == "gated":
@@ -415,6 +431,9 @@ def parameter_count(c: ModelConfig) -> int:
         embeddings += norm_of(width) if c.embedding_norm else 0
         embeddings += linear(width, hidden) if c.embedding_size is not None else 0
         embeddings += c.relative_attention_num_buckets * c.num_attention_heads
+        if c.relative_attention:  # DeBERTa's relative position embeddings and their norm
+            span = c.position_buckets if c.position_buckets > 0 else c.max_relative_positions
+            embeddings += 2 * span * hidden + (2 * hidden if c.norm_rel_ebd else 0)
         sublayer_norms = {"pre": 1, "post": 1, "sandwich": 2, "sublayer_output": 1}[c.norm_position] * norm
         block_norms = 2 * sublayer_norms - (norm if c.shared_block_norm else 0)
         block = self_attention + feed_forward + block_norms + (cross_attention + sublayer_norms if cross else 0)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import albert, bart, bert, distilbert, electra, gpt2, llama, marian, mbart, roberta, t5
+from tfcli.checkpoints import albert, bart, bert, deberta_v2, distilbert, electra, gpt2, llama, marian, mbart, mpnet, roberta, t5
 from tfcli.checkpoints.family import Family
 from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 FAMILIES: dict[str, Family] = {
     model_type: fam
     for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, bart.FAMILY,
-                mbart.FAMILY, marian.FAMILY, t5.FAMILY, electra.FAMILY, albert.FAMILY)
+                mbart.FAMILY, marian.FAMILY, t5.FAMILY, electra.FAMILY, albert.FAMILY,
+                mpnet.FAMILY, deberta_v2.FAMILY)
     for model_type in fam.model_types
 }
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
 from tfcli.model.attention import Attention, KVCache
+from tfcli.model.disentangled import DisentangledAttention
 from tfcli.model.linear import Linear
 from tfcli.model.norms import norm
 
@@ -68,7 +69,8 @@ class Block(nn.Module):
         super().__init__()
         self.norm_position = config.norm_position
         self.parallel = config.parallel_residual
-        sublayers = {"attention": Attention(config), "cross_attention": Attention(config, cross=True) if cross else None,
+        attention = DisentangledAttention(config) if config.relative_attention else Attention(config)
+        sublayers = {"attention": attention, "cross_attention": Attention(config, cross=True) if cross else None,
                      "feed_forward": FeedForward(config)}
         for name, sublayer in sublayers.items():
             if sublayer is None:
@@ -98,8 +100,11 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None, rotary=None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
-                need_weights: bool = False, keep_stages: bool = False) -> BlockOutput:
+                need_weights: bool = False, keep_stages: bool = False, relative=None) -> BlockOutput:
+        """`relative`: a DeBERTa stack's relative position embeddings and positions (model/disentangled.py)."""
         attention_kwargs = dict(mask=mask, rotary=rotary, cache=cache, layer=layer, need_weights=need_weights)
+        if relative is not None:
+            attention_kwargs["relative"] = relative
         if self.parallel:
             normed = self._input("attention", x)
             attn_out, weights = self.attention(normed, **attention_kwargs)

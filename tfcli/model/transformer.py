@@ -12,6 +12,7 @@ from tfcli.config import ModelConfig
 from tfcli.model.attention import KVCache
 from tfcli.model.capture import Capture, ModelOutput
 from tfcli.model.decoding import generate
+from tfcli.model.disentangled import RelativeEmbeddings
 from tfcli.model.embeddings import Embeddings, embedding
 from tfcli.model.layers import Block, activation
 from tfcli.model.linear import Linear
@@ -81,6 +82,8 @@ class Stack(nn.Module):
         # a relative position bias every block adds to its self-attention scores (T5, MPNet)
         buckets = config.relative_attention_num_buckets
         self.position_bias = RelativePositionBias(config, bidirectional=not causal) if buckets else None
+        # DeBERTa's relative position embeddings, which every block's attention projects with its own weights
+        self.relative_embeddings = RelativeEmbeddings(config) if config.relative_attention else None
 
     def forward(self, token_embeddings: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, memory: Tensor | None = None,
@@ -101,6 +104,7 @@ class Stack(nn.Module):
         window_mask = attention_mask_bias(attention_mask, length, self.causal, dtype, device, past, self.window) \
             if any(self.sliding) else None
         cross_mask = attention_mask_bias(memory_mask, length, False, dtype, device) if memory is not None else None
+        relative = self.relative_embeddings(length) if self.relative_embeddings is not None else None
         if self.position_bias is not None:  # (1, H, T, S), added to the additive masks
             bias = self.position_bias(length, past + length, past).to(dtype)
             mask = bias if mask is None else mask + bias
@@ -116,7 +120,7 @@ class Stack(nn.Module):
             sliding = self.sliding[i]
             result = block(x, window_mask if sliding else mask, rotary=local_rotary if sliding else rotary,
                            memory=memory, memory_mask=cross_mask, cache=cache, layer=i, need_weights=need_weights,
-                           keep_stages=keep_stages)
+                           keep_stages=keep_stages, relative=relative)
             x = result.hidden
             if need_weights:
                 heads = capture.heads

@@ -1,0 +1,94 @@
+"""DeBERTa-v2 and v3 (DebertaV2Model, DebertaV2ForMaskedLM, DebertaV2ForSequenceClassification;
+microsoft/deberta-v3-base and its NLI fine-tunes).
+
+A post-norm BERT-like encoder whose attention is disentangled (model/disentangled.py): relative position
+embeddings (`encoder.rel_embeddings`, normalised by `encoder.LayerNorm` when `norm_rel_ebd` says
+layer_norm) add content-to-position and position-to-content terms, relative distances bucketed
+logarithmically (`position_buckets`), the position projections shared with the attention's (v3:
+`share_att_key`) or their own (`pos_key_proj`, `pos_query_proj`); scores scaled by 1 / sqrt(head size x (1 +
+number of terms)). v3 adds no absolute positions (`position_biased_input: false`) and no segments. The
+classifier reads the first token through `pooler.dense` and `pooler_hidden_act` (GELU); the MLM head is
+`cls.predictions` (legacy) or `lm_predictions.lm_head` (tied to the token embeddings).
+
+Refused: the convolution of v2-xlarge (`conv_kernel_size`), embeddings of another width than the hidden size,
+a pooler of another size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.checkpoints.bert import mlm_rules
+from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, weight_bias
+from tfcli.config import ModelConfig
+from tfcli.errors import TfcliError
+
+HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    hidden, heads = hf.get("hidden_size", 1536), hf.get("num_attention_heads", 24)
+    refuse(hf, "DeBERTa-v2", {"conv_kernel_size": (0, None), "embedding_size": (hidden, None),
+                              "pooler_hidden_size": (hidden, None), "attention_head_size": (hidden // heads, None)})
+    terms = hf.get("pos_att_type") or []
+    if isinstance(terms, str):
+        terms = [term.strip() for term in terms.lower().split("|")]
+    unknown = [term for term in terms if term not in ("c2p", "p2c")]
+    if unknown:
+        raise TfcliError(f"config.json: DeBERTa-v2 with `pos_att_type` {unknown} is not supported by tfcli",
+                         "tfcli implements the c2p and p2c terms")
+    positions = hf.get("max_position_embeddings", 512)
+    max_relative = hf.get("max_relative_positions", -1)
+    head = architecture_head(hf, HEADS)
+    legacy = hf.get("legacy", True)
+    return common(hf, model_type="deberta-v2", architecture="encoder", vocab_size=hf.get("vocab_size", 128100),
+                  hidden_size=hidden, num_attention_heads=heads, layer_norm_eps=hf.get("layer_norm_eps", 1e-7),
+                  type_vocab_size=hf.get("type_vocab_size", 0), max_position_embeddings=positions,
+                  position="learned" if hf.get("position_biased_input", True) else "none",
+                  norm_position="post", embedding_norm=True, relative_attention=bool(hf.get("relative_attention")),
+                  pos_att_type=terms, position_buckets=max(hf.get("position_buckets", -1), 0),
+                  max_relative_positions=max_relative if max_relative >= 1 else positions,
+                  share_att_key=bool(hf.get("share_att_key", False)),
+                  norm_rel_ebd="layer_norm" in str(hf.get("norm_rel_ebd", "none")).lower(),
+                  query_pre_attn_scalar=float(hidden // heads * (1 + len(terms))),
+                  head=head, lm_head_bias=True, tie_word_embeddings=hf.get("tie_word_embeddings", True) or not legacy,
+                  classifier_pooler=hf.get("pooler_hidden_act", "gelu"))
+
+
+def config_rules(config: ModelConfig) -> tuple[Rule, ...]:
+    """The MLM head of either layout (see bert.mlm_rules for the legacy one's two biases), and the pooler,
+    which feeds the classifier and nothing else."""
+    return (*mlm_rules("cls.predictions", config),
+            *weight_bias("pooler.dense", "head.dense" if config.head == "classifier" else None))
+
+
+LAYER, BLOCK = "encoder.layer.{}", "encoder.blocks.{}"
+FAMILY = Family(
+    model_types=("deberta-v2",),
+    translate=translate,
+    prefixes=("deberta.",),
+    rules=(
+        ("embeddings.word_embeddings.weight", "embed_tokens.weight"),
+        ("embeddings.position_embeddings.weight", "encoder.embeddings.positions.weight"),
+        ("embeddings.token_type_embeddings.weight", "encoder.embeddings.segments.weight"),
+        *weight_bias("embeddings.LayerNorm", "encoder.embeddings.norm"),
+        ("embeddings.position_ids", None),
+        ("encoder.rel_embeddings.weight", "encoder.relative_embeddings.table.weight"),
+        *weight_bias("encoder.LayerNorm", "encoder.relative_embeddings.norm"),
+        *weight_bias(f"{LAYER}.attention.self.query_proj", f"{BLOCK}.attention.q"),
+        *weight_bias(f"{LAYER}.attention.self.key_proj", f"{BLOCK}.attention.k"),
+        *weight_bias(f"{LAYER}.attention.self.value_proj", f"{BLOCK}.attention.v"),
+        *weight_bias(f"{LAYER}.attention.self.pos_query_proj", f"{BLOCK}.attention.pos_query"),
+        *weight_bias(f"{LAYER}.attention.self.pos_key_proj", f"{BLOCK}.attention.pos_key"),
+        *weight_bias(f"{LAYER}.attention.output.dense", f"{BLOCK}.attention.out"),
+        *weight_bias(f"{LAYER}.attention.output.LayerNorm", f"{BLOCK}.attention_norm"),
+        *weight_bias(f"{LAYER}.intermediate.dense", f"{BLOCK}.feed_forward.fc1"),
+        *weight_bias(f"{LAYER}.output.dense", f"{BLOCK}.feed_forward.fc2"),
+        *weight_bias(f"{LAYER}.output.LayerNorm", f"{BLOCK}.feed_forward_norm"),
+        *weight_bias("lm_predictions.lm_head.dense", "head.dense"),
+        *weight_bias("lm_predictions.lm_head.LayerNorm", "head.norm"),
+        ("lm_predictions.lm_head.bias", "head.bias"),
+        *weight_bias("classifier", "head.out"),
+    ),
+    config_rules=config_rules,
+)
