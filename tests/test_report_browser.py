@@ -121,23 +121,28 @@ def test_encode_page_draws_tokens_and_switches_maps_and_reads_out_weights(browse
     page.select_option("select.scale", "map")
 
     # hovering cell (query 2, key 4) of layer 1 head 0 reads out that weight, as --save wrote it
+    saved = load_file(pages / "t.safetensors")["attention.1"][0, 0]  # (queries, keys) of layer 1, head 0
     geometry = page.eval_on_selector("canvas.heatmap", "c => [c.getBoundingClientRect().x, c.getBoundingClientRect().y,"
                                      " Number(c.dataset.x0), Number(c.dataset.y0), Number(c.dataset.cell)]")
     left, top, x0, y0, cell = geometry
     page.mouse.move(left + x0 + 4.5 * cell, top + y0 + 2.5 * cell)
-    expected = load_file(pages / "t.safetensors")["attention.1"][0, 0, 2, 4]
-    readout = f'query "flies" [2] \u2192 key "an" [4]: {round(float(expected) * 1000) / 1000:.3f}'
+    readout = f'query "flies" [2] \u2192 key "an" [4]: {round(float(saved[2, 4]) * 1000) / 1000:.3f}'
     assert page.inner_text(".readout") == readout
     assert page.is_visible("#tip") and page.inner_text("#tip") == readout
 
-    # clicking a query token in the head view says what it attends to, marks the keys, keeps only its lines
+    # clicking a token in the head view says what it attends to and what attends to it (strongest first),
+    # marks the other column, and keeps only its lines
     lines = drawn(page, "canvas.lines")
     page.click(".headview .col.left span >> nth=5")
     assert drawn(page, "canvas.lines") != lines
-    assert page.inner_text(".focus").startswith('"arrow" (query 5) attends most to: ')
+    attends, attended = page.locator(".focus span").all_inner_texts()
+    stored = (saved * 1000).round()  # the page ranks what it holds: thousandths, ties in position order
+    to, by = stored[5].argmax(), stored[:, 5].argmax()
+    assert attends.startswith(f'"arrow" (query 5) attends most to: {TOKENS[to]} [{to}] ')
+    assert attended.startswith(f'"arrow" (key 5) is attended most by: {TOKENS[by]} [{by}] ')
     assert page.locator(".headview .col.right span[data-tip]").count() == len(TOKENS)
     page.click(".headview .col.right span >> nth=0")
-    assert page.inner_text(".focus").startswith('"[CLS]" (key 0) is attended most by: ')
+    assert page.inner_text(".focus span").startswith('"[CLS]" (key 0) is attended most by: ')
 
     # the lens grid: a row per layer, a cell per position, top tokens on hover
     assert page.locator(".lens tbody tr").count() == 2 and page.locator(".lens tbody tr >> nth=0 >> td").count() == 7

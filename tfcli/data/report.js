@@ -217,15 +217,19 @@
       }
     }
 
+    // the clicked token's strongest links, its own side's first; in self-attention (queries and keys are the
+    // same tokens) the other direction too, so one click answers both "attends to" and "attended by"
     function describeFocus() {
       const m = state.map, f = state.focus;
       if (!f) { focusLine.textContent = "Click a token in the head view (or a heatmap row) to see what it attends to and what attends to it."; return; }
-      const mine = f.side === "query" ? tokensOf(m, "query")[f.index] : tokensOf(m, "key")[f.index];
-      const others = f.side === "query" ? tokensOf(m, "key") : tokensOf(m, "query");
-      const ranked = others.map((t, k) => [t, k, f.side === "query" ? weight(m, f.index, k) : weight(m, k, f.index)])
-        .sort((a, b) => b[2] - a[2]).slice(0, 6);
-      const what = f.side === "query" ? " (query " + f.index + ") attends most to: " : " (key " + f.index + ") is attended most by: ";
-      focusLine.textContent = quoted(mine) + what + ranked.map(([t, k, w]) => t + " [" + k + "] " + fmt(w)).join(", ");
+      const sides = m.query === m.key ? (f.side === "query" ? ["query", "key"] : ["key", "query"]) : [f.side];
+      focusLine.replaceChildren(...sides.map((side) => {
+        const mine = tokensOf(m, side)[f.index], others = tokensOf(m, side === "query" ? "key" : "query");
+        const ranked = others.map((t, k) => [t, k, side === "query" ? weight(m, f.index, k) : weight(m, k, f.index)])
+          .sort((a, b) => b[2] - a[2]).slice(0, 6);
+        const what = side === "query" ? " (query " + f.index + ") attends most to: " : " (key " + f.index + ") is attended most by: ";
+        return el("span", {class: side}, quoted(mine) + what + ranked.map(([t, k, w]) => t + " [" + k + "] " + fmt(w)).join(", "));
+      }));
     }
 
     function draw() { drawHeatmap(); drawHeadView(); describeFocus(); }
