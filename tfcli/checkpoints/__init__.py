@@ -5,7 +5,8 @@ Each family module fills in `FAMILY = Family(...)` (see family.py): the model_ty
 "decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, not used"), and
 optionally `config_rules(config)`, name `prefixes`, `transposed` names and `flattened` names. Here
 Q, K and V weights mapped to `.q/.k/.v` are read into the rows of the model's fused `qkv` (or
-cross-attention `kv`) projections. To add a family: write its module and add its FAMILY to FAMILIES below.
+cross-attention `kv`) projections, and gated feed-forwards' `.gate/.up` into `gate_up`. To add a family:
+write its module and add its FAMILY to FAMILIES below.
 
 Loading is lean: the model is built on the meta device, `read_checkpoint` reads only the files' headers,
 and `load_checkpoint` reads each weight straight from its file into a new tensor of the requested dtype on
@@ -218,13 +219,16 @@ def _template(template: str) -> re.Pattern[str]:
     return re.compile(r"(\d+)".join(re.escape(part) for part in template.split("{}")))
 
 
+FUSED = ((".qkv.", ("q", "k", "v")), (".kv.", ("k", "v")), (".gate_up.", ("gate", "up")))
+
+
 def pieces(name: str, renamed: dict[str, str]) -> list[str] | None:
     """The tfcli-named checkpoint tensors that make the model parameter `name`, stacked along the rows:
-    itself, or for fused projections `X.qkv.P` <- X.q.P, X.k.P, X.v.P and `X.kv.P` <- X.k.P, X.v.P.
-    None when the checkpoint lacks one."""
+    itself, or for fused projections `X.qkv.P` <- X.q.P, X.k.P, X.v.P, `X.kv.P` <- X.k.P, X.v.P and
+    `X.gate_up.P` <- X.gate.P, X.up.P. None when the checkpoint lacks one."""
     if name in renamed:
         return [name]
-    for fused, parts in ((".qkv.", "qkv"), (".kv.", "kv")):
+    for fused, parts in FUSED:
         if fused in name:
             stem, param = name.rsplit(fused, 1)
             wanted = [f"{stem}.{part}.{param}" for part in parts]

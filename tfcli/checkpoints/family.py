@@ -68,6 +68,9 @@ def common(values: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     vocab = out.get("vocab_size")
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         value = out.get(key)
-        if isinstance(vocab, int) and isinstance(value, int) and not 0 <= value < vocab:
+        if isinstance(vocab, int) and isinstance(value, list):  # several end-of-sequence ids (Llama 3)
+            value = [v for v in value if not isinstance(v, int) or 0 <= v < vocab]
+            out[key] = value or None
+        elif isinstance(vocab, int) and isinstance(value, int) and not 0 <= value < vocab:
             out[key] = None  # transformers only warns: such a token can never be read or produced
     return {key: value for key, value in out.items() if value is not None or key.endswith("token_id")}
