@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 VOCAB = 30522  # the bundled BERT tokenizer's
 
@@ -132,3 +133,27 @@ def test_deberta_classifies_sentence_pairs_like_transformers(deberta_nli):
         expected = hf(input_ids=ids, attention_mask=mask).logits.softmax(-1)
     assert [r.labels for r in results] == [["entailment", "neutral", "contradiction"]] * 2
     assert torch.allclose(torch.tensor([r.probs for r in results]), expected, atol=1e-5)
+
+
+def test_modernbert_encode_and_classify(cli, tmp_path, save_hf_model):
+    """Sliding-window layers show attention only within their window; classify reads mean-pooled labels."""
+    from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+    config = ModernBertConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                              num_attention_heads=4, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
+                              eos_token_id=102, bos_token_id=101, cls_token_id=101, sep_token_id=102,
+                              classifier_pooling="mean", id2label={0: "negative", 1: "positive"})
+    hf = save_hf_model(ModernBertForSequenceClassification, config, tmp_path, perturb=True)
+    text = "time flies like an arrow and fruit flies like a banana"
+    result = cli("encode", text, "--model", str(tmp_path), "--json", "--save", str(tmp_path / "out.safetensors"))
+    (record,) = records(result)
+    local = load_file(tmp_path / "out.safetensors")["attention.1"][0]  # layer 1 slides: |query - key| <= 2
+    distance = (torch.arange(local.shape[-1])[:, None] - torch.arange(local.shape[-1])[None, :]).abs()
+    assert bool((local[:, distance > 2] == 0).all()) and bool((local[:, distance <= 2] > 0).all())
+    assert [row["layer"] for row in record["lens"]] == [0, 1]
+
+    (classified,) = records(cli("classify", text, "--model", str(tmp_path), "--json"))
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor([classified["ids"]])).logits.softmax(-1)[0]
+    assert classified["labels"] == ["negative", "positive"]
+    assert torch.allclose(torch.tensor(classified["probs"]), expected, atol=1e-5)

@@ -49,6 +49,13 @@ CASES = {
         share_att_key=True, norm_rel_ebd=True, position="none", type_vocab_size=0, head="mlm"),
     "encoder, DeBERTa-v2: own position projections for c2p only, exact distances": dict(
         relative_attention=True, pos_att_type=["c2p"], max_relative_positions=16, head="classifier"),
+    "encoder, ModernBERT: no biases, first block without attention norm, GeGLU, mean-pooled normed classifier": dict(
+        norm_bias=False, first_block_attention_norm=False, norm_position="pre", final_norm=True, feed_forward="gated",
+        attention_bias=False, attention_out_bias=False, mlp_bias=False, position="rotary", type_vocab_size=0,
+        head="classifier", classifier_pooling="mean", classifier_norm=True, classifier_bias=False,
+        classifier_pooler="gelu"),
+    "encoder, ModernBERT MLM head without biases in its dense and norm": dict(
+        norm_bias=False, classifier_bias=False, head="mlm", lm_head_bias=True, norm_position="pre"),
     "encoder, MPNet: relative position bias with learned positions": dict(
         relative_attention_num_buckets=32, position_offset=2, type_vocab_size=0, head="mlm"),
     "classifier with a GELU pooler": dict(head="classifier", classifier_pooler="gelu", num_labels=3),

@@ -1,8 +1,9 @@
 """Encoder families against transformers (fp32, tiny random checkpoints saved by transformers itself, with the
 real models' distinctive settings): ELECTRA (narrower embeddings projected up; discriminator, generator and
 classifier heads), MPNet (relative position bias and absolute positions), DeBERTa-v2/v3 (disentangled
-attention: c2p and p2c, log buckets, shared or own position projections), ALBERT (factorised embeddings, one
-block's weights at every depth, and two groups).
+attention: c2p and p2c, log buckets, shared or own position projections), ModernBERT (rotary with separate global
+and local bases, alternating global and sliding-window attention, GeGLU, no biases, mean pooling), ALBERT
+(factorised embeddings, one block's weights at every depth, and two groups).
 
 A padded batch; every hidden state, every attention map (real tokens) and the logits within 1e-4.
 """
@@ -26,6 +27,9 @@ DEBERTA_V3 = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attent
                   max_position_embeddings=64, relative_attention=True, pos_att_type="p2c|c2p", position_buckets=4,
                   max_relative_positions=6, share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
                   type_vocab_size=0, initializer_range=0.2)  # deberta-v3-base's settings, with buckets small enough for 8 tokens
+MODERNBERT = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                  local_attention=4, global_attn_every_n_layers=2, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                  cls_token_id=2, sep_token_id=1, global_rope_theta=1000.0, local_rope_theta=50.0)  # windows of 5 in 8
 ALBERT = dict(vocab_size=96, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
               intermediate_size=48, max_position_embeddings=64)
 
@@ -48,6 +52,12 @@ CASES = {  # config class, model class, settings, tfcli head
                                                         type_vocab_size=2, legacy=False), "mlm"),
     "deberta-v2 c2p only": ("DebertaV2Config", "DebertaV2Model", dict(DEBERTA_V3, pos_att_type=["c2p"],
                                                                       share_att_key=False), "none"),
+    "modernbert masked lm": ("ModernBertConfig", "ModernBertForMaskedLM", MODERNBERT, "mlm"),
+    "modernbert classifier, mean pooling": ("ModernBertConfig", "ModernBertForSequenceClassification", dict(
+        MODERNBERT, classifier_pooling="mean", id2label=LABELS), "classifier"),
+    "modernbert with biases everywhere, cls pooling": ("ModernBertConfig", "ModernBertForSequenceClassification", dict(
+        MODERNBERT, norm_bias=True, attention_bias=True, mlp_bias=True, classifier_bias=True, id2label=LABELS),
+        "classifier"),
     "albert masked lm, one shared block": ("AlbertConfig", "AlbertForMaskedLM", ALBERT, "mlm"),
     "albert classifier, two groups over three layers": ("AlbertConfig", "AlbertForSequenceClassification", dict(
         ALBERT, num_hidden_groups=2, id2label=LABELS), "classifier"),
@@ -70,7 +80,8 @@ def test_parity(tmp_path, save_hf_model, assert_close, case):
         mine = ours(IDS, attention_mask=MASK, capture=Capture())
     real = MASK.bool()
     assert len(mine.hidden_states) == len(theirs.hidden_states) == settings["num_hidden_layers"] + 1
-    for i, (a, b) in enumerate(zip(mine.hidden_states, theirs.hidden_states)):
+    states = [*mine.hidden_states[:-1], mine.last_hidden_state]  # transformers' last: after any final norm
+    for i, (a, b) in enumerate(zip(states, theirs.hidden_states)):
         assert_close(f"hidden.{i}", a[real], b[real])
     assert len(mine.attentions) == len(theirs.attentions)
     for i, b in enumerate(theirs.attentions):

@@ -59,6 +59,7 @@ class ModelConfig:
     type_vocab_size: int = 2  # segment embeddings; 0 = none
     hidden_act: str = "gelu"
     norm: str = "layernorm"
+    norm_bias: bool = True  # LayerNorms with a bias (ModernBERT's have none)
     norm_position: str = "post"  # post: norm(x + f(x)); pre: x + f(norm(x)); sandwich: x + norm(f(norm(x)));
     # sublayer_output: x + norm(f(x))
     layer_norm_eps: float = 1e-12
@@ -87,6 +88,8 @@ class ModelConfig:
     parallel_residual: bool = False  # x + attention(norm(x)) + feed_forward(norm2(x)) in one step
     shared_block_norm: bool = False  # parallel blocks: attention and feed-forward read the same norm(x)
     embedding_norm: bool = True  # LayerNorm on the embeddings (BERT, BART)
+    first_block_attention_norm: bool = True  # false: the first block's attention reads the embeddings as they
+    # are, already normed (ModernBERT)
     scale_embedding: bool = False  # multiply token embeddings by sqrt(hidden_size) (BART option)
     final_norm: bool = False  # a norm after the last block (pre-norm stacks: GPT-2, Llama)
     feed_forward: str = "mlp"  # mlp | gated (SiLU-gated, Llama)
@@ -102,6 +105,9 @@ class ModelConfig:
     num_labels: int = 2
     labels: list[str] = field(default_factory=list)
     classifier_pooler: str = "tanh"  # dense + activation on the first token before the classifier
+    classifier_pooling: str = "cls"  # cls: the first token; mean: the mean of the real tokens (ModernBERT)
+    classifier_norm: bool = False  # a norm after the pooler's activation (ModernBERT)
+    classifier_bias: bool = True  # a bias on the pooler's dense layer and the MLM head's (ModernBERT: none)
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     classifier_dropout: float | None = None
@@ -163,6 +169,7 @@ CHOICES = {
     "feed_forward": FEED_FORWARDS,
     "head": HEADS,
     "classifier_pooler": CLASSIFIER_POOLERS,
+    "classifier_pooling": ("cls", "mean"),
     "qk_norm": QK_NORMS,
 }
 POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -279,6 +286,9 @@ def _check_values(c: ModelConfig, origin: str) -> None:
         raise TfcliError(f"{origin}: relative positions need relative_attention_num_buckets >= 4 (or 0 for none) and "
                          f"relative_attention_max_distance > half of them, got {buckets} and "
                          f"{c.relative_attention_max_distance}", "T5 uses 32 buckets and a max distance of 128")
+    if not c.first_block_attention_norm and c.norm_position != "pre":
+        raise TfcliError(f"{origin}: first_block_attention_norm: false needs norm_position: pre",
+                         "only a pre-norm block reads its input through its attention norm")
     if c.relative_attention:
         if c.architecture != "encoder":
             raise TfcliError(f"{origin}: relative_attention (DeBERTa's) is implemented for encoders only")
@@ -405,7 +415,7 @@ def parameter_count(c: ModelConfig) -> int:
     q_size, kv_size = c.num_attention_heads * c.head_size, c.kv_heads * c.head_size
 
     def norm_of(size: int) -> int:
-        return 2 * size if c.norm == "layernorm" else size  # RMSNorm has no bias
+        return 2 * size if c.norm == "layernorm" and c.norm_bias else size  # RMSNorm has no bias
 
     def linear(inputs: int, outputs: int, bias: bool = True) -> int:
         return inputs * outputs + (outputs if bias else 0)
@@ -437,7 +447,8 @@ def parameter_count(c: ModelConfig) -> int:
         sublayer_norms = {"pre": 1, "post": 1, "sandwich": 2, "sublayer_output": 1}[c.norm_position] * norm
         block_norms = 2 * sublayer_norms - (norm if c.shared_block_norm else 0)
         block = self_attention + feed_forward + block_norms + (cross_attention + sublayer_norms if cross else 0)
-        return embeddings + min(layers, c.num_hidden_groups or layers) * block + (norm if c.final_norm else 0)
+        missing = 0 if c.first_block_attention_norm else norm
+        return embeddings + min(layers, c.num_hidden_groups or layers) * block - missing + (norm if c.final_norm else 0)
 
     total = vocab * width  # token embeddings
     if c.architecture == "encoder-decoder" and not c.share_encoder_decoder_embeddings:
@@ -448,11 +459,13 @@ def parameter_count(c: ModelConfig) -> int:
         layers = c.decoder_layers if c.architecture == "encoder-decoder" else c.num_hidden_layers
         total += stack(layers, causal=True, cross=c.architecture == "encoder-decoder")
     if c.head in ("mlm", "lm"):
-        total += linear(hidden, width) + 2 * width if c.head == "mlm" else 0  # dense + LayerNorm
+        head_norm = 2 * width if c.norm_bias else width  # always a LayerNorm
+        total += linear(hidden, width, c.classifier_bias) + head_norm if c.head == "mlm" else 0  # dense + norm
         total += 0 if c.tie_word_embeddings else vocab * width
         total += vocab if c.lm_head_bias else 0
     elif c.head == "classifier":
-        total += (linear(hidden, hidden) if c.classifier_pooler != "none" else 0) + linear(hidden, c.num_labels)
+        pooler = linear(hidden, hidden, c.classifier_bias) + (norm if c.classifier_norm else 0)
+        total += (pooler if c.classifier_pooler != "none" else 0) + linear(hidden, c.num_labels)
     elif c.head == "discriminator":
         total += linear(hidden, hidden) + linear(hidden, 1)
     return total

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import albert, bart, bert, deberta_v2, distilbert, electra, gpt2, llama, marian, mbart, mpnet, roberta, t5
+from tfcli.checkpoints import (albert, bart, bert, deberta_v2, distilbert, electra, gpt2, llama, marian, mbart,
+                               modernbert, mpnet, roberta, t5)
 from tfcli.checkpoints.family import Family
 from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
@@ -39,7 +40,7 @@ FAMILIES: dict[str, Family] = {
     model_type: fam
     for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, bart.FAMILY,
                 mbart.FAMILY, marian.FAMILY, t5.FAMILY, electra.FAMILY, albert.FAMILY,
-                mpnet.FAMILY, deberta_v2.FAMILY)
+                mpnet.FAMILY, deberta_v2.FAMILY, modernbert.FAMILY)
     for model_type in fam.model_types
 }
 

@@ -65,7 +65,8 @@ class Block(nn.Module):
     Each sublayer NAME has `NAME_norm` (its input norm, or for post-norm the norm after the residual) and,
     for sandwich and sublayer_output blocks, `NAME_output_norm` (on its output, inside the residual)."""
 
-    def __init__(self, config: ModelConfig, cross: bool = False):
+    def __init__(self, config: ModelConfig, cross: bool = False, attention_norm: bool = True):
+        """attention_norm=False: the attention reads the block's input as it is (ModernBERT's first block)."""
         super().__init__()
         self.norm_position = config.norm_position
         self.parallel = config.parallel_residual
@@ -80,6 +81,8 @@ class Block(nn.Module):
                 setattr(self, f"{name}_norm", norm(config))
             if config.norm_position in ("sandwich", "sublayer_output"):
                 setattr(self, f"{name}_output_norm", norm(config))
+        if not attention_norm:
+            self.attention_norm = nn.Identity()
 
     def _input(self, name: str, x: Tensor) -> Tensor:
         """What sublayer `name` reads: x through its input norm, when the block has one."""

@@ -76,7 +76,8 @@ class Stack(nn.Module):
         # sliding-window layers may turn at a base of their own (Gemma 3)
         self.local_rotary = Rotary(config, local=True) if rotary and config.local_rope_theta is not None else None
         # blocks may share weights (ALBERT): layer i runs group int(i / (layers / groups)), as transformers counts
-        groups = [Block(config, cross=cross) for _ in range(config.num_hidden_groups or num_layers)]
+        groups = [Block(config, cross=cross, attention_norm=config.first_block_attention_norm or g > 0)
+                  for g in range(config.num_hidden_groups or num_layers)]
         self.blocks = nn.ModuleList(groups[int(i / (num_layers / len(groups)))] for i in range(num_layers))
         self.final_norm = norm(config) if config.final_norm else None
         # a relative position bias every block adds to its self-attention scores (T5, MPNet)
@@ -151,9 +152,9 @@ class LMHead(nn.Module):
         self.transform = config.head == "mlm"
         width = config.embedding_size or config.hidden_size  # the token embeddings', which an MLM head maps to
         if self.transform:
-            self.dense = Linear(config.hidden_size, width)
+            self.dense = Linear(config.hidden_size, width, bias=config.classifier_bias)
             self.act = activation(config.head_act or config.hidden_act)
-            self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+            self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
         self.unembed = Linear(width, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.unembed.weight = token_embeddings.weight
@@ -176,21 +177,33 @@ class LMHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """First token's hidden state -> [dense + tanh/relu, as BERT's pooler] -> dropout -> linear."""
+    """The first token's hidden state (or the mean of the real tokens': classifier_pooling mean) -> [dense +
+    tanh/relu/gelu, as BERT's pooler, + a norm with classifier_norm] -> dropout -> linear."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size) if config.classifier_pooler != "none" else None
-        self.act = activation(config.classifier_pooler) if self.dense is not None else None
+        self.mean = config.classifier_pooling == "mean"
+        pooled = config.classifier_pooler != "none"
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias) if pooled else None
+        self.act = activation(config.classifier_pooler) if pooled else None
+        self.norm = norm(config) if pooled and config.classifier_norm else None
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
         self.out = Linear(config.hidden_size, config.num_labels)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, T, hidden) -> (B, num_labels)."""
-        x = x[:, 0]
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """(B, T, hidden), mask (B, T) -> (B, num_labels)."""
+        if not self.mean:
+            x = x[:, 0]
+        elif attention_mask is None:
+            x = x.mean(1)
+        else:
+            weights = attention_mask[..., None].to(x.dtype)
+            x = (x * weights).sum(1) / weights.sum(1)
         if self.dense is not None:
             x = self.act(self.dense(x))
+        if self.norm is not None:
+            x = self.norm(x)
         return self.out(self.dropout(x))
 
 
@@ -286,7 +299,8 @@ class TransformerModel(nn.Module):
             hidden = out.last_hidden_state
             if logits_to_keep is not None and isinstance(self.head, LMHead):
                 hidden = hidden[:, -logits_to_keep:]
-            out.logits = self.head(hidden)
+            out.logits = self.head(hidden, attention_mask) if isinstance(self.head, ClassificationHead) else \
+                self.head(hidden)
         return out
 
     @property
