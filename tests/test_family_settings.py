@@ -67,6 +67,21 @@ REFUSED = {
     "bart is_decoder": ("BartConfig", "BartModel", dict(is_decoder=True), "is_decoder: true"),
     "bart sequence classification": ("BartConfig", "BartForSequenceClassification", {},
                                      "BartForSequenceClassification"),
+    "marian, a decoder vocabulary of its own size": ("MarianConfig", "MarianMTModel", dict(
+        share_encoder_decoder_embeddings=False, decoder_vocab_size=500), "decoder_vocab_size: 500"),
+    "t5 question answering": ("T5Config", "T5ForQuestionAnswering", {}, "T5ForQuestionAnswering"),
+    "albert, two layers per group": ("AlbertConfig", "AlbertModel", dict(inner_group_num=2), "inner_group_num: 2"),
+    "electra is_decoder": ("ElectraConfig", "ElectraModel", dict(is_decoder=True), "is_decoder: true"),
+    "mpnet, 64 buckets": ("MPNetConfig", "MPNetModel", dict(relative_attention_num_buckets=64),
+                          "relative_attention_num_buckets: 64"),
+    "deberta-v2 convolution": ("DebertaV2Config", "DebertaV2Model", dict(conv_kernel_size=3), "conv_kernel_size: 3"),
+    "deberta-v2 pooler of another size": ("DebertaV2Config", "DebertaV2ForSequenceClassification", dict(
+        hidden_size=32, num_attention_heads=4, pooler_hidden_size=16), "pooler_hidden_size: 16"),
+    "deberta-v2 token classification": ("DebertaV2Config", "DebertaV2ForTokenClassification", {},
+                                        "DebertaV2ForTokenClassification"),
+    "modernbert rope scaling": ("ModernBertConfig", "ModernBertModel", dict(
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), "RoPE scaling"),
 }
 
 

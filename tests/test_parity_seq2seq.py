@@ -1,5 +1,5 @@
 """Encoder-decoder families against transformers (fp32, tiny random checkpoints saved by transformers itself,
-with the real models' distinctive settings): T5 (ReLU, tied and rescaled head), T5 v1.1 / Flan-T5 (gated GELU,
+with the real models' distinctive settings): BART, T5 (ReLU, tied and rescaled head), T5 v1.1 / Flan-T5 (gated GELU,
 untied head, a head size that is not hidden_size / heads), mT5, T5's encoder alone, mBART (pre-norm, final
 norms, scaled embeddings), Marian (sinusoidal halves, SiLU, scaled embeddings, shared or separate embeddings).
 
@@ -24,6 +24,7 @@ T5 = dict(vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
           relative_attention_max_distance=20, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
 BART_SIZES = dict(vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                   decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
+BART = dict(BART_SIZES, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True)
 MBART = dict(BART_SIZES, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, scale_embedding=True,
              forced_eos_token_id=2)
 MARIAN = dict(BART_SIZES, pad_token_id=95, eos_token_id=94, decoder_start_token_id=95, scale_embedding=True,
@@ -34,6 +35,7 @@ CASES = {  # config class, model class, settings
     "flan-t5 (gated gelu, untied, 6 heads of 8 in 32)": ("T5Config", "T5ForConditionalGeneration", dict(
         T5, feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_heads=6)),
     "mt5": ("MT5Config", "MT5ForConditionalGeneration", dict(T5, tie_word_embeddings=False)),
+    "bart (scaled embeddings, forced end of sequence)": ("BartConfig", "BartForConditionalGeneration", BART),
     "mbart": ("MBartConfig", "MBartForConditionalGeneration", MBART),
     "marian": ("MarianConfig", "MarianMTModel", MARIAN),
     "marian, separate embeddings": ("MarianConfig", "MarianMTModel", dict(
