@@ -157,3 +157,32 @@ def test_modernbert_encode_and_classify(cli, tmp_path, save_hf_model):
         expected = hf(input_ids=torch.tensor([classified["ids"]])).logits.softmax(-1)[0]
     assert classified["labels"] == ["negative", "positive"]
     assert torch.allclose(torch.tensor(classified["probs"]), expected, atol=1e-5)
+
+
+YAMLS = {  # the encoder families' fields, from a YAML config with random weights
+    "t5-like": "architecture: encoder-decoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 4\n"
+               "head_dim: 6\nintermediate_size: 48\nposition: none\nrelative_attention_num_buckets: 8\nnorm: rmsnorm\n"
+               "norm_position: pre\nfinal_norm: true\nembedding_norm: false\nfeed_forward: gated\n"
+               "query_pre_attn_scalar: 1\nscale_decoder_outputs: true\nhead: lm\ndecoder_start_token_id: 0\n",
+    "albert-like": "hidden_size: 32\nembedding_size: 16\nnum_hidden_layers: 3\nnum_hidden_groups: 1\n"
+                   "num_attention_heads: 4\nintermediate_size: 48\nhead: discriminator\n",
+    "deberta-like": "hidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 48\n"
+                    "position: none\nrelative_attention: true\npos_att_type: [c2p, p2c]\nposition_buckets: 4\n"
+                    "max_relative_positions: 8\nshare_att_key: true\nnorm_rel_ebd: true\nhead: mlm\n",
+    "modernbert-like": "hidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 4\nintermediate_size: 48\n"
+                       "position: rotary\nnorm_position: pre\nnorm_bias: false\nfirst_block_attention_norm: false\n"
+                       "final_norm: true\nfeed_forward: gated\nhead: classifier\nclassifier_pooling: mean\n"
+                       "classifier_norm: true\nclassifier_pooler: gelu\nsliding_window: 3\n"
+                       "layer_types: [full_attention, sliding_attention]\n",
+}
+
+
+@pytest.mark.parametrize("name", YAMLS)
+def test_the_new_fields_work_from_yaml(cli, tmp_path, name):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(YAMLS[name], encoding="utf-8")
+    (record,) = records(cli("encode", "time flies like an arrow", "--model", str(path), "--json"))
+    assert record["weights"] == "random" and record["attention"]
+    if name == "t5-like":
+        (generated,) = records(cli("generate", "time flies", "--model", str(path), "-n", "3", "--json"))
+        assert len(generated["generated_ids"]) == 3
