@@ -16,6 +16,7 @@ import torch
 import tfcli
 from tfcli.model import Capture
 
+
 IDS = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11], [9, 31, 12, 50, 44, 0, 0, 0]])
 MASK = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
 LABELS = {0: "entailment", 1: "neutral", 2: "contradiction"}
@@ -67,7 +68,7 @@ CASES = {  # config class, model class, settings, tfcli head
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_parity(tmp_path, save_hf_model, assert_close, case):
+def test_parity(tmp_path, save_hf_model, assert_close, compare_passes, case):
     import transformers
 
     config_class, model_class, settings, head = CASES[case]
@@ -88,6 +89,7 @@ def test_parity(tmp_path, save_hf_model, assert_close, case):
         for row in range(2):
             n = int(MASK[row].sum())
             assert_close(f"attention.{i}", mine.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
+    compare_passes(tmp_path, ours, IDS[:1])
     if head == "none":
         return
     logits = getattr(theirs, "logits", None)

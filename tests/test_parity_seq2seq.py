@@ -14,6 +14,7 @@ import torch
 
 import tfcli
 from tfcli.model import Capture
+
 from tfcli.model.decoding import decode
 
 IDS = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11, 23, 35, 36, 38], [9, 31, 12, 50, 44, 0, 0, 0, 0, 0, 0, 0]])
@@ -61,7 +62,7 @@ def pair(tmp_path, save_hf_model):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_parity_and_greedy_generation(pair, assert_close, case):
+def test_parity_and_greedy_generation(tmp_path, pair, assert_close, compare_passes, case):
     hf, ours = pair(case)
     decoder_ids = DECODER_IDS.clone()
     decoder_ids[:, 0] = ours.config.decoder_start_token_id
@@ -86,6 +87,7 @@ def test_parity_and_greedy_generation(pair, assert_close, case):
         for i, b in enumerate(theirs.cross_attentions):
             assert_close(f"decoder.cross_attention.{i}", mine.cross_attentions[i][row, :, :m, :n], b[row, :, :m, :n])
     assert_close("logits", mine.logits[dec_real], theirs.logits[dec_real])
+    compare_passes(tmp_path, ours, IDS[:1])
 
     with torch.no_grad():
         expected = hf.generate(IDS, attention_mask=MASK, max_new_tokens=12, do_sample=False, num_beams=1)
