@@ -167,3 +167,23 @@ def test_an_unknown_tensor_is_named(checkpoint):
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(TfcliError, match="1 unexpected: encoder.layer.0.attention.self.extra_gate.weight"):
         parity(path)
+
+
+def test_a_checkpoint_without_architectures_loads_as_the_bare_model(checkpoint):
+    """microsoft/deberta-v3-base names no architecture and stores its pretraining heads (lm_predictions,
+    mask_predictions): the bare model uses none of them, in tfcli or transformers."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoint("DebertaV2Config", "DebertaV2ForMaskedLM", dict(
+        BERT, relative_attention=True, pos_att_type="p2c|c2p", position_buckets=4, max_relative_positions=6,
+        share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0, legacy=False))
+    tensors = load_file(path / "model.safetensors")
+    tensors |= {"mask_predictions.dense.weight": torch.zeros(32, 32), "mask_predictions.classifier.bias": torch.zeros(1)}
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    del config["architectures"]
+    (path / "config.json").write_text(json.dumps(config))
+    differences = parity(path)
+    assert "logits" not in differences and max(differences.values()) <= 1e-4

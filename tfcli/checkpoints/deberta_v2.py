@@ -8,7 +8,11 @@ logarithmically (`position_buckets`), the position projections shared with the a
 `share_att_key`) or their own (`pos_key_proj`, `pos_query_proj`); scores scaled by 1 / sqrt(head size x (1 +
 number of terms)). v3 adds no absolute positions (`position_biased_input: false`) and no segments. The
 classifier reads the first token through `pooler.dense` and `pooler_hidden_act` (GELU); the MLM head is
-`cls.predictions` (legacy) or `lm_predictions.lm_head` (tied to the token embeddings).
+`cls.predictions` (`legacy`, transformers' default) or `lm_predictions.lm_head` (tied to the token embeddings):
+tfcli reads whichever the checkpoint holds, where transformers 5 with `legacy: true` would draw a new
+`cls.predictions` head at random beside a stored `lm_predictions` one (set `legacy: false` to compare). A
+checkpoint without `architectures` (microsoft/deberta-v3-base) loads as the bare model; its pretraining heads
+are then used by nothing, in tfcli or transformers.
 
 Refused: the convolution of v2-xlarge (`conv_kernel_size`), embeddings of another width than the hidden size,
 a pooler of another size.
@@ -56,9 +60,13 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_rules(config: ModelConfig) -> tuple[Rule, ...]:
-    """The MLM head of either layout (see bert.mlm_rules for the legacy one's two biases), and the pooler,
-    which feeds the classifier and nothing else."""
-    return (*mlm_rules("cls.predictions", config),
+    """The MLM head of either layout, whichever the checkpoint holds (see bert.mlm_rules for the legacy one's
+    two biases), used only by a model with that head; the pooler, which feeds the classifier and nothing else."""
+    mlm = config.head == "mlm"
+    return (*(rule if mlm else (rule[0], None) for rule in mlm_rules("cls.predictions", config)),
+            *weight_bias("lm_predictions.lm_head.dense", "head.dense" if mlm else None),
+            *weight_bias("lm_predictions.lm_head.LayerNorm", "head.norm" if mlm else None),
+            ("lm_predictions.lm_head.bias", "head.bias" if mlm else None),
             *weight_bias("pooler.dense", "head.dense" if config.head == "classifier" else None))
 
 
@@ -85,9 +93,9 @@ FAMILY = Family(
         *weight_bias(f"{LAYER}.intermediate.dense", f"{BLOCK}.feed_forward.fc1"),
         *weight_bias(f"{LAYER}.output.dense", f"{BLOCK}.feed_forward.fc2"),
         *weight_bias(f"{LAYER}.output.LayerNorm", f"{BLOCK}.feed_forward_norm"),
-        *weight_bias("lm_predictions.lm_head.dense", "head.dense"),
-        *weight_bias("lm_predictions.lm_head.LayerNorm", "head.norm"),
-        ("lm_predictions.lm_head.bias", "head.bias"),
+        *weight_bias("mask_predictions.dense", None),  # the pretraining replaced-token head: no class runs it
+        *weight_bias("mask_predictions.LayerNorm", None),
+        *weight_bias("mask_predictions.classifier", None),
         *weight_bias("classifier", "head.out"),
     ),
     config_rules=config_rules,
