@@ -2,7 +2,8 @@
 
 Each family module fills in `FAMILY = Family(...)` (see family.py): the model_types it reads,
 `translate(hf)` for config.json, weight-name `rules` as templates ("h.{}.ln_1.weight" ->
-"decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, not used"), and
+"decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, used by no forward
+pass"), and
 optionally `config_rules(config)`, name `prefixes`, `transposed` names and `flattened` names. Here
 Q, K and V weights mapped to `.q/.k/.v` are read into the rows of the model's fused `qkv` (or
 cross-attention `kv`) projections, and gated feed-forwards' `.gate/.up` into `gate_up`. To add a family:
@@ -11,6 +12,9 @@ write its module and add its FAMILY to FAMILIES below.
 Loading is lean: the model is built on the meta device, `read_checkpoint` reads only the files' headers,
 and `load_checkpoint` reads each weight straight from its file into a new tensor of the requested dtype on
 the requested device, so a load never holds more than the weights plus one tensor in flight.
+
+Nothing is dropped silently: a name no rule knows is an error, and where several checkpoint tensors map onto
+one parameter (stored copies, a tied head) one is read and the others must equal it (see load_checkpoint).
 """
 
 from __future__ import annotations
