@@ -41,6 +41,8 @@ FAMILIES = {
                         sliding_window_pattern=3, query_pre_attn_scalar=16,
                         rope_parameters={"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
                                          "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+    "phi-2": ("PhiForCausalLM", "PhiConfig", dict(LLAMA, num_key_value_heads=None)),
+    "phi-3-mini-4k": ("Phi3ForCausalLM", "Phi3Config", dict(LLAMA, sliding_window=4)),
 }
 
 # (family, settings away from its defaults, None for parity or the words of the refusal)
@@ -74,6 +76,14 @@ VARIANTS = [
                                          "sliding_attention": dict(rope_type="linear", rope_theta=10.0, factor=2.0)}),
      "RoPE scaling `linear` on sliding-window layers"),
     ("gemma-3-1b", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("phi-2", dict(qk_layernorm=True, num_key_value_heads=2, partial_rotary_factor=0.25, hidden_act="gelu"), None),
+    ("phi-2", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0, partial_rotary_factor=0.5)),
+     None),
+    ("phi-3-mini-4k", dict(partial_rotary_factor=0.5, num_key_value_heads=1, tie_word_embeddings=True,
+                           sliding_window=None), None),
+    ("phi-3-mini-4k", dict(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4,
+                                                long_factor=[2.0] * 4), original_max_position_embeddings=16),
+     "RoPE scaling `longrope`"),
 ]
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import bart, bert, distilbert, gemma, gpt2, llama, roberta
+from tfcli.checkpoints import bart, bert, distilbert, gemma, gpt2, llama, phi, phi3, roberta
 from tfcli.checkpoints.family import Family
 from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 FAMILIES: dict[str, Family] = {
     model_type: fam
-    for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, gemma.FAMILY, bart.FAMILY)
+    for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, gemma.FAMILY, phi.FAMILY,
+                phi3.FAMILY, bart.FAMILY)
     for model_type in fam.model_types
 }
 
