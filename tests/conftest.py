@@ -53,14 +53,23 @@ def tiny_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def save_hf_model():
-    """save_hf_model(model_class, config, path, seed=0): build a tiny random transformers model, save it with
-    save_pretrained (no network) and return it (eval mode, eager attention)."""
+    """save_hf_model(model_class, config, path, seed=0, perturb=False): build a tiny random transformers model,
+    save it with save_pretrained (no network) and return it (eval mode, eager attention). perturb=True makes
+    every bias, norm weight and BART-style final_logits_bias random, so that one mapped to the wrong place shows."""
     import torch
 
-    def save(model_class, config, path, seed: int = 0):
+    def save(model_class, config, path, seed: int = 0, perturb: bool = False):
         torch.manual_seed(seed)
         config._attn_implementation = "eager"
         model = model_class(config).eval()
+        if perturb:
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.dim() == 1:  # biases and norm weights: zeros and ones when fresh
+                        param.add_(torch.randn_like(param) * 0.1)
+                for name, buffer in model.named_buffers():
+                    if name.endswith("final_logits_bias"):
+                        buffer.copy_(torch.randn_like(buffer))
         model.save_pretrained(path)
         return model
 
@@ -89,20 +98,10 @@ def minilm_dir():
 @pytest.fixture
 def load_pair(save_hf_model):
     """load_pair(model_class, config, path) -> (transformers model, tfcli model), biases and norms made non-zero."""
-    import torch
-
     import tfcli
 
     def load(model_class, config, path):
-        hf = save_hf_model(model_class, config, path)
-        with torch.no_grad():  # random non-zero biases, so that a bias mapped to the wrong place shows
-            for name, param in hf.named_parameters():
-                if name.endswith("bias") or "norm" in name or "ln_" in name:
-                    param.add_(torch.randn_like(param) * 0.1)
-            for name, buffer in hf.named_buffers():
-                if name.endswith("final_logits_bias"):  # BART's, zero when fresh
-                    buffer.copy_(torch.randn_like(buffer))
-        hf.save_pretrained(path)
+        hf = save_hf_model(model_class, config, path, perturb=True)
         return hf, tfcli.load_model(str(path))
 
     return load

@@ -35,6 +35,8 @@ CASES = {
     "encoder-decoder, sinusoidal, no segments": dict(architecture="encoder-decoder", position="sinusoidal",
                                                      type_vocab_size=0),
     "encoder without head": dict(head="none", type_vocab_size=3),
+    "encoder-decoder, each stack its own token embeddings, untied head": dict(
+        architecture="encoder-decoder", head="lm", share_encoder_decoder_embeddings=False, tie_word_embeddings=False),
     "decoder, sandwich norms, per-head q/k norms, own head size (Gemma 3)": dict(
         architecture="decoder", head="lm", norm="rmsnorm_plus_one", norm_position="sandwich", qk_norm="head",
         head_dim=12, feed_forward="gated", position="rotary", sliding_window=4, layer_types=["sliding_attention",

@@ -54,13 +54,12 @@ def run(source: str, text: str, device: str = "cpu", tolerance: float = 1e-4) ->
     """Build tfcli's model and transformers' from the checkpoint `source`, run both on `text`, and measure."""
     import torch
 
-    from tfcli.api import build_model
+    from tfcli.api import build_model, load_tokenizer_for
     from tfcli.sources import resolve_source
-    from tfcli.tokenizer import load_tokenizer
 
     resolved = resolve_source(source)
     _require_weights(resolved)
-    encoding = load_tokenizer(resolved.tokenizer_dir).encode_for_model([text], resolved.config.max_position_embeddings)[0]
+    encoding = load_tokenizer_for(resolved).encode_for_model([text], resolved.config.max_position_embeddings)[0]
     model = build_model(resolved, device=device)
     input_ids = torch.tensor([encoding.ids], device=model.embed_tokens.weight.device)
     return Comparison(source, encoding, tolerance, compare(model, resolved, input_ids))
@@ -89,19 +88,22 @@ def transformers_model(source: "Source"):
 
 def compare(model: "TransformerModel", source: "Source", input_ids: "Tensor") -> list[Difference]:
     """Max abs difference per tensor: hidden.{i} (the last after any final norm, as transformers
-    reports it), attention.{i}, cross_attention.{i} and logits."""
+    reports it), attention.{i}, cross_attention.{i} and logits. An encoder-decoder's decoder reads its
+    start token followed by the input's own tokens (as many as its positions allow), so that every
+    decoder position, causal mask and relative position is compared, not just the first."""
     import torch
 
     from tfcli.model import Capture
 
     reference = transformers_model(source).to(device=input_ids.device, dtype=model.embed_tokens.weight.dtype)
     encoder_decoder = model.config.architecture == "encoder-decoder"
-    kwargs = {"output_hidden_states": True, "output_attentions": True}
+    decoder = {}
+    if encoder_decoder:
+        start = model.start_tokens(input_ids.shape[0], input_ids.device)
+        decoder["decoder_input_ids"] = torch.cat([start, input_ids], 1)[:, :model.config.max_position_embeddings]
     with torch.no_grad():
-        ours = model(input_ids, capture=Capture())
-        decoder_ids = model.start_tokens(input_ids.shape[0], input_ids.device) if encoder_decoder else None
-        theirs = reference(input_ids=input_ids, decoder_input_ids=decoder_ids, **kwargs) if encoder_decoder \
-            else reference(input_ids=input_ids, **kwargs)
+        ours = model(input_ids, capture=Capture(), **decoder)
+        theirs = reference(input_ids=input_ids, output_hidden_states=True, output_attentions=True, **decoder)
     pairs: list[tuple[str, Tensor, Tensor]] = []
     if encoder_decoder:
         pairs += _stack_pairs("encoder.", ours.encoder, theirs.encoder_hidden_states, theirs.encoder_attentions)

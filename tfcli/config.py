@@ -82,7 +82,9 @@ class ModelConfig:
     attention_out_bias: bool = True  # bias on the attention output projection
     mlp_bias: bool = True
     head: str = "none"  # none | mlm | lm | classifier
-    tie_word_embeddings: bool = True
+    head_act: str | None = None  # the activation in the MLM head's transform; None = hidden_act (RoBERTa: gelu)
+    tie_word_embeddings: bool = True  # the LM head is the (decoder's) token embedding
+    share_encoder_decoder_embeddings: bool = True  # encoder-decoder: one token embedding for both stacks
     lm_head_bias: bool = False  # a bias on the unembedding (MLM decoders, BART's final_logits_bias)
     num_labels: int = 2
     labels: list[str] = field(default_factory=list)
@@ -139,6 +141,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
 CHOICES = {
     "architecture": ARCHITECTURES,
     "hidden_act": ACTIVATIONS,
+    "head_act": ACTIVATIONS,
     "position": POSITIONS,
     "norm": NORMS,
     "norm_position": NORM_POSITIONS,
@@ -231,6 +234,8 @@ def _describe(kind: str) -> str:
 def _check_values(c: ModelConfig, origin: str) -> None:
     for key, allowed in CHOICES.items():
         value = getattr(c, key)
+        if value is None and "None" in FIELDS[key].type:
+            continue
         if value not in allowed:
             close = difflib.get_close_matches(value, allowed, n=1)
             hint = f"did you mean `{close[0]}`?" if close else f"choose one of: {', '.join(allowed)}"
@@ -388,6 +393,8 @@ def parameter_count(c: ModelConfig) -> int:
         return embeddings + layers * block + (norm if c.final_norm else 0)
 
     total = vocab * hidden  # token embeddings
+    if c.architecture == "encoder-decoder" and not c.share_encoder_decoder_embeddings:
+        total += vocab * hidden  # the decoder's own
     if c.architecture != "decoder":
         total += stack(c.num_hidden_layers, causal=False, cross=False)
     if c.architecture != "encoder":

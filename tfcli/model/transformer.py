@@ -136,7 +136,7 @@ class LMHead(nn.Module):
         self.transform = config.head == "mlm"
         if self.transform:
             self.dense = Linear(config.hidden_size, config.hidden_size)
-            self.act = activation(config.hidden_act)
+            self.act = activation(config.head_act or config.hidden_act)
             self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.unembed = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -187,8 +187,10 @@ class TransformerModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         arch = config.architecture
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)  # the encoder's, or the only one
+        own = arch == "encoder-decoder" and not config.share_encoder_decoder_embeddings
+        self.decoder_embed_tokens = embedding(config.vocab_size, config.hidden_size) if own else None
         self.encoder = Stack(config, False, False, config.num_hidden_layers) if arch != "decoder" else None
         if arch == "encoder":
             self.decoder = None
@@ -197,7 +199,7 @@ class TransformerModel(nn.Module):
             self.decoder = Stack(config, causal=True, cross=arch == "encoder-decoder", num_layers=layers)
         self.head: nn.Module | None = None
         if config.head in ("mlm", "lm"):
-            self.head = LMHead(config, self.embed_tokens)
+            self.head = LMHead(config, self.token_embedding(self.output_stack))
         elif config.head == "classifier":
             self.head = ClassificationHead(config)
         self.embedding_scale = config.hidden_size ** 0.5 if config.scale_embedding else 1.0
@@ -207,9 +209,15 @@ class TransformerModel(nn.Module):
         """The stack whose output feeds the head: the decoder when there is one."""
         return self.decoder if self.decoder is not None else self.encoder
 
-    def embed(self, input_ids: Tensor) -> Tensor:
-        """(B, T) token ids -> (B, T, hidden) token embeddings (scaled when the config says so)."""
-        x = self.embed_tokens(input_ids)
+    def token_embedding(self, stack: Stack) -> nn.Embedding:
+        """The token embedding that feeds `stack`: the decoder's own when it has one, else the shared one."""
+        if stack is self.decoder and self.decoder_embed_tokens is not None:
+            return self.decoder_embed_tokens
+        return self.embed_tokens
+
+    def embed(self, input_ids: Tensor, stack: Stack) -> Tensor:
+        """(B, T) token ids -> (B, T, hidden) token embeddings for `stack` (scaled when the config says so)."""
+        x = self.token_embedding(stack)(input_ids)
         return x * self.embedding_scale if self.embedding_scale != 1.0 else x
 
     def start_tokens(self, batch: int, device: torch.device) -> Tensor:
@@ -223,15 +231,15 @@ class TransformerModel(nn.Module):
         """input_ids (B, T). Decoder-only with a cache: input_ids are the new tokens and attention_mask
         covers cached + new positions. Encoder-decoder: decoder_input_ids default to the start token."""
         if self.decoder is None:
-            out = self.encoder(self.embed(input_ids), attention_mask, token_type_ids, capture=capture)
+            out = self.encoder(self.embed(input_ids, self.encoder), attention_mask, token_type_ids, capture=capture)
         elif self.encoder is None:
-            out = self.decoder(self.embed(input_ids), attention_mask, cache=cache, capture=capture)
+            out = self.decoder(self.embed(input_ids, self.decoder), attention_mask, cache=cache, capture=capture)
         else:
             if encoder_output is None:
-                encoder_output = self.encoder(self.embed(input_ids), attention_mask, capture=capture)
+                encoder_output = self.encoder(self.embed(input_ids, self.encoder), attention_mask, capture=capture)
             if decoder_input_ids is None:
                 decoder_input_ids = self.start_tokens(input_ids.shape[0], input_ids.device)
-            out = self.decoder(self.embed(decoder_input_ids), decoder_attention_mask,
+            out = self.decoder(self.embed(decoder_input_ids, self.decoder), decoder_attention_mask,
                                memory=encoder_output.last_hidden_state, memory_mask=attention_mask, cache=cache,
                                capture=capture)
             out.encoder = encoder_output
@@ -253,7 +261,7 @@ class TransformerModel(nn.Module):
             hidden = stack.final_norm(hidden)
         if isinstance(self.head, LMHead):
             return self.head(hidden)
-        return hidden @ self.embed_tokens.weight.T
+        return hidden @ self.token_embedding(stack).weight.T
 
     def generate(self, input_ids: Tensor, max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
