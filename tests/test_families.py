@@ -43,6 +43,18 @@ FAMILIES = {
                                          "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
     "phi-2": ("PhiForCausalLM", "PhiConfig", dict(LLAMA, num_key_value_heads=None)),
     "phi-3-mini-4k": ("Phi3ForCausalLM", "Phi3Config", dict(LLAMA, sliding_window=4)),
+    "olmo-2": ("Olmo2ForCausalLM", "Olmo2Config", dict(LLAMA, rope_parameters=dict(rope_type="default",
+                                                                                     rope_theta=500000.0))),
+    "pythia": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(LLAMA, hidden_size=64, num_key_value_heads=None,
+                                                           rotary_pct=0.25, rotary_emb_base=10000)),
+    "gpt-j": ("GPTJForCausalLM", "GPTJConfig", dict(SIZES, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
+                                                    n_positions=64)),
+    "falcon-7b": ("FalconForCausalLM", "FalconConfig", dict(LLAMA, num_key_value_heads=None, multi_query=True,
+                                                            parallel_attn=True, bias=False)),
+    "falcon-40b": ("FalconForCausalLM", "FalconConfig", dict(LLAMA, num_key_value_heads=None, num_kv_heads=2,
+                                                             new_decoder_architecture=True)),
+    "opt-125m": ("OPTForCausalLM", "OPTConfig", dict(LLAMA, num_key_value_heads=None, intermediate_size=None,
+                                                     ffn_dim=48)),
 }
 
 # (family, settings away from its defaults, None for parity or the words of the refusal)
@@ -84,6 +96,22 @@ VARIANTS = [
     ("phi-3-mini-4k", dict(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4,
                                                 long_factor=[2.0] * 4), original_max_position_embeddings=16),
      "RoPE scaling `longrope`"),
+    ("olmo-2", dict(attention_bias=True, num_key_value_heads=4, tie_word_embeddings=True,
+                    rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0)), None),
+    ("olmo-2", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+    ("pythia", dict(use_parallel_residual=False, attention_bias=False, rotary_pct=1.0, rotary_emb_base=100), None),
+    ("pythia", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0, partial_rotary_factor=0.5),
+                    tie_word_embeddings=True), None),
+    ("gpt-j", dict(rotary_dim=16, activation_function="gelu", n_inner=40), None),  # whole heads
+    ("falcon-7b", dict(multi_query=False, bias=True, parallel_attn=False, tie_word_embeddings=False), None),
+    ("falcon-7b", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0)), None),
+    ("falcon-7b", dict(alibi=True), "ALiBi"),
+    ("falcon-40b", dict(num_ln_in_parallel_attn=1, num_kv_heads=1, ffn_hidden_size=40), None),
+    ("falcon-40b", dict(parallel_attn=False), "parallel_attn: false"),
+    ("opt-125m", dict(do_layer_norm_before=False, enable_bias=False, activation_function="gelu"), None),
+    ("opt-125m", dict(_remove_final_layer_norm=True), None),
+    ("opt-125m", dict(word_embed_proj_dim=16), "word_embed_proj_dim"),
+    ("opt-125m", dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine"),
 ]
 
 

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import bart, bert, distilbert, gemma, gpt2, llama, phi, phi3, roberta
-from tfcli.checkpoints.family import Family
+from tfcli.checkpoints import (bart, bert, distilbert, falcon, gemma, gpt2, gpt_neox, gptj, llama, olmo2, opt, phi,
+                               phi3, roberta)
+from tfcli.checkpoints.family import Family, grouped_qkv_rows
 from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 FAMILIES: dict[str, Family] = {
     model_type: fam
     for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, gemma.FAMILY, phi.FAMILY,
-                phi3.FAMILY, bart.FAMILY)
+                phi3.FAMILY, olmo2.FAMILY, gpt_neox.FAMILY, gptj.FAMILY, falcon.FAMILY, opt.FAMILY, bart.FAMILY)
     for model_type in fam.model_types
 }
 
@@ -311,6 +312,7 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
                              "encoder-decoders, share_encoder_decoder_embeddings)")
 
     dtype = dtype or torch.float32
+    regrouped = torch.tensor(grouped_qkv_rows(config)) if fam.grouped_qkv else None
     tensors = {}
     for name, found in plan.items():
         tensor = torch.empty(model.get_parameter(name).shape, dtype=dtype, device=device)
@@ -318,11 +320,13 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
         for piece in found:
             part, rows = stored[renamed[piece][0]], tensor.narrow(0, row, shape(piece)[0])
             row += rows.shape[0]
-            if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece):
+            order = regrouped if regrouped is not None and ".attention.qkv." in piece else None
+            if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece) and order is None:
                 part.read(out=rows)  # straight from the file into the parameter
-            else:  # one tensor in flight, cast and moved as it is copied
+            else:  # one tensor in flight, cast, regrouped and moved as it is copied
                 value = part.read()
-                rows.copy_(value.t() if transposed(piece) else value.view(rows.shape))
+                value = value.t() if transposed(piece) else value.view(rows.shape)
+                rows.copy_(value[order] if order is not None else value)
         tensors[name] = tensor
     return tensors
 
