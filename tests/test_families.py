@@ -110,7 +110,7 @@ VARIANTS = [
     ("falcon-40b", dict(parallel_attn=False), "parallel_attn: false"),
     ("opt-125m", dict(do_layer_norm_before=False, enable_bias=False, activation_function="gelu"), None),
     ("opt-125m", dict(_remove_final_layer_norm=True), None),
-    ("opt-125m", dict(word_embed_proj_dim=16), "word_embed_proj_dim"),
+    ("opt-125m", dict(word_embed_proj_dim=16, tie_word_embeddings=False), None),  # opt-350m's project_in/out
     ("opt-125m", dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine"),
 ]
 
@@ -198,20 +198,27 @@ def test_settings_away_from_the_defaults(family, overrides, refusal, tmp_path, s
     compare_decoder(tfcli.load_model(str(path)), hf, IDS, MASK)
 
 
-def test_every_id_of_a_list_valued_eos_ends_generation(checkpoint, greedy):
-    """Llama 3 ends on any of several ids; tfcli reads the list from config.json and stops on each, as
-    transformers' generate does."""
-    _, hf, ours = checkpoint("llama-3.2")
+def test_every_id_of_a_list_valued_eos_ends_generation(checkpoint, tmp_path):
+    """Llama 3 ends on any of several ids, Phi-3-instruct on ids that generation_config.json alone lists; tfcli
+    reads them as transformers' generate does and stops on each."""
+    import shutil
+
+    import transformers
+
+    path, _, ours = checkpoint("llama-3.2")
     assert ours.config.eos_token_id == [2, 3]
     prompt = PROMPTS[:1]
     free = ours.generate(prompt, max_new_tokens=8)
     ending = [int(free[0, prompt.shape[1] + 2]), 2]  # the third new token ends it, listed first
-    saved = hf.generation_config.eos_token_id, ours.config.eos_token_id
-    hf.generation_config.eos_token_id = ours.config.eos_token_id = ending
-    try:
-        mine, theirs = greedy(hf, ours, prompt, None, new=8)
-    finally:
-        hf.generation_config.eos_token_id, ours.config.eos_token_id = saved
+    shutil.copytree(path, tmp_path, dirs_exist_ok=True)
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    (tmp_path / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": ending}))
+    ours = tfcli.load_model(str(tmp_path))
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert ours.config.eos_token_id == ending
+    with torch.no_grad():
+        theirs = hf.generate(prompt, max_new_tokens=8, do_sample=False)
+    mine = ours.generate(prompt, max_new_tokens=8)
     assert mine.tolist() == theirs.tolist()
     assert mine.shape[1] == prompt.shape[1] + 3
 
@@ -230,7 +237,12 @@ norm: rmsnorm_plus_one
 norm_position: sandwich
 position: rotary
 partial_rotary_factor: 0.5
-rope_scaling: {rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8}
+rope_scaling:
+  rope_type: llama3
+  factor: 8
+  low_freq_factor: 1
+  high_freq_factor: 4
+  original_max_position_embeddings: 8
 local_rope_theta: 100.0
 sliding_window: 3
 layer_types: [sliding_attention, sliding_attention, full_attention]
@@ -300,7 +312,11 @@ def test_sliding_window_weights_leave_out_far_keys(tmp_path):
 def test_bad_new_settings_are_refused_in_one_line(line, message, tmp_path, cli):
     path = tmp_path / "bad.yaml"
     key = line.split(":")[0]
-    path.write_text("\n".join(row for row in YAML_DECODER.splitlines() if not row.startswith(key + ":")) + f"\n{line}\n")
+    kept, skipping = [], False
+    for row in YAML_DECODER.splitlines():  # without the key's own lines
+        skipping = row.startswith(key + ":") or (skipping and row.startswith("  "))
+        kept += [] if skipping else [row]
+    path.write_text("\n".join(kept) + f"\n{line}\n")
     result = cli("config", str(path))
     assert result.exit_code == 1
     assert message in result.stderr and result.stderr.count("error:") == 1

@@ -240,7 +240,7 @@ def stage_rows(model: "TransformerModel", stack: "Stack", out: "ModelOutput", ro
     def stage(label: str, tensor: "Tensor", *modules) -> StageRow:
         return stage_row(prefix + label, tensor[row, :length], count_parameters(*modules))
 
-    rows = [stage("embeddings", out.hidden_states[0], model.token_embedding(stack), stack.embeddings)]
+    rows = [stage("embeddings", out.hidden_states[0], model.token_embedding(stack), stack.embeddings, stack.project_in)]
     for i, block in enumerate(stack.blocks):
         for name in SUBLAYERS:
             path = f"blocks.{i}.{name}"

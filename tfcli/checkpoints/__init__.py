@@ -60,7 +60,19 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
 
 
 def read_hf_config(path: Path) -> ModelConfig:
-    """Read a Hugging Face config.json and translate it for its model_type."""
+    """Read a Hugging Face config.json and translate it for its model_type. A generation_config.json beside
+    it gives the end-of-sequence ids, as transformers' generate takes them from it (Phi-3's instruct models
+    end at <|end|>, listed there only)."""
+    values = _read_json(path)
+    generation = path.with_name("generation_config.json")
+    if generation.is_file():
+        eos = _read_json(generation).get("eos_token_id")
+        if eos is not None:
+            values = {**values, "eos_token_id": eos}
+    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -71,7 +83,7 @@ def read_hf_config(path: Path) -> ModelConfig:
         raise TfcliError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
     if not isinstance(values, dict):
         raise TfcliError(f"{path}: expected a JSON object")
-    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
+    return values
 
 
 @dataclass(frozen=True)

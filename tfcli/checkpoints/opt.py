@@ -2,40 +2,33 @@
 
 Learned positions with an offset of 2 (the table has max_position_embeddings + 2 rows), LayerNorm blocks,
 pre-norm with a final LayerNorm (`do_layer_norm_before`, all sizes but 350m) or post-norm without one, ReLU
-MLP, biases where `enable_bias` says, a tied LM head. Refused, naming the setting: a token embedding narrower
-than the model (`word_embed_proj_dim`, opt-350m's project_in/project_out) and norms without weights
-(`layer_norm_elementwise_affine: false`).
+MLP, biases where `enable_bias` says, a tied LM head. opt-350m's token embeddings are narrower than the
+model (`word_embed_proj_dim`): projected in before the positions (`project_in`) and back after the last block
+(`project_out`). Norms without weights (`layer_norm_elementwise_affine: false`) are refused.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
-from tfcli.errors import TfcliError
+from tfcli.checkpoints.family import Family, architecture_head, common, refuse, weight_bias
 
 HEADS = {"ForCausalLM": "lm"}
 
 
-def _refuse(what: str) -> TfcliError:
-    return TfcliError(f"config.json: opt with {what} is not supported by tfcli",
-                      "tfcli implements OPT models whose token embeddings are as wide as the model (not opt-350m)")
-
-
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     hidden = hf.get("hidden_size", 768)
-    if hf.get("word_embed_proj_dim") not in (None, hidden):
-        raise _refuse(f"word_embed_proj_dim {hf['word_embed_proj_dim']} != hidden_size {hidden} (project_in/out)")
-    if not hf.get("layer_norm_elementwise_affine", True):
-        raise _refuse("layer_norm_elementwise_affine: false")
+    refuse(hf, "opt", {"layer_norm_elementwise_affine": True})
+    width = hf.get("word_embed_proj_dim")
     pre_norm = hf.get("do_layer_norm_before", True)
     bias = bool(hf.get("enable_bias", True))
     return common(hf, model_type="opt", architecture="decoder", hidden_size=hidden,
-                  intermediate_size=hf.get("ffn_dim", 3072), max_position_embeddings=hf.get("max_position_embeddings", 2048),
-                  layer_norm_eps=1e-5, hidden_act=hf.get("activation_function", "relu"),
-                  hidden_dropout_prob=hf.get("dropout", 0.1), attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
-                  norm="layernorm", norm_position="pre" if pre_norm else "post", position="learned", position_offset=2,
-                  type_vocab_size=0, embedding_norm=False,
+                  intermediate_size=hf.get("ffn_dim", 3072),
+                  max_position_embeddings=hf.get("max_position_embeddings", 2048), layer_norm_eps=1e-5,
+                  hidden_act=hf.get("activation_function", "relu"), hidden_dropout_prob=hf.get("dropout", 0.1),
+                  attention_probs_dropout_prob=hf.get("attention_dropout", 0.0), norm="layernorm",
+                  norm_position="pre" if pre_norm else "post", position="learned", position_offset=2,
+                  type_vocab_size=0, embedding_norm=False, word_embed_proj_dim=width if width != hidden else None,
                   final_norm=pre_norm and not hf.get("_remove_final_layer_norm", False), feed_forward="mlp",
                   attention_bias=bias, attention_out_bias=bias, mlp_bias=bias, head=architecture_head(hf, HEADS),
                   tie_word_embeddings=hf.get("tie_word_embeddings", True))
@@ -57,6 +50,8 @@ FAMILY = Family(
         *weight_bias("layers.{}.fc1", "decoder.blocks.{}.feed_forward.fc1"),
         *weight_bias("layers.{}.fc2", "decoder.blocks.{}.feed_forward.fc2"),
         *weight_bias("final_layer_norm", "decoder.final_norm"),
+        ("project_in.weight", "decoder.project_in.weight"),
+        ("project_out.weight", "decoder.project_out.weight"),
         ("lm_head.weight", "head.unembed.weight"),
     ),
 )
