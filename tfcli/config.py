@@ -91,6 +91,8 @@ class ModelConfig:
     first_block_attention_norm: bool = True  # false: the first block's attention reads the embeddings as they
     # are, already normed (ModernBERT)
     scale_embedding: bool = False  # multiply token embeddings by sqrt(hidden_size) (BART option)
+    word_embed_proj_dim: int | None = None  # decoders: token embeddings this wide, projected to hidden_size before the
+    # positions are added and back after the final norm (OPT-350m's project_in, project_out); None = hidden_size
     final_norm: bool = False  # a norm after the last block (pre-norm stacks: GPT-2, Llama)
     feed_forward: str = "mlp"  # mlp | gated (SiLU-gated, Llama)
     attention_bias: bool = True  # biases on the Q/K/V projections
@@ -176,7 +178,7 @@ POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_hea
             "embedding_size", "num_hidden_groups",
             "max_position_embeddings", "num_labels", "num_decoder_layers", "num_key_value_heads", "head_dim",
             "sliding_window", "local_rope_theta", "query_pre_attn_scalar", "attn_logit_softcapping",
-            "final_logit_softcapping")
+            "final_logit_softcapping", "word_embed_proj_dim")
 
 
 # Other libraries' names for our fields: spelling similarity alone would suggest e.g. num_labels for num_layers.
@@ -188,8 +190,8 @@ ALIASES = {
     "dim_feedforward": "intermediate_size", "ffn_dim": "intermediate_size", "n_positions": "max_position_embeddings",
     "n_ctx": "max_position_embeddings", "num_kv_heads": "num_key_value_heads", "activation": "hidden_act",
     "activation_function": "hidden_act", "layer_norm_epsilon": "layer_norm_eps", "rms_norm_eps": "layer_norm_eps",
-    "rotary_pct": "partial_rotary_factor", "rope_parameters": "rope_scaling", "rope_local_base_freq": "local_rope_theta",
-    "use_parallel_residual": "parallel_residual",
+    "rotary_pct": "partial_rotary_factor", "rope_parameters": "rope_scaling",
+    "rope_local_base_freq": "local_rope_theta", "use_parallel_residual": "parallel_residual",
 }
 
 
@@ -312,6 +314,9 @@ def _check_values(c: ModelConfig, origin: str) -> None:
     if groups is not None and groups > layers:
         raise TfcliError(f"{origin}: num_hidden_groups {groups} is more than the {layers} layers that share them",
                          "a group is a block whose weights several consecutive layers use")
+    if c.embedding_size is not None and c.word_embed_proj_dim is not None:
+        raise TfcliError(f"{origin}: embedding_size (all embeddings narrower, then projected: ALBERT) and "
+                         "word_embed_proj_dim (token embeddings projected in and out: OPT) exclude each other")
     if c.embedding_size not in (None, c.hidden_size) and c.head == "lm":
         raise TfcliError(f"{origin}: an `lm` head reads the hidden state through the token embeddings, so "
                          f"embedding_size ({c.embedding_size}) must equal hidden_size ({c.hidden_size})",
@@ -374,6 +379,9 @@ def _check_attention_variants(c: ModelConfig, origin: str) -> None:
         if "sliding_attention" in c.layer_types and c.sliding_window is None:
             raise TfcliError(f"{origin}: `layer_types` has sliding_attention layers but no `sliding_window`",
                              "set `sliding_window` to the number of positions a query sees")
+    if c.word_embed_proj_dim is not None and (c.architecture != "decoder" or c.head not in ("lm", "none")):
+        raise TfcliError(f"{origin}: `word_embed_proj_dim` applies to decoders with an `lm` head or none",
+                         "leave it out, or use `architecture: decoder`")
     if c.shared_block_norm and not c.parallel_residual:
         raise TfcliError(f"{origin}: `shared_block_norm` applies to parallel blocks only",
                          "set `parallel_residual: true` or leave shared_block_norm out")
@@ -450,9 +458,11 @@ def parameter_count(c: ModelConfig) -> int:
         missing = 0 if c.first_block_attention_norm else norm
         return embeddings + min(layers, c.num_hidden_groups or layers) * block - missing + (norm if c.final_norm else 0)
 
-    total = vocab * width  # token embeddings
+    token_width = c.embedding_size or c.word_embed_proj_dim or hidden  # of the token embeddings
+    total = vocab * token_width
+    total += 2 * token_width * hidden if c.word_embed_proj_dim else 0  # projected in and out
     if c.architecture == "encoder-decoder" and not c.share_encoder_decoder_embeddings:
-        total += vocab * width  # the decoder's own
+        total += vocab * token_width  # the decoder's own
     if c.architecture != "decoder":
         total += stack(c.num_hidden_layers, causal=False, cross=False)
     if c.architecture != "encoder":
@@ -461,7 +471,7 @@ def parameter_count(c: ModelConfig) -> int:
     if c.head in ("mlm", "lm"):
         head_norm = 2 * width if c.norm_bias else width  # always a LayerNorm
         total += linear(hidden, width, c.classifier_bias) + head_norm if c.head == "mlm" else 0  # dense + norm
-        total += 0 if c.tie_word_embeddings else vocab * width
+        total += 0 if c.tie_word_embeddings else vocab * token_width
         total += vocab if c.lm_head_bias else 0
     elif c.head == "classifier":
         pooler = linear(hidden, hidden, c.classifier_bias) + (norm if c.classifier_norm else 0)

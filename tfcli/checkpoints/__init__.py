@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import (albert, bart, bert, deberta_v2, distilbert, electra, gpt2, llama, marian, mbart,
-                               modernbert, mpnet, roberta, t5)
-from tfcli.checkpoints.family import Family
+from tfcli.checkpoints import (albert, bart, bert, deberta_v2, distilbert, electra, falcon, gemma, gpt2, gpt_neox,
+                               gptj, llama, marian, mbart, modernbert, mpnet, olmo2, opt, phi, phi3, roberta, t5)
+from tfcli.checkpoints.family import Family, grouped_qkv_rows
 from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
 
@@ -42,9 +42,10 @@ if TYPE_CHECKING:
 
 FAMILIES: dict[str, Family] = {
     model_type: fam
-    for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, bart.FAMILY,
-                mbart.FAMILY, marian.FAMILY, t5.FAMILY, electra.FAMILY, albert.FAMILY,
-                mpnet.FAMILY, deberta_v2.FAMILY, modernbert.FAMILY)
+    for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, gemma.FAMILY, phi.FAMILY,
+                phi3.FAMILY, olmo2.FAMILY, gpt_neox.FAMILY, gptj.FAMILY, falcon.FAMILY, opt.FAMILY, bart.FAMILY,
+                mbart.FAMILY, marian.FAMILY, t5.FAMILY, electra.FAMILY, albert.FAMILY, mpnet.FAMILY,
+                deberta_v2.FAMILY, modernbert.FAMILY)
     for model_type in fam.model_types
 }
 
@@ -70,9 +71,10 @@ GENERATION_KEYS = ("decoder_start_token_id", "eos_token_id", "forced_bos_token_i
 
 def read_hf_config(path: Path) -> ModelConfig:
     """Read a Hugging Face config.json and translate it for its model_type. The token ids that steer generation
-    come from generation_config.json beside it, where there is one, as transformers' generate takes them."""
+    come from generation_config.json beside it, where there is one, as transformers' generate takes them from
+    it (Phi-3's instruct models end at <|end|>, listed there only; mBART-50's target language is forced there)."""
     values = _read_json(path)
-    generation = path.parent / "generation_config.json"
+    generation = path.with_name("generation_config.json")
     if path.name == "config.json" and generation.is_file():
         settings = _read_json(generation)
         values = {**values, **{key: settings[key] for key in GENERATION_KEYS if key in settings}}
@@ -331,6 +333,7 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
                              "encoder-decoders, share_encoder_decoder_embeddings)")
 
     dtype = dtype or torch.float32
+    regrouped = torch.tensor(grouped_qkv_rows(config)) if fam.grouped_qkv else None
     tensors = {}
     for name, found in plan.items():
         tensor = torch.empty(model.get_parameter(name).shape, dtype=dtype, device=device)
@@ -338,11 +341,13 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
         for piece in found:
             part, rows = stored[renamed[piece][0]], tensor.narrow(0, row, shape(piece)[0])
             row += rows.shape[0]
-            if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece):
+            order = regrouped if regrouped is not None and ".attention.qkv." in piece else None
+            if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece) and order is None:
                 part.read(out=rows)  # straight from the file into the parameter
-            else:  # one tensor in flight, cast and moved as it is copied
+            else:  # one tensor in flight, cast, regrouped and moved as it is copied
                 value = part.read()
-                rows.copy_(value.t() if transposed(piece) else value.view(rows.shape))
+                value = value.t() if transposed(piece) else value.view(rows.shape)
+                rows.copy_(value[order] if order is not None else value)
         tensors[name] = tensor
     return tensors
 
