@@ -189,7 +189,7 @@ def test_cli_checkpoint_without_and_with_tokenizer_files(tmp_path, save_hf_model
     bare = invoke("generate", "hello world", "-m", str(tmp_path), "-n", "3", "--json")
     assert bare.exit_code == 0, bare.stderr
     assert json.loads(bare.stdout)["prompt_ids"] == [101, 7592, 2088]  # bundled BERT vocabulary
-    assert "trained, loaded from" in bare.stderr
+    assert "weights: loaded from" in bare.stderr
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
