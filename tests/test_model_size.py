@@ -35,6 +35,21 @@ CASES = {
     "encoder-decoder, sinusoidal, no segments": dict(architecture="encoder-decoder", position="sinusoidal",
                                                      type_vocab_size=0),
     "encoder without head": dict(head="none", type_vocab_size=3),
+    "encoder-decoder, each stack its own token embeddings, untied head": dict(
+        architecture="encoder-decoder", head="lm", share_encoder_decoder_embeddings=False, tie_word_embeddings=False),
+    "decoder, sandwich norms, per-head q/k norms, own head size (Gemma 3)": dict(
+        architecture="decoder", head="lm", norm="rmsnorm_plus_one", norm_position="sandwich", qk_norm="head",
+        head_dim=12, feed_forward="gated", position="rotary", sliding_window=4, layer_types=["sliding_attention",
+                                                                                             "full_attention"]),
+    "decoder, norms after each sublayer, q/k norms over the projections (OLMo 2)": dict(
+        architecture="decoder", head="lm", norm="rmsnorm", norm_position="sublayer_output", qk_norm="projection",
+        num_key_value_heads=2, final_norm=True),
+    "decoder, parallel block with one shared norm (GPT-J)": dict(
+        architecture="decoder", head="lm", norm_position="pre", parallel_residual=True, shared_block_norm=True,
+        lm_head_bias=True, tie_word_embeddings=False),
+    "decoder, parallel block with two norms, LayerNorm q/k norms (Pythia, Phi)": dict(
+        architecture="decoder", head="lm", norm_position="pre", parallel_residual=True, qk_norm="head"),
+    "encoder-decoder, sandwich norms": dict(architecture="encoder-decoder", head="lm", norm_position="sandwich"),
 }
 
 

@@ -163,7 +163,6 @@ def test_colour_changes_no_layout(reports, width):
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("length", LENGTHS)
 def test_tokenize_view(reports, length, width):
-    from tfcli.api import load_tokenizer_for  # noqa: F401  (the report's tokens are the tokenizer's)
     from tfcli.tokenizer import Encoding
 
     report = reports[length]

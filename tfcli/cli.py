@@ -29,8 +29,6 @@ from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, Input, Inputs
 
 if TYPE_CHECKING:
-    from rich.text import Text
-
     from tfcli.model import TransformerModel
     from tfcli.sources import Source
     from tfcli.tokenizer import Encoding, Tokenizer

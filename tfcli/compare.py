@@ -63,13 +63,12 @@ class Models:
 
 def load(source: str, device: str = "cpu") -> Models:
     """Build tfcli's model and transformers' from the checkpoint `source` (one with weights)."""
-    from tfcli.api import build_model
+    from tfcli.api import build_model, load_tokenizer_for
     from tfcli.sources import resolve_source
-    from tfcli.tokenizer import load_tokenizer
 
     resolved = resolve_source(source)
     _require_weights(resolved)
-    tokenizer = load_tokenizer(resolved.tokenizer_dir)
+    tokenizer = load_tokenizer_for(resolved)
     model = build_model(resolved, device=device)
     reference = transformers_model(resolved).to(device=model.embed_tokens.weight.device,
                                                 dtype=model.embed_tokens.weight.dtype)
@@ -81,7 +80,7 @@ def run(models: Models, encoding: Encoding, tolerance: float = 1e-4) -> Comparis
     import torch
 
     input_ids = torch.tensor([encoding.ids], device=models.ours.embed_tokens.weight.device)
-    return Comparison(models.source, encoding, tolerance, compare(models.ours, models.theirs, input_ids))
+    return Comparison(models.source, encoding, tolerance, compare_with(models.ours, models.theirs, input_ids))
 
 
 def _require_weights(source: Source) -> None:
@@ -105,20 +104,29 @@ def transformers_model(source: "Source"):
     return loader(str(source.weights.parent), attn_implementation="eager").eval()
 
 
-def compare(model: "TransformerModel", reference: Any, input_ids: "Tensor") -> list[Difference]:
+def compare(model: "TransformerModel", source: Source, input_ids: "Tensor") -> list[Difference]:
+    """`compare_with` transformers' own model of the checkpoint `source`, built for this one comparison."""
+    reference = transformers_model(source).to(device=input_ids.device, dtype=model.embed_tokens.weight.dtype)
+    return compare_with(model, reference, input_ids)
+
+
+def compare_with(model: "TransformerModel", reference: Any, input_ids: "Tensor") -> list[Difference]:
     """Max abs difference per tensor: hidden.{i} (the last after any final norm, as transformers
-    reports it), attention.{i}, cross_attention.{i} and logits."""
+    reports it), attention.{i}, cross_attention.{i} and logits. An encoder-decoder's decoder reads its
+    start token followed by the input's own tokens (as many as its positions allow), so that every
+    decoder position, causal mask and relative position is compared, not just the first."""
     import torch
 
     from tfcli.model import Capture
 
     encoder_decoder = model.config.architecture == "encoder-decoder"
-    kwargs = {"output_hidden_states": True, "output_attentions": True}
+    decoder = {}
+    if encoder_decoder:
+        start = model.start_tokens(input_ids.shape[0], input_ids.device)
+        decoder["decoder_input_ids"] = torch.cat([start, input_ids], 1)[:, :model.config.max_position_embeddings]
     with torch.no_grad():
-        ours = model(input_ids, capture=Capture())
-        decoder_ids = model.start_tokens(input_ids.shape[0], input_ids.device) if encoder_decoder else None
-        theirs = reference(input_ids=input_ids, decoder_input_ids=decoder_ids, **kwargs) if encoder_decoder \
-            else reference(input_ids=input_ids, **kwargs)
+        ours = model(input_ids, capture=Capture(), **decoder)
+        theirs = reference(input_ids=input_ids, output_hidden_states=True, output_attentions=True, **decoder)
     pairs: list[tuple[str, Tensor, Tensor]] = []
     if encoder_decoder:
         pairs += _stack_pairs("encoder.", ours.encoder, theirs.encoder_hidden_states, theirs.encoder_attentions)

@@ -19,11 +19,21 @@ from tfcli.errors import TfcliError
 ARCHITECTURES = ("encoder", "decoder", "encoder-decoder")
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu")
 POSITIONS = ("learned", "sinusoidal", "rotary")
-NORMS = ("layernorm", "rmsnorm")
-NORM_POSITIONS = ("pre", "post")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
+NORM_POSITIONS = ("pre", "post", "sandwich", "sublayer_output")
 FEED_FORWARDS = ("mlp", "gated")
 HEADS = ("none", "mlm", "lm", "classifier")
 CLASSIFIER_POOLERS = ("none", "tanh", "relu")
+QK_NORMS = ("none", "head", "projection")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# rope_scaling: the keys each RoPE scaling type takes (the first ones required), as Hugging Face names them
+ROPE_SCALING_KEYS = {
+    "linear": (("factor",), ()),
+    "dynamic": (("factor",), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
+}
 
 
 @dataclass
@@ -39,16 +49,31 @@ class ModelConfig:
     num_decoder_layers: int | None = None  # encoder-decoder only; None = num_hidden_layers
     num_attention_heads: int = 12
     num_key_value_heads: int | None = None  # grouped-query attention; None = num_attention_heads
+    head_dim: int | None = None  # size of each head; None = hidden_size / num_attention_heads
     intermediate_size: int = 3072
     max_position_embeddings: int = 512
     type_vocab_size: int = 2  # segment embeddings; 0 = none
     hidden_act: str = "gelu"
     norm: str = "layernorm"
-    norm_position: str = "post"
+    norm_position: str = "post"  # post: norm(x + f(x)); pre: x + f(norm(x)); sandwich: x + norm(f(norm(x)));
+    # sublayer_output: x + norm(f(x))
     layer_norm_eps: float = 1e-12
     position: str = "learned"
     position_offset: int = 0  # learned positions start here (RoBERTa: pad + 1, BART: 2)
     rope_theta: float = 10000.0
+    partial_rotary_factor: float = 1.0  # rotary positions on this fraction of each head's dimensions (the first ones)
+    rotary_interleaved: bool = False  # rotate adjacent pairs of dimensions (GPT-J), not the two halves (Llama)
+    rope_scaling: dict[str, Any] | None = None  # {rope_type: linear|dynamic|llama3|yarn, factor: ..., ...}
+    local_rope_theta: float | None = None  # rotary base of the sliding-window layers; None = rope_theta
+    sliding_window: int | None = None  # a query sees this many most recent positions, itself included
+    layer_types: list[str] = field(default_factory=list)  # full_attention | sliding_attention per layer; empty:
+    # every layer slides when sliding_window is set
+    query_pre_attn_scalar: float | None = None  # attention scores scaled by its -1/2 power; None = head_dim's
+    attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap) before the mask and softmax
+    final_logit_softcapping: float | None = None  # the same on the LM head's logits
+    qk_norm: str = "none"  # none | head (a norm over each head of q and k) | projection (over all of q, all of k)
+    parallel_residual: bool = False  # x + attention(norm(x)) + feed_forward(norm2(x)) in one step
+    shared_block_norm: bool = False  # parallel blocks: attention and feed-forward read the same norm(x)
     embedding_norm: bool = True  # LayerNorm on the embeddings (BERT, BART)
     scale_embedding: bool = False  # multiply token embeddings by sqrt(hidden_size) (BART option)
     final_norm: bool = False  # a norm after the last block (pre-norm stacks: GPT-2, Llama)
@@ -57,7 +82,9 @@ class ModelConfig:
     attention_out_bias: bool = True  # bias on the attention output projection
     mlp_bias: bool = True
     head: str = "none"  # none | mlm | lm | classifier
-    tie_word_embeddings: bool = True
+    head_act: str | None = None  # the activation in the MLM head's transform; None = hidden_act (RoBERTa: gelu)
+    tie_word_embeddings: bool = True  # the LM head is the (decoder's) token embedding
+    share_encoder_decoder_embeddings: bool = True  # encoder-decoder: one token embedding for both stacks
     lm_head_bias: bool = False  # a bias on the unembedding (MLM decoders, BART's final_logits_bias)
     num_labels: int = 2
     labels: list[str] = field(default_factory=list)
@@ -67,12 +94,32 @@ class ModelConfig:
     classifier_dropout: float | None = None
     pad_token_id: int | None = 0
     bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None  # several ids: any of them ends a generation
     decoder_start_token_id: int | None = None
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def head_size(self) -> int:
+        """The size of each attention head: head_dim, else hidden_size / num_attention_heads."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many dimensions of each head rotary positions rotate (the first ones)."""
+        return int(self.head_size * self.partial_rotary_factor)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every end-of-sequence id (eos_token_id may be one id or a list)."""
+        eos = self.eos_token_id
+        return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+    def sliding_layers(self, num_layers: int) -> list[bool]:
+        """For each of a stack's layers, whether it attends through the sliding window."""
+        if self.sliding_window is None:
+            return [False] * num_layers
+        if not self.layer_types:
+            return [True] * num_layers
+        return [kind == "sliding_attention" for kind in self.layer_types]
 
     @property
     def kv_heads(self) -> int:
@@ -94,15 +141,19 @@ FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
 CHOICES = {
     "architecture": ARCHITECTURES,
     "hidden_act": ACTIVATIONS,
+    "head_act": ACTIVATIONS,
     "position": POSITIONS,
     "norm": NORMS,
     "norm_position": NORM_POSITIONS,
     "feed_forward": FEED_FORWARDS,
     "head": HEADS,
     "classifier_pooler": CLASSIFIER_POOLERS,
+    "qk_norm": QK_NORMS,
 }
 POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-            "max_position_embeddings", "num_labels", "num_decoder_layers", "num_key_value_heads")
+            "max_position_embeddings", "num_labels", "num_decoder_layers", "num_key_value_heads", "head_dim",
+            "sliding_window", "local_rope_theta", "query_pre_attn_scalar", "attn_logit_softcapping",
+            "final_logit_softcapping")
 
 
 # Other libraries' names for our fields: spelling similarity alone would suggest e.g. num_labels for num_layers.
@@ -114,6 +165,8 @@ ALIASES = {
     "dim_feedforward": "intermediate_size", "ffn_dim": "intermediate_size", "n_positions": "max_position_embeddings",
     "n_ctx": "max_position_embeddings", "num_kv_heads": "num_key_value_heads", "activation": "hidden_act",
     "activation_function": "hidden_act", "layer_norm_epsilon": "layer_norm_eps", "rms_norm_eps": "layer_norm_eps",
+    "rotary_pct": "partial_rotary_factor", "rope_parameters": "rope_scaling", "rope_local_base_freq": "local_rope_theta",
+    "use_parallel_residual": "parallel_residual",
 }
 
 
@@ -142,7 +195,11 @@ def _check_type(key: str, value: Any, origin: str) -> Any:
         if "None" in kind:
             return None
         raise wrong
-    if kind.startswith("int"):
+    if kind.startswith("int | list[int]"):
+        is_id = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+        if not (is_id(value) or isinstance(value, list) and value and all(is_id(v) for v in value)):
+            raise wrong
+    elif kind.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise wrong
     elif kind.startswith("float"):
@@ -159,19 +216,26 @@ def _check_type(key: str, value: Any, origin: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
             raise wrong
         value = [str(v) for v in value]
+    elif kind.startswith("dict"):
+        if not isinstance(value, dict):
+            raise wrong
+        value = dict(value)
     return value
 
 
 def _describe(kind: str) -> str:
     base = kind.replace(" | None", "")
     words = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-             "list[str]": "a list of names"}
+             "list[str]": "a list of names", "int | list[int]": "a token id or a list of them",
+             "dict[str, Any]": "a mapping"}
     return words.get(base, base) + (" (or null)" if "None" in kind else "")
 
 
 def _check_values(c: ModelConfig, origin: str) -> None:
     for key, allowed in CHOICES.items():
         value = getattr(c, key)
+        if value is None and "None" in FIELDS[key].type:
+            continue
         if value not in allowed:
             close = difflib.get_close_matches(value, allowed, n=1)
             hint = f"did you mean `{close[0]}`?" if close else f"choose one of: {', '.join(allowed)}"
@@ -183,16 +247,17 @@ def _check_values(c: ModelConfig, origin: str) -> None:
     for key in ("type_vocab_size", "position_offset"):
         if getattr(c, key) < 0:
             raise TfcliError(f"{origin}: `{key}` must be 0 or more, got {getattr(c, key)}")
-    if c.hidden_size % c.num_attention_heads:
+    if c.head_dim is None and c.hidden_size % c.num_attention_heads:
         raise TfcliError(
             f"{origin}: hidden_size {c.hidden_size} is not divisible by num_attention_heads {c.num_attention_heads}",
-            "each head gets hidden_size / num_attention_heads dimensions: pick sizes that divide evenly")
+            "each head gets hidden_size / num_attention_heads dimensions: pick sizes that divide evenly, "
+            "or set `head_dim`")
     if c.num_attention_heads % c.kv_heads:
         raise TfcliError(
             f"{origin}: num_attention_heads {c.num_attention_heads} is not a multiple of "
             f"num_key_value_heads {c.kv_heads}", "each key/value head serves a whole group of query heads")
-    if c.position == "rotary" and c.head_dim % 2:
-        raise TfcliError(f"{origin}: rotary positions need an even head size, got {c.head_dim}")
+    _check_rotary(c, origin)
+    _check_attention_variants(c, origin)
     if c.position == "sinusoidal" and c.hidden_size % 2:
         raise TfcliError(f"{origin}: sinusoidal positions need an even hidden_size, got {c.hidden_size}")
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
@@ -209,8 +274,64 @@ def _check_values(c: ModelConfig, origin: str) -> None:
                          "an encoder predicts masked tokens with head `mlm`")
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         value = getattr(c, key)
-        if value is not None and not 0 <= value < c.vocab_size:
-            raise TfcliError(f"{origin}: `{key}` {value} is outside the vocabulary (size {c.vocab_size})")
+        for token in value if isinstance(value, list) else [value]:
+            if token is not None and not 0 <= token < c.vocab_size:
+                raise TfcliError(f"{origin}: `{key}` {token} is outside the vocabulary (size {c.vocab_size})")
+
+
+def _check_rotary(c: ModelConfig, origin: str) -> None:
+    """Rotary settings: an even number of rotated dimensions, and a rope_scaling of a known type with its keys."""
+    if not 0 < c.partial_rotary_factor <= 1:
+        raise TfcliError(f"{origin}: `partial_rotary_factor` must be in (0, 1], got {c.partial_rotary_factor}")
+    rotary_only = ("partial_rotary_factor", "rotary_interleaved", "rope_scaling", "local_rope_theta")
+    if c.position != "rotary":
+        used = [key for key in rotary_only if getattr(c, key) != FIELDS[key].default]
+        if used:
+            raise TfcliError(f"{origin}: `{used[0]}` applies to rotary positions, and position is `{c.position}`",
+                             "set `position: rotary` or leave it out")
+        return
+    if c.rotary_dim % 2 or c.rotary_dim == 0:
+        raise TfcliError(f"{origin}: rotary positions need an even number of rotated dimensions, got {c.rotary_dim} "
+                         f"(head size {c.head_size} x partial_rotary_factor {c.partial_rotary_factor})")
+    if c.rope_scaling is None:
+        return
+    kind = c.rope_scaling.get("rope_type")
+    if kind not in ROPE_SCALING_KEYS:
+        raise TfcliError(f"{origin}: RoPE scaling `{kind}` is not supported by tfcli",
+                         f"rope_scaling needs `rope_type`, one of: {', '.join(ROPE_SCALING_KEYS)}")
+    required, optional = ROPE_SCALING_KEYS[kind]
+    for key, value in c.rope_scaling.items():
+        if key != "rope_type" and key not in required + optional:
+            raise TfcliError(f"{origin}: RoPE scaling `{kind}` takes no `{key}`",
+                             f"its keys: {', '.join(required + optional)}")
+        if key not in ("rope_type", "truncate") and value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
+            raise TfcliError(f"{origin}: rope_scaling `{key}` must be a positive number, got {value!r}")
+    missing = [key for key in required if c.rope_scaling.get(key) is None]
+    if missing:
+        raise TfcliError(f"{origin}: RoPE scaling `{kind}` needs `{missing[0]}`")
+
+
+def _check_attention_variants(c: ModelConfig, origin: str) -> None:
+    """Sliding windows per layer, parallel blocks."""
+    for kind in c.layer_types:
+        if kind not in LAYER_TYPES:
+            raise TfcliError(f"{origin}: unknown layer type `{kind}` in `layer_types`",
+                             f"each layer is one of: {', '.join(LAYER_TYPES)}")
+    if c.layer_types:
+        counts = {c.num_hidden_layers, c.decoder_layers if c.architecture == "encoder-decoder" else c.num_hidden_layers}
+        if len(counts) > 1 or len(c.layer_types) not in counts:
+            raise TfcliError(f"{origin}: `layer_types` names {len(c.layer_types)} layers, the model has "
+                             f"{c.num_hidden_layers}", "give one type per layer")
+        if "sliding_attention" in c.layer_types and c.sliding_window is None:
+            raise TfcliError(f"{origin}: `layer_types` has sliding_attention layers but no `sliding_window`",
+                             "set `sliding_window` to the number of positions a query sees")
+    if c.shared_block_norm and not c.parallel_residual:
+        raise TfcliError(f"{origin}: `shared_block_norm` applies to parallel blocks only",
+                         "set `parallel_residual: true` or leave shared_block_norm out")
+    if c.parallel_residual and (c.norm_position != "pre" or c.architecture == "encoder-decoder"):
+        raise TfcliError(f"{origin}: parallel blocks are pre-norm self-attention blocks",
+                         "use `norm_position: pre` and an encoder or a decoder")
 
 
 def load_yaml(path: Path) -> ModelConfig:
@@ -243,14 +364,18 @@ def parameter_count(c: ModelConfig) -> int:
     model, so `tfcli config` and the memory check are instant for any size. Mirrors the module tree of
     tfcli/model; tests/test_model_size.py checks it against the built model's count."""
     hidden, inner, vocab = c.hidden_size, c.intermediate_size, c.vocab_size
-    q_size, kv_size = c.num_attention_heads * c.head_dim, c.kv_heads * c.head_dim
-    norm = hidden if c.norm == "rmsnorm" else 2 * hidden  # RMSNorm has no bias
+    q_size, kv_size = c.num_attention_heads * c.head_size, c.kv_heads * c.head_size
+
+    def norm_of(size: int) -> int:
+        return 2 * size if c.norm == "layernorm" else size  # RMSNorm has no bias
 
     def linear(inputs: int, outputs: int, bias: bool = True) -> int:
         return inputs * outputs + (outputs if bias else 0)
 
+    norm = norm_of(hidden)
+    qk_norms = {"none": 0, "head": 2 * norm_of(c.head_size), "projection": norm_of(q_size) + norm_of(kv_size)}
     self_attention = (linear(hidden, q_size + 2 * kv_size, c.attention_bias)
-                      + linear(q_size, hidden, c.attention_out_bias))
+                      + linear(q_size, hidden, c.attention_out_bias) + qk_norms[c.qk_norm])
     cross_attention = (linear(hidden, q_size, c.attention_bias) + linear(hidden, 2 * kv_size, c.attention_bias)
                        + linear(q_size, hidden, c.attention_out_bias))
     if c.feed_forward == "gated":
@@ -262,10 +387,14 @@ def parameter_count(c: ModelConfig) -> int:
         embeddings = (c.max_position_embeddings + c.position_offset) * hidden if c.position == "learned" else 0
         embeddings += c.type_vocab_size * hidden if c.type_vocab_size > 0 and not causal else 0
         embeddings += norm if c.embedding_norm else 0
-        block = self_attention + feed_forward + 2 * norm + (cross_attention + norm if cross else 0)
+        sublayer_norms = {"pre": 1, "post": 1, "sandwich": 2, "sublayer_output": 1}[c.norm_position] * norm
+        block_norms = 2 * sublayer_norms - (norm if c.shared_block_norm else 0)
+        block = self_attention + feed_forward + block_norms + (cross_attention + sublayer_norms if cross else 0)
         return embeddings + layers * block + (norm if c.final_norm else 0)
 
     total = vocab * hidden  # token embeddings
+    if c.architecture == "encoder-decoder" and not c.share_encoder_decoder_embeddings:
+        total += vocab * hidden  # the decoder's own
     if c.architecture != "decoder":
         total += stack(c.num_hidden_layers, causal=False, cross=False)
     if c.architecture != "encoder":

@@ -268,7 +268,7 @@ def stage_rows(model: "TransformerModel", stack: "Stack", out: "ModelOutput", ro
         stage.block = block
         return stage
 
-    rows = [stage("embeddings", out.hidden_states[0], model.embed_tokens, stack.embeddings)]
+    rows = [stage("embeddings", out.hidden_states[0], model.token_embedding(stack), stack.embeddings)]
     for i, block in enumerate(stack.blocks):
         for name in SUBLAYERS:
             path = f"blocks.{i}.{name}"

@@ -55,9 +55,8 @@ def prompts(config: ModelConfig, tokenizer: Tokenizer, texts: list[str], max_new
         if not text.strip():
             raise usage_error("the prompt is empty", "give some text to continue")
         ids = tokenizer.encode([text])[0].ids
-        eos = config.eos_token_id
         decoder_only = config.architecture == "decoder"
-        if decoder_only and len(ids) > 1 and eos is not None and ids[-1] == eos:
+        if decoder_only and len(ids) > 1 and ids[-1] in config.eos_token_ids:
             ids = ids[:-1]
         check_can_generate(config, len(ids), max_new_tokens)
         used = len(ids) if decoder_only else 1  # an encoder-decoder's decoder starts from one token

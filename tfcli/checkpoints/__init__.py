@@ -5,7 +5,8 @@ Each family module fills in `FAMILY = Family(...)` (see family.py): the model_ty
 "decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, not used"), and
 optionally `config_rules(config)`, name `prefixes`, `transposed` names and `flattened` names. Here
 Q, K and V weights mapped to `.q/.k/.v` are read into the rows of the model's fused `qkv` (or
-cross-attention `kv`) projections. To add a family: write its module and add its FAMILY to FAMILIES below.
+cross-attention `kv`) projections, and gated feed-forwards' `.gate/.up` into `gate_up`. To add a family:
+write its module and add its FAMILY to FAMILIES below.
 
 Loading is lean: the model is built on the meta device, `read_checkpoint` reads only the files' headers,
 and `load_checkpoint` reads each weight straight from its file into a new tensor of the requested dtype on
@@ -192,12 +193,14 @@ def _copy_into(tensor: Tensor, out: Tensor | None = None) -> Tensor:
     return tensor if out is None else out.copy_(tensor.view(out.shape))
 
 
-def map_names(names: Iterable[str], config: ModelConfig) -> tuple[dict[str, str], list[str]]:
-    """HF checkpoint names -> {tfcli name: HF name}, Q/K/V still apart as `.q/.k/.v` (see `pieces`), and the
-    HF names no rule knows."""
+def map_names(names: Iterable[str], config: ModelConfig) -> tuple[dict[str, list[str]], list[str]]:
+    """HF checkpoint names -> {tfcli name: the HF names that map onto it}, Q/K/V still apart as `.q/.k/.v`
+    (see `pieces`), and the HF names no rule knows. A tfcli name with several HF names has copies in the
+    checkpoint (BART's `shared` and its stacks' `embed_tokens`): the loader reads one and checks the others
+    are equal to it."""
     fam = family(config.model_type)
     rules = [*fam.rules, *(fam.config_rules(config) if fam.config_rules else ())]
-    renamed: dict[str, str] = {}
+    renamed: dict[str, list[str]] = {}
     unknown: list[str] = []
     for name in names:
         bare = next((name[len(p):] for p in fam.prefixes if name.startswith(p)), name)
@@ -205,7 +208,7 @@ def map_names(names: Iterable[str], config: ModelConfig) -> tuple[dict[str, str]
             match = _template(source).fullmatch(bare)
             if match:
                 if target is not None:
-                    renamed[target.format(*match.groups())] = name
+                    renamed.setdefault(target.format(*match.groups()), []).append(name)
                 break
         else:
             unknown.append(name)
@@ -218,13 +221,16 @@ def _template(template: str) -> re.Pattern[str]:
     return re.compile(r"(\d+)".join(re.escape(part) for part in template.split("{}")))
 
 
-def pieces(name: str, renamed: dict[str, str]) -> list[str] | None:
+FUSED = ((".qkv.", ("q", "k", "v")), (".kv.", ("k", "v")), (".gate_up.", ("gate", "up")))
+
+
+def pieces(name: str, renamed: dict[str, list[str]]) -> list[str] | None:
     """The tfcli-named checkpoint tensors that make the model parameter `name`, stacked along the rows:
-    itself, or for fused projections `X.qkv.P` <- X.q.P, X.k.P, X.v.P and `X.kv.P` <- X.k.P, X.v.P.
-    None when the checkpoint lacks one."""
+    itself, or for fused projections `X.qkv.P` <- X.q.P, X.k.P, X.v.P, `X.kv.P` <- X.k.P, X.v.P and
+    `X.gate_up.P` <- X.gate.P, X.up.P. None when the checkpoint lacks one."""
     if name in renamed:
         return [name]
-    for fused, parts in ((".qkv.", "qkv"), (".kv.", "kv")):
+    for fused, parts in FUSED:
         if fused in name:
             stem, param = name.rsplit(fused, 1)
             wanted = [f"{stem}.{part}.{param}" for part in parts]
@@ -238,7 +244,11 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
     checkpoint, keyed by model.named_parameters() names: each read straight from its file into a new tensor
     of `dtype` (default float32) on `device`, so a load holds the weights once plus one tensor in flight. The
     model is not changed (see tfcli.model.assign_parameters). A clear error names any weight that is
-    missing, unexpected or of the wrong shape, before anything is read."""
+    missing, unexpected or of the wrong shape, before anything is read.
+
+    No checkpoint tensor is dropped unless it is verified equal to the one read in its place: a parameter
+    several checkpoint tensors map onto (a tied LM head and the token embeddings, BART's `shared` and its
+    stacks' `embed_tokens`) is read from the first, and every other is compared with it, bit for bit."""
     import torch
 
     config: ModelConfig = model.config
@@ -251,7 +261,7 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
 
     def shape(piece: str) -> tuple[int, ...]:
         """A piece's shape as the model holds it: HF's (in, out) weights transposed, BART's (1, V) bias flat."""
-        found = stored[renamed[piece]].shape
+        found = stored[renamed[piece][0]].shape
         if transposed(piece):
             return found[::-1]
         return (math.prod(found),) if piece in fam.flattened else found
@@ -260,25 +270,44 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
     for name, param in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(param), []).append(name)
     plan: dict[str, list[str]] = {}
+    copies: list[tuple[tuple[str, str], tuple[str, str]]] = []  # ((piece, HF name) read, (piece, HF name) equal to it)
     missing, wrong, used = [], [], set()
     for name, param in model.named_parameters():
-        names = aliases[id(param)]
-        used.update(alias for alias in names if alias in renamed)  # a tied copy (lm_head.weight) is known, not read
-        found = next(filter(None, (pieces(alias, renamed) for alias in names)), None)
-        if found is None:
+        found_per_alias = [found for found in (pieces(alias, renamed) for alias in aliases[id(param)]) if found]
+        if not found_per_alias:
             missing.append(name)
             continue
-        used.update(found)
+        found = found_per_alias[0]
+        for other in found_per_alias:
+            used.update(other)
+            if len(other) != len(found):
+                wrong.append(f"{name}: stored both fused and apart")
+        for j, piece in enumerate(found):  # a tied parameter or a name several rules give: read once, check the rest
+            sources = list(dict.fromkeys((other[j], hf) for other in found_per_alias if j < len(other)
+                                         for hf in renamed[other[j]]))
+            copies += [(sources[0], source) for source in sources[1:]]
         shapes = [shape(piece) for piece in found]
         if _stacked(shapes) != tuple(param.shape):
             wrong.append(f"{name} {' + '.join(map(str, shapes))} (model wants {tuple(param.shape)})")
         plan[name] = found
-    unexpected = unknown + [k for k in renamed if k not in used]
+    unexpected = unknown + [hf for k, names in renamed.items() if k not in used for hf in names]
     for names, what in [(missing, "missing"), (unexpected, "unexpected"), (wrong, "of the wrong shape")]:
         if names:
             shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
             raise TfcliError(f"{path}: weights do not fit the config: {len(names)} {what}: {shown}",
                              "the weights and config.json must come from the same model")
+
+    def as_model_holds(piece: str, hf: str) -> Tensor:
+        value = stored[hf].read()
+        return value.t() if transposed(piece) else value.reshape(-1) if piece in fam.flattened else value
+
+    for (piece, kept), (copy_piece, copy) in copies:
+        a, b = as_model_holds(piece, kept), as_model_holds(copy_piece, copy)
+        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+            raise TfcliError(f"{path}: `{copy}` differs from `{kept}`, but tfcli's model holds one tensor for "
+                             "both (config.json ties them), so one of them would be dropped",
+                             "config.json does not describe these weights: check tie_word_embeddings (and, for "
+                             "encoder-decoders, share_encoder_decoder_embeddings)")
 
     dtype = dtype or torch.float32
     tensors = {}
@@ -286,7 +315,7 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
         tensor = torch.empty(model.get_parameter(name).shape, dtype=dtype, device=device)
         row = 0
         for piece in found:
-            part, rows = stored[renamed[piece]], tensor.narrow(0, row, shape(piece)[0])
+            part, rows = stored[renamed[piece][0]], tensor.narrow(0, row, shape(piece)[0])
             row += rows.shape[0]
             if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece):
                 part.read(out=rows)  # straight from the file into the parameter

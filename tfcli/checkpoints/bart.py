@@ -1,33 +1,35 @@
-"""BART (BartModel, BartForConditionalGeneration).
+"""BART (BartModel, BartForConditionalGeneration), and the layout mBART and Marian share with it.
 
-A post-norm encoder-decoder sharing one token embedding (`shared`), optionally scaled by
-sqrt(d_model); learned positions start at row 2 (`position_offset`), each stack normalises its
-embeddings (`layernorm_embedding`); the LM head is tied to the shared embedding and adds
-`final_logits_bias`. The stacks' own copies of the shared embedding are ignored.
+A post-norm encoder-decoder; token embeddings optionally scaled by sqrt(d_model); learned positions
+start at row 2 (`position_offset`); each stack normalises its embeddings (`layernorm_embedding`); the
+LM head adds `final_logits_bias`. With `tie_word_embeddings` (the default) one token embedding serves
+both stacks and the head: the checkpoint's `shared` and its stacks' `embed_tokens` are that one tensor,
+stored up to three times, and the loader checks the copies are equal. Without it (transformers 5 keeps
+them apart) each stack reads its own `embed_tokens`, the head its own `lm_head`, and `shared` is used
+by no forward pass.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, Rule, architecture_head, common, weight_bias
+from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, weight_bias
 from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
 
-HEADS = {"ForConditionalGeneration": "lm"}
+HEADS = {"ForConditionalGeneration": "lm", "MTModel": "lm"}
 
 
-def translate(hf: dict[str, Any]) -> dict[str, Any]:
+def translate_seq2seq(hf: dict[str, Any], family: str, **overrides: Any) -> dict[str, Any]:
+    """The config fields BART, mBART and Marian share; `overrides` set what differs (norms, positions)."""
+    refuse(hf, family, {"is_decoder": False})
     for a, b, default in (("encoder_attention_heads", "decoder_attention_heads", 16),
                           ("encoder_ffn_dim", "decoder_ffn_dim", 4096)):
         if hf.get(a, default) != hf.get(b, default):
-            raise TfcliError(f"config.json: BART with {a} != {b} is not supported by tfcli",
+            raise TfcliError(f"config.json: {family} with {a} != {b} is not supported by tfcli",
                              "tfcli's encoder and decoder share one head count and feed-forward size")
-    if hf.get("normalize_before") or hf.get("add_final_layer_norm"):
-        raise TfcliError("config.json: pre-norm BART variants (normalize_before / add_final_layer_norm) "
-                         "are not supported by tfcli", "tfcli loads the post-norm BART of facebook/bart-*")
     head = architecture_head(hf, HEADS)
-    values = common(hf, model_type="bart", architecture="encoder-decoder", hidden_size=hf.get("d_model", 1024),
+    values = common(hf, architecture="encoder-decoder", hidden_size=hf.get("d_model", 1024),
                     num_hidden_layers=hf.get("encoder_layers", 12), num_decoder_layers=hf.get("decoder_layers", 12),
                     num_attention_heads=hf.get("encoder_attention_heads", 16),
                     intermediate_size=hf.get("encoder_ffn_dim", 4096),
@@ -35,22 +37,28 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
                     hidden_act=hf.get("activation_function", "gelu"), layer_norm_eps=1e-5,
                     hidden_dropout_prob=hf.get("dropout", 0.1),
                     attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
-                    norm="layernorm", norm_position="post", position="learned", position_offset=2,
-                    type_vocab_size=0, embedding_norm=True, scale_embedding=bool(hf.get("scale_embedding", False)),
-                    final_norm=False, feed_forward="mlp", head=head, lm_head_bias=head == "lm",
+                    norm="layernorm", type_vocab_size=0, scale_embedding=bool(hf.get("scale_embedding", False)),
+                    feed_forward="mlp", head=head, lm_head_bias=head == "lm",
                     tie_word_embeddings=hf.get("tie_word_embeddings", True),
-                    decoder_start_token_id=hf.get("decoder_start_token_id"))
-    values.pop("labels", None), values.pop("num_labels", None)  # BartConfig's default id2label: no head uses it
+                    decoder_start_token_id=hf.get("decoder_start_token_id"), **overrides)
+    values.pop("labels", None), values.pop("num_labels", None)  # the default id2label: no head uses it
     return values
 
 
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    if hf.get("normalize_before") or hf.get("add_final_layer_norm"):
+        raise TfcliError("config.json: pre-norm BART variants (normalize_before / add_final_layer_norm) "
+                         "are not supported by tfcli", "tfcli loads the post-norm BART of facebook/bart-*")
+    tied = hf.get("tie_word_embeddings", True)
+    return translate_seq2seq(hf, "BART", model_type="bart", norm_position="post", position="learned",
+                             position_offset=2, embedding_norm=True, final_norm=False,
+                             share_encoder_decoder_embeddings=tied)
+
+
 def stack_rules(stack: str) -> tuple[Rule, ...]:
-    """The rules of one stack, `encoder` or `decoder` (HF names both alike)."""
+    """The rules of one stack's blocks, `encoder` or `decoder` (HF names both alike)."""
     layer, block = stack + ".layers.{}", stack + ".blocks.{}"
     return (
-        (f"{stack}.embed_tokens.weight", None),  # a copy of `shared`
-        (f"{stack}.embed_positions.weight", f"{stack}.embeddings.positions.weight"),
-        *weight_bias(f"{stack}.layernorm_embedding", f"{stack}.embeddings.norm"),
         *weight_bias(f"{layer}.self_attn.q_proj", f"{block}.attention.q"),
         *weight_bias(f"{layer}.self_attn.k_proj", f"{block}.attention.k"),
         *weight_bias(f"{layer}.self_attn.v_proj", f"{block}.attention.v"),
@@ -67,21 +75,31 @@ def stack_rules(stack: str) -> tuple[Rule, ...]:
     )
 
 
-def head_bias_rules(config: ModelConfig) -> tuple[Rule, ...]:
-    """final_logits_bias is the LM head's bias; without that head it is not used."""
-    return (("final_logits_bias", "head.bias" if config.head == "lm" else None),)
+def embedding_rules(config: ModelConfig) -> tuple[Rule, ...]:
+    """Token embeddings and the LM head's bias, which depend on the config: shared or each stack's own;
+    final_logits_bias is the LM head's bias, and without that head it is not used."""
+    shared = config.share_encoder_decoder_embeddings
+    return (
+        ("shared.weight", "embed_tokens.weight" if shared else None),
+        ("encoder.embed_tokens.weight", "embed_tokens.weight"),
+        ("decoder.embed_tokens.weight", "embed_tokens.weight" if shared else "decoder_embed_tokens.weight"),
+        ("final_logits_bias", "head.bias" if config.head == "lm" else None),
+    )
 
+
+RULES = (
+    *(rule for stack in ("encoder", "decoder") for rule in (
+        (f"{stack}.embed_positions.weight", f"{stack}.embeddings.positions.weight"),
+        *weight_bias(f"{stack}.layernorm_embedding", f"{stack}.embeddings.norm"),
+        *stack_rules(stack))),
+    ("lm_head.weight", "head.unembed.weight"),
+)
 
 FAMILY = Family(
     model_types=("bart",),
     translate=translate,
     prefixes=("model.",),
-    rules=(
-        ("shared.weight", "embed_tokens.weight"),
-        *stack_rules("encoder"),
-        *stack_rules("decoder"),
-        ("lm_head.weight", "head.unembed.weight"),
-    ),
-    config_rules=head_bias_rules,
+    rules=RULES,
+    config_rules=embedding_rules,
     flattened=("head.bias",),  # final_logits_bias is stored as (1, V)
 )

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, Rule, architecture_head, common, weight_bias
+from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, weight_bias
 from tfcli.config import ModelConfig
 
 HEADS = {"ForMaskedLM": "mlm", "ForPreTraining": "mlm", "ForSequenceClassification": "classifier"}
+DECODER_SETTINGS = {"is_decoder": False, "add_cross_attention": False}  # a causal BERT/RoBERTa: not implemented
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    refuse(hf, "BERT", DECODER_SETTINGS)
     return common(hf, model_type="bert", architecture="encoder", type_vocab_size=hf.get("type_vocab_size", 2),
                   norm_position="post", position="learned", embedding_norm=True,
                   head=architecture_head(hf, HEADS), lm_head_bias=True, classifier_pooler="tanh")
@@ -37,9 +39,11 @@ ENCODER_RULES = (  # the BERT layer layout, shared by RoBERTa
 )
 
 
-def mlm_rules(prefix: str) -> tuple[Rule, ...]:
+def mlm_rules(prefix: str, config: ModelConfig) -> tuple[Rule, ...]:
     """BERT's MLM head, `prefix` = cls.predictions (BERT) or lm_head (RoBERTa); the transform may sit
-    under `transform.` or not, and its norm be spelled LayerNorm or layer_norm."""
+    under `transform.` or not, and its norm be spelled LayerNorm or layer_norm. The decoder's bias is the
+    one the head adds; `{prefix}.bias` is the same tensor when the embeddings are tied, and used by
+    nothing when they are not."""
     return (
         *(rule for transform in ("transform.", "") for rule in (
             *weight_bias(f"{prefix}.{transform}dense", "head.dense"),
@@ -47,13 +51,15 @@ def mlm_rules(prefix: str) -> tuple[Rule, ...]:
             *weight_bias(f"{prefix}.{transform}layer_norm", "head.norm"))),
         (f"{prefix}.decoder.weight", "head.unembed.weight"),
         (f"{prefix}.decoder.bias", "head.bias"),
-        (f"{prefix}.bias", "head.bias"),
+        (f"{prefix}.bias", "head.bias" if config.tie_word_embeddings else None),
     )
 
 
-def pooler_rules(config: ModelConfig) -> tuple[Rule, ...]:
-    """The pooler feeds the classifier head; with any other head it is not used."""
-    return weight_bias("pooler.dense", "head.dense" if config.head == "classifier" else None)
+def config_rules(config: ModelConfig) -> tuple[Rule, ...]:
+    """The MLM head's bias (see mlm_rules); the pooler feeds the classifier head, and with any other head
+    it is not used."""
+    return (*mlm_rules("cls.predictions", config),
+            *weight_bias("pooler.dense", "head.dense" if config.head == "classifier" else None))
 
 
 FAMILY = Family(
@@ -63,9 +69,8 @@ FAMILY = Family(
     rules=(
         *EMBEDDING_RULES,
         *ENCODER_RULES,
-        *mlm_rules("cls.predictions"),
-        *weight_bias("cls.seq_relationship", None),
+        *weight_bias("cls.seq_relationship", None),  # BertForPreTraining's next-sentence head
         *weight_bias("classifier", "head.out"),
     ),
-    config_rules=pooler_rules,
+    config_rules=config_rules,
 )

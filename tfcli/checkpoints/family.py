@@ -1,8 +1,12 @@
 """What a checkpoint family provides, and the helpers that fill it in.
 
 A family module defines `FAMILY = Family(...)`: the HF `model_types` it reads, `translate(hf)` (HF
-config.json values -> ModelConfig values), `rules`: (HF name, tfcli name) templates where `{}` stands
-for a layer number and a tfcli name of None means "known, not used", plus, only where needed,
+config.json values -> ModelConfig values; it refuses, naming it, every setting that changes what the model
+computes and that tfcli does not implement: see `refuse`), `rules`: (HF name, tfcli name) templates where
+`{}` stands for a layer number and a tfcli name of None means "known, and used by no computation tfcli or
+transformers runs" (a buffer either computes itself, a pretraining head tfcli does not run). Several HF
+names may map to one tfcli name (stored copies): the loader reads one and checks the others are equal to
+it. Then, only where needed,
 `config_rules(config)` (rules that depend on the config, e.g. on its head), `prefixes` stripped from HF
 names first (`bert.`), `transposed` tfcli names whose weights HF stores as (in, out), and `flattened`
 tfcli names that HF stores with extra dimensions of size 1 (BART's final_logits_bias, (1, V)). The shared
@@ -11,6 +15,7 @@ loader is in `tfcli/checkpoints/__init__.py`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +24,8 @@ from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
 
 Rule = tuple[str, str | None]  # ("h.{}.ln_1.weight", "decoder.blocks.{}.attention_norm.weight")
+# transformers' names for activations tfcli computes under another name (the same function)
+ACTIVATION_NAMES = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new", "gelu_python": "gelu", "swish": "silu"}
 
 
 @dataclass(frozen=True)
@@ -40,22 +47,36 @@ def weight_bias(source: str, target: str | None) -> tuple[Rule, ...]:
 
 
 def architecture_head(values: dict[str, Any], heads: dict[str, str]) -> str:
-    """The head named by the config's `architectures` suffix (e.g. ForMaskedLM -> mlm), else none."""
+    """The head named by the config's `architectures` suffix (e.g. ForMaskedLM -> mlm); none for a bare
+    ...Model; an error for a head tfcli does not run (ForQuestionAnswering, ForTokenClassification, ...)."""
     for arch in values.get("architectures") or []:
         for suffix, head in heads.items():
             if str(arch).endswith(suffix):
                 return head
+        if not str(arch).endswith("Model"):
+            raise TfcliError(f"config.json: {arch} is not supported by tfcli: it runs no such head",
+                             f"tfcli runs the bare model and the heads {', '.join(heads)}")
     return "none"
+
+
+def refuse(values: dict[str, Any], family: str, supported: dict[str, Any]) -> None:
+    """Refuse, naming it, a setting that changes the computation and that tfcli does not implement:
+    `supported` maps HF config keys to the value (or tuple of values) tfcli implements; an absent key
+    takes transformers' default, which tfcli implements."""
+    for key, allowed in supported.items():
+        allowed = allowed if isinstance(allowed, tuple) else (allowed,)
+        if key in values and values[key] not in allowed:
+            raise TfcliError(f"config.json: {family} with `{key}: {json.dumps(values[key])}` is not supported by "
+                             "tfcli", f"tfcli implements {key} = {' or '.join(json.dumps(a) for a in allowed)}")
 
 
 def common(values: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     """The fields most HF configs share, named as ModelConfig names them; families override the rest."""
     keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "max_position_embeddings", "layer_norm_eps", "pad_token_id", "bos_token_id", "eos_token_id",
-            "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
+            "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
+            "tie_word_embeddings")
     out = {key: values[key] for key in keep if key in values}
-    if out.get("hidden_act") == "gelu_pytorch_tanh":
-        out["hidden_act"] = "gelu_new"
     id2label = values.get("id2label")
     if isinstance(id2label, dict) and id2label:
         try:
@@ -65,9 +86,14 @@ def common(values: dict[str, Any], **overrides: Any) -> dict[str, Any]:
         out["num_labels"] = len(out["labels"])
     out["name"] = str(values.get("_name_or_path") or values.get("model_type"))
     out.update(overrides)
+    if out.get("hidden_act") in ACTIVATION_NAMES:
+        out["hidden_act"] = ACTIVATION_NAMES[out["hidden_act"]]
     vocab = out.get("vocab_size")
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
         value = out.get(key)
-        if isinstance(vocab, int) and isinstance(value, int) and not 0 <= value < vocab:
+        if isinstance(vocab, int) and isinstance(value, list):  # several end-of-sequence ids (Llama 3)
+            value = [v for v in value if not isinstance(v, int) or 0 <= v < vocab]
+            out[key] = value or None
+        elif isinstance(vocab, int) and isinstance(value, int) and not 0 <= value < vocab:
             out[key] = None  # transformers only warns: such a token can never be read or produced
     return {key: value for key, value in out.items() if value is not None or key.endswith("token_id")}

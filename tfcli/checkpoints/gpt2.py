@@ -9,28 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
-from tfcli.errors import TfcliError
+from tfcli.checkpoints.family import Family, architecture_head, common, refuse, weight_bias
 
 HEADS = {"LMHeadModel": "lm", "ForCausalLM": "lm"}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    unsupported = [(hf.get("scale_attn_by_inverse_layer_idx"), "scale_attn_by_inverse_layer_idx: true"),
-                   (hf.get("scale_attn_weights", True) is False, "scale_attn_weights: false"),
-                   (hf.get("add_cross_attention"), "add_cross_attention: true")]
-    for present, what in unsupported:
-        if present:
-            raise TfcliError(f"config.json: GPT-2 option `{what}` is not supported by tfcli",
-                             "tfcli implements the standard GPT-2 block")
+    refuse(hf, "GPT-2", {"scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False})
     hidden = hf.get("n_embd", 768)
-    act = hf.get("activation_function", "gelu_new")
     return common(hf, model_type="gpt2", architecture="decoder", hidden_size=hidden,
                   num_hidden_layers=hf.get("n_layer", 12), num_attention_heads=hf.get("n_head", 12),
                   intermediate_size=hf.get("n_inner") or 4 * hidden,
                   max_position_embeddings=hf.get("n_positions", 1024),
                   layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                  hidden_act="gelu_new" if act == "gelu_pytorch_tanh" else act,
+                  hidden_act=hf.get("activation_function", "gelu_new"),
+                  query_pre_attn_scalar=None if hf.get("scale_attn_weights", True) else 1.0,  # unscaled: * 1
                   hidden_dropout_prob=hf.get("resid_pdrop", 0.1),
                   attention_probs_dropout_prob=hf.get("attn_pdrop", 0.1),
                   norm="layernorm", norm_position="pre", position="learned", type_vocab_size=0,

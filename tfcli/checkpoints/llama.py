@@ -1,9 +1,16 @@
-"""The Llama family (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM and their bare models).
+"""The Llama family: Llama 1-3 (LlamaForCausalLM), Mistral, Qwen2 and Qwen3, and their bare models.
 
-Pre-norm decoder: RMSNorm, rotary positions (rotate-half layout), gated SiLU feed-forward,
-grouped-query attention, a final RMSNorm and an (often untied) LM head. Qwen2 adds biases to the
-Q/K/V projections but not to the output projection. Features tfcli does not implement (RoPE scaling,
-sliding-window attention, a head size other than hidden_size / heads) are refused, not ignored.
+Pre-norm decoder: RMSNorm, rotary positions (rotate-half layout; any RoPE scaling of tfcli/model/rotary.py,
+Llama 3's among them), gated SiLU feed-forward, grouped-query attention, a final RMSNorm and an (often untied)
+LM head. The differences, as transformers' modeling files compute them:
+- Llama: `attention_bias` on all four projections, `mlp_bias`, `head_dim` of its own;
+- Mistral: no biases; `sliding_window` on every layer (Mistral 7B v0.1: 4096; null from v0.2);
+- Qwen2: biases on Q, K and V only; windows only with `use_sliding_window`, on the layers `layer_types` marks
+  (by default those from `max_window_layers` on);
+- Qwen3: as Qwen2 for windows, `attention_bias` on all four projections, an RMSNorm over each head of the
+  queries and keys (`q_norm`, `k_norm`), head_dim 128 unless given.
+Every id of a list-valued `eos_token_id` (Llama 3) ends a generation. Settings tfcli does not implement
+(partial rotary factors, which Llama's rotary ignores) are refused, naming them.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.rope import rope_settings
+from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
 
 HEADS = {"ForCausalLM": "lm"}
@@ -18,54 +27,64 @@ HEADS = {"ForCausalLM": "lm"}
 
 def _refuse(model_type: str, what: str) -> TfcliError:
     return TfcliError(f"config.json: {model_type} with {what} is not supported by tfcli",
-                      "tfcli implements full causal attention with plain rotary positions")
+                      "tfcli implements what transformers' own class computes for this family, and no more")
 
 
-def _rope_theta(hf: dict[str, Any], model_type: str) -> float:
-    """rope_theta from transformers 5's `rope_parameters` or the older top-level keys; refuses scaling."""
-    params = hf.get("rope_parameters") or {}
-    scaling = hf.get("rope_scaling") or {}
-    for source in (params, scaling):
-        kind = source.get("rope_type", source.get("type", "default")) if isinstance(source, dict) else source
-        if kind not in (None, "default"):
-            raise _refuse(model_type, f"RoPE scaling `{kind}`")
-    theta = params.get("rope_theta") if isinstance(params, dict) else None
-    return float(theta if theta is not None else hf.get("rope_theta", 10000.0))
+def sliding_windows(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """sliding_window and layer_types as transformers reads them for Mistral (every layer) and Qwen2/Qwen3
+    (use_sliding_window, then layer_types or the layers from max_window_layers on); Llama has none."""
+    if model_type == "mistral":
+        return {"sliding_window": hf.get("sliding_window", 4096)}
+    if model_type not in ("qwen2", "qwen3") or not hf.get("use_sliding_window", False):
+        return {}
+    window = hf.get("sliding_window", 4096)
+    if window is None:
+        return {}
+    layers = hf.get("num_hidden_layers", 32)
+    first = hf.get("max_window_layers", 28)
+    types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    return {"sliding_window": window, "layer_types": list(types)}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     model_type = hf["model_type"]
-    hidden, heads = hf.get("hidden_size", 4096), hf.get("num_attention_heads", 32)
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
-        raise _refuse(model_type, f"head_dim {head_dim} != hidden_size / num_attention_heads ({hidden // heads})")
-    positions = hf.get("max_position_embeddings", 2048)
-    window = hf.get("sliding_window")
-    uses_window = hf.get("use_sliding_window", model_type == "mistral")
-    layer_types = hf.get("layer_types") or []
-    if (uses_window and window is not None and window < positions) or "sliding_attention" in layer_types:
-        raise _refuse(model_type, f"sliding-window attention (window {window} < {positions} positions)")
+    rope = rope_settings(hf, model_type)
+    if rope.pop("partial_rotary_factor") != 1.0:
+        raise _refuse(model_type, f"partial_rotary_factor {hf.get('partial_rotary_factor')}")
     if model_type == "qwen2":
         qkv_bias, out_bias = True, False
+    elif model_type == "mistral":
+        qkv_bias = out_bias = False
     else:
         qkv_bias = out_bias = bool(hf.get("attention_bias", False))
-    values = common(hf, model_type=model_type, architecture="decoder", hidden_size=hidden,
-                    num_attention_heads=heads, max_position_embeddings=positions,
+    values = common(hf, model_type=model_type, architecture="decoder", hidden_size=hf.get("hidden_size", 4096),
+                    num_attention_heads=hf.get("num_attention_heads", 32),
+                    head_dim=hf.get("head_dim") or (128 if model_type == "qwen3" else None),
+                    max_position_embeddings=hf.get("max_position_embeddings", 2048),
                     layer_norm_eps=hf.get("rms_norm_eps", 1e-6), hidden_act=hf.get("hidden_act", "silu"),
                     num_key_value_heads=hf.get("num_key_value_heads"),
                     attention_probs_dropout_prob=hf.get("attention_dropout", 0.0), hidden_dropout_prob=0.0,
-                    norm="rmsnorm", norm_position="pre", position="rotary", rope_theta=_rope_theta(hf, model_type),
+                    norm="rmsnorm", norm_position="pre", position="rotary", **rope, **sliding_windows(hf, model_type),
+                    qk_norm="head" if model_type == "qwen3" else "none",
                     type_vocab_size=0, embedding_norm=False, final_norm=True, feed_forward="gated",
-                    attention_bias=qkv_bias, attention_out_bias=out_bias, mlp_bias=bool(hf.get("mlp_bias", False)),
+                    attention_bias=qkv_bias, attention_out_bias=out_bias,
+                    mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
                     head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", False))
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if isinstance(values.get(key), list):  # e.g. Llama 3's several end tokens: tfcli keeps the first
+    for key in ("bos_token_id", "pad_token_id"):
+        if isinstance(values.get(key), list):  # one id is used; several make sense only for eos
             values[key] = values[key][0] if values[key] else None
     return values
 
 
+def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
+    if config.qk_norm == "none":
+        return []
+    return [("layers.{}.self_attn.q_norm.weight", "decoder.blocks.{}.attention.q_norm.weight"),
+            ("layers.{}.self_attn.k_norm.weight", "decoder.blocks.{}.attention.k_norm.weight")]
+
+
 FAMILY = Family(
-    model_types=("llama", "qwen2", "mistral"),
+    model_types=("llama", "qwen2", "qwen3", "mistral"),
     translate=translate,
     prefixes=("model.",),
     rules=(
@@ -84,4 +103,5 @@ FAMILY = Family(
         ("norm.weight", "decoder.final_norm.weight"),
         ("lm_head.weight", "head.unembed.weight"),
     ),
+    config_rules=config_rules,
 )

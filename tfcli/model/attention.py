@@ -1,4 +1,9 @@
-"""Scaled dot-product attention, multi-head attention with fused projections, rotary positions, KV cache.
+"""Scaled dot-product attention, multi-head attention with fused projections, KV cache.
+
+Variants a config can ask for: grouped-query and multi-query attention (num_key_value_heads), a head size
+of its own (head_dim), rotary positions (tfcli/model/rotary.py), a norm over each head of the queries and keys
+or over the whole projections (qk_norm), another score scale (query_pre_attn_scalar) and soft-capped scores
+(attn_logit_softcapping). Sliding windows are masks (tfcli/model/transformer.py builds them per layer).
 
 Shapes: B batch, T query length, S key length, H query heads, G key/value heads, D head size.
 """
@@ -13,27 +18,32 @@ from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
 from tfcli.model.linear import Linear
+from tfcli.model.norms import norm
+from tfcli.model.rotary import apply_rotary
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                                 need_weights: bool) -> tuple[Tensor, Tensor | None]:
-    """softmax(q k^T / sqrt(D) + mask) v.
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool,
+                                 scale: float | None = None, softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
+    """softmax(cap(q k^T * scale) + mask) v, scale 1 / sqrt(D) unless given, cap(s) = softcap * tanh(s / softcap)
+    when softcap is given.
 
     q: (B, H, T, D); k, v: (B, G, S, D) with H a multiple of G (grouped-query attention);
     mask: additive, broadcastable to (B, H, T, S), or None. Returns (B, H, T, D) and, when
     need_weights, the softmax weights (B, H, T, S). The fast path (PyTorch's fused kernel) gives
-    the same numbers but no weights, so the explicit path runs when weights are wanted.
+    the same numbers but no weights, so the explicit path runs when weights are wanted (or scores are capped).
     """
     groups = q.shape[1] // k.shape[1]
-    if not need_weights:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1), None
+    if not need_weights and softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1, scale=scale), None
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + mask
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return weights @ v, weights
+    return weights @ v, (weights if need_weights else None)
 
 
 class KVCache:
@@ -66,37 +76,15 @@ class KVCache:
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
 
-class Rotary(nn.Module):
-    """Rotary position embedding (RoPE) in the rotate-half layout Hugging Face's Llama uses."""
-
-    def __init__(self, head_dim: int, theta: float):
-        super().__init__()
-        # on the CPU even while the model is built on the meta device: nothing loads it later
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """position_ids (B, T) -> cos, sin (B, 1, T, D)."""
-        freqs = position_ids[:, :, None].float() * self.inv_freq.float()[None, None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x (B, heads, T, D) by the position angles."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class Attention(nn.Module):
     """Multi-head attention. Self-attention projects Q, K and V with one fused linear layer (`qkv`);
     cross-attention projects queries from the decoder (`q`) and keys/values from the encoder (`kv`).
+    `q_norm` and `k_norm` (config.qk_norm) normalise the queries and keys before the rotation.
     """
 
     def __init__(self, config: ModelConfig, cross: bool = False):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.kv_heads, config.head_dim
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.kv_heads, config.head_size
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.cross = cross
         if cross:
@@ -105,6 +93,14 @@ class Attention(nn.Module):
         else:
             self.qkv = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
         self.out = Linear(q_size, config.hidden_size, bias=config.attention_out_bias)
+        self.qk_norm = "none" if cross else config.qk_norm
+        if self.qk_norm != "none":
+            per_head = self.qk_norm == "head"
+            self.q_norm = norm(config, self.head_dim if per_head else q_size)
+            self.k_norm = norm(config, self.head_dim if per_head else kv_size)
+        self.scale = config.query_pre_attn_scalar ** -0.5 if config.query_pre_attn_scalar else None
+        self.softcap = config.attn_logit_softcapping
+        self.interleaved = config.rotary_interleaved
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         """(B, T, heads * D) -> (B, heads, T, D)."""
@@ -126,11 +122,15 @@ class Attention(nn.Module):
             q_size = self.heads * self.head_dim
             kv_size = self.kv_heads * self.head_dim
             q, k, v = self.qkv(x).split((q_size, kv_size, kv_size), dim=-1)
+            if self.qk_norm == "projection":
+                q, k = self.q_norm(q), self.k_norm(k)
             q, k, v = self._split(q, self.heads), self._split(k, self.kv_heads), self._split(v, self.kv_heads)
+            if self.qk_norm == "head":
+                q, k = self.q_norm(q), self.k_norm(k)
             if rotary is not None:
-                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+                q, k = apply_rotary(q, *rotary, self.interleaved), apply_rotary(k, *rotary, self.interleaved)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights, self.scale, self.softcap)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)  # (B, T, H * D)
         return self.out(out), weights

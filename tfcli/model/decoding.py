@@ -135,8 +135,9 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
     generator = None
     if sampling.do_sample and sampling.seed is not None:
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
-    eos, pad = config.eos_token_id, config.pad_token_id
-    pad = pad if pad is not None else (eos if eos is not None else 0)
+    eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=device)  # any of them ends a row
+    pad = config.pad_token_id
+    pad = pad if pad is not None else (config.eos_token_ids[0] if len(eos) else 0)
     capture = Capture(hidden_states=True, attention=False) if lens else None
     mask = attention_mask if attention_mask is not None and not bool(attention_mask.all()) else None
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -158,9 +159,9 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
             out = model(step_input, attention_mask=mask, cache=cache, capture=capture, logits_to_keep=1)
         logits = out.logits[:, -1].float()  # (B, V)
         tokens = choose(logits, sampling, generator)
-        if eos is not None:
+        if len(eos):
             tokens = tokens.masked_fill(finished, pad)
-            finished = finished | (tokens == eos)
+            finished = finished | torch.isin(tokens, eos)
         hidden = torch.stack([h[:, -1] for h in out.hidden_states]) if lens else None  # (L + 1, B, hidden)
         yield StepTensors(tokens, logits, hidden, finished.clone())
         sequence = torch.cat([sequence, tokens[:, None]], dim=1)

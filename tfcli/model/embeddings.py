@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
-from tfcli.model.layers import norm
+from tfcli.model.norms import norm
 
 
 def embedding(count: int, dim: int) -> nn.Embedding:

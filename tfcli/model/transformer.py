@@ -9,12 +9,14 @@ import torch
 from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
-from tfcli.model.attention import KVCache, Rotary
+from tfcli.model.attention import KVCache
 from tfcli.model.capture import Capture, ModelOutput
 from tfcli.model.decoding import generate
 from tfcli.model.embeddings import Embeddings, embedding
-from tfcli.model.layers import Block, activation, norm
+from tfcli.model.layers import Block, activation
 from tfcli.model.linear import Linear
+from tfcli.model.norms import RMSNormPlusOne, norm
+from tfcli.model.rotary import Rotary
 
 
 def start_token_id(config: ModelConfig) -> int:
@@ -29,21 +31,28 @@ def count_parameters(*modules: nn.Module | None) -> int:
 
 
 def attention_mask_bias(attention_mask: Tensor | None, query_length: int, causal: bool, dtype: torch.dtype,
-                        device: torch.device, past: int = 0) -> Tensor | None:
+                        device: torch.device, past: int = 0, window: int | None = None) -> Tensor | None:
     """Additive mask (B or 1, 1, T, S): 0 where a query may attend, the dtype's minimum elsewhere.
 
-    attention_mask (B, S) marks real tokens (1) and padding (0) over all S = past + T keys. A finite
-    minimum rather than -inf keeps fully padded query rows from producing NaN.
+    attention_mask (B, S) marks real tokens (1) and padding (0) over all S = past + T keys. A sliding
+    `window` keeps the keys less than `window` positions away from the query (causal: the `window` most
+    recent, the query's own included; not causal: that far on either side). A finite minimum rather
+    than -inf keeps fully padded query rows from producing NaN.
     """
     if attention_mask is not None and bool(attention_mask.all()):
         attention_mask = None
-    if attention_mask is None and (not causal or query_length == 1):
-        return None
     keys = attention_mask.shape[1] if attention_mask is not None else past + query_length  # cross: S != T
+    if window is not None and keys <= window:
+        window = None  # no key is out of reach
+    if attention_mask is None and window is None and (not causal or query_length == 1):
+        return None
     allowed = torch.ones(1, 1, query_length, keys, dtype=torch.bool, device=device)
+    query_positions = torch.arange(past, past + query_length, device=device)[:, None]
+    key_positions = torch.arange(keys, device=device)[None, :]
     if causal:
-        query_positions = torch.arange(past, keys, device=device)[:, None]
-        allowed = allowed & (torch.arange(keys, device=device)[None, :] <= query_positions)
+        allowed = allowed & (key_positions <= query_positions)
+    if window is not None:
+        allowed = allowed & ((query_positions - key_positions).abs() < window)
     if attention_mask is not None:
         allowed = allowed & attention_mask[:, None, None, :].bool()
     bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
@@ -58,7 +67,12 @@ class Stack(nn.Module):
         self.causal = causal
         segments = config.type_vocab_size > 0 and not causal
         self.embeddings = Embeddings(config, segments=segments)
-        self.rotary = Rotary(config.head_dim, config.rope_theta) if config.position == "rotary" else None
+        self.sliding = config.sliding_layers(num_layers)  # per block: attends through the sliding window
+        self.window = config.sliding_window
+        rotary = config.position == "rotary"
+        self.rotary = Rotary(config) if rotary else None
+        # sliding-window layers may turn at a base of their own (Gemma 3)
+        self.local_rotary = Rotary(config, local=True) if rotary and config.local_rope_theta is not None else None
         self.blocks = nn.ModuleList(Block(config, cross=cross) for _ in range(num_layers))
         self.final_norm = norm(config) if config.final_norm else None
 
@@ -76,7 +90,10 @@ class Stack(nn.Module):
             position_ids = torch.arange(past, past + length, device=device).expand(batch, length)
         x = self.embeddings(token_embeddings, position_ids, token_type_ids)
         rotary = self.rotary(position_ids, dtype) if self.rotary is not None else None
+        local_rotary = self.local_rotary(position_ids, dtype) if self.local_rotary is not None else rotary
         mask = attention_mask_bias(attention_mask, length, self.causal, dtype, device, past)
+        window_mask = attention_mask_bias(attention_mask, length, self.causal, dtype, device, past, self.window) \
+            if any(self.sliding) else None
         cross_mask = attention_mask_bias(memory_mask, length, False, dtype, device) if memory is not None else None
 
         out = ModelOutput(last_hidden_state=x)
@@ -86,8 +103,10 @@ class Stack(nn.Module):
             out.hidden_states.append(x)
         for i, block in enumerate(self.blocks):
             need_weights = capture is not None and capture.wants_attention(i)
-            result = block(x, mask, rotary=rotary, memory=memory, memory_mask=cross_mask, cache=cache,
-                           layer=i, need_weights=need_weights, keep_stages=keep_stages)
+            sliding = self.sliding[i]
+            result = block(x, window_mask if sliding else mask, rotary=local_rotary if sliding else rotary,
+                           memory=memory, memory_mask=cross_mask, cache=cache, layer=i, need_weights=need_weights,
+                           keep_stages=keep_stages)
             x = result.hidden
             if need_weights:
                 heads = capture.heads
@@ -109,26 +128,32 @@ class Stack(nn.Module):
 
 class LMHead(nn.Module):
     """Unembedding to the vocabulary (tied to the token embeddings when configured). MLM heads first
-    transform the hidden state (dense, activation, norm), as BERT's does."""
+    transform the hidden state (dense, activation, norm), as BERT's does. With final_logit_softcapping
+    the logits are cap * tanh(logits / cap) (Gemma 2)."""
 
     def __init__(self, config: ModelConfig, token_embeddings: nn.Embedding):
         super().__init__()
         self.transform = config.head == "mlm"
         if self.transform:
             self.dense = Linear(config.hidden_size, config.hidden_size)
-            self.act = activation(config.hidden_act)
+            self.act = activation(config.head_act or config.hidden_act)
             self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.unembed = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.unembed.weight = token_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
+        self.softcap = config.final_logit_softcapping
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, hidden) -> (B, T, V)."""
         if self.transform:
             x = self.norm(self.act(self.dense(x)))
         logits = self.unembed(x)
-        return logits + self.bias if self.bias is not None else logits
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
 
 class ClassificationHead(nn.Module):
@@ -162,8 +187,10 @@ class TransformerModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         arch = config.architecture
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)  # the encoder's, or the only one
+        own = arch == "encoder-decoder" and not config.share_encoder_decoder_embeddings
+        self.decoder_embed_tokens = embedding(config.vocab_size, config.hidden_size) if own else None
         self.encoder = Stack(config, False, False, config.num_hidden_layers) if arch != "decoder" else None
         if arch == "encoder":
             self.decoder = None
@@ -172,7 +199,7 @@ class TransformerModel(nn.Module):
             self.decoder = Stack(config, causal=True, cross=arch == "encoder-decoder", num_layers=layers)
         self.head: nn.Module | None = None
         if config.head in ("mlm", "lm"):
-            self.head = LMHead(config, self.embed_tokens)
+            self.head = LMHead(config, self.token_embedding(self.output_stack))
         elif config.head == "classifier":
             self.head = ClassificationHead(config)
         self.embedding_scale = config.hidden_size ** 0.5 if config.scale_embedding else 1.0
@@ -182,9 +209,15 @@ class TransformerModel(nn.Module):
         """The stack whose output feeds the head: the decoder when there is one."""
         return self.decoder if self.decoder is not None else self.encoder
 
-    def embed(self, input_ids: Tensor) -> Tensor:
-        """(B, T) token ids -> (B, T, hidden) token embeddings (scaled when the config says so)."""
-        x = self.embed_tokens(input_ids)
+    def token_embedding(self, stack: Stack) -> nn.Embedding:
+        """The token embedding that feeds `stack`: the decoder's own when it has one, else the shared one."""
+        if stack is self.decoder and self.decoder_embed_tokens is not None:
+            return self.decoder_embed_tokens
+        return self.embed_tokens
+
+    def embed(self, input_ids: Tensor, stack: Stack) -> Tensor:
+        """(B, T) token ids -> (B, T, hidden) token embeddings for `stack` (scaled when the config says so)."""
+        x = self.token_embedding(stack)(input_ids)
         return x * self.embedding_scale if self.embedding_scale != 1.0 else x
 
     def start_tokens(self, batch: int, device: torch.device) -> Tensor:
@@ -198,15 +231,15 @@ class TransformerModel(nn.Module):
         """input_ids (B, T). Decoder-only with a cache: input_ids are the new tokens and attention_mask
         covers cached + new positions. Encoder-decoder: decoder_input_ids default to the start token."""
         if self.decoder is None:
-            out = self.encoder(self.embed(input_ids), attention_mask, token_type_ids, capture=capture)
+            out = self.encoder(self.embed(input_ids, self.encoder), attention_mask, token_type_ids, capture=capture)
         elif self.encoder is None:
-            out = self.decoder(self.embed(input_ids), attention_mask, cache=cache, capture=capture)
+            out = self.decoder(self.embed(input_ids, self.decoder), attention_mask, cache=cache, capture=capture)
         else:
             if encoder_output is None:
-                encoder_output = self.encoder(self.embed(input_ids), attention_mask, capture=capture)
+                encoder_output = self.encoder(self.embed(input_ids, self.encoder), attention_mask, capture=capture)
             if decoder_input_ids is None:
                 decoder_input_ids = self.start_tokens(input_ids.shape[0], input_ids.device)
-            out = self.decoder(self.embed(decoder_input_ids), decoder_attention_mask,
+            out = self.decoder(self.embed(decoder_input_ids, self.decoder), decoder_attention_mask,
                                memory=encoder_output.last_hidden_state, memory_mask=attention_mask, cache=cache,
                                capture=capture)
             out.encoder = encoder_output
@@ -228,7 +261,7 @@ class TransformerModel(nn.Module):
             hidden = stack.final_norm(hidden)
         if isinstance(self.head, LMHead):
             return self.head(hidden)
-        return hidden @ self.embed_tokens.weight.T
+        return hidden @ self.token_embedding(stack).weight.T
 
     def generate(self, input_ids: Tensor, max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -242,8 +275,8 @@ class TransformerModel(nn.Module):
 def init_weights(model: nn.Module, seed: int, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
     """Random weights as Hugging Face initialises them (normal(0, 0.02) for linear and embedding weights,
-    zero biases, unit norms), drawn from a generator seeded with `seed` so the same seed gives the same
-    model everywhere. Each parameter is made once, directly in `dtype` on `device` (the model may be on the
+    zero biases, unit norms: a weight of 1, or of 0 for a (1 + weight) norm), drawn from a generator seeded
+    with `seed` so the same seed gives the same model everywhere. Each parameter is made once, directly in `dtype` on `device` (the model may be on the
     meta device): drawn in float32 on the CPU in module order, then cast and moved. A tied weight is drawn
     for each module that holds it and keeps the last draw, as it always has."""
     generator = torch.Generator().manual_seed(seed)
@@ -252,6 +285,8 @@ def init_weights(model: nn.Module, seed: int, dtype: torch.dtype = torch.float32
         for name, param in module.named_parameters(recurse=False):
             if name == "weight" and isinstance(module, (nn.Linear, nn.Embedding)):
                 value = torch.randn(param.shape, generator=generator).mul_(0.02)
+            elif name == "weight" and isinstance(module, RMSNormPlusOne):
+                value = torch.zeros(param.shape)  # it scales by 1 + weight
             elif name == "weight" and isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 value = torch.ones(param.shape)
             elif name == "bias":

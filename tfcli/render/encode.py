@@ -7,7 +7,6 @@ position summarising every captured layer; the JSON record holds everything that
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,7 +50,7 @@ def report_lines(report: TextReport, number: int, width: int, view: View = View(
     for amap in report.attention:
         if _in_detail(amap.layer, [a.layer for a in report.attention if a.kind == amap.kind], view.detail):
             lines += [Text()] + heatmap_lines(amap, width, view.attention_top, view.color)
-    summary = summary_lines(report, width, view.detail)
+    summary = summary_lines(report, width) if _some_layer_not_in_detail(report, view.detail) else []
     if report.lens and (view.lens or view.detail is not None or not summary):
         lines += [Text()] + lens_lines(report, width, view.detail, view.lens_top)
     return lines + ([Text()] + summary if summary else [])
@@ -60,6 +59,12 @@ def report_lines(report: TextReport, number: int, width: int, view: View = View(
 def _in_detail(layer: int, layers: list[int], detail: list[int] | None) -> bool:
     """Whether `layer` (one of `layers`, those of its kind) is shown in full: the chosen ones, or the last."""
     return layer == max(layers) if detail is None else layer in detail
+
+
+def _some_layer_not_in_detail(report: TextReport, detail: list[int] | None) -> bool:
+    kinds = [[a.layer for a in report.attention if a.kind == kind] for kind in {a.kind for a in report.attention}]
+    return any(not _in_detail(layer, layers, detail) for layers in kinds + [[r.layer for r in report.lens]]
+               for layer in layers)
 
 
 def token_lines(label: str, tokens: list[str], width: int) -> list[Text]:
@@ -88,7 +93,8 @@ def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None = N
     notes = [dtypes.pop()] if len(dtypes) == 1 else []
     if len(rows) < len(stages):
         blocks = sorted({r.block for r in rows if r.block is not None})
-        notes.append("sublayers of block " + ", ".join(map(str, blocks)) + " only" if blocks else "no sublayers")
+        notes.append("sublayers of the last block only" if detail is None else
+                     "sublayers of block " + ", ".join(map(str, blocks)) + " only" if blocks else "no sublayers")
     return table(columns, width, title="stages" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
@@ -155,15 +161,9 @@ def lens_lines(report: TextReport, width: int, detail: list[int] | None = None, 
                  page_note=lambda page: "layers " + _layers(layer_of[id(page[0])], layer_of[id(page[-1])]))
 
 
-def summary_lines(report: TextReport, width: int, detail: list[int] | None = None) -> list[Text]:
+def summary_lines(report: TextReport, width: int) -> list[Text]:
     """Every captured layer at a glance, a row per position: the key each query attends to most and the
-    token each position predicts, runs of layers that agree merged (`0-3: 2 animal` = layers 0 to 3).
-    Empty when every captured layer is already shown in detail."""
-    layers = {a.layer for a in report.attention} | {r.layer for r in report.lens}
-    shown_layers = ({max(a.layer for a in report.attention if a.kind == kind) for kind in {a.kind for a in report.attention}}
-                    | ({max(r.layer for r in report.lens)} if report.lens else set())) if detail is None else set(detail)
-    if layers <= shown_layers:
-        return []
+    token each position predicts, runs of layers that agree merged (`0-3: 2 animal` = layers 0 to 3)."""
     tables: dict[tuple[str, ...], list[Column]] = {}  # query tokens -> their columns
     groups: dict[tuple[str, str], list[AttentionMap]] = {}
     for amap in report.attention:

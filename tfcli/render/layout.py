@@ -97,7 +97,8 @@ def wrap(items: Sequence[Text | str], width: int, sep: str = "  ") -> list[Text]
             else:
                 if line is not None:
                     lines.append(line)
-                line = piece.copy()
+                line = Text()  # not piece.copy(): its base style would spread over the whole line
+                line.append_text(piece)
     return lines + [line] if line is not None else [Text()]
 
 
@@ -258,15 +259,22 @@ def output_width(width: int | None = None) -> int:
     return max(width or PIPE_WIDTH, MIN_WIDTH)
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`| head`): raise, for the command line to end quietly (rich would exit 1)."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def make_console(width: int, color: bool | None = None, file: TextIO | None = None, record: bool = False) -> Console:
     """The console a view is printed on, `width` cells wide. color None: colour when it is a terminal and
     NO_COLOR is unset (rich's rule); True: colour even into a pipe (e.g. for `less -R`); False: none."""
     options = dict(width=width, file=file, record=record, highlight=False, markup=False, emoji=False, soft_wrap=False)
     if color is None:
-        return Console(**options)
+        return _Console(**options)
     if color:
-        return Console(**options, force_terminal=True, no_color=False, color_system="256")
-    return Console(**options, color_system=None, no_color=True)
+        return _Console(**options, force_terminal=True, no_color=False, color_system="256")
+    return _Console(**options, color_system=None, no_color=True)
 
 
 def print_lines(console: Console, lines: list[Text]) -> None:

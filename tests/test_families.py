@@ -1,0 +1,248 @@
+"""Decoder families against transformers' own classes, on tiny checkpoints that transformers saves inside the test
+with each real model's distinctive settings (fp32, max abs diff <= 1e-4): every hidden state, every attention map
+(inputs longer than the sliding window where there is one), the logits, greedy generation token for token, and
+`encode`, `generate --lens` and `compare` through the CLI. Then every setting that changes what a family computes,
+set away from its default: parity, or a one-line refusal that names it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tfcli
+from tfcli.errors import TfcliError
+
+VOCAB = 128
+IDS = torch.tensor([[5, 17, 42, 8, 77, 3, 60, 11, 23], [9, 31, 12, 50, 44, 21, 0, 0, 0]])  # longer than the windows
+MASK = (IDS != 0).long()
+PROMPTS = torch.tensor([[5, 17, 42, 8, 77, 3], [0, 0, 0, 9, 31, 12]])  # left-padded, as generation wants
+SIZES = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.2)
+LLAMA = dict(SIZES, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=48, max_position_embeddings=64)
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=16)
+
+# family: (transformers model class, its config class, a real checkpoint's distinctive settings, shrunk)
+FAMILIES = {
+    "llama-3.2": ("LlamaForCausalLM", "LlamaConfig",
+                  dict(LLAMA, rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True, eos_token_id=[2, 3])),
+    "mistral-7b-v0.1": ("MistralForCausalLM", "MistralConfig", dict(LLAMA, sliding_window=4)),
+    "qwen2-windows": ("Qwen2ForCausalLM", "Qwen2Config",
+                      dict(LLAMA, use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(LLAMA, head_dim=16, tie_word_embeddings=True)),
+}
+
+# (family, settings away from its defaults, None for parity or the words of the refusal)
+VARIANTS = [
+    ("llama-3.2", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)), None),
+    ("llama-3.2", dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=False), None),
+    ("llama-3.2", dict(head_dim=16, num_key_value_heads=1, hidden_act="gelu", rms_norm_eps=1e-2), None),
+    ("llama-3.2", dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)), None),
+    ("llama-3.2", dict(rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=4.0),
+                       max_position_embeddings=6), None),  # 9 tokens: past the table, where dynamic turns on
+    ("llama-3.2", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                            original_max_position_embeddings=16, beta_fast=16.0)), None),
+    ("llama-3.2", dict(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 2,
+                                            long_factor=[2.0] * 2, original_max_position_embeddings=16)),
+     "RoPE scaling `longrope`"),
+    ("llama-3.2", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+    ("mistral-7b-v0.1", dict(sliding_window=None, head_dim=16), None),
+    ("qwen2-windows", dict(use_sliding_window=False), None),
+    ("qwen2-windows", dict(layer_types=["sliding_attention", "full_attention"]), None),
+    ("qwen3", dict(attention_bias=True, use_sliding_window=True, sliding_window=3, max_window_layers=0), None),
+    ("qwen3", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                        original_max_position_embeddings=16)), None),
+]
+
+
+def build(tmp_path, save_hf_model, family: str, **overrides):
+    """Save a tiny checkpoint of `family` with transformers (norm weights and biases made non-zero, so one
+    mapped to the wrong place shows) and a small BPE tokenizer; return (path, transformers model)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    model_class, config_class, settings = FAMILIES[family]
+    config = getattr(transformers, config_class)(**{**settings, **overrides})
+    hf = save_hf_model(getattr(transformers, model_class), config, tmp_path)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name.endswith("bias") or "norm" in name or "ln" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    hf.save_pretrained(tmp_path)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(["time flies like an arrow", "fruit flies like a banana"] * 10,
+                                  trainers.BpeTrainer(vocab_size=VOCAB // 2, show_progress=False))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    return tmp_path, hf
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, save_hf_model):
+    """checkpoint(family) -> (path, transformers model, tfcli model), built once per module."""
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            path, hf = build(tmp_path_factory.mktemp(family), save_hf_model, family)
+            built[family] = (path, hf, tfcli.load_model(str(path)))
+        return built[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_and_greedy_generation(family, checkpoint, compare_decoder, greedy):
+    _, hf, ours = checkpoint(family)
+    compare_decoder(ours, hf, IDS, MASK)
+    mine, theirs = greedy(hf, ours, PROMPTS, (PROMPTS != 0).long())
+    assert mine.tolist() == theirs.tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_encode_generate_and_compare_through_the_cli(family, checkpoint, cli):
+    path, hf, ours = checkpoint(family)
+    layers = ours.config.num_hidden_layers
+    encoded = cli("encode", "time flies like an arrow", "-m", str(path), "--top-k", "2", "--json")
+    assert encoded.exit_code == 0, encoded.stderr
+    record = json.loads(encoded.stdout)
+    assert [a["layer"] for a in record["attention"]] == list(range(layers))
+    assert [row["layer"] for row in record["lens"]] == list(range(layers))
+    assert {f"block {layers - 1} attention", "final norm", "head"} <= {s["stage"] for s in record["shapes"]}
+
+    generated = cli("generate", "time flies like", "-m", str(path), "-n", "4", "--lens", "--json")
+    assert generated.exit_code == 0, generated.stderr
+    record = json.loads(generated.stdout)
+    assert all(len(step["lens"]) == layers + 1 for step in record["steps"])
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([record["prompt_ids"]]), max_new_tokens=4, do_sample=False)
+    assert record["generated_ids"] == theirs[0, len(record["prompt_ids"]):].tolist()
+
+    compared = cli("compare", str(path), "time flies like an arrow", "--json")
+    assert compared.exit_code == 0, compared.stderr
+    assert json.loads(compared.stdout)["max_abs_diff"] <= 1e-4
+
+
+@pytest.mark.parametrize("family,overrides,refusal", VARIANTS,
+                         ids=[f"{f}:{','.join(o)}" for f, o, _ in VARIANTS])
+def test_settings_away_from_the_defaults(family, overrides, refusal, tmp_path, save_hf_model, compare_decoder):
+    if refusal is not None:
+        import transformers
+
+        getattr(transformers, FAMILIES[family][1])(**{**FAMILIES[family][2], **overrides}).save_pretrained(tmp_path)
+        with pytest.raises(TfcliError, match=refusal) as refused:
+            tfcli.load_model(str(tmp_path))
+        assert "\n" not in str(refused.value)
+        return
+    path, hf = build(tmp_path, save_hf_model, family, **overrides)
+    compare_decoder(tfcli.load_model(str(path)), hf, IDS, MASK)
+
+
+def test_every_id_of_a_list_valued_eos_ends_generation(checkpoint, greedy):
+    """Llama 3 ends on any of several ids; tfcli reads the list from config.json and stops on each, as
+    transformers' generate does."""
+    _, hf, ours = checkpoint("llama-3.2")
+    assert ours.config.eos_token_id == [2, 3]
+    prompt = PROMPTS[:1]
+    free = ours.generate(prompt, max_new_tokens=8)
+    ending = [int(free[0, prompt.shape[1] + 2]), 2]  # the third new token ends it, listed first
+    saved = hf.generation_config.eos_token_id, ours.config.eos_token_id
+    hf.generation_config.eos_token_id = ours.config.eos_token_id = ending
+    try:
+        mine, theirs = greedy(hf, ours, prompt, None, new=8)
+    finally:
+        hf.generation_config.eos_token_id, ours.config.eos_token_id = saved
+    assert mine.tolist() == theirs.tolist()
+    assert mine.shape[1] == prompt.shape[1] + 3
+
+
+YAML_DECODER = """\
+architecture: decoder
+vocab_size: 30522
+hidden_size: 32
+num_hidden_layers: 3
+num_attention_heads: 4
+num_key_value_heads: 2
+head_dim: 16
+intermediate_size: 48
+max_position_embeddings: 32
+norm: rmsnorm_plus_one
+norm_position: sandwich
+position: rotary
+partial_rotary_factor: 0.5
+rope_scaling: {rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8}
+local_rope_theta: 100.0
+sliding_window: 3
+layer_types: [sliding_attention, sliding_attention, full_attention]
+query_pre_attn_scalar: 24
+attn_logit_softcapping: 20.0
+final_logit_softcapping: 10.0
+qk_norm: head
+feed_forward: gated
+hidden_act: gelu_new
+scale_embedding: true
+embedding_norm: false
+type_vocab_size: 0
+final_norm: true
+head: lm
+eos_token_id: [102, 103]
+"""
+
+
+def test_the_new_settings_work_from_a_yaml_config(tmp_path, cli):
+    path = tmp_path / "gemma-like.yaml"
+    path.write_text(YAML_DECODER)
+    shown = cli("config", str(path), "--json")
+    assert shown.exit_code == 0, shown.stderr
+    config = json.loads(shown.stdout)["config"]
+    assert config["rope_scaling"]["rope_type"] == "llama3" and config["layer_types"][2] == "full_attention"
+    encoded = cli("encode", "time flies like an arrow", "-m", str(path), "--json")
+    assert encoded.exit_code == 0, encoded.stderr
+    attention = json.loads(encoded.stdout)["attention"]
+    assert [a["layer"] for a in attention] == [0, 1, 2]
+    generated = cli("generate", "time flies like", "-m", str(path), "-n", "3", "--lens", "--json")
+    assert generated.exit_code == 0, generated.stderr
+    assert all(len(step["lens"]) == 4 for step in json.loads(generated.stdout)["steps"])
+
+
+def test_sliding_window_weights_leave_out_far_keys(tmp_path):
+    """A query of a sliding layer attends to the `sliding_window` most recent positions only, itself included;
+    the full layer sees everything before it. In prefill and, with the KV cache, step by step."""
+    from tfcli.model import Capture, KVCache
+
+    path = tmp_path / "gemma-like.yaml"
+    path.write_text(YAML_DECODER)
+    model = tfcli.load_model(str(path))
+    ids = torch.tensor([[101, 2051, 10029, 2066, 2019, 8612]])
+    with torch.no_grad():
+        full = model(ids, capture=Capture()).attentions
+        cache, steps = KVCache(ids.shape[1]), []
+        for t in range(ids.shape[1]):
+            steps.append(model(ids[:, t:t + 1], cache=cache, capture=Capture()).attentions)
+    reach = torch.arange(6)[:, None] - torch.arange(6)[None, :]
+    assert bool((full[0][0, :, reach >= 3] == 0).all()) and bool((full[0][0, :, (reach >= 0) & (reach < 3)] > 0).all())
+    assert bool((full[2][0, :, reach >= 0] > 0).all())
+    for t, step in enumerate(steps):  # the cached step's weights are the prefill's row t
+        for layer in (0, 2):
+            assert torch.allclose(step[layer][0, :, 0], full[layer][0, :, t, :t + 1], atol=1e-6)
+
+
+@pytest.mark.parametrize("line,message", [
+    ("rope_scaling: {rope_type: longrope, factor: 2}", "RoPE scaling `longrope` is not supported"),
+    ("rope_scaling: {rope_type: linear}", "needs `factor`"),
+    ("rope_scaling: {rope_type: linear, factor: 2, beta_fast: 3}", "takes no `beta_fast`"),
+    ("layer_types: [sliding_attention]", "names 1 layers"),
+    ("sliding_window: null", "no `sliding_window`"),
+    ("partial_rotary_factor: 0.2", "even number of rotated dimensions"),
+    ("shared_block_norm: true", "parallel blocks only"),
+    ("qk_norm: both", "unsupported qk_norm"),
+])
+def test_bad_new_settings_are_refused_in_one_line(line, message, tmp_path, cli):
+    path = tmp_path / "bad.yaml"
+    key = line.split(":")[0]
+    path.write_text("\n".join(row for row in YAML_DECODER.splitlines() if not row.startswith(key + ":")) + f"\n{line}\n")
+    result = cli("config", str(path))
+    assert result.exit_code == 1
+    assert message in result.stderr and result.stderr.count("error:") == 1

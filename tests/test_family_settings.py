@@ -1,0 +1,154 @@
+"""No silent misloads: for each family, every config setting that changes what transformers computes, set
+away from its default, either loads with parity (fp32, every hidden state, attention map and the logits,
+through `tfcli.compare`) or is refused with an error that names the setting.
+
+Also the loader's rule: a checkpoint tensor is never dropped unless it equals the tensor read in its place.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tfcli.errors import TfcliError
+
+IDS = torch.tensor([[5, 17, 42, 8, 77, 4, 60, 11]])  # no special ids (0-3): RoBERTa positions skip the pad id
+BERT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+            max_position_embeddings=64)
+DISTILBERT = dict(vocab_size=96, dim=32, n_layers=2, n_heads=4, hidden_dim=48, max_position_embeddings=64)
+ROBERTA = dict(BERT, max_position_embeddings=66, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1)
+GPT2 = dict(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=1, eos_token_id=2)
+BART = dict(vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
+            pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+
+# Settings that load with parity, several per checkpoint to keep the suite quick:
+# (config class, model class, base sizes, settings away from their defaults)
+PARITY = {
+    "bert untied, relu, 3 segments, eps": ("BertConfig", "BertForMaskedLM", BERT, dict(
+        tie_word_embeddings=False, hidden_act="relu", type_vocab_size=3, layer_norm_eps=1e-3)),
+    "bert pretraining, gelu_fast": ("BertConfig", "BertForPreTraining", BERT, dict(hidden_act="gelu_fast")),
+    "bert 5 labels, swish": ("BertConfig", "BertForSequenceClassification", BERT, dict(num_labels=5,
+                                                                                      hidden_act="swish")),
+    "distilbert untied, relu": ("DistilBertConfig", "DistilBertForMaskedLM", DISTILBERT, dict(
+        tie_word_embeddings=False, activation="relu")),
+    "distilbert sinusoidal, 4 labels": ("DistilBertConfig", "DistilBertForSequenceClassification", DISTILBERT,
+                                        dict(sinusoidal_pos_embds=True, num_labels=4)),
+    "roberta untied, relu, pad 3, 2 segments": ("RobertaConfig", "RobertaForMaskedLM", ROBERTA, dict(
+        tie_word_embeddings=False, hidden_act="relu", pad_token_id=3, max_position_embeddings=68,
+        type_vocab_size=2)),
+    "roberta classifier, gelu_pytorch_tanh": ("RobertaConfig", "RobertaForSequenceClassification", ROBERTA, dict(
+        hidden_act="gelu_pytorch_tanh")),
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaForMaskedLM", ROBERTA, {}),
+    "gpt2 untied, unscaled, upcast, n_inner, relu, eps": ("GPT2Config", "GPT2LMHeadModel", GPT2, dict(
+        tie_word_embeddings=False, scale_attn_weights=False, reorder_and_upcast_attn=True, n_inner=40,
+        activation_function="relu", layer_norm_epsilon=1e-3)),
+    "bart untied": ("BartConfig", "BartForConditionalGeneration", BART, dict(tie_word_embeddings=False)),
+    "bart untied, bare": ("BartConfig", "BartModel", BART, dict(tie_word_embeddings=False)),
+    "bart scaled embeddings, relu, 3 decoder layers": ("BartConfig", "BartForConditionalGeneration", BART, dict(
+        scale_embedding=True, activation_function="relu", decoder_layers=3)),
+}
+
+# Settings refused, with the words the error must hold: (config class, architecture, setting, refusal)
+REFUSED = {
+    "bert mish": ("BertConfig", "BertModel", dict(hidden_act="mish"), "hidden_act `mish`"),
+    "bert is_decoder": ("BertConfig", "BertModel", dict(is_decoder=True), "is_decoder: true"),
+    "bert cross-attention": ("BertConfig", "BertModel", dict(add_cross_attention=True), "add_cross_attention: true"),
+    "bert question answering": ("BertConfig", "BertForQuestionAnswering", {}, "BertForQuestionAnswering"),
+    "distilbert gelu_10": ("DistilBertConfig", "DistilBertModel", dict(activation="gelu_10"), "hidden_act `gelu_10`"),
+    "roberta is_decoder": ("RobertaConfig", "RobertaModel", dict(is_decoder=True), "is_decoder: true"),
+    "gpt2 inverse layer scaling": ("GPT2Config", "GPT2LMHeadModel", dict(scale_attn_by_inverse_layer_idx=True),
+                                   "scale_attn_by_inverse_layer_idx: true"),
+    "gpt2 cross-attention": ("GPT2Config", "GPT2Model", dict(add_cross_attention=True), "add_cross_attention: true"),
+    "bart heads differ": ("BartConfig", "BartModel", dict(decoder_attention_heads=2),
+                          "encoder_attention_heads != decoder_attention_heads"),
+    "bart feed-forward sizes differ": ("BartConfig", "BartModel", dict(decoder_ffn_dim=40),
+                                       "encoder_ffn_dim != decoder_ffn_dim"),
+    "bart is_decoder": ("BartConfig", "BartModel", dict(is_decoder=True), "is_decoder: true"),
+    "bart sequence classification": ("BartConfig", "BartForSequenceClassification", {},
+                                     "BartForSequenceClassification"),
+}
+
+
+@pytest.fixture
+def checkpoint(tmp_path, save_hf_model):
+    """checkpoint(config class, model class, values) -> the directory transformers saved it to."""
+    import transformers
+
+    def save(config_class, model_class, values):
+        config = getattr(transformers, config_class)(**values)
+        save_hf_model(getattr(transformers, model_class), config, tmp_path, perturb=True)
+        return tmp_path
+
+    return save
+
+
+def parity(path) -> dict[str, float]:
+    """tfcli against transformers on the saved checkpoint: max abs difference per tensor."""
+    from tfcli import compare
+    from tfcli.api import build_model
+    from tfcli.sources import resolve_source
+
+    source = resolve_source(str(path))
+    return {d.name: d.max_abs_diff for d in compare.compare(build_model(source), source, IDS)}
+
+
+@pytest.mark.parametrize("case", PARITY)
+def test_settings_load_with_parity(checkpoint, case):
+    config_class, model_class, base, settings = PARITY[case]
+    differences = parity(checkpoint(config_class, model_class, {**base, **settings}))
+    assert differences and max(differences.values()) <= 1e-4, differences
+    assert any(name.endswith("hidden.2") for name in differences)  # every layer compared
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_settings_tfcli_does_not_implement_are_refused_by_name(tmp_path, case):
+    import transformers
+
+    from tfcli.sources import resolve_source
+
+    config_class, architecture, settings, refusal = REFUSED[case]
+    config = getattr(transformers, config_class)(architectures=[architecture], **settings)
+    config.save_pretrained(tmp_path)  # the refusal comes from config.json, before any weight is read
+    with pytest.raises(TfcliError, match=refusal.replace("`", ".")):
+        resolve_source(str(tmp_path))
+
+
+def test_a_stored_copy_that_differs_is_refused_not_dropped(checkpoint, tmp_path):
+    """A tied checkpoint stores BART's embedding three times; if one copy differs, transformers 4 and 5 would
+    compute different models, so tfcli refuses and names both tensors."""
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoint("BartConfig", "BartForConditionalGeneration", BART)
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.encoder.embed_tokens.weight"] = tensors["model.shared.weight"].clone()
+    tensors["model.decoder.embed_tokens.weight"] = tensors["model.shared.weight"] + 1
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(TfcliError, match="`model.decoder.embed_tokens.weight` differs from|differs from "
+                                         "`model.decoder.embed_tokens.weight`"):
+        parity(path)
+    tensors["model.decoder.embed_tokens.weight"] = tensors["model.shared.weight"].clone()
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    assert max(parity(path).values()) <= 1e-4  # equal copies load
+
+
+def test_a_tied_head_stored_apart_must_equal_the_embeddings(checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoint("GPT2Config", "GPT2LMHeadModel", GPT2)
+    tensors = load_file(path / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"] * 2
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(TfcliError, match="lm_head.weight` differs from `transformer.wte.weight"):
+        parity(path)
+
+
+def test_an_unknown_tensor_is_named(checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoint("BertConfig", "BertModel", BERT)
+    tensors = load_file(path / "model.safetensors")
+    tensors["encoder.layer.0.attention.self.extra_gate.weight"] = torch.zeros(2)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(TfcliError, match="1 unexpected: encoder.layer.0.attention.self.extra_gate.weight"):
+        parity(path)
