@@ -31,7 +31,7 @@ def test_version(cli):
 def test_import_is_light():
     code = (
         "import sys, tfcli, tfcli.cli\n"
-        "heavy = {'torch', 'transformers', 'tokenizers'} & set(sys.modules)\n"
+        "heavy = {'torch', 'transformers', 'tokenizers', 'matplotlib'} & set(sys.modules)\n"
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -102,10 +102,26 @@ def test_an_interrupted_write_leaves_no_file(tmp_path):
     assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
 
 
-def test_matplotlib_is_not_imported_to_start_the_cli():
-    code = "import sys, tfcli.cli; print('matplotlib' in sys.modules, 'tfcli.render.html' in sys.modules)"
+def test_matplotlib_is_imported_only_to_write_a_figure(tmp_path):
+    """A page needs no matplotlib; a figure does (which shows that this check can see the import)."""
+    code = ("import sys; from typer.testing import CliRunner; from tfcli.cli import app\n"
+            "def run(path):\n"
+            f"    result = CliRunner().invoke(app, ['encode', '--model', 'tiny', 'time flies', '--report', path])\n"
+            "    assert result.exit_code == 0, result.stderr\n"
+            "    return 'matplotlib' in sys.modules\n"
+            f"print(run({str(tmp_path / 'a.html')!r}), run({str(tmp_path / 'a.svg')!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False"]
+    assert out.split() == ["False", "True"]
+
+
+@pytest.mark.slow
+def test_the_page_names_the_command_as_typed(tmp_path, tfcli_process):
+    """`python -m tfcli` shows as that (not as the path of tfcli/__main__.py), arguments quoted for a shell."""
+    page = tmp_path / "a page.html"
+    result = tfcli_process("encode", "--model", "tiny", "it's", "--report", str(page))
+    assert result.returncode == 0, result.stderr
+    expected = f"python -m tfcli encode --model tiny 'it'\"'\"'s' --report '{page}'"
+    assert page_data(page)["run"]["command_line"] == expected
 
 
 # ---------------------------------------------------------------- the page
@@ -179,8 +195,22 @@ def test_svg_figure_is_valid_with_tokens_as_text(tmp_path):
     root = ElementTree.parse(figure).getroot()
     assert root.tag.endswith("svg")
     texts = {node.text for node in root.iter() if node.tag.endswith("text")}
-    assert set(TOKENS) <= texts and "layer 0, head 1" in texts
+    assert set(TOKENS) <= texts and {"layer 0, head 0", "layer 0, head 1"} <= texts
+    assert {"attention weight", "probability"} <= texts  # the colour bars of the maps and of the lens grid
+    assert any(text and text.startswith("logit lens") for text in texts)
 
+
+def test_a_long_text_keeps_every_token_label_apart(tmp_path):
+    """132 tokens: the panel grows so that each token keeps its label, none drawn over its neighbour."""
+    figure = tmp_path / "a.svg"
+    text = " ".join(["the animal didn't cross the street because it was too tired"] * 10)
+    assert tfcli("encode", "--model", "tiny", text, "--layers", "-1", "--report", str(figure)).exit_code == 0
+    root = ElementTree.parse(figure).getroot()
+    texts = [node.text for node in root.iter() if node.tag.endswith("text")]
+    assert texts.count("street") >= 3 * 10  # down the left, along the bottom and under the lens grid
+    assert texts.count("[CLS]") >= 3
+    width = float(root.get("width").removesuffix("pt"))
+    assert width >= 132 * 0.08 * 72  # about 0.09 inch a token
 
 def test_png_figure_has_a_sensible_size_and_is_not_blank(tmp_path):
     from matplotlib.image import imread
@@ -188,14 +218,17 @@ def test_png_figure_has_a_sensible_size_and_is_not_blank(tmp_path):
     figure = tmp_path / "a.png"
     assert tfcli("generate", TEXT, "-n", "3", "--lens", "--report", str(figure)).exit_code == 0
     pixels = imread(figure)
-    assert pixels.shape[0] >= 300 and pixels.shape[1] >= 300
+    assert 300 <= pixels.shape[0] <= 6000 and 300 <= pixels.shape[1] <= 6000
     assert pixels[..., :3].std() > 0.05  # drawn, not one flat colour
 
 
-def test_pdf_figure_has_a_page_per_text(tmp_path):
+def test_pdf_figure_opens_with_a_page_per_text_and_its_tokens_as_text(tmp_path):
+    from pypdf import PdfReader
+
     figure = tmp_path / "a.pdf"
-    assert tfcli("classify", "good", "bad", "--explain", "--report", str(figure)).exit_code == 0
-    data = figure.read_bytes()
-    assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")
-    assert len(re.findall(rb"/Type\s*/Page\b(?!s)", data)) == 2
-    assert b"/FontFile2" in data  # TrueType fonts embedded (fonttype 42): text stays text
+    assert tfcli("classify", "good film", "bad", "--explain", "--report", str(figure)).exit_code == 0
+    pages = PdfReader(figure).pages
+    assert len(pages) == 2
+    first, second = (page.extract_text().split("\n") for page in pages)
+    assert {"[CLS]", "good", "film", "[SEP]", "negative", "neutral", "positive"} <= set(first)
+    assert "bad" in second and "film" not in second

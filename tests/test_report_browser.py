@@ -1,6 +1,8 @@
 """The --report page in a real browser: Debian's chromium-headless-shell driven by Playwright (one launch for
 the module). Proves the page draws the tokens, that another layer/head redraws the heatmap, that hovering a
-cell reads out its weight, that clicking a token shows what it attends to, and that nothing is fetched."""
+cell reads out its weight, that clicking a token shows what it attends to, and that nothing is fetched: every
+request goes through an interceptor that lets only the page's own file through (and a page that does ask for
+something is seen asking, so the check can fail)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ def browser():
     if BROWSER is None:
         pytest.skip("no browser: install Debian's chromium-headless-shell (apt-get install -y chromium-headless-shell)"
                     " or set TFCLI_BROWSER to a Chromium binary")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the [test] extra")
-    with sync_api.sync_playwright() as playwright:
+    from playwright.sync_api import sync_playwright  # in the [test] extra: missing, the tests fail
+
+    with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=BROWSER)
         yield launched
         launched.close()
@@ -46,10 +49,19 @@ def pages(tmp_path_factory):
 
 
 def open_page(browser, path: Path):
-    """A page loaded from `path` with every request and script error recorded; waits until it is drawn."""
+    """A page loaded from `path`, waited for until drawn; `page.requests` lists every URL it asked for (all but
+    the page itself refused), `page.errors` its script errors."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.requests, page.errors = [], []
-    page.on("request", lambda request: page.requests.append(request.url))
+
+    def intercept(route):
+        page.requests.append(route.request.url)
+        if route.request.url == path.as_uri():
+            route.continue_()
+        else:
+            route.abort()
+
+    page.route("**/*", intercept)
     page.on("pageerror", lambda error: page.errors.append(str(error)))
     page.goto(path.as_uri())
     page.wait_for_selector("body[data-ready]")
@@ -57,8 +69,28 @@ def open_page(browser, path: Path):
     return page
 
 
-def heatmap(page) -> str:
-    return page.eval_on_selector("canvas.heatmap", "canvas => canvas.toDataURL()")
+def test_the_interceptor_sees_what_a_page_asks_for(browser, tmp_path):
+    """The no-request checks below could pass by not looking: a page that loads an image, a font and a
+    script from elsewhere is seen asking for each."""
+    page_path = tmp_path / "asks.html"
+    page_path.write_text('<!DOCTYPE html><html><head><style>@font-face { font-family: F; src: url("https://fonts.example/f.woff2"); }'
+                         ' body { font-family: F; }</style><script src="https://cdn.example/lib.js"></script></head>'
+                         '<body data-ready="1">text <img src="http://192.0.2.1/x.png"></body></html>')
+    page = open_page(browser, page_path)
+    page.wait_for_timeout(200)
+    assert {"https://cdn.example/lib.js", "http://192.0.2.1/x.png", "https://fonts.example/f.woff2"} <= set(page.requests)
+    page.close()
+
+
+def drawn(page, selector: str) -> str:
+    """The canvas's pixels as a data URL (a change of picture changes it)."""
+    return page.eval_on_selector(selector, "canvas => canvas.toDataURL()")
+
+
+def inked(page, selector: str) -> int:
+    """How many pixels of the canvas are not transparent."""
+    return page.eval_on_selector(selector, "c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+                                           " let n = 0; for (let i = 3; i < d.length; i += 4) n += d[i] > 0; return n; }")
 
 
 def test_encode_page_draws_tokens_and_switches_maps_and_reads_out_weights(browser, pages):
@@ -73,29 +105,44 @@ def test_encode_page_draws_tokens_and_switches_maps_and_reads_out_weights(browse
     # layer and head selectors: every layer, the mean and each head; another choice redraws the heatmap
     assert page.locator("select.layer option").all_inner_texts() == ["0", "1"]
     assert page.locator("select.head option").all_inner_texts()[:2] == ["mean of heads", "head 0"]
-    shown = {heatmap(page)}
+    assert inked(page, "canvas.heatmap") > 0 and inked(page, "canvas.lines") > 0
+    shown = {drawn(page, "canvas.heatmap")}
     page.select_option("select.head", "0")
-    shown.add(heatmap(page))
+    shown.add(drawn(page, "canvas.heatmap"))
     page.select_option("select.layer", "1")
-    shown.add(heatmap(page))
+    shown.add(drawn(page, "canvas.heatmap"))
     assert len(shown) == 3
 
+    # the colour scale: from the map's largest weight to 1, the legend saying which
+    largest = page.inner_text(".attention .legend-max")
+    assert 0 < float(largest) < 1
+    page.select_option("select.scale", "one")
+    assert page.inner_text(".attention .legend-max") == "1.000" and drawn(page, "canvas.heatmap") not in shown
+    page.select_option("select.scale", "map")
+
     # hovering cell (query 2, key 4) of layer 1 head 0 reads out that weight, as --save wrote it
+    saved = load_file(pages / "t.safetensors")["attention.1"][0, 0]  # (queries, keys) of layer 1, head 0
     geometry = page.eval_on_selector("canvas.heatmap", "c => [c.getBoundingClientRect().x, c.getBoundingClientRect().y,"
                                      " Number(c.dataset.x0), Number(c.dataset.y0), Number(c.dataset.cell)]")
     left, top, x0, y0, cell = geometry
     page.mouse.move(left + x0 + 4.5 * cell, top + y0 + 2.5 * cell)
-    expected = load_file(pages / "t.safetensors")["attention.1"][0, 0, 2, 4]
-    readout = f'query "flies" [2] \u2192 key "an" [4]: {round(float(expected) * 1000) / 1000:.3f}'
+    readout = f'query "flies" [2] \u2192 key "an" [4]: {round(float(saved[2, 4]) * 1000) / 1000:.3f}'
     assert page.inner_text(".readout") == readout
     assert page.is_visible("#tip") and page.inner_text("#tip") == readout
 
-    # clicking a query token in the head view says what it attends to, and marks the keys
+    # clicking a token in the head view says what it attends to and what attends to it (strongest first),
+    # marks the other column, and keeps only its lines
+    lines = drawn(page, "canvas.lines")
     page.click(".headview .col.left span >> nth=5")
-    assert page.inner_text(".focus").startswith('"arrow" (query 5) attends most to: ')
+    assert drawn(page, "canvas.lines") != lines
+    attends, attended = page.locator(".focus span").all_inner_texts()
+    stored = (saved * 1000).round()  # the page ranks what it holds: thousandths, ties in position order
+    to, by = stored[5].argmax(), stored[:, 5].argmax()
+    assert attends.startswith(f'"arrow" (query 5) attends most to: {TOKENS[to]} [{to}] ')
+    assert attended.startswith(f'"arrow" (key 5) is attended most by: {TOKENS[by]} [{by}] ')
     assert page.locator(".headview .col.right span[data-tip]").count() == len(TOKENS)
     page.click(".headview .col.right span >> nth=0")
-    assert page.inner_text(".focus").startswith('"[CLS]" (key 0) is attended most by: ')
+    assert page.inner_text(".focus span").startswith('"[CLS]" (key 0) is attended most by: ')
 
     # the lens grid: a row per layer, a cell per position, top tokens on hover
     assert page.locator(".lens tbody tr").count() == 2 and page.locator(".lens tbody tr >> nth=0 >> td").count() == 7
@@ -110,8 +157,14 @@ def test_encode_page_draws_tokens_and_switches_maps_and_reads_out_weights(browse
 def test_generate_and_classify_pages_draw_in_the_browser(browser, pages):
     page = open_page(browser, pages / "generate.html")
     assert page.locator("section.report h3").all_inner_texts() == ["STEPS", "LOGIT LENS"]
-    assert page.locator(".lens, table.grid tbody tr").count() == 13  # emb + 12 layers of gpt2-small
+    steps = page.locator("section.report table").first.locator("tbody tr")
+    assert steps.count() == 3 and steps.first.inner_text().startswith("0\t")
+    new = page.inner_text(".text-block .new")  # the generated end of the text, marked
+    assert new and page.inner_text(".text-block").startswith(TEXT) and page.inner_text(".text-block").endswith(new)
+    assert page.locator("table.grid tbody tr").count() == 13  # emb + 12 layers of gpt2-small
     assert page.locator("table.grid thead th").count() == 1 + 3  # a column per step
+    page.hover("table.grid tbody tr >> nth=12 >> td >> nth=2")
+    assert page.inner_text("#tip").startswith("layer 12, step 2 (chose ")
     assert page.errors == [] and page.requests == [(pages / "generate.html").as_uri()]
     page.close()
 

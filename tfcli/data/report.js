@@ -26,6 +26,11 @@
   function fmt(p) { return p >= 0.001 || p === 0 ? p.toFixed(3) : p.toExponential(1); }
   function short(token, width) { return token.length <= width ? token : token.slice(0, width - 1) + "\u2026"; }
   function quoted(token) { return JSON.stringify(token); }
+  // "0 [white-to-navy ramp] top (what)": the key to a shading
+  function legend(top, what) {
+    return el("div", {class: "legend"}, "0", el("span", {class: "ramp"}), el("span", {class: "legend-max"}, top),
+              el("span", {class: "legend-what"}, what));
+  }
 
   // ---------------------------------------------------------------- tooltip: [data-tip] elements and canvases
   const tip = el("div", {id: "tip", role: "tooltip"});
@@ -87,18 +92,18 @@
     const kindSel = el("select", {class: "kind"}, ...kinds.map((k) => el("option", {value: k}, KINDS[k])));
     const layerSel = el("select", {class: "layer"});
     const headSel = el("select", {class: "head"});
+    const scaleSel = el("select", {class: "scale"}, el("option", {value: "map"}, "0 to this map's largest weight"),
+                        el("option", {value: "one"}, "0 to 1 (the same for every map)"));
     const controls = el("div", {class: "controls"},
       kinds.length > 1 ? el("label", {}, "attention", kindSel) : null,
-      el("label", {}, "layer", layerSel), el("label", {}, "head", headSel));
+      el("label", {}, "layer", layerSel), el("label", {}, "head", headSel), el("label", {}, "colour", scaleSel));
     const canvas = el("canvas", {class: "heatmap", "aria-label": "attention heatmap: query rows, key columns"});
     const readout = el("div", {class: "readout mono"});
-    const legendMax = el("span");
-    const legend = el("div", {class: "legend"}, "0", el("span", {class: "ramp"}), legendMax,
-                      el("span", {}, "(relative to the map's largest)"));
+    const key = legend("", "");
     const left = el("div", {class: "col left"}), right = el("div", {class: "col right"});
     const lines = el("canvas", {class: "lines"});
     const headview = el("div", {},
-      el("div", {class: "caption"}, "head view: queries \u2192 keys; click a token"),
+      el("div", {class: "headview-caption"}, "head view: queries \u2192 keys, a line's opacity is its weight; click a token"),
       el("div", {class: "headview"}, left, lines, right));
     const focusLine = el("p", {class: "focus"});
     const state = {map: null, focus: null, geometry: null};
@@ -127,6 +132,8 @@
     }
     function weight(m, i, j) { return m.values[i * m.cols + j] / scale; }
     function largest(m) { let top = 1; for (const v of m.values) if (v > top) top = v; return top / scale; }
+    // the weight that gets the darkest colour: the map's largest, or 1
+    function darkest(m) { return scaleSel.value === "one" ? 1 : largest(m); }
 
     function drawHeatmap() {
       const m = state.map, queries = tokensOf(m, "query"), keys = tokensOf(m, "key");
@@ -135,13 +142,15 @@
       const ctx = canvas.getContext("2d");
       ctx.font = font + "px system-ui, sans-serif";
       const widest = (tokens) => Math.max(0, ...tokens.map((t) => ctx.measureText(short(t, 14)).width));
-      const x0 = labelled ? Math.ceil(widest(queries)) + 8 : 0, y0 = labelled ? Math.ceil(widest(keys)) + 8 : 0;
+      // too many tokens for their labels: every `every`-th position number instead
+      const every = labelled ? 1 : (cell >= 8 ? 5 : 10), indexFont = 10;
+      const x0 = labelled ? Math.ceil(widest(queries)) + 8 : 26, y0 = labelled ? Math.ceil(widest(keys)) + 8 : 26;
       const width = x0 + m.cols * cell + 2, height = y0 + m.rows * cell + 2, ratio = window.devicePixelRatio || 1;
       canvas.width = width * ratio; canvas.height = height * ratio;
       canvas.style.width = width + "px"; canvas.style.height = height + "px";
       ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
       ctx.font = font + "px system-ui, sans-serif";
-      const top = largest(m);
+      const top = darkest(m);
       for (let i = 0; i < m.rows; i++)
         for (let j = 0; j < m.cols; j++) {
           ctx.fillStyle = colour(weight(m, i, j) / top);
@@ -153,6 +162,12 @@
         ctx.save(); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left";
         keys.forEach((t, j) => ctx.fillText(short(t, 14), -y0 + 4, x0 + (j + 0.5) * cell));
         ctx.restore();
+      } else {
+        ctx.fillStyle = "#5b6470"; ctx.font = indexFont + "px system-ui, sans-serif"; ctx.textBaseline = "middle";
+        ctx.textAlign = "right";
+        for (let i = 0; i < m.rows; i += every) ctx.fillText(String(i), x0 - 4, y0 + (i + 0.5) * cell);
+        ctx.textAlign = "center"; ctx.textBaseline = "bottom";
+        for (let j = 0; j < m.cols; j += every) ctx.fillText(String(j), x0 + (j + 0.5) * cell, y0 - 4);
       }
       if (state.focus) {
         ctx.strokeStyle = "#e6550d"; ctx.lineWidth = 2;
@@ -162,7 +177,8 @@
       }
       state.geometry = {x0, y0, cell};
       Object.assign(canvas.dataset, {x0, y0, cell, rows: m.rows, cols: m.cols});
-      legendMax.textContent = fmt(top);
+      key.querySelector(".legend-max").textContent = fmt(top);
+      key.querySelector(".legend-what").textContent = scaleSel.value === "one" ? "" : "(this map's largest weight)";
     }
 
     function drawHeadView() {
@@ -188,29 +204,32 @@
       lines.style.width = width + "px"; lines.style.height = height + "px";
       const ctx = lines.getContext("2d");
       ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-      const top = largest(m);
       ctx.lineWidth = 1.6;
       for (let i = 0; i < m.rows; i++) {
         if (f && f.side === "query" && f.index !== i) continue;
         for (let j = 0; j < m.cols; j++) {
           if (f && f.side === "key" && f.index !== j) continue;
-          const a = weight(m, i, j) / top;
-          if (a < 0.02) continue;
+          const a = weight(m, i, j);  // absolute: a query's lines add up to 1
+          if (a < 0.01) continue;
           ctx.strokeStyle = "rgba(33,113,181," + a.toFixed(3) + ")";
           ctx.beginPath(); ctx.moveTo(0, (i + 0.5) * row); ctx.lineTo(width, (j + 0.5) * row); ctx.stroke();
         }
       }
     }
 
+    // the clicked token's strongest links, its own side's first; in self-attention (queries and keys are the
+    // same tokens) the other direction too, so one click answers both "attends to" and "attended by"
     function describeFocus() {
       const m = state.map, f = state.focus;
       if (!f) { focusLine.textContent = "Click a token in the head view (or a heatmap row) to see what it attends to and what attends to it."; return; }
-      const mine = f.side === "query" ? tokensOf(m, "query")[f.index] : tokensOf(m, "key")[f.index];
-      const others = f.side === "query" ? tokensOf(m, "key") : tokensOf(m, "query");
-      const ranked = others.map((t, k) => [t, k, f.side === "query" ? weight(m, f.index, k) : weight(m, k, f.index)])
-        .sort((a, b) => b[2] - a[2]).slice(0, 6);
-      const what = f.side === "query" ? " (query " + f.index + ") attends most to: " : " (key " + f.index + ") is attended most by: ";
-      focusLine.textContent = quoted(mine) + what + ranked.map(([t, k, w]) => t + " [" + k + "] " + fmt(w)).join(", ");
+      const sides = m.query === m.key ? (f.side === "query" ? ["query", "key"] : ["key", "query"]) : [f.side];
+      focusLine.replaceChildren(...sides.map((side) => {
+        const mine = tokensOf(m, side)[f.index], others = tokensOf(m, side === "query" ? "key" : "query");
+        const ranked = others.map((t, k) => [t, k, side === "query" ? weight(m, f.index, k) : weight(m, k, f.index)])
+          .sort((a, b) => b[2] - a[2]).slice(0, 6);
+        const what = side === "query" ? " (query " + f.index + ") attends most to: " : " (key " + f.index + ") is attended most by: ";
+        return el("span", {class: side}, quoted(mine) + what + ranked.map(([t, k, w]) => t + " [" + k + "] " + fmt(w)).join(", "));
+      }));
     }
 
     function draw() { drawHeatmap(); drawHeadView(); describeFocus(); }
@@ -248,27 +267,30 @@
     kindSel.addEventListener("change", fillLayers);
     layerSel.addEventListener("change", fillHeads);
     headSel.addEventListener("change", pick);
+    scaleSel.addEventListener("change", draw);
     fillLayers();
     return el("div", {class: "attention"}, el("h3", {}, "attention"), controls,
-      el("div", {class: "views"}, el("div", {class: "heatmap-box"}, canvas, legend, readout), headview), focusLine);
+      el("div", {class: "views"}, el("div", {class: "heatmap-box"}, canvas, key, readout), headview), focusLine);
   }
 
-  // A layers x columns grid of top tokens, each cell shaded by its probability, the top list on hover.
+  // A layers x columns grid of top tokens, each cell shaded by its probability (0 to 1), the top list on hover.
+  const CELL = 16;  // characters of a token shown in a grid cell or header; the whole token is on hover
   function grid(caption, columns, rows) {
     const table = el("table", {class: "grid"},
-      el("thead", {}, el("tr", {}, el("th", {class: "left"}, caption), ...columns.map((c) => el("th", {title: c}, short(c, 10))))));
+      el("thead", {}, el("tr", {}, el("th", {class: "left"}, caption),
+        ...columns.map((c, k) => el("th", {"data-tip": k + ": " + quoted(c)}, short(c, CELL))))));
     const body = el("tbody");
     for (const row of rows) {
       const tr = el("tr", {}, el("th", {class: "left"}, row.label));
       row.cells.forEach((cell) => {
-        const td = el("td", {"data-tip": cell.tip}, short(cell.token, 10));
+        const td = el("td", {"data-tip": cell.tip}, short(cell.token, CELL));
         shade(td, cell.prob);
         tr.append(td);
       });
       body.append(tr);
     }
     table.append(body);
-    return el("div", {class: "scroll"}, table);
+    return el("div", {}, el("div", {class: "scroll"}, table), legend("1", "probability of the top token"));
   }
 
   function lensView(s) {
@@ -312,12 +334,18 @@
   }
 
   // ---------------------------------------------------------------- generate
+  // the text as it reads on, its generated end (`added`) marked when it is the text's end
+  function textBlock(full, added) {
+    const cut = added && full.endsWith(added) ? full.length - added.length : full.length;
+    return el("div", {class: "text-block"}, full.slice(0, cut),
+              cut < full.length ? el("span", {class: "new", title: "generated"}, full.slice(cut)) : null);
+  }
   function renderGenerate(section, s, number) {
     const steps = s.steps;
     const ended = s.stopped_at_eos ? "stopped at end of sequence" : steps.length + " new tokens";
     section.append(el("h2", {}, "prompt " + number + ": " + quoted(s.prompt)),
-      el("p", {class: "note"}, ended + "; probabilities are the model's (softmax of the logits, before temperature and filtering)"),
-      el("div", {class: "text-block"}, s.full_text));
+      el("p", {class: "note"}, ended + " (underlined); probabilities are the model's (softmax of the logits, before temperature and filtering)"),
+      textBlock(s.full_text, s.text));
     const alternatives = (step) => step.top.filter((t) => t.id !== step.id).map((t) => quoted(t.token) + " " + fmt(t.prob)).join("  ");
     section.append(el("h3", {}, "steps"), el("div", {class: "scroll"}, el("table", {},
       el("thead", {}, el("tr", {}, el("th", {}, "step"), el("th", {class: "left"}, "token"), el("th", {}, "id"),
@@ -357,12 +385,14 @@
       const e = s.explain, top = Math.max(1e-9, ...e.weights);
       const where = e.layers.length === 1 ? "layer " + e.layers[0] : "layers " + e.layers[0] + "-" + e.layers[e.layers.length - 1];
       section.append(el("h3", {}, "why"),
-        el("p", {class: "note"}, "What the first token (the one the classifier reads) attends to in " + where + ", mean over heads; shaded relative to the largest weight."),
+        el("p", {class: "note"}, "What the first token (the one the classifier reads) attends to in " + where +
+           ", mean over heads; hover a token for its weight. Spread evenly, each token would get 1/" + e.tokens.length +
+           " = " + fmt(1 / e.tokens.length) + "."),
         el("div", {class: "tokens explain"}, ...e.tokens.map((t, k) => {
           const span = el("span", {class: "tok", "data-tip": quoted(t) + " [" + k + "]: " + fmt(e.weights[k])}, t);
           shade(span, e.weights[k] / top);
           return span;
-        })));
+        })), legend(fmt(top), "(the largest weight)"));
     }
   }
 

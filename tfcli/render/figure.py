@@ -1,10 +1,14 @@
 """`--report FIGURE.svg|.png|.pdf`: static figures for papers and slides, drawn with matplotlib (imported here
 only, so that start-up stays fast). One figure per text; a PDF holds one page per text.
 
-- encode: the selected layers/heads as query x key heatmaps with token labels and a colour bar, then the
+- encode: the selected layers/heads as query x key heatmaps with token labels and one colour bar, then the
   logit lens (layers x positions, shaded by the top token's probability, the token written in each cell);
 - generate: each step's probability with its token and, with --lens, the layers x steps lens grid;
 - classify: the label probabilities and, with --explain, the first token's attention strip.
+
+Sizes follow the text: a heatmap panel grows with the tokens so that every token keeps a readable label
+(up to 12 inches; beyond, every k-th token is labelled), and lens cells write their token across, or
+turned a quarter, or not at all, as their width allows; nothing is drawn over anything else.
 
 Tokens are real text in SVG (`svg.fonttype: none`) and PDF (TrueType, `pdf.fonttype: 42`), so they can be
 searched and edited; math parsing is off, so a `$` in a token stays a `$`.
@@ -13,6 +17,7 @@ searched and edited; math parsing is off, so a `$` in a token stays a `$`.
 from __future__ import annotations
 
 import math
+import textwrap
 import warnings
 from typing import IO, TYPE_CHECKING, Any
 
@@ -26,11 +31,17 @@ if TYPE_CHECKING:
     from tfcli.tokenizer import Tokenizer
 
 STYLE = {"svg.fonttype": "none", "pdf.fonttype": 42, "text.parse_math": False, "font.size": 8,
-         "axes.titlesize": 8, "savefig.dpi": 150}
+         "axes.titlesize": 8}
+DPI = 150
+MAX_PIXELS = 6000  # longest side of a PNG; a larger figure gets fewer dots per inch
 ATTENTION_COLOURS = "Blues"
 PROBABILITY_COLOURS = "viridis"
 KIND_TITLES = {"self": "", "encoder": "encoder ", "decoder": "decoder ", "cross": "cross "}
-LABELLED_TOKENS = 64  # more tokens than this per axis: no tick labels (they would overlap)
+POINTS = 72  # per inch
+CHAR_WIDTH = 0.62  # a character's average width, as a fraction of the font size (DejaVu Sans)
+MIN_FONT, MAX_FONT = 4.5, 7.0  # token labels: smaller is unreadable in print, larger crowds a short text
+CELL_TOKEN = 10  # characters of a token written inside a lens cell (the tick labels carry whole tokens)
+ROW = 0.28  # inches per lens row with horizontal text
 
 
 def save_figure(stream: IO[bytes], fmt: str, run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None) -> None:
@@ -50,7 +61,8 @@ def save_figure(stream: IO[bytes], fmt: str, run: RunInfo, items: list[Any], tok
                 for figure in figures:
                     pdf.savefig(figure)
         else:
-            figures[0].savefig(stream, format=fmt)
+            figure = figures[0]
+            figure.savefig(stream, format=fmt, dpi=min(DPI, MAX_PIXELS / max(figure.get_size_inches())))
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -60,23 +72,55 @@ def _figure(width: float, height: float) -> Figure:
 
 
 def _caption(figure: Figure, title: str, run: RunInfo) -> None:
-    figure.suptitle(title, fontsize=9, ha="left", x=0.01)
+    """The title (what ran on which text) above, wrapped to the figure's width (three lines at most), and
+    where the numbers come from below."""
+    width = figure.get_size_inches()[0] * POINTS
+
+    def wrap(text: str, size: float, lines: int) -> str:
+        return "\n".join(textwrap.wrap(text, int(width / (CHAR_WIDTH * size)) - 2, max_lines=lines, placeholder=" …"))
+
+    figure.suptitle(wrap(title, 9, 3), fontsize=9, ha="left", x=0.01)
     # supxlabel, not text: constrained layout makes room for it under the tick labels
-    figure.supxlabel(f"{run.model}; weights {run.weights}; tfcli {run.version}", fontsize=6, color="0.4",
-                     x=0.01, ha="left")
+    figure.supxlabel(wrap(f"{run.model}; weights {run.weights}; tfcli {run.version}", 6, 3), fontsize=6,
+                     color="0.4", x=0.01, ha="left")
 
 
-def _label_axes(ax: Any, rows: list[str], columns: list[str]) -> None:
-    """Token tick labels on both axes (rows down the left, columns rotated along the bottom)."""
-    for tokens, ticks, labels, rotation in ((rows, ax.set_yticks, ax.set_yticklabels, 0),
-                                            (columns, ax.set_xticks, ax.set_xticklabels, 90)):
-        if len(tokens) <= LABELLED_TOKENS:
-            size = max(3.0, min(7.0, 260 / max(len(tokens), 1)))
-            ticks(range(len(tokens)))
-            labels(tokens, fontsize=size, rotation=rotation)
-        else:
-            ticks([])
-    ax.tick_params(length=0)
+def _tick_font(count: int, length: float) -> tuple[float, int]:
+    """(font size in points, label every k-th) for `count` labels along `length` inches."""
+    font = min(MAX_FONT, 0.8 * length * POINTS / max(count, 1))
+    step = 1 if font >= MIN_FONT else math.ceil(MIN_FONT / font)
+    return max(font, MIN_FONT) if step > 1 else font, step
+
+
+def _label_axis(ax: Any, axis: str, tokens: list[str], length: float) -> None:
+    """Token labels along `axis` ("x": rotated, along the bottom; "y": down the left) of `length` inches;
+    past what fits, every k-th token, written with its position."""
+    font, step = _tick_font(len(tokens), length)
+    positions = range(0, len(tokens), step)
+    labels = [tokens[i] if step == 1 else f"{tokens[i]} {i}" for i in positions]
+    if axis == "x":
+        ax.set_xticks(positions, labels, fontsize=font, rotation=90)
+    else:
+        ax.set_yticks(positions, labels, fontsize=font)
+    ax.tick_params(length=0 if step == 1 else 2)
+
+
+def _panel(tokens: int) -> float:
+    """A heatmap's side in inches: 2.2-4 for a short text, then about 0.09 inch a token, up to 12."""
+    return max(2.2, min(4.0, 0.16 * tokens), min(12.0, 0.09 * tokens))
+
+
+def _labels_size(tokens: list[str], length: float) -> float:
+    """Inches taken across an axis by its token labels (written along `length` inches)."""
+    font, step = _tick_font(len(tokens), length)
+    widest = max((len(t) + (0 if step == 1 else 4) for t in tokens), default=1)
+    return widest * CHAR_WIDTH * font / POINTS
+
+
+def _text_colour(cmap: Any, value: float) -> str:
+    """Black or white, whichever reads on `cmap`'s colour for `value`."""
+    red, green, blue, _ = cmap(value)
+    return "black" if 0.299 * red + 0.587 * green + 0.114 * blue > 0.5 else "white"
 
 
 def encode_figure(report: TextReport, run: RunInfo) -> Figure:
@@ -86,13 +130,18 @@ def encode_figure(report: TextReport, run: RunInfo) -> Figure:
     per_layer = max(1, sum(1 for m in maps if (m.kind, m.layer) == (maps[0].kind, maps[0].layer))) if maps else 1
     columns = per_layer if per_layer > 1 else min(4, max(1, len(maps)))
     rows = math.ceil(len(maps) / columns) if maps else 0
-    tokens = max(len(report.tokens), len(report.target_tokens or []))
-    panel = min(4.0, max(2.2, tokens * 0.16))
-    lens_height = (0.5 + 0.28 * len(report.lens)) if report.lens else 0
-    figure = _figure(columns * panel + 1.2, rows * panel + lens_height + 0.8)
+    positions = report.target_tokens if report.target_tokens is not None else report.tokens
+    panel = _panel(max(len(report.tokens), len(report.target_tokens or [])))
+    slot_width = panel + max((_labels_size(m.query_tokens, panel) for m in maps), default=0) + 0.5
+    slot_height = panel + max((_labels_size(m.key_tokens, panel) for m in maps), default=0) + 0.8
+    width = max(columns * slot_width + 1.2, 6.0)
+    lens = _lens_layout(positions, [[top[0][0] for top in row.top] for row in report.lens], width - 2.0) \
+        if report.lens else None
+    lens_height = 0.3 + lens["row"] * len(report.lens) + lens["ticks"] if lens else 0
+    figure = _figure(width, rows * slot_height + lens_height + 1.0)
     _caption(figure, f"tfcli encode: {report.text!r}", run)
-    grid = figure.add_gridspec(rows + (1 if report.lens else 0), columns,
-                               height_ratios=[panel] * rows + ([lens_height] if report.lens else []))
+    grid = figure.add_gridspec(rows + (1 if lens else 0), columns,
+                               height_ratios=[slot_height] * rows + ([lens_height] if lens else []))
     top = max((m.weights.max().item() for m in maps), default=1.0) or 1.0
     axes, image = [], None
     for index, amap in enumerate(maps):
@@ -101,36 +150,53 @@ def encode_figure(report: TextReport, run: RunInfo) -> Figure:
                           interpolation="nearest", aspect="equal")
         head = "mean of heads" if amap.head == "mean" else f"head {amap.head}"
         ax.set_title(f"{KIND_TITLES[amap.kind]}layer {amap.layer}, {head}")
-        _label_axes(ax, amap.query_tokens, amap.key_tokens)
+        _label_axis(ax, "y", amap.query_tokens, panel)
+        _label_axis(ax, "x", amap.key_tokens, panel)
+        if index % columns == 0:
+            ax.set_ylabel("query")
+        if index + columns >= len(maps):  # the lowest map of its column
+            ax.set_xlabel("key")
         axes.append(ax)
     if image is not None:
-        figure.colorbar(image, ax=axes, shrink=0.8, label="attention weight (rows: queries, columns: keys)")
-    if report.lens:
-        positions = report.target_tokens if report.target_tokens is not None else report.tokens
+        figure.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+    if lens:
         _lens_grid(figure.add_subplot(grid[rows, :]), positions, [f"layer {row.layer}" for row in report.lens],
-                   [[top[0][0] for top in row.top] for row in report.lens],
-                   [[top[0][2] for top in row.top] for row in report.lens], figure, "position")
+                   [[top[0][2] for top in row.top] for row in report.lens], lens, figure, "position")
     return figure
 
 
-def _lens_grid(ax: Any, columns: list[str], rows: list[str], tokens: list[list[str]], probs: list[list[float]],
-               figure: Figure, what: str) -> None:
-    """rows x columns cells shaded by probability, each cell's top token written in it when there is room."""
-    image = ax.imshow(probs, cmap=PROBABILITY_COLOURS, vmin=0, vmax=1, interpolation="nearest", aspect="auto")
-    ax.set_title(f"logit lens: each layer's top token per {what}, shaded by its probability")
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels(rows)
-    if len(columns) <= LABELLED_TOKENS:
-        ax.set_xticks(range(len(columns)))
-        ax.set_xticklabels(columns, rotation=90, fontsize=max(3.0, min(7.0, 260 / len(columns))))
-        size = max(2.5, min(6.0, 160 / len(columns)))
-        for r, row in enumerate(tokens):
-            for c, token in enumerate(row):
-                ax.text(c, r, token if len(token) <= 8 else token[:7] + "…", ha="center", va="center", fontsize=size,
-                        color="black" if probs[r][c] > 0.6 else "white")
+def _lens_layout(columns: list[str], tokens: list[list[str]], width: float) -> dict[str, Any]:
+    """How a lens grid `width` inches wide writes its cells' tokens: across when they fit, turned a quarter
+    when the cells are narrow, else not at all; each row's height and the column labels' (inches)."""
+    shown = [[t if len(t) <= CELL_TOKEN else t[:CELL_TOKEN - 1] + "…" for t in row] for row in tokens]
+    longest = max((len(t) for row in shown for t in row), default=1)
+    cell = width * POINTS / max(len(columns), 1)  # points
+    across = min(6.0, 0.9 * cell / (CHAR_WIDTH * longest))
+    turned = min(6.0, 0.7 * cell)
+    if across >= MIN_FONT:
+        layout = {"font": across, "rotation": 0, "row": ROW}
+    elif turned >= MIN_FONT:
+        layout = {"font": turned, "rotation": 90, "row": max(ROW, 1.1 * longest * CHAR_WIDTH * turned / POINTS + 0.06)}
     else:
-        ax.set_xticks([])
-    ax.tick_params(length=0)
+        layout = {"font": 0.0, "rotation": 0, "row": ROW}
+    return layout | {"tokens": shown, "width": width, "ticks": _labels_size(columns, width) + 0.1}
+
+
+def _lens_grid(ax: Any, columns: list[str], rows: list[str], probs: list[list[float]], layout: dict[str, Any],
+               figure: Figure, what: str) -> None:
+    """rows x columns cells shaded by probability, each cell's top token written in it as `layout` says."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps[PROBABILITY_COLOURS]
+    image = ax.imshow(probs, cmap=cmap, vmin=0, vmax=1, interpolation="nearest", aspect="auto")
+    ax.set_title(f"logit lens: each layer's top token per {what}, shaded by its probability")
+    ax.set_yticks(range(len(rows)), rows)
+    _label_axis(ax, "x", columns, layout["width"])
+    if layout["font"]:
+        for r, row in enumerate(layout["tokens"]):
+            for c, token in enumerate(row):
+                ax.text(c, r, token, ha="center", va="center", fontsize=layout["font"], rotation=layout["rotation"],
+                        color=_text_colour(cmap, probs[r][c]))
     figure.colorbar(image, ax=ax, label="probability", shrink=0.9)
 
 
@@ -138,49 +204,68 @@ def generate_figure(result: Generation, run: RunInfo, tokenizer: Tokenizer) -> F
     """Each new token's probability (bars, tokens along the bottom) and, with --lens, the layers x steps grid."""
     from tfcli.generate import token_text
 
-    tokens = [token_text(tokenizer, step.token_id) for step in result.steps]
-    lens = bool(result.steps) and result.steps[0].lens is not None
-    layers = len(result.steps[0].lens) if lens else 0
-    width = min(16.0, max(5.0, 0.35 * len(tokens) + 2))
-    figure = _figure(width, 2.6 + (0.5 + 0.28 * layers if lens else 0))
+    tokens = [repr(token_text(tokenizer, step.token_id)) for step in result.steps]
+    guesses = [[token_text(tokenizer, step.lens[layer][0]) for step in result.steps]
+               for layer in range(len(result.steps[0].lens))] if result.steps and result.steps[0].lens else []
+    # a step is as wide as its lens cells' tokens written across (so far as 16 inches allow)
+    longest = min(CELL_TOKEN, max((len(t) for row in guesses for t in row), default=0))
+    width = min(16.0, max(6.0, len(tokens) * max(0.35, 1.15 * longest * CHAR_WIDTH * 5.5 / POINTS) + 2))
+    plot_width = width - 2.0  # less the row labels and the colour bar
+    layers = len(guesses)
+    lens = _lens_layout(tokens, guesses, plot_width) if guesses else None
+    bars_height = 2.2 + _labels_size(tokens, plot_width)
+    lens_height = 0.3 + lens["row"] * layers + lens["ticks"] if lens else 0
+    figure = _figure(width, bars_height + lens_height + 1.0)
     _caption(figure, f"tfcli generate: {result.prompt!r} -> {result.text!r}", run)
-    grid = figure.add_gridspec(2 if lens else 1, 1, height_ratios=[2.0, 0.5 + 0.28 * layers] if lens else [1])
+    grid = figure.add_gridspec(2 if lens else 1, 1, height_ratios=[bars_height, lens_height] if lens else [1])
     ax = figure.add_subplot(grid[0])
     ax.bar(range(len(tokens)), [step.prob for step in result.steps], color="#2171b5")
+    ax.set_xlim(-0.5, len(tokens) - 0.5)
     ax.set_ylim(0, 1)
     ax.set_ylabel("probability")
     ax.set_title("each new token's probability (the model's, before temperature and filtering)")
-    ax.set_xticks(range(len(tokens)))
-    ax.set_xticklabels([repr(t) for t in tokens], rotation=90)
+    _label_axis(ax, "x", tokens, plot_width)
     if lens:
-        _lens_grid(figure.add_subplot(grid[1]), [repr(t) for t in tokens],
+        _lens_grid(figure.add_subplot(grid[1]), tokens,
                    ["emb" if layer == 0 else f"layer {layer}" for layer in range(layers)],
-                   [[token_text(tokenizer, step.lens[layer][0]) for step in result.steps] for layer in range(layers)],
-                   [[step.lens[layer][1] for step in result.steps] for layer in range(layers)], figure, "step")
+                   [[step.lens[layer][1] for step in result.steps] for layer in range(layers)], lens, figure, "step")
     return figure
 
 
 def classify_figure(result: Classification, run: RunInfo) -> Figure:
-    """Label probabilities, most probable on top, and with --explain the first token's attention strip."""
+    """Label probabilities, most probable on top, and with --explain the first token's attention strip, each
+    cell's weight written in it where it fits, and the uniform weight 1/n marked on the colour bar."""
+    import matplotlib
+
     ranked = result.ranked()
     explain = result.explanation
-    figure = _figure(max(5.0, min(16.0, 0.32 * len(explain.tokens) + 1.5)) if explain else 5.0,
-                     1.2 + 0.25 * len(ranked) + (1.6 if explain else 0))
+    width = max(6.0, min(16.0, 0.32 * len(explain.tokens) + 1.5)) if explain else 6.0
+    plot_width = width - 2.0
+    strip_height = 0.9 + _labels_size(explain.tokens, plot_width) if explain else 0
+    figure = _figure(width, 1.6 + 0.25 * len(ranked) + strip_height)
     _caption(figure, f"tfcli classify: {result.text!r} -> {result.prediction}", run)
-    grid = figure.add_gridspec(2 if explain else 1, 1, height_ratios=[0.3 + 0.25 * len(ranked), 1.2] if explain else [1])
+    grid = figure.add_gridspec(2 if explain else 1, 1,
+                               height_ratios=[0.6 + 0.25 * len(ranked), strip_height] if explain else [1])
     ax = figure.add_subplot(grid[0])
     ax.barh(range(len(ranked)), [p for _, p in ranked], color="#2171b5")
-    ax.set_yticks(range(len(ranked)))
-    ax.set_yticklabels([label for label, _ in ranked])
+    ax.set_yticks(range(len(ranked)), [label for label, _ in ranked])
     ax.invert_yaxis()
     ax.set_xlim(0, 1)
     ax.set_xlabel("probability")
     if explain:
         strip = figure.add_subplot(grid[1])
-        image = strip.imshow([explain.weights], cmap=ATTENTION_COLOURS, vmin=0, aspect="auto", interpolation="nearest")
+        cmap, top = matplotlib.colormaps[ATTENTION_COLOURS], max(explain.weights)
+        image = strip.imshow([explain.weights], cmap=cmap, vmin=0, vmax=top, aspect="auto", interpolation="nearest")
         where = f"layer {explain.layers[0]}" if len(explain.layers) == 1 else \
             f"layers {explain.layers[0]}-{explain.layers[-1]}"
         strip.set_title(f"what the first token attends to in {where}, mean over heads")
-        _label_axes(strip, [], explain.tokens)
-        figure.colorbar(image, ax=strip, label="weight")
+        strip.set_yticks([])
+        _label_axis(strip, "x", explain.tokens, plot_width)
+        cell = plot_width * POINTS / len(explain.tokens)  # points
+        if cell >= 4 * CHAR_WIDTH * MIN_FONT:  # room for "0.12"
+            for k, w in enumerate(explain.weights):
+                strip.text(k, 0, f"{w:.2f}", ha="center", va="center", fontsize=min(6.0, cell / (4 * CHAR_WIDTH)),
+                           color=_text_colour(cmap, w / top))
+        bar = figure.colorbar(image, ax=strip, label="weight; orange: 1/n")
+        bar.ax.axhline(1 / len(explain.tokens), color="#e6550d", linewidth=1.5)
     return figure

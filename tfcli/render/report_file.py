@@ -43,7 +43,15 @@ def run_info(command: str, model: Any, source_description: str) -> RunInfo:
     from tfcli import __version__
 
     return RunInfo(command, f"{model.config.name} ({model.config.architecture})", source_description,
-                   model.weights_description, model.trained, __version__, shlex.join(sys.argv))
+                   model.weights_description, model.trained, __version__, command_line(sys.argv))
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as typed, quoted for a POSIX shell; `python -m tfcli` shows as that, not as the path of
+    tfcli's __main__.py that Python puts in argv[0]."""
+    started = Path(argv[0])
+    program = "python -m tfcli" if (started.parent.name, started.name) == ("tfcli", "__main__.py") else shlex.quote(argv[0])
+    return " ".join([program, *map(shlex.quote, argv[1:])])
 
 
 def check_report_path(path: Path, overwrite: bool, texts: int) -> None:
