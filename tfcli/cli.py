@@ -141,14 +141,18 @@ def inputs(texts: list[str] | None, file: Path | None, keep_blank: bool = False)
     return Inputs(texts, file, keep_blank, warn)
 
 
-def tokenizer_of(source: Source) -> Tokenizer:
-    """A source's tokenizer; says on stderr when a model directory had none and the bundled one stands in."""
-    from tfcli.api import load_tokenizer_for
-
-    tokenizer = load_tokenizer_for(source)
+def noted(tokenizer: Tokenizer) -> Tokenizer:
+    """The tokenizer, after saying on stderr what a person should know about it (the bundled one standing in
+    for a model directory that has none)."""
     if tokenizer.note:
         warn(tokenizer.note)
     return tokenizer
+
+
+def tokenizer_of(source: Source) -> Tokenizer:
+    from tfcli.api import load_tokenizer_for
+
+    return noted(load_tokenizer_for(source))
 
 
 def tokenized(tokenizer: Tokenizer, batch: list[Input], positions: int, truncated: CappedWarnings,
@@ -156,22 +160,30 @@ def tokenized(tokenizer: Tokenizer, batch: list[Input], positions: int, truncate
     """A batch of texts tokenized for a model with `positions` positions: truncated to --max-length (at most
     the positions) with a warning, or refused (--no-truncate)."""
     encodings = tokenizer.encode_for_model([item.text for item in batch], positions, pair, max_length)
-    for item, encoding in zip(batch, encodings):
-        if not encoding.truncated:
-            continue
-        if refuse_longer:
-            limit = f"--max-length {max_length}" if max_length is not None else f"the model's {positions} positions"
-            raise usage_error(f"{item.where} has {encoding.untruncated_length} tokens, more than {limit}",
-                              "drop --no-truncate to truncate it")
-        truncated.add(f"{item.where} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
+    limit = (f"--max-length {max_length}" if max_length is not None else f"the model's {positions} positions") \
+        if refuse_longer else None
+    check_truncated(batch, encodings, truncated, limit)
     return encodings
 
 
-def first_and_rest(items: Iterator[T]) -> tuple[T, Iterator[T]]:
-    """The first item (read now: before a model is built, so that a bad or empty input fails early) and
-    all of them, the first included."""
+def check_truncated(batch: list[Input], encodings: list[Encoding], truncated: CappedWarnings,
+                    refused_beyond: str | None = None) -> None:
+    """Warn about each truncated text (the first few, then a count); or, given `refused_beyond` (what a text
+    may not be longer than), refuse it."""
+    for item, encoding in zip(batch, encodings):
+        if not encoding.truncated:
+            continue
+        if refused_beyond is not None:
+            raise usage_error(f"{item.where} has {encoding.untruncated_length} tokens, more than {refused_beyond}",
+                              "drop --no-truncate to truncate it")
+        truncated.add(f"{item.where} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
+
+
+def started(items: Iterator[T]) -> Iterator[T]:
+    """The same items, the first one read now: before a model is built, so that a bad or empty input
+    fails early."""
     first = next(items)
-    return first, chain([first], items)
+    return chain([first], items)
 
 
 def with_progress(batches: Iterable[T], what: str, count: Callable[[T], int]) -> Iterator[T]:
@@ -214,7 +226,7 @@ def write_report_file(path: Path, command: str, model: TransformerModel, source:
 
 TextsArgument = Annotated[
     list[str] | None,
-    typer.Argument(metavar="TEXT...", help="Texts to process; `-` alone reads stdin, one text per line.",
+    typer.Argument(metavar="TEXT", help="Texts to process; `-` alone reads stdin, one text per line.",
                    show_default=False),
 ]
 FileOption = Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
@@ -289,17 +301,14 @@ def tokenize(
 
     out = output_console(width, color)
     texts_in = inputs(texts, file, keep_blank=True)
-    tokenizer = core.tokenizer_for(model, revision)
-    if tokenizer.note:
-        warn(tokenizer.note)
+    tokenizer = noted(core.tokenizer_for(model, revision))
     truncated = CappedWarnings(warn, "texts truncated")
     number = 0
     for batch in with_progress(texts_in.batches(1000), "tokenize", len):
         encodings = core.run(tokenizer, [item.text for item in batch], pair, not no_special, max_length)
-        for item, encoding in zip(batch, encodings):
+        check_truncated(batch, encodings, truncated)
+        for encoding in encodings:
             number += 1
-            if encoding.truncated:
-                truncated.add(f"{item.where} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
             if json_output:
                 write_jsonl([render.record(encoding)])
             else:
@@ -316,7 +325,7 @@ def _one_source(positional: str | None, option: str | None) -> str | None:
 
 @app.command("config")
 def show_config(
-    source: Annotated[str | None, typer.Argument(metavar="[SRC]", show_default=False,
+    source: Annotated[str | None, typer.Argument(metavar="SRC", show_default=False,
                                                  help="Path, bundled name or hub id (default: bert-base).")] = None,
     model: ModelOption = None,
     revision: RevisionOption = None,
@@ -409,7 +418,7 @@ def encode(
     truncated = CappedWarnings(warn, "texts truncated")
     chunks = ((batch, tokenized(tokenizer, batch, positions, truncated, pair, max_length, no_truncate))
               for batch in texts_in.batches(None if save is not None else core.MAX_BATCH))
-    _, chunks = first_and_rest(chunks)
+    chunks = started(chunks)
     loaded = build(source, device, dtype, seed)
     every_layer = list(range(max(source.config.num_hidden_layers, core.block_count(source.config))))
     detail = None if layers is None else options.layers if options.layers is not None else every_layer
@@ -418,13 +427,13 @@ def encode(
     if not json_output and layers is None:
         note("showing the last layer in full and a line per position for every layer; see more with "
              "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
-    number, capture_note, reported = 0, None, []  # reported: every text's report, for --report and --save
+    number, warned, reported = 0, False, []  # reported: every text's report, for --report
     for _, encodings in with_progress(chunks, "encode", lambda chunk: len(chunk[1])):
-        batch_size, capture_note_now = core.capture_batch_size(loaded, options, encodings, decoder_input,
-                                                               max_capture_mb, save is not None)
-        if capture_note_now and capture_note is None:
-            capture_note = capture_note_now
+        batch_size, capture_note = core.capture_batch_size(loaded, options, encodings, decoder_input,
+                                                           max_capture_mb, save is not None)
+        if capture_note and not warned:  # once: every batch of a stream would say the same
             warn(capture_note)
+            warned = True
         for batch in core.run(loaded, tokenizer, encodings, options, decoder_input, batch_size,
                               keep_tensors=save is not None):
             for text_report in batch.reports:
@@ -433,7 +442,7 @@ def encode(
                     write_jsonl([render.record(text_report, loaded.trained)])
                 else:
                     print_lines(out, render.report_lines(text_report, number, out.width, view))
-            if report is not None or save is not None:
+            if report is not None:
                 reported += batch.reports
             if save is not None:
                 metadata = render.save_metadata(batch.reports, source.description, loaded.weights_description,
@@ -447,7 +456,7 @@ def encode(
 
 @app.command()
 def compare(
-    arguments: Annotated[list[str] | None, typer.Argument(metavar="[SRC] TEXT...", show_default=False,
+    arguments: Annotated[list[str] | None, typer.Argument(metavar="SRC TEXT", show_default=False,
                                                           help="A checkpoint directory (config.json + weights), unless "
                                                           "--model gives it, then texts; `-` alone reads stdin.")] = None,
     model: ModelOption = None,
@@ -478,10 +487,9 @@ def compare(
         model = arguments.pop(0)
     out = output_console(width, color)
     texts_in = inputs(arguments or None, file)
-    _, batches = first_and_rest(texts_in.batches(1))
+    batches = started(texts_in.batches(1))
     models = core.load(model, device)
-    if models.tokenizer.note:
-        warn(models.tokenizer.note)
+    noted(models.tokenizer)
     truncated = CappedWarnings(warn, "texts truncated")
     worst, number = 0.0, 0
     for batch in batches:
@@ -550,7 +558,7 @@ def classify(
     truncated = CappedWarnings(warn, "texts truncated")
     chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length)
               for batch in texts_in.batches(core.BATCH_SIZE))
-    _, chunks = first_and_rest(chunks)
+    chunks = started(chunks)
     loaded = build(source, device, dtype, seed)
     if not loaded.trained:
         warn("random weights: these probabilities say nothing about the texts")
@@ -573,7 +581,7 @@ def classify(
 
 @app.command()
 def generate(
-    prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT...", show_default=False,
+    prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT", show_default=False,
                                                         help="Prompts to continue; `-` alone reads stdin, one per line.")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head "
                                               "(default: the bundled `gpt2-small`, random weights).")] = None,
@@ -627,7 +635,7 @@ def generate(
     tokenizer = tokenizer_of(source)
     batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
                for batch in prompts_in.batches(1))
-    _, batches = first_and_rest(batches)
+    batches = started(batches)
     loaded = build(source, device, dtype, seed)
     # the text appears once, as it is made: on stdout when that is the terminal (the table follows without it),
     # else on stderr when that is a terminal (stdout, a file or pipe, gets the text with the table)

@@ -76,11 +76,10 @@ def token_lines(label: str, tokens: list[str], width: int) -> list[Text]:
 def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None = None) -> list[Text]:
     """The stages table: every stage's shape, parameters and statistics. Sublayer rows (attention,
     feed-forward) only for the blocks in detail (by default each stack's last block)."""
-    last: dict[str, int] = {}  # each stack's (name prefix's) last block
-    for row in stages:
-        if row.block is not None:
-            last[_stack(row)] = max(last.get(_stack(row), 0), row.block)
-    rows = [r for r in stages if r.block is None or (r.block == last[_stack(r)] if detail is None else r.block in detail)]
+    def stack_blocks(row: StageRow) -> list[int]:  # the blocks of the row's stack (encoder, decoder)
+        return [r.block for r in stages if r.block is not None and _stack(r) == _stack(row)]
+
+    rows = [r for r in stages if r.block is None or _in_detail(r.block, stack_blocks(r), detail)]
     dtypes = {r.dtype for r in rows}
     columns = [Column.of("stage", [r.name for r in rows]),
                Column.of("shape", ["(" + ", ".join(map(str, r.shape)) + ")" for r in rows], right=True)]
