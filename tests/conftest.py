@@ -189,3 +189,22 @@ def greedy():
         return ours.generate(ids, attention_mask=mask, max_new_tokens=new), theirs
 
     return both
+
+
+@pytest.fixture(scope="session")
+def peaked_gpt2(tmp_path_factory, save_hf_model):
+    """(path, transformers model): a tiny GPT-2 checkpoint (3 layers, 32 wide, the BERT vocabulary so the bundled
+    tokenizer fits, [SEP] = 102 as end of sequence) whose weights are large enough that it predicts with
+    conviction, like a trained model, and whose final LayerNorm has non-trivial weights and biases."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("peaked-gpt2")
+    config = GPT2Config(vocab_size=30522, n_embd=32, n_layer=3, n_head=4, n_positions=64, bos_token_id=101,
+                        eos_token_id=102, pad_token_id=0, initializer_range=0.3)
+    model = save_hf_model(GPT2LMHeadModel, config, path)
+    with torch.no_grad():
+        model.transformer.ln_f.weight.uniform_(0.2, 2.2)
+        model.transformer.ln_f.bias.normal_(0.0, 1.0)
+    model.save_pretrained(path)
+    return path, model

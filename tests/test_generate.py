@@ -174,7 +174,12 @@ def test_cli_on_bundled_configs(name):
     result = invoke("generate", "hello", "-m", name, "-n", "2", "--json")
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout)
-    assert len(record["generated_ids"]) <= 2 and "random (seed 0)" in result.stderr
+    assert "random (seed 0)" in result.stderr
+    generated, steps = record["generated_ids"], record["steps"]
+    # two new tokens, unless the first one ended the sequence
+    assert len(generated) == 2 or (len(generated) == 1 and steps[0]["eos"] and steps[0]["id"] == 102)
+    assert [step["id"] for step in steps] == generated
+    assert all(step["id"] == step["top"][0]["id"] and 0 < step["prob"] <= 1 for step in steps)  # greedy
     if name == "encoder-decoder":
         assert record["prompt_ids"] == [101, 7592, 102]  # the encoder reads the text with its specials
 

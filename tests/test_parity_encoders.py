@@ -93,12 +93,30 @@ def test_parity(tmp_path, save_hf_model, check_parity, class_name, make_config, 
     check_parity(ours, hf, ids, mask, logits=head != "none")
 
 
-def test_roberta_positions_start_after_padding_index(tmp_path, save_hf_model):
+def test_roberta_position_p_reads_row_p_plus_2(tmp_path, save_hf_model, assert_close):
+    """RoBERTa numbers positions from its padding index + 1 = 2: position p adds row p + 2 of the table, rows 0
+    and 1 are never read, and the last row serves the 64th token (the longest text the table allows)."""
+    from safetensors.torch import load_file, save_file
     from transformers import RobertaModel
 
-    save_hf_model(RobertaModel, roberta_config(), tmp_path)
-    config = tfcli.load_model(str(tmp_path)).config
-    assert config.position_offset == 2 and config.max_position_embeddings == 64
+    hf = save_hf_model(RobertaModel, roberta_config(), tmp_path)
+    ids = torch.arange(64)[None] % 90 + 5  # 64 tokens, none of them the padding id (1)
+
+    def embeddings() -> torch.Tensor:  # (64, hidden): tfcli's embeddings output
+        with torch.no_grad():
+            return tfcli.load_model(str(tmp_path))(ids, capture=Capture()).hidden_states[0][0]
+
+    base = embeddings()
+    with torch.no_grad():
+        assert_close("hidden.0", base, hf(input_ids=ids, output_hidden_states=True).hidden_states[0][0])
+    weights = load_file(tmp_path / "model.safetensors")
+    name = next(k for k in weights if k.endswith("position_embeddings.weight"))
+    for row in (0, 1, 2, 30, 65):
+        table = weights[name].clone()
+        table[row] += torch.linspace(-1.0, 1.0, table.shape[1])  # not constant: the LayerNorm would remove that
+        save_file({**weights, name: table}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+        moved = ((embeddings() - base).abs().amax(-1) > 1e-3).nonzero()[:, 0].tolist()
+        assert moved == ([row - 2] if row >= 2 else []), f"row {row} of the position table moved positions {moved}"
 
 
 def test_bert_classifier_uses_the_pooler(tmp_path, save_hf_model):

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +21,12 @@ def test_python_api_example_runs_as_written():
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["out"].last_hidden_state.shape == (1, 7, 768)
     assert len(namespace["out"].hidden_states) == 13 and namespace["out"].attentions[0].shape == (1, 12, 7, 7)
-    assert namespace["greedy"].shape == (1, 16) and namespace["sampled"].shape[1] <= 16
+    assert namespace["out"].logits.shape == (1, 7, 30522)
+    prompt, greedy, sampled = namespace["prompt"], namespace["greedy"], namespace["sampled"]
+    assert greedy.shape == (1, 16) and torch.equal(greedy[:, :6], prompt)
+    # sampling stops early only at gpt2-small's end-of-sequence token ([SEP], 102)
+    assert 6 < sampled.shape[1] <= 16 and torch.equal(sampled[:, :6], prompt)
+    assert sampled.shape[1] == 16 or sampled[0, -1].item() == 102
 
 
 def test_ci_runs_the_readme_test_command():

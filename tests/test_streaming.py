@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import random
-import time
 
 import pytest
 
@@ -52,29 +51,23 @@ def check_records(stdout: bytes, lines: list[str]) -> list[dict]:
 @pytest.mark.slow
 def test_tokenize_stream(tfcli_process):
     lines = stream()
-    started = time.monotonic()
     result = tfcli_process("tokenize", "--json", "-", input=("\n".join(lines) + "\n").encode("utf-8"))
-    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     records = check_records(result.stdout, lines)
     assert records[0]["tokens"][:2] == ["[CLS]", "0"]
     assert result.stderr == b""  # no progress bar (stderr is a pipe), no warnings
-    assert elapsed < 60
 
 
 @pytest.mark.slow
 def test_encode_stream(tfcli_process, small_model):
     lines = stream()
-    started = time.monotonic()
     result = tfcli_process("encode", "--model", str(small_model), "--json", "--top-k", "1", "-",
                            input=("\n".join(lines) + "\n").encode("utf-8"))
-    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-2000:]
     records = check_records(result.stdout, lines)
     assert all(r["weights"] == "random" and len(r["lens"]) == 1 for r in records)
     stderr = result.stderr.decode("utf-8")
     assert stderr.startswith("model: ") and stderr.count("\n") == 1  # the model line only: no progress on a pipe
-    assert elapsed < 240, f"10,000 lines took {elapsed:.0f}s"
 
 
 def test_stream_with_crlf_and_no_final_newline(cli):

@@ -1,0 +1,80 @@
+"""`tfcli compare` is the judge of every other number tfcli shows, so its failing path is tested too: when
+tfcli's model computes something else than transformers' on the same checkpoint, compare must exit 1 and
+name the tensor that differs and by how much."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+import tfcli.api
+
+TEXT = "time flies like an arrow"
+SHIFT = 0.25  # added to one bias of tfcli's copy of the weights
+
+
+def table_cells(line: str) -> list[str]:
+    """The cells of one row of a rendered table (cells apart by a rule or by two spaces or more)."""
+    return [cell for cell in re.split(r"\s*[│┃]\s*|\s{2,}", line.strip()) if cell]
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory, save_hf_model):
+    from transformers import BertConfig, BertForMaskedLM
+
+    path = tmp_path_factory.mktemp("bert")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)
+    save_hf_model(BertForMaskedLM, config, path)
+    return path
+
+
+@pytest.fixture
+def perturbed(monkeypatch):
+    """tfcli reads the checkpoint, then the output LayerNorm bias of its last block is shifted by SHIFT in
+    one feature: the last hidden state moves by exactly SHIFT, everything before it stays as it was."""
+    built = []
+    original = tfcli.api.build_model
+
+    def build_model(*args, **kwargs):
+        model = original(*args, **kwargs)
+        with torch.no_grad():
+            model.encoder.blocks[-1].feed_forward_norm.bias[0] += SHIFT
+        built.append(model)
+        return model
+
+    monkeypatch.setattr(tfcli.api, "build_model", build_model)
+    return built
+
+
+def test_compare_exits_1_and_names_the_tensor_that_differs(cli, bert_dir, perturbed):
+    result = cli("compare", str(bert_dir), TEXT)
+    assert perturbed, "compare no longer builds tfcli's model through tfcli.api.build_model: move the seam"
+    assert result.exit_code == 1, result.stdout
+    rows = {cells[0]: cells for cells in map(table_cells, result.stdout.splitlines()) if cells}
+    for name in ("hidden.0", "hidden.1", "attention.0", "attention.1"):
+        assert rows[name][-1] == "ok", rows[name]
+    assert rows["hidden.2"][-2:] == ["0.25", "DIFFERS"]
+    assert rows["logits"][-1] == "DIFFERS"
+    assert "largest difference" in result.stderr and "exceeds 0.0001" in result.stderr
+
+
+def test_compare_json_reports_each_difference_and_the_largest(cli, bert_dir, perturbed):
+    result = cli("compare", str(bert_dir), TEXT, "--json")
+    assert result.exit_code == 1
+    record = json.loads(result.stdout)
+    diffs = {t["name"]: t["max_abs_diff"] for t in record["tensors"]}
+    assert diffs["hidden.2"] == pytest.approx(SHIFT, abs=1e-5)
+    assert all(diffs[name] <= 1e-4 for name in ("hidden.0", "hidden.1", "attention.0", "attention.1"))
+    assert diffs["logits"] > 1e-4
+    assert record["max_abs_diff"] == max(diffs.values())
+    assert f"{record['max_abs_diff']:.3g}" in result.stderr
+
+
+def test_tolerance_is_the_largest_difference_allowed(cli, bert_dir, perturbed):
+    worst = json.loads(cli("compare", str(bert_dir), TEXT, "--json").stdout)["max_abs_diff"]
+    assert cli("compare", str(bert_dir), TEXT, "--tolerance", repr(worst)).exit_code == 0
+    assert cli("compare", str(bert_dir), TEXT, "--tolerance", repr(worst * 0.999)).exit_code == 1

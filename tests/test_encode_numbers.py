@@ -1,0 +1,91 @@
+"""The numbers `encode` reports, checked against the tensors it saves and the tokens it was given: stage
+statistics (population std: no Bessel correction) and attention summaries of each text of a padded batch,
+the decoder input `--target` makes, and the memory check's arithmetic at its boundary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import tfcli.api
+
+ENCODER = "architecture: encoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 4\n" \
+          "intermediate_size: 64\nmax_position_embeddings: 32\nhead: mlm\n"
+SEQ2SEQ = "architecture: encoder-decoder\nhidden_size: 32\nnum_hidden_layers: 1\nnum_decoder_layers: 1\n" \
+          "num_attention_heads: 2\nintermediate_size: 64\nmax_position_embeddings: 32\ntype_vocab_size: 0\n" \
+          "head: lm\ndecoder_start_token_id: 101\n"
+
+
+def records(result) -> list[dict]:
+    assert result.exit_code == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.fixture
+def encoder_yaml(tmp_path):
+    path = tmp_path / "encoder.yaml"
+    path.write_text(ENCODER, encoding="utf-8")
+    return str(path)
+
+
+def test_statistics_and_attention_are_those_of_the_saved_tensors(cli, encoder_yaml, tmp_path):
+    saved = tmp_path / "run.safetensors"
+    texts = ["the animal did not cross the street because it was too tired", "time flies"]
+    reports = records(cli("encode", *texts, "--model", encoder_yaml, "--json", "--top-k", "1", "--save", str(saved)))
+    tensors = load_file(str(saved))
+    for row, record in enumerate(reports):
+        n = int(tensors["attention_mask"][row].sum())
+        assert n == len(record["ids"]) and tensors["input_ids"][row, :n].tolist() == record["ids"]
+        stages = {stage["stage"]: stage for stage in record["shapes"]}
+        expected = {"embeddings": tensors["hidden.0"], "block 0 output": tensors["hidden.1"],
+                    "block 1 output": tensors["hidden.2"], "head": tensors["logits"]}
+        for name, tensor in expected.items():
+            values = tensor[row, :n].double()  # the text's own tokens, not the batch's padding
+            stage = stages[name]
+            assert stage["shape"] == list(values.shape)
+            assert stage["mean"] == pytest.approx(values.mean().item(), abs=1e-6), name
+            assert stage["std"] == pytest.approx(values.std(correction=0).item(), abs=1e-6), name
+            assert stage["norm"] == pytest.approx(values.norm().item(), abs=1e-4), name
+        for amap in record["attention"]:  # without --heads: the mean over heads
+            weights = tensors[f"attention.{amap['layer']}"][row, :, :n, :n].double().mean(0)
+            best, where = weights.max(-1)
+            assert amap["max_key"] == where.tolist()
+            assert amap["max_weight"] == pytest.approx(best.tolist(), abs=1e-6)
+        last = record["lens"][-1]
+        assert [top[0]["id"] for top in last["top"]] == tensors["logits"][row, :n].argmax(-1).tolist()
+
+
+def test_target_is_the_start_token_then_the_target_tokens(cli, tmp_path):
+    config = tmp_path / "seq2seq.yaml"
+    config.write_text(SEQ2SEQ, encoding="utf-8")
+    (target,) = records(cli("tokenize", "--no-special", "--json", "le temps passe"))
+    saved = tmp_path / "run.safetensors"
+    (record,) = records(cli("encode", "time flies", "--model", str(config), "--target", "le temps passe",
+                            "--json", "--save", str(saved)))
+    assert record["target_ids"] == [101] + target["ids"]
+    assert record["target_tokens"] == ["[CLS]"] + target["tokens"]
+    assert load_file(str(saved))["decoder.input_ids"].tolist() == [record["target_ids"]]
+    queries = len(record["target_ids"])
+    for amap in record["attention"]:
+        keys = len(record["ids"]) if amap["kind"] in ("encoder", "cross") else queries
+        assert len(amap["max_key"]) == (len(record["ids"]) if amap["kind"] == "encoder" else queries)
+        assert max(amap["max_key"]) < keys
+    assert [len(row["top"]) for row in record["lens"]] == [queries]
+
+
+@pytest.mark.parametrize("dtype,size", [("float32", 4), ("bfloat16", 2)])
+def test_memory_check_at_its_boundary(cli, encoder_yaml, monkeypatch, dtype, size):
+    """Weights need parameters x bytes per parameter: exactly that much memory is enough, a byte less is not."""
+    parameters = records(cli("config", encoder_yaml, "--json"))[0]["parameters"]
+    monkeypatch.setattr(tfcli.api, "memory_size", lambda: parameters * size)
+    fits = cli("encode", "time flies", "--model", encoder_yaml, "--dtype", dtype, "--json")
+    assert fits.exit_code == 0, fits.stderr
+    monkeypatch.setattr(tfcli.api, "memory_size", lambda: parameters * size - 1)
+    refused = cli("encode", "time flies", "--model", encoder_yaml, "--dtype", dtype, "--json")
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert f"GiB for its weights in {dtype}" in refused.stderr
+    # a float32 model one byte too big would fit in half the bytes; a bfloat16 one has nothing smaller
+    assert ("--dtype bfloat16 would fit" in refused.stderr) == (dtype == "float32")

@@ -1,0 +1,123 @@
+"""The JSON Lines records are a contract (README, "Commands"): scripts read these keys, at every level. Each
+record type's full key set, including the keys of the objects nested in it, is written out here; changing
+one is a deliberate change of the README and of this file together."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+ENCODE = {"text", "tokens", "ids", "shapes", "attention", "lens", "weights"}
+ENCODE_SEQ2SEQ = ENCODE | {"target_tokens", "target_ids"}
+STAGE = {"stage", "shape", "dtype", "params", "mean", "std", "norm"}
+ATTENTION = {"kind", "layer", "head", "max_key", "max_weight"}
+LENS = {"layer", "top"}
+LENS_TOKEN = {"token", "id", "prob"}
+TOKENIZE = {"text", "tokens", "ids", "type_ids", "attention_mask", "offsets"}
+CLASSIFY = {"text", "ids", "labels", "probs", "prediction"}
+EXPLAIN = {"layers", "tokens", "weights"}
+GENERATE = {"prompt", "ids", "prompt_ids", "generated_ids", "text", "steps"}
+STEP = {"step", "id", "token", "prob", "eos", "top"}
+STEP_TOKEN = {"id", "token", "prob"}
+STEP_LENS = {"layer", "id", "token", "prob"}
+CONFIG = {"source", "config", "parameters", "weights"}
+COMPARE = {"text", "ids", "tolerance", "max_abs_diff", "tensors"}
+COMPARED_TENSOR = {"name", "shape", "max_abs_diff"}
+
+SIZES = "hidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\nintermediate_size: 64\n" \
+        "max_position_embeddings: 32\n"
+CONFIGS = {
+    "encoder": "architecture: encoder\nhead: mlm\n",
+    "classifier": "architecture: encoder\nhead: classifier\nlabels: [no, maybe, yes]\n",
+    "decoder": "architecture: decoder\nnorm_position: pre\nfinal_norm: true\ntype_vocab_size: 0\nhead: lm\n",
+    "seq2seq": "architecture: encoder-decoder\ntype_vocab_size: 0\nhead: lm\ndecoder_start_token_id: 101\n",
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("contract")
+    for name, text in CONFIGS.items():
+        (root / f"{name}.yaml").write_text(SIZES + text, encoding="utf-8")
+    return {name: str(root / f"{name}.yaml") for name in CONFIGS}
+
+
+def records(result) -> list[dict]:
+    assert result.exit_code == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_tokenize_record(cli):
+    (plain,) = records(cli("tokenize", "--json", "time flies"))
+    assert set(plain) == TOKENIZE
+    (paired,) = records(cli("tokenize", "--json", "time flies", "--pair", "like an arrow"))
+    assert set(paired) == TOKENIZE | {"pair"}
+    assert all(len(paired[key]) == len(paired["ids"]) for key in ("tokens", "type_ids", "attention_mask", "offsets"))
+
+
+def check_encode_parts(record: dict, top_k: int) -> None:
+    for stage in record["shapes"]:
+        assert set(stage) == STAGE, stage
+    assert record["attention"]
+    for amap in record["attention"]:
+        assert set(amap) == ATTENTION, amap
+        assert len(amap["max_key"]) == len(amap["max_weight"])
+    assert record["lens"]
+    for row in record["lens"]:
+        assert set(row) == LENS
+        for position in row["top"]:
+            assert len(position) == top_k and all(set(token) == LENS_TOKEN for token in position)
+
+
+def test_encode_record(cli, models):
+    (record,) = records(cli("encode", "time flies", "--model", models["encoder"], "--json", "--top-k", "2",
+                            "--heads", "0,1"))
+    assert set(record) == ENCODE
+    check_encode_parts(record, top_k=2)
+    assert len(record["attention"]) == 4  # 2 layers x 2 heads
+
+
+def test_encode_record_of_an_encoder_decoder(cli, models):
+    (record,) = records(cli("encode", "time flies", "--model", models["seq2seq"], "--target", "le temps",
+                            "--json", "--top-k", "1"))
+    assert set(record) == ENCODE_SEQ2SEQ
+    check_encode_parts(record, top_k=1)
+    assert {amap["kind"] for amap in record["attention"]} == {"encoder", "decoder", "cross"}
+
+
+def test_classify_record(cli, models):
+    (record,) = records(cli("classify", "time flies", "--model", models["classifier"], "--json"))
+    assert set(record) == CLASSIFY
+    (explained,) = records(cli("classify", "time flies", "--model", models["classifier"], "--json", "--explain"))
+    assert set(explained) == CLASSIFY | {"explain"} and set(explained["explain"]) == EXPLAIN
+
+
+def test_generate_record(cli, models):
+    (record,) = records(cli("generate", "time flies", "--model", models["decoder"], "-n", "2", "--json"))
+    assert set(record) == GENERATE
+    (with_lens,) = records(cli("generate", "time flies", "--model", models["decoder"], "-n", "2", "--json", "--lens"))
+    assert set(with_lens) == GENERATE
+    for plain, lens in zip(record["steps"], with_lens["steps"], strict=True):
+        assert set(plain) == STEP and set(lens) == STEP | {"lens"}
+        assert all(set(token) == STEP_TOKEN for token in plain["top"] + lens["top"])
+        assert len(lens["lens"]) == 3 and all(set(guess) == STEP_LENS for guess in lens["lens"])
+
+
+def test_config_record(cli, models):
+    (record,) = records(cli("config", models["decoder"], "--json"))
+    assert set(record) == CONFIG
+    named = {"architecture", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "intermediate_size", "max_position_embeddings", "hidden_act", "norm", "norm_position", "position",
+             "head", "labels", "eos_token_id"}
+    assert named <= set(record["config"])
+
+
+def test_compare_record(cli, tmp_path, save_hf_model):
+    from transformers import BertConfig, BertModel
+
+    save_hf_model(BertModel, BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, max_position_embeddings=32), tmp_path)
+    (record,) = records(cli("compare", str(tmp_path), "time flies", "--json"))
+    assert set(record) == COMPARE
+    assert record["tensors"] and all(set(tensor) == COMPARED_TENSOR for tensor in record["tensors"])

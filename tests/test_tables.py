@@ -1,0 +1,127 @@
+"""What the terminal tables say, read back from the rendered text and checked against the numbers behind them:
+the key each query attends to most (against the saved attention weights of a trained model), the lens's top
+token per position and the stage statistics (against the JSON record of the same run), each generated
+token with its probability, each label's probability and the prediction."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SENTENCE = "The animal didn't cross the street because it was too tired"
+
+
+def cells(line: str) -> list[str]:
+    """The cells of one line of a rendered table (apart by a rule, or by two spaces or more)."""
+    return [cell for cell in re.split(r"\s*[│┃]\s*|\s{2,}", line.strip()) if cell]
+
+
+def table_rows(text: str, title: str) -> list[list[str]]:
+    """The rows (header first) of the boxed table printed after the line starting with `title`; a cell that
+    wraps over several lines is joined back with spaces."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows: list[list[str]] = []
+    for line in lines[start + 1:]:
+        if line.startswith(("┏", "┡", "├")):
+            continue
+        if not line.startswith(("┃", "│")):
+            break
+        rule = "┃" if line.startswith("┃") else "│"
+        edges = [i for i, ch in enumerate(line) if ch == rule]
+        pieces = [line[a + 1:b].strip() for a, b in zip(edges, edges[1:])]
+        if rows and not pieces[0] and rule == "│":  # a continuation line of the row above
+            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], pieces)]
+        else:
+            rows.append(pieces)
+    return rows
+
+
+def run(cli, *args: str):
+    result = cli(*args)
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+def test_attends_most_to_names_the_most_attended_key(cli, minilm_dir, tmp_path):
+    saved = tmp_path / "run.safetensors"
+    shown = run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--layers", "2", "--heads", "1",
+                "--save", str(saved)).stdout
+    weights = load_file(str(saved))["attention.2"][0, 0]  # the one head kept: (query, key)
+    (record,) = [json.loads(line) for line in run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--layers",
+                                                  "2", "--heads", "1", "--json").stdout.splitlines()]
+    tokens = record["tokens"]
+    rows = table_rows(shown, "attention: layer 2, head 1")[1:]
+    assert len(rows) == len(tokens)
+    for query, row in enumerate(rows):
+        named, weight = re.fullmatch(r"(.+) \((\d\.\d\d)\)", row[-1]).groups()
+        best = int(weights[query].argmax())
+        assert named == tokens[best], f"query {query} ({tokens[query]}): table says {named}, weights say {tokens[best]}"
+        assert float(weight) == pytest.approx(float(weights[query, best]), abs=0.005)
+        # and every cell of the row is its weight, key by key
+        assert [float(c) for c in row[1:-1]] == pytest.approx(weights[query].tolist(), abs=0.005)
+    assert {tokens[int(weights[q].argmax())] for q in range(len(tokens))} != {tokens[0]}  # not one answer for all
+
+
+def test_lens_and_stage_tables_say_what_the_record_says(cli, minilm_dir):
+    args = ("encode", SENTENCE, "--model", str(minilm_dir), "--layers", "3", "--heads", "0", "--top-k", "1")
+    shown = run(cli, *args).stdout
+    (record,) = [json.loads(line) for line in run(cli, *args, "--json").stdout.splitlines()]
+    (lens_row,) = [row for row in table_rows(shown, "logit lens")[1:] if row[0] == "3"]
+    (lens,) = record["lens"]
+    expected = [f"{top[0]['token']} {top[0]['prob']:.2g}" for top in lens["top"]]
+    assert lens_row[1:] == expected
+    stages = {row[0]: row for row in table_rows(shown, "stages")[1:]}
+    assert list(stages) == [stage["stage"] for stage in record["shapes"]]
+    for stage in record["shapes"]:
+        row = stages[stage["stage"]]
+        mean, std, norm = (float(cell.replace(",", "")) for cell in row[-3:])
+        assert mean == pytest.approx(stage["mean"], abs=6e-5) and std == pytest.approx(stage["std"], abs=6e-5), row
+        assert norm == pytest.approx(stage["norm"], abs=6e-3), row
+        assert row[1] == "(" + ", ".join(map(str, stage["shape"])) + ")"
+
+
+def test_generate_step_table_says_what_the_record_says(cli, peaked_gpt2):
+    path, _ = peaked_gpt2
+    args = ("generate", "time flies like", "--model", str(path), "-n", "3")
+    shown = run(cli, *args).stdout
+    record = json.loads(run(cli, *args, "--json").stdout)
+    steps = [row for row in table_rows(shown, "prompt 1") if row[0].isdigit()]
+    assert len(steps) == len(record["steps"]) == 3
+    for row, step in zip(steps, record["steps"]):
+        assert row[1] == repr(step["token"]) and row[2] == str(step["id"])
+        assert float(row[3]) == pytest.approx(step["prob"], rel=5e-3)
+        best_other = next(t for t in step["top"] if t["id"] != step["id"])
+        assert row[4].startswith(f"{best_other['token']!r} {best_other['prob']:.3g}")
+
+
+def test_classify_table_says_what_the_record_says(cli, tmp_path, save_hf_model):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32, initializer_range=0.5,
+                        id2label={0: "negative", 1: "neutral", 2: "positive"})
+    hf = save_hf_model(BertForSequenceClassification, config, tmp_path)
+    shown = run(cli, "classify", "I loved this film", "--model", str(tmp_path)).stdout
+    record = json.loads(run(cli, "classify", "I loved this film", "--model", str(tmp_path), "--json").stdout)
+    with torch.no_grad():
+        probs = hf(input_ids=torch.tensor([record["ids"]])).logits[0].softmax(-1).tolist()
+    assert record["probs"] == pytest.approx(probs, abs=1e-5)
+    order = sorted(range(3), key=lambda i: -probs[i])
+    assert record["prediction"] == record["labels"][order[0]]
+    label_rows = [row for row in (cells(line) for line in shown.splitlines()) if row and row[0] in record["labels"]]
+    assert [row[0] for row in label_rows] == [record["labels"][i] for i in order]  # most probable first
+    for row, i in zip(label_rows, order):
+        assert any(cell.rstrip("%") and _as_probability(cell) == pytest.approx(probs[i], abs=0.0051) for cell in row[1:])
+    assert record["prediction"] in [line for line in shown.splitlines() if "predict" in line.lower()][0]
+
+
+def _as_probability(cell: str) -> float | None:
+    try:
+        return float(cell[:-1]) / 100 if cell.endswith("%") else float(cell)
+    except ValueError:
+        return None
