@@ -63,36 +63,39 @@ def resolve_dtype(name: str | None) -> "torch.dtype":
     return getattr(torch, DTYPES[name])
 
 
-def memory_size() -> int | None:
-    """This machine's memory in bytes, or None where the platform does not tell."""
+def memory_size(device: "torch.device | None" = None) -> int | None:
+    """The memory of `device` in bytes (a CUDA GPU's own, else this machine's), or None where the platform
+    does not tell."""
     import os
 
+    if device is not None and device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return None
 
 
-def check_fits_in_memory(config: "ModelConfig", origin: str, dtype: "torch.dtype") -> None:
-    """Refuse, before allocating anything, a config whose weights alone, in `dtype`, exceed this machine's
-    memory; say which --dtype would fit when a smaller one would."""
-    import torch
-
+def check_fits_in_memory(config: "ModelConfig", origin: str, dtype: "torch.dtype",
+                         device: "torch.device | None" = None) -> None:
+    """Refuse, before allocating anything, a config whose weights alone, in `dtype`, exceed the memory of
+    `device` (default: this machine's); say which --dtype would fit when a smaller one would."""
     from tfcli.config import parameter_count  # arithmetic: nothing is built
 
-    memory = memory_size()
+    memory = memory_size(device)
     if memory is None:
         return
     parameters = parameter_count(config)
     needed = parameters * dtype.itemsize
     if needed <= memory:
         return
-    smaller = [name for name, size in (("bfloat16", 2), ("float16", 2)) if size < dtype.itemsize
-               and parameters * size <= memory]
-    hint = (f"--dtype {smaller[0]} would fit ({parameters * 2 / 2**30:,.1f} GiB)" if smaller else
+    where = "this machine's" if device is None or device.type != "cuda" else f"{device}'s"
+    hint = (f"--dtype bfloat16 would fit ({parameters * 2 / 2**30:,.1f} GiB)" if parameters * 2 <= memory else
             "check hidden_size, num_hidden_layers, intermediate_size and vocab_size in the config")
     raise TfcliError(f"{origin}: {config.name} needs {needed / 2**30:,.1f} GiB for its weights in "
-                     f"{str(dtype).removeprefix('torch.')}, more than this machine's {memory / 2**30:,.1f} GiB "
+                     f"{str(dtype).removeprefix('torch.')}, more than {where} {memory / 2**30:,.1f} GiB "
                      "of memory", hint)
 
 
@@ -108,7 +111,7 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     if not 0 <= seed < 2**64:
         raise usage_error(f"seed must be between 0 and 2**64 - 1, got {seed}", parameter="seed")
-    check_fits_in_memory(source.config, source.description, torch_dtype)
+    check_fits_in_memory(source.config, source.description, torch_dtype, torch_device)
     with torch.device("meta"):
         model = TransformerModel(source.config)
     try:
@@ -118,17 +121,21 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
         else:
             init_weights(model, seed, torch_dtype, torch_device)
             model.weights_description = f"random (seed {seed}), from {source.description}"
-    except torch.OutOfMemoryError:
-        raise TfcliError(f"{source.config.name} does not fit in the memory of {torch_device} in {dtype or 'float32'}",
-                         "try --dtype bfloat16 or another device") from None
+    except RuntimeError as exc:  # torch.OutOfMemoryError on a GPU, a RuntimeError from the CPU allocator
+        if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in str(exc):
+            raise
+        raise TfcliError(f"{source.config.name} does not fit in the free memory of {torch_device} in "
+                         f"{str(torch_dtype).removeprefix('torch.')}",
+                         "close other programs, or try --dtype bfloat16 or another device") from None
     model.trained = source.weights is not None
     try:
-        model.to(device=torch_device, dtype=torch_dtype)  # the computed buffers: positions, rotary frequencies
-        if torch_device.type != "cpu" or torch_dtype != torch.float32:
+        # the computed buffers (positions, rotary frequencies) move but stay float32: they are cast where used
+        model.to(device=torch_device)
+        if torch_device.type != "cpu":  # the CPU build runs every op in all three dtypes; a GPU may not
             with torch.no_grad():  # fail now, with a clear message, if the device cannot run this dtype
                 model(torch.zeros(1, 1, dtype=torch.long, device=torch_device))
     except RuntimeError as exc:
-        raise TfcliError(f"cannot run {source.config.name} in {dtype} on {torch_device}: "
+        raise TfcliError(f"cannot run {source.config.name} in {str(torch_dtype).removeprefix('torch.')} on {torch_device}: "
                          f"{str(exc).splitlines()[0][:160]}", "try --dtype float32 or another device") from None
     return model.eval()
 

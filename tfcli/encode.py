@@ -225,7 +225,8 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
         probs = scores.softmax(dim=-1)  # a fused kernel: faster on CPU than topk + logsumexp
         values, ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
         # one tolist per layer, not one per position: this runs for every record of a stream
-        rows.append(LensRow(layer, [[(tokenizer.id_to_token(i), i, p) for i, p in zip(pos_ids, pos_vals)]
+        # a model's vocabulary may be larger than its tokenizer's (padded for speed): such ids show as <id>
+        rows.append(LensRow(layer, [[(tokenizer.id_to_token(i) or f"<{i}>", i, p) for i, p in zip(pos_ids, pos_vals)]
                                     for pos_ids, pos_vals in zip(ids.tolist(), values.tolist())]))
     return rows
 

@@ -200,7 +200,9 @@ def stream(model: TransformerModel, input_ids: Tensor, max_new_tokens: int = 20,
         best = probs.topk(min(top, probs.shape[-1]))
         layer_tops = None
         if step.hidden is not None:
-            layer_probs = model.unembed(step.hidden).float()[:, 0].softmax(dim=-1)  # (L + 1, V)
+            # one product with the unembedding for every hidden state but the last, whose lens is the logits
+            lens_logits = torch.cat([model.unembed(step.hidden[:-1]).float()[:, 0], step.logits[:1]])  # (L + 1, V)
+            layer_probs = lens_logits.softmax(dim=-1)
             values, ids = layer_probs.max(dim=-1)
             layer_tops = [(int(i), float(v)) for i, v in zip(ids, values)]
         yield Step(index, token, float(probs[token]), [(int(i), float(p)) for p, i in zip(*best)], layer_tops,

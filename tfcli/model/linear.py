@@ -1,8 +1,13 @@
-"""A linear layer with a faster CPU inference path.
+"""A linear layer that multiplies by a oneDNN-packed copy of its weight where that pays.
 
-PyTorch's default CPU kernel repacks the weight on every call, which dominates for the small batches
-of interactive use (a sentence of 16 tokens runs about 1.5x faster with the weight packed once for
-oneDNN). The packed copy costs memory equal to the weight and is rebuilt whenever the weight changes.
+On the CPU, PyTorch's kernels rearrange ("pack") the weight into the blocked layout the matrix kernels read
+on every call. oneDNN can pack it once and reuse the packed copy: float32 products of several rows (a
+sentence, a batch) run about 1.2-1.5x faster, and bfloat16 products about 1.2-1.7x faster at any number of
+rows, a single row included (decoding steps), on a CPU with AVX-512 BF16 or AMX (measured: README,
+"Benchmarks"). The packed copy costs memory equal to the weight and the time of one reordering, so it pays
+only for a weight used again: a layer packs its weight the second time it runs such a product (generation
+steps, the batches of a stream, the logit lens's per-layer products), never on its first, so one forward
+pass never holds two copies of its weights. A changed weight drops the packed copy.
 """
 
 from __future__ import annotations
@@ -11,25 +16,50 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-_PACKING = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+def _packable_dtypes() -> set[torch.dtype]:
+    """The dtypes whose products oneDNN can run on packed weights on this CPU: float32 wherever PyTorch has
+    oneDNN, bfloat16 where the CPU has native bfloat16 instructions (AVX-512 BF16, AMX), else none."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return set()
+    return {torch.float32} | ({torch.bfloat16} if torch.ops.mkldnn._is_mkldnn_bf16_supported() else set())
+
+
+PACKABLE: set[torch.dtype] = _packable_dtypes()
+
+
+def pack(weight: Tensor, rows: int) -> Tensor:
+    """weight (out, in) in oneDNN's blocked layout for products of about `rows` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
 class Linear(nn.Linear):
-    """nn.Linear; under no_grad on CPU in float32, with more than one row, multiplies by a oneDNN-packed
-    copy of the weight. Training, other devices and dtypes, and single rows (decoding steps, where the
-    plain kernel is as fast) take the plain path. Same results to float32 rounding."""
+    """nn.Linear; in inference (no grad) on the CPU, from the second product of the same weight on, multiplies
+    by a oneDNN-packed copy of it: float32 with more than one row, bfloat16 with any (see the module note).
+    Training, other devices and dtypes, float32 single rows (decoding steps, as fast plain) and first uses
+    take the plain path. Same results to the dtype's rounding."""
 
     _packed: Tensor | None = None
-    _packed_for: tuple[int, int] | None = None  # the weight's (storage address, version) when packed
+    _weight_state: tuple[int, int] | None = None  # (storage address, version) of the weight being counted
+    _uses: int = 0  # packable products with that weight so far
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., in_features) -> (..., out_features)."""
-        # single rows first: they are the hot path of generation, one call per layer and token
-        if (x.numel() == x.shape[-1] or not _PACKING or torch.is_grad_enabled() or not x.is_cpu
-                or x.dtype != torch.float32 or self.weight.dtype != torch.float32):
+        dtype = x.dtype
+        # float32 single rows first: they are the hot path of float32 generation, one call per layer and token
+        if ((dtype is torch.float32 and x.numel() == x.shape[-1]) or dtype not in PACKABLE or not x.is_cpu
+                or torch.is_grad_enabled() or self.weight.dtype is not dtype):
             return F.linear(x, self.weight, self.bias)
         state = (self.weight.data_ptr(), self.weight._version)
-        if self._packed_for != state:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 16)
-            self._packed_for = state
+        if state != self._weight_state:  # a new or changed weight: count its uses afresh
+            self._weight_state, self._uses, self._packed = state, 0, None
+        self._uses += 1
+        if self._uses == 1:
+            return F.linear(x, self.weight, self.bias)
+        if self._packed is None:
+            try:
+                self._packed = pack(self.weight.detach(), x.numel() // x.shape[-1])
+            except RuntimeError:  # oneDNN cannot pack this dtype after all: plain products from now on
+                PACKABLE.discard(dtype)
+                return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")

@@ -278,12 +278,13 @@ def init_weights(model: nn.Module, seed: int, dtype: torch.dtype = torch.float32
     zero biases, unit norms: a weight of 1, or of 0 for a (1 + weight) norm), drawn from a generator seeded
     with `seed` so the same seed gives the same model everywhere. Each parameter is made once, directly in `dtype` on `device` (the model may be on the
     meta device): drawn in float32 on the CPU in module order, then cast and moved. A tied weight is drawn
-    for each module that holds it and keeps the last draw, as it always has."""
+    for each module that holds it and keeps the last draw, as it always has (one copy of it at a time)."""
     generator = torch.Generator().manual_seed(seed)
     values: dict[int, Tensor] = {}  # by id of the parameter it replaces
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
             if name == "weight" and isinstance(module, (nn.Linear, nn.Embedding)):
+                values.pop(id(param), None)  # a tied weight's earlier draw, freed before the next
                 value = torch.randn(param.shape, generator=generator).mul_(0.02)
             elif name == "weight" and isinstance(module, RMSNormPlusOne):
                 value = torch.zeros(param.shape)  # it scales by 1 + weight

@@ -1,0 +1,103 @@
+"""The bfloat16 CPU path: linear layers multiply by oneDNN-packed bfloat16 weights where the CPU has bfloat16
+instructions (from a weight's second use on), fall back to PyTorch's kernel cleanly where it has not, and give
+transformers' results to bfloat16 precision: the same greedy tokens, the same logits within a few bfloat16 steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tfcli
+import tfcli.model.linear as linear
+from tfcli.model.linear import Linear
+
+EPS = torch.finfo(torch.bfloat16).eps  # 2**-7
+
+
+def assert_bfloat16_close(ours, theirs, steps: int = 1):
+    """Within `steps` bfloat16 rounding steps of the largest value."""
+    scale = float(theirs.float().abs().max())
+    diff = float((ours.float() - theirs.float()).abs().max())
+    assert diff <= steps * EPS * scale, f"max abs diff {diff:.3g} > {steps} x bfloat16 eps x {scale:.3g}"
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+def test_packed_bfloat16_linear_matches_pytorch(rows):
+    torch.manual_seed(0)
+    layer = Linear(96, 40).to(torch.bfloat16)
+    x = torch.randn(2, rows, 96, dtype=torch.bfloat16)
+    with torch.no_grad():
+        results = [layer(x) for _ in range(3)]  # the first plain, then packed where the CPU can
+        if torch.bfloat16 in linear.PACKABLE:
+            assert layer._packed is not None  # the packed kernel really ran
+        for result in results:
+            assert result.dtype == torch.bfloat16
+            assert_bfloat16_close(result, F.linear(x, layer.weight, layer.bias))
+        layer.weight.mul_(2)  # a changed weight must not leave a stale packed copy behind
+        for _ in range(2):
+            assert_bfloat16_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_falls_back_to_pytorch_where_packing_fails(monkeypatch):
+    """A CPU whose oneDNN refuses bfloat16 packing: the product still comes out, plain, from then on."""
+    monkeypatch.setattr(linear, "PACKABLE", {torch.float32, torch.bfloat16})
+
+    def refuse(weight, rows):
+        raise RuntimeError("mkldnn bf16 path needs the cpu support avx512bw, avx512vl and avx512dq")
+
+    monkeypatch.setattr(linear, "pack", refuse)
+    torch.manual_seed(0)
+    layer = Linear(32, 16).to(torch.bfloat16)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert linear.PACKABLE == {torch.float32}
+
+
+@pytest.fixture(scope="module")
+def bfloat16_pairs(tmp_path_factory):
+    """[(transformers model in bfloat16, the same weights in float32, tfcli model in bfloat16)] for GPT-2 and
+    Llama, loaded from a bfloat16 checkpoint transformers saved."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    sizes = dict(vocab_size=96, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    models = [GPT2LMHeadModel(GPT2Config(**sizes, n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+              LlamaForCausalLM(LlamaConfig(**sizes, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                           num_key_value_heads=2, intermediate_size=96, max_position_embeddings=64))]
+    pairs = []
+    for model in models:
+        with torch.no_grad():  # non-zero biases and norms, so that each shows
+            for name, param in model.named_parameters():
+                if name.endswith("bias") or "norm" in name or "ln_" in name:
+                    param.add_(torch.randn_like(param) * 0.1)
+        theirs = model.to(torch.bfloat16).eval()
+        theirs.generation_config.eos_token_id = None  # both make every token asked for
+        theirs.generation_config.pad_token_id = 0
+        path = tmp_path_factory.mktemp("bf16")
+        theirs.save_pretrained(path)
+        ours = tfcli.load_model(str(path), dtype="bfloat16")
+        ours.config.eos_token_id = None
+        pairs.append((theirs, copy.deepcopy(theirs).float(), ours))
+    return pairs
+
+
+def test_bfloat16_greedy_generation_matches_transformers_to_bfloat16_precision(bfloat16_pairs):
+    """Same greedy tokens as transformers in bfloat16; on that sequence, logits within two bfloat16 steps of
+    transformers', and no further from the exact (float32) logits of the same weights than transformers' are."""
+    prompt = torch.randint(3, 96, (1, 12), generator=torch.Generator().manual_seed(0))
+    for theirs, exact, ours in bfloat16_pairs:
+        with torch.no_grad():
+            sequence = ours.generate(prompt, max_new_tokens=20)
+            assert sequence.tolist() == theirs.generate(prompt, max_new_tokens=20, do_sample=False).tolist()
+            our_logits, their_logits = ours(sequence).logits, theirs(sequence).logits
+            exact_logits = exact(sequence).logits
+        assert our_logits.dtype == torch.bfloat16
+        assert_bfloat16_close(our_logits, their_logits, steps=2)
+        our_error = float((our_logits.float() - exact_logits).abs().max())
+        their_error = float((their_logits.float() - exact_logits).abs().max())
+        assert our_error <= 2 * their_error, (our_error, their_error)
