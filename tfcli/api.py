@@ -63,15 +63,10 @@ def resolve_dtype(name: str | None) -> "torch.dtype":
     return getattr(torch, DTYPES[name])
 
 
-def memory_size(device: "torch.device | None" = None) -> int | None:
-    """The memory of `device` in bytes (a CUDA GPU's own, else this machine's), or None where the platform
-    does not tell."""
+def memory_size() -> int | None:
+    """This machine's memory in bytes, or None where the platform does not tell."""
     import os
 
-    if device is not None and device.type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_properties(device).total_memory
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
@@ -84,7 +79,12 @@ def check_fits_in_memory(config: "ModelConfig", origin: str, dtype: "torch.dtype
     `device` (default: this machine's); say which --dtype would fit when a smaller one would."""
     from tfcli.config import parameter_count  # arithmetic: nothing is built
 
-    memory = memory_size(device)
+    if device is not None and device.type == "cuda":
+        import torch
+
+        memory = torch.cuda.get_device_properties(device).total_memory  # the GPU's own
+    else:
+        memory = memory_size()
     if memory is None:
         return
     parameters = parameter_count(config)
