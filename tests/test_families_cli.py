@@ -118,21 +118,15 @@ def test_deberta_encode_shows_attention_and_lens(cli, deberta_nli):
     assert [row["layer"] for row in record["lens"]] == [0, 1]  # through the tied token embeddings
 
 
-def test_deberta_classifies_sentence_pairs_like_transformers(deberta_nli):
-    """Sentence pairs through the Python API (the classify command takes one text per record)."""
-    import tfcli
-    from tfcli import classify
-
+def test_deberta_classifies_sentence_pairs_like_transformers(cli, deberta_nli):
     hf, path = deberta_nli
-    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
-    premises, hypotheses = ["a man plays a guitar", "the cat sleeps"], ["someone makes music", "a dog barks loudly"]
-    encodings = tokenizer.encode(premises, pairs=hypotheses)
-    results = classify.run(model, tokenizer, encodings)
-    ids, mask, _ = (torch.tensor(rows) for rows in tokenizer.pad(encodings))
+    (record,) = records(cli("classify", "a man plays a guitar", "--pair", "someone makes music", "--model", str(path),
+                            "--json"))
+    assert record["ids"].count(102) == 2  # [CLS] premise [SEP] hypothesis [SEP]
     with torch.no_grad():
-        expected = hf(input_ids=ids, attention_mask=mask).logits.softmax(-1)
-    assert [r.labels for r in results] == [["entailment", "neutral", "contradiction"]] * 2
-    assert torch.allclose(torch.tensor([r.probs for r in results]), expected, atol=1e-5)
+        expected = hf(input_ids=torch.tensor([record["ids"]])).logits.softmax(-1)[0]
+    assert record["labels"] == ["entailment", "neutral", "contradiction"]
+    assert torch.allclose(torch.tensor(record["probs"]), expected, atol=1e-5)
 
 
 def test_modernbert_encode_and_classify(cli, tmp_path, save_hf_model):
