@@ -32,10 +32,9 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
     act = "gelu_new" if projection == "gated-gelu" else projection.split("-")[-1]
     tied = hf.get("tie_word_embeddings", True) is not False
     pad = hf.get("pad_token_id", 0)
-    encoder_only = "T5EncoderModel" in (hf.get("architectures") or []) or "MT5EncoderModel" in (
-        hf.get("architectures") or [])
+    encoder_only = any(str(name).endswith("T5EncoderModel") for name in hf.get("architectures") or [])
     return common(hf, model_type=hf["model_type"], architecture="encoder" if encoder_only else "encoder-decoder",
-                  hidden_size=hf.get("d_model", 512), num_hidden_layers=hf.get("num_layers", 6),
+                  vocab_size=hf.get("vocab_size", 250112 if family == "mT5" else 32128), hidden_size=hf.get("d_model", 512), num_hidden_layers=hf.get("num_layers", 6),
                   num_decoder_layers=hf.get("num_decoder_layers"), num_attention_heads=hf.get("num_heads", 8),
                   head_dim=hf.get("d_kv", 64), intermediate_size=hf.get("d_ff", 2048),
                   max_position_embeddings=hf.get("n_positions", 512), hidden_act=act,
