@@ -33,6 +33,7 @@ ROPE_SCALING_KEYS = {
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
     "yarn": (("factor", "original_max_position_embeddings"),
              ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
+    "longrope": (("short_factor", "long_factor", "original_max_position_embeddings"), ("factor", "attention_factor")),
 }
 
 
@@ -306,12 +307,19 @@ def _check_rotary(c: ModelConfig, origin: str) -> None:
         if key != "rope_type" and key not in required + optional:
             raise TfcliError(f"{origin}: RoPE scaling `{kind}` takes no `{key}`",
                              f"its keys: {', '.join(required + optional)}")
-        if key not in ("rope_type", "truncate") and value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
+        if key in ("short_factor", "long_factor"):  # LongRoPE: one factor per rotated pair of dimensions
+            if not isinstance(value, list) or len(value) != c.rotary_dim // 2 or not all(map(_positive, value)):
+                raise TfcliError(f"{origin}: rope_scaling `{key}` must list {c.rotary_dim // 2} positive numbers, "
+                                 "one per rotated pair of dimensions")
+        elif key not in ("rope_type", "truncate") and value is not None and not _positive(value):
             raise TfcliError(f"{origin}: rope_scaling `{key}` must be a positive number, got {value!r}")
     missing = [key for key in required if c.rope_scaling.get(key) is None]
     if missing:
         raise TfcliError(f"{origin}: RoPE scaling `{kind}` needs `{missing[0]}`")
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
 
 
 def _check_attention_variants(c: ModelConfig, origin: str) -> None:

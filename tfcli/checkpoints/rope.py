@@ -17,15 +17,16 @@ from tfcli.errors import TfcliError
 
 def _refuse(model_type: str, what: str) -> TfcliError:
     return TfcliError(f"config.json: {model_type} with {what} is not supported by tfcli",
-                      f"tfcli implements plain RoPE and the scalings {', '.join(ROPE_SCALING_KEYS)}")
+                      "tfcli implements plain RoPE, the scalings linear, dynamic, llama3 and yarn, and Phi-3's longrope")
 
 
-def _scaling(params: dict[str, Any], hf: dict[str, Any], model_type: str) -> dict[str, Any] | None:
+def _scaling(params: dict[str, Any], hf: dict[str, Any], model_type: str,
+             longrope: bool = False) -> dict[str, Any] | None:
     """tfcli's rope_scaling from one rope mapping: its type and the keys that type reads, None for plain RoPE."""
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return None
-    if kind not in ROPE_SCALING_KEYS:
+    if kind not in ROPE_SCALING_KEYS or kind == "longrope" and not longrope:
         raise _refuse(model_type, f"RoPE scaling `{kind}`")
     required, optional = ROPE_SCALING_KEYS[kind]
     scaling = {"rope_type": kind, **{key: params[key] for key in required + optional if params.get(key) is not None}}
@@ -40,10 +41,11 @@ def _scaling(params: dict[str, Any], hf: dict[str, Any], model_type: str) -> dic
 
 
 def rope_settings(hf: dict[str, Any], model_type: str, theta: float = 10000.0, local_theta: float | None = None,
-                  partial: float | None = None) -> dict[str, Any]:
+                  partial: float | None = None, longrope: bool = False) -> dict[str, Any]:
     """ModelConfig values rope_theta, rope_scaling, partial_rotary_factor (and local_rope_theta when the config
     gives sliding-window layers a rope of their own). `theta`, `local_theta` and `partial` are the family's
-    defaults when the file names none."""
+    defaults when the file names none. LongRoPE is refused unless the family recomputes its cache where the
+    long factors take over, as transformers' Phi-3 does (`longrope`)."""
     params = hf.get("rope_parameters") or {}
     legacy = hf.get("rope_scaling") or {}
     if not isinstance(params, dict) or not isinstance(legacy, dict):
@@ -54,7 +56,7 @@ def rope_settings(hf: dict[str, Any], model_type: str, theta: float = 10000.0, l
         full, local = legacy or params, {}  # transformers lets an old rope_scaling replace rope_parameters
     values = {
         "rope_theta": float(full.get("rope_theta", hf.get("rope_theta", theta))),
-        "rope_scaling": _scaling(full, hf, model_type),
+        "rope_scaling": _scaling(full, hf, model_type, longrope),
         "partial_rotary_factor": float(full.get("partial_rotary_factor", hf.get("partial_rotary_factor", partial))
                                        or 1.0),
     }
