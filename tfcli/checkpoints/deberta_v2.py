@@ -23,9 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.bert import mlm_rules
-from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, weight_bias
+from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, unsupported, weight_bias
 from tfcli.config import ModelConfig
-from tfcli.errors import TfcliError
 
 HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
 
@@ -39,8 +38,7 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
         terms = [term.strip() for term in terms.lower().split("|")]
     unknown = [term for term in terms if term not in ("c2p", "p2c")]
     if unknown:
-        raise TfcliError(f"config.json: DeBERTa-v2 with `pos_att_type` {unknown} is not supported by tfcli",
-                         "tfcli implements the c2p and p2c terms")
+        raise unsupported("DeBERTa-v2", f"`pos_att_type` {unknown}", "tfcli implements the c2p and p2c terms")
     positions = hf.get("max_position_embeddings", 512)
     max_relative = hf.get("max_relative_positions", -1)
     head = architecture_head(hf, HEADS)

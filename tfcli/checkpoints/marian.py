@@ -10,15 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.bart import RULES, embedding_rules, translate_seq2seq
-from tfcli.checkpoints.family import Family
-from tfcli.errors import TfcliError
+from tfcli.checkpoints.family import Family, unsupported
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     vocab = hf.get("vocab_size", 58101)
     if hf.get("decoder_vocab_size") not in (None, vocab):
-        raise TfcliError(f"config.json: Marian with `decoder_vocab_size: {hf['decoder_vocab_size']}` != vocab_size "
-                         f"{vocab} is not supported by tfcli", "tfcli's two stacks share one vocabulary size")
+        raise unsupported("Marian", f"`decoder_vocab_size: {hf['decoder_vocab_size']}` != vocab_size {vocab}",
+                          "tfcli's two stacks share one vocabulary size")
     pad = hf.get("pad_token_id", 58100)
     return translate_seq2seq(hf, "Marian", model_type="marian", norm_position="post", position="sinusoidal_halves",
                              embedding_norm=False, final_norm=False,

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
-from tfcli.errors import TfcliError
+from tfcli.checkpoints.family import Family, architecture_head, common, unsupported, weight_bias
 
 HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
 
@@ -28,8 +27,7 @@ def _rope_thetas(hf: dict[str, Any]) -> tuple[float, float]:
                                    ("sliding_attention", "local_rope_theta", 10000.0)):
         settings = params.get(kind) or {}
         if settings.get("rope_type", "default") != "default" or hf.get("rope_scaling"):
-            raise TfcliError("config.json: ModernBERT with RoPE scaling is not supported by tfcli",
-                             "tfcli implements ModernBERT's plain rotary positions")
+            raise unsupported("ModernBERT", "RoPE scaling", "tfcli implements ModernBERT's plain rotary positions")
         bases.append(float(settings.get("rope_theta", hf.get(old_key, default))))
     return bases[0], bases[1]
 
