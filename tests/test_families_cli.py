@@ -1,6 +1,7 @@
 """The new encoder and encoder-decoder families through the commands: encode (attention of every kind, the logit
 lens, --target), generate (greedy ids equal to transformers' generate on the same tokens), compare, classify;
-and a tokenizer tfcli cannot read is refused rather than replaced by the bundled BERT vocabulary.
+and a tokenizer tfcli cannot read is refused rather than replaced by the bundled BERT vocabulary (Marian's, which
+it reads, is tests/test_marian_tokenizer.py).
 
 The checkpoints are tiny and random, with the bundled BERT vocabulary's size so the bundled tokenizer fits.
 """
@@ -59,7 +60,7 @@ def test_t5_generate_equals_transformers_and_compare_passes(cli, t5_dir):
     assert comparison["max_abs_diff"] <= 1e-4
 
 
-@pytest.mark.parametrize("name", ["spiece.model", "sentencepiece.bpe.model", "source.spm"])
+@pytest.mark.parametrize("name", ["spiece.model", "sentencepiece.bpe.model", "spm.model"])
 def test_a_sentencepiece_only_tokenizer_is_refused_not_replaced(cli, t5_dir, name):
     (t5_dir / name).write_bytes(b"\x0a\x00")  # present: tfcli must not fall back to the bundled vocabulary
     result = cli("encode", "hello", "--model", str(t5_dir))

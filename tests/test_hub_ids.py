@@ -164,3 +164,4 @@ def test_a_download_goes_into_the_cache_and_prefers_safetensors(hub_cache, monke
     monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
     assert resolve_source("gpt2").weights.name == "model.safetensors"
     assert len(calls) == 1 and "model*.safetensors" in calls[0] and not any("bin" in p for p in calls[0])
+    assert "*.spm" in calls[0]  # Marian's source.spm and target.spm come with it

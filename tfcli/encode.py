@@ -110,7 +110,7 @@ def decoder_input(config: "ModelConfig", tokenizer: "Tokenizer", target: str | N
 
     ids = [start_token_id(config)]
     if target:
-        ids += tokenizer.encode([target], add_special_tokens=False)[0].ids
+        ids += tokenizer.target_ids(target)
     return DecoderInput(ids, [tokenizer.id_to_token(i) or "?" for i in ids])
 
 

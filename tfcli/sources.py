@@ -127,7 +127,8 @@ def _download(repo_id: str, revision: str | None, not_cached: str, where_to_get_
 
     try:
         folder = Path(snapshot_download(repo_id, revision=revision,
-                                        allow_patterns=["*.json", "*.txt", "*.model", "model*.safetensors"]))
+                                        allow_patterns=["*.json", "*.txt", "*.model", "*.spm",
+                                                        "model*.safetensors"]))
         if not any((folder / name).is_file() for name in WEIGHT_FILES):
             folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=["pytorch_model*.bin"]))
     except errors.GatedRepoError:

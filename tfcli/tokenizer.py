@@ -1,6 +1,7 @@
 """Tokenizers: the bundled BERT WordPiece vocabulary, or a model directory's own files.
 
-Built on the `tokenizers` library; no torch here, so the CLI stays quick to start.
+Built on the `tokenizers` library, and on `sentencepiece` (an optional package, imported only then) for
+Marian's opus-mt tokenizers; no torch here, so the CLI stays quick to start.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ SPECIAL_TOKEN_NAMES = {
     "eos_token_id": ("</s>", "<|endoftext|>"),
 }
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-# tokenizer files tfcli cannot read (SentencePiece models; GPT-2-style vocab.json without its merges.txt)
-UNREAD_TOKENIZER_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model", "source.spm", "tokenizer.model",
-                          "vocab.json")
+# tokenizer files tfcli cannot read (SentencePiece models but Marian's; GPT-2-style vocab.json without merges.txt)
+UNREAD_TOKENIZER_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model", "tokenizer.model", "vocab.json")
+MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
 
 
 @dataclass
@@ -70,8 +71,11 @@ class Tokenizer:
         self.backend = backend
         self.name = name
         self.note = note  # what a person should know about where it came from (a fallback), else None
+        self._find_special_ids()
+
+    def _find_special_ids(self) -> None:
         for attribute, names in SPECIAL_TOKEN_NAMES.items():
-            ids = (backend.token_to_id(n) for n in names)
+            ids = (self.token_to_id(n) for n in names)
             setattr(self, attribute, next((i for i in ids if i is not None), None))
 
     @property
@@ -137,9 +141,16 @@ class Tokenizer:
         pairs = [pair] * len(texts) if pair is not None else None
         return self.encode(texts, pairs, max_length=positions if max_length is None else max_length)
 
-    def _check_max_length(self, max_length: int, is_pair: bool, add_special_tokens: bool) -> None:
+    def target_ids(self, text: str) -> list[int]:
+        """The ids of an encoder-decoder's target text, without special tokens (what its decoder reads)."""
+        return self.encode([text], add_special_tokens=False)[0].ids
+
+    def _special_token_count(self, is_pair: bool) -> int:
         post = self.backend.post_processor
-        specials = post.num_special_tokens_to_add(is_pair) if post and add_special_tokens else 0
+        return post.num_special_tokens_to_add(is_pair) if post else 0
+
+    def _check_max_length(self, max_length: int, is_pair: bool, add_special_tokens: bool) -> None:
+        specials = self._special_token_count(is_pair) if add_special_tokens else 0
         if max_length < max(specials, 1):
             raise usage_error(
                 f"max_length {max_length} is too small: it must be at least {max(specials, 1)}",
@@ -172,6 +183,135 @@ def _cut_after(text: str, encoding, tokens: int) -> str:
 _WHITESPACE = re.compile(r"\s")
 
 
+class MarianTokenizer(Tokenizer):
+    """Marian's opus-mt tokenizer, as transformers' MarianTokenizer computes it: source.spm (SentencePiece) cuts
+    the text into pieces, vocab.json numbers them (one vocabulary for source and target; a piece it lacks is
+    <unk>) and </s> ends the text. A leading `>>xx<<` (the target language of a multilingual model) is one
+    token, and the special tokens' own text (`</s>`, `<unk>`, `<pad>`) is read as them. target.spm tokenizes
+    the decoder's text (`target_ids`); decoding reads pieces with source.spm, as transformers does when the
+    vocabulary is shared. Sentence pairs are refused: a translation model reads one text."""
+
+    def __init__(self, directory: Path):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise TfcliError(f"{directory} has a Marian tokenizer ({', '.join(MARIAN_FILES)}), which needs the "
+                             "sentencepiece package", "pip install sentencepiece") from None
+        missing = [name for name in MARIAN_FILES if not (directory / name).is_file()]
+        if missing:
+            raise TfcliError(f"{directory}: a Marian tokenizer needs {', '.join(MARIAN_FILES)}; missing: "
+                             f"{', '.join(missing)}", "copy the model's tokenizer files there")
+        settings = _tokenizer_settings(directory)
+        if settings.get("separate_vocabs"):
+            raise TfcliError(f"{directory}: a Marian tokenizer with `separate_vocabs: true` (a target_vocab.json "
+                             "of its own) is not supported by tfcli", "use a model with one vocab.json")
+        self.name = str(directory)
+        self.note = None
+        self.vocab: dict[str, int] = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+        self.pieces = {i: piece for piece, i in self.vocab.items()}
+        self.source = sentencepiece.SentencePieceProcessor(model_file=str(directory / "source.spm"))
+        self.target = sentencepiece.SentencePieceProcessor(model_file=str(directory / "target.spm"))
+        self.unk_token, eos, pad = (_token_text(settings.get(key, default)) for key, default in
+                                    (("unk_token", "<unk>"), ("eos_token", "</s>"), ("pad_token", "<pad>")))
+        for token in (self.unk_token, eos):
+            if token not in self.vocab:
+                raise TfcliError(f"{directory}: vocab.json has no {token} token", "a Marian vocabulary has its "
+                                 f"unknown-piece ({self.unk_token}) and end ({eos}) tokens")
+        self.specials = {token: self.vocab[token] for token in (eos, self.unk_token, pad) if token in self.vocab}
+        self._special_text = re.compile("(" + "|".join(map(re.escape, self.specials)) + ")")
+        self.clean_up_spaces = bool(settings.get("clean_up_tokenization_spaces", False))
+        self._find_special_ids()
+        self.eos_token_id, self.pad_token_id = self.vocab[eos], self.vocab.get(pad)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.vocab.get(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.pieces.get(i)
+
+    def encode(self, texts: list[str], pairs: list[str] | None = None, add_special_tokens: bool = True,
+               max_length: int | None = None) -> list[Encoding]:
+        if pairs is not None:
+            raise usage_error("a Marian translation model reads one text, not a pair", "leave out the pair",
+                              parameter="pair")
+        if max_length is not None:
+            self._check_max_length(max_length, False, add_special_tokens)
+        return [self._encode_one(text, add_special_tokens, max_length) for text in texts]
+
+    def _encode_one(self, text: str, add_special_tokens: bool, max_length: int | None) -> Encoding:
+        pieces = self._pieces(text, self.source)
+        ids = [self.vocab.get(piece, self.vocab[self.unk_token]) for piece, _, _ in pieces]
+        offsets = [[start, end] for _, start, end in pieces]
+        sequence_ids: list[int | None] = [0] * len(ids)
+        untruncated = len(ids) + (1 if add_special_tokens else 0)
+        if max_length is not None and untruncated > max_length:  # as transformers: the end token stays
+            kept = max_length - (1 if add_special_tokens else 0)
+            ids, offsets, sequence_ids = ids[:kept], offsets[:kept], sequence_ids[:kept]
+        if add_special_tokens:
+            ids, offsets, sequence_ids = ids + [self.eos_token_id], offsets + [[0, 0]], sequence_ids + [None]
+        return Encoding(text=text, pair=None, tokens=[self.pieces[i] for i in ids], ids=ids,
+                        type_ids=[0] * len(ids), attention_mask=[1] * len(ids), offsets=offsets,
+                        sequence_ids=sequence_ids, truncated=len(ids) < untruncated, untruncated_length=untruncated)
+
+    def _pieces(self, text: str, model) -> list[tuple[str, int, int]]:
+        """(piece, start, end) for each token of `text`: special tokens' text as they are, then in each stretch
+        between them a leading `>>xx<<` as one piece and the rest through the SentencePiece `model`."""
+        out = []
+        start = 0
+        for chunk in self._special_text.split(text):
+            if chunk in self.specials:
+                out.append((chunk, start, start + len(chunk)))
+            elif chunk:
+                code = chunk.find("<<") + 2 if chunk.startswith(">>") and "<<" in chunk else 0
+                if code:
+                    out.append((chunk[:code], start, start + code))
+                mapped = model.encode(chunk[code:], return_type="offset_mapping")
+                out += [(piece, start + code + a, start + code + b)
+                        for piece, (a, b) in zip(mapped["pieces"], mapped["offsets"])]
+            start += len(chunk)
+        return out
+
+    def target_ids(self, text: str) -> list[int]:
+        unk = self.vocab[self.unk_token]
+        return [self.vocab.get(piece, unk) for piece, _, _ in self._pieces(text, self.target)]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """As transformers: pieces joined by source.spm, a special token kept as its text followed by a space."""
+        special_ids = set(self.specials.values())
+        text, run = "", []
+        for i in ids:
+            if skip_special_tokens and i in special_ids:
+                continue
+            token = self.pieces.get(i, self.unk_token)  # (transformers would read source.spm's piece number i)
+            if token in self.specials:
+                text += self.source.decode_pieces(run) + token + " "
+                run = []
+            else:
+                run.append(token)
+        text = (text + self.source.decode_pieces(run)).replace("\u2581", " ").strip()
+        return _clean_up_spaces(text) if self.clean_up_spaces else text
+
+    def _special_token_count(self, is_pair: bool) -> int:
+        return 1
+
+
+def _token_text(token: str | dict) -> str:
+    """A special token as tokenizer_config.json gives it: its text, or (older files) {"content": text, ...}."""
+    return token["content"] if isinstance(token, dict) else token
+
+
+def _clean_up_spaces(text: str) -> str:
+    """transformers' clean_up_tokenization (tokenizer_config.json's clean_up_tokenization_spaces)."""
+    for spaced, joined in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                           (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(spaced, joined)
+    return text
+
+
 def load_tokenizer(source: str | Path | None = None) -> Tokenizer:
     """The tokenizer for a model source (see `tfcli.sources`); the bundled BERT one when it has none."""
     if source is None:
@@ -184,38 +324,46 @@ def load_tokenizer(source: str | Path | None = None) -> Tokenizer:
 
 
 def _from_directory(directory: Path | None) -> Tokenizer:
-    """Use the directory's tokenizer.json, else vocab.txt, else vocab.json + merges.txt, else the bundled vocab
-    (with a note saying so: a model directory without tokenizer files may well expect another vocabulary)."""
+    """Use the directory's tokenizer.json, else vocab.txt, else Marian's source.spm + target.spm + vocab.json,
+    else vocab.json + merges.txt, else the bundled vocab (with a note saying so: a model directory without
+    tokenizer files may well expect another vocabulary)."""
     if directory is not None:
         try:
             if (directory / "tokenizer.json").is_file():
                 return Tokenizer(_Backend.from_file(str(directory / "tokenizer.json")), str(directory))
+            if (directory / "source.spm").is_file():
+                return MarianTokenizer(directory)
             if (directory / "vocab.txt").is_file():
                 return Tokenizer(_wordpiece(directory / "vocab.txt", _lowercase(directory)), str(directory))
             if (directory / "vocab.json").is_file() and (directory / "merges.txt").is_file():
                 return Tokenizer(_byte_level_bpe(directory), str(directory))
-        except Exception as e:  # the tokenizers library reports bad files as plain Exceptions
+        except TfcliError:
+            raise
+        except Exception as e:  # the tokenizers and sentencepiece libraries report bad files as plain Exceptions
             raise TfcliError(
                 f"cannot load the tokenizer in {directory}: {e}",
-                "check tokenizer.json / vocab.txt / vocab.json + merges.txt there",
+                "check tokenizer.json / vocab.txt / vocab.json + merges.txt / source.spm + target.spm there",
             ) from e
         unread = [name for name in UNREAD_TOKENIZER_FILES if (directory / name).is_file()]
         if unread:  # the bundled BERT vocabulary would give this model wrong ids without a word
             raise TfcliError(f"{directory}: its tokenizer is {unread[0]}, which tfcli does not read (it reads "
-                             "tokenizer.json, vocab.txt, or vocab.json + merges.txt)",
+                             "tokenizer.json, vocab.txt, vocab.json + merges.txt, or Marian's source.spm)",
                              "write its tokenizer.json once with transformers: python -c \"from transformers import "
                              f"AutoTokenizer as T; T.from_pretrained('{directory}').save_pretrained('{directory}')\"")
     note = None if directory is None else (f"{directory} has no tokenizer files (tokenizer.json, vocab.txt, "
-                                            f"vocab.json + merges.txt): using the {BUNDLED_NAME} tokenizer")
+                                            f"vocab.json + merges.txt, source.spm): using the {BUNDLED_NAME} tokenizer")
     return Tokenizer(_wordpiece(BUNDLED_VOCAB, lowercase=True), BUNDLED_NAME, note)
+
+
+def _tokenizer_settings(directory: Path) -> dict:
+    """tokenizer_config.json's settings; none when it has none."""
+    config = directory / "tokenizer_config.json"
+    return json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
 
 
 def _lowercase(directory: Path) -> bool:
     """do_lower_case from tokenizer_config.json; True (as for BERT uncased) when it does not say."""
-    config = directory / "tokenizer_config.json"
-    if not config.is_file():
-        return True
-    return bool(json.loads(config.read_text(encoding="utf-8")).get("do_lower_case", True))
+    return bool(_tokenizer_settings(directory).get("do_lower_case", True))
 
 
 def _wordpiece(vocab: Path, lowercase: bool) -> _Backend:
