@@ -80,10 +80,10 @@ def test_target_is_the_start_token_then_the_target_tokens(cli, tmp_path):
 def test_memory_check_at_its_boundary(cli, encoder_yaml, monkeypatch, dtype, size):
     """Weights need parameters x bytes per parameter: exactly that much memory is enough, a byte less is not."""
     parameters = records(cli("config", encoder_yaml, "--json"))[0]["parameters"]
-    monkeypatch.setattr(tfcli.api, "memory_size", lambda: parameters * size)
+    monkeypatch.setattr(tfcli.api, "memory_size", lambda device=None: parameters * size)
     fits = cli("encode", "time flies", "--model", encoder_yaml, "--dtype", dtype, "--json")
     assert fits.exit_code == 0, fits.stderr
-    monkeypatch.setattr(tfcli.api, "memory_size", lambda: parameters * size - 1)
+    monkeypatch.setattr(tfcli.api, "memory_size", lambda device=None: parameters * size - 1)
     refused = cli("encode", "time flies", "--model", encoder_yaml, "--dtype", dtype, "--json")
     assert refused.exit_code == 1 and refused.stdout == ""
     assert f"GiB for its weights in {dtype}" in refused.stderr

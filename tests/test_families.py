@@ -32,6 +32,29 @@ FAMILIES = {
     "qwen2-windows": ("Qwen2ForCausalLM", "Qwen2Config",
                       dict(LLAMA, use_sliding_window=True, sliding_window=4, max_window_layers=1)),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(LLAMA, head_dim=16, tie_word_embeddings=True)),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(LLAMA, head_dim=16)),
+    "gemma-2": ("Gemma2ForCausalLM", "Gemma2Config",
+                dict(LLAMA, head_dim=16, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                     final_logit_softcapping=3.0)),
+    "gemma-3-1b": ("Gemma3ForCausalLM", "Gemma3TextConfig",
+                   dict(LLAMA, num_hidden_layers=3, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                        sliding_window_pattern=3, query_pre_attn_scalar=16,
+                        rope_parameters={"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+                                         "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})),
+    "phi-2": ("PhiForCausalLM", "PhiConfig", dict(LLAMA, num_key_value_heads=None)),
+    "phi-3-mini-4k": ("Phi3ForCausalLM", "Phi3Config", dict(LLAMA, sliding_window=4)),
+    "olmo-2": ("Olmo2ForCausalLM", "Olmo2Config", dict(LLAMA, rope_parameters=dict(rope_type="default",
+                                                                                     rope_theta=500000.0))),
+    "pythia": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(LLAMA, hidden_size=64, num_key_value_heads=None,
+                                                           rotary_pct=0.25, rotary_emb_base=10000)),
+    "gpt-j": ("GPTJForCausalLM", "GPTJConfig", dict(SIZES, n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
+                                                    n_positions=64)),
+    "falcon-7b": ("FalconForCausalLM", "FalconConfig", dict(LLAMA, num_key_value_heads=None, multi_query=True,
+                                                            parallel_attn=True, bias=False)),
+    "falcon-40b": ("FalconForCausalLM", "FalconConfig", dict(LLAMA, num_key_value_heads=None, num_kv_heads=2,
+                                                             new_decoder_architecture=True)),
+    "opt-125m": ("OPTForCausalLM", "OPTConfig", dict(LLAMA, num_key_value_heads=None, intermediate_size=None,
+                                                     ffn_dim=48)),
 }
 
 # (family, settings away from its defaults, None for parity or the words of the refusal)
@@ -54,6 +77,41 @@ VARIANTS = [
     ("qwen3", dict(attention_bias=True, use_sliding_window=True, sliding_window=3, max_window_layers=0), None),
     ("qwen3", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                                         original_max_position_embeddings=16)), None),
+    ("gemma", dict(attention_bias=True, hidden_act="gelu_new", tie_word_embeddings=False), None),
+    ("gemma", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("gemma-2", dict(hidden_activation="gelu", final_logit_softcapping=None, attn_logit_softcapping=None,
+                     layer_types=["full_attention", "sliding_attention"], query_pre_attn_scalar=7), None),
+    ("gemma-2", dict(sliding_window=None), "no sliding_window"),
+    ("gemma-3-1b", dict(final_logit_softcapping=3.0, attn_logit_softcapping=2.0,  # transformers ignores the latter
+                        layer_types=["full_attention", "sliding_attention", "sliding_attention"]), None),
+    ("gemma-3-1b", dict(rope_parameters={"full_attention": dict(rope_type="default", rope_theta=100.0),
+                                         "sliding_attention": dict(rope_type="linear", rope_theta=10.0, factor=2.0)}),
+     "RoPE scaling `linear` on sliding-window layers"),
+    ("gemma-3-1b", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("phi-2", dict(qk_layernorm=True, num_key_value_heads=2, partial_rotary_factor=0.25, hidden_act="gelu"), None),
+    ("phi-2", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0, partial_rotary_factor=0.5)),
+     None),
+    ("phi-3-mini-4k", dict(partial_rotary_factor=0.5, num_key_value_heads=1, tie_word_embeddings=True,
+                           sliding_window=None), None),
+    ("phi-3-mini-4k", dict(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 4,
+                                                long_factor=[2.0] * 4), original_max_position_embeddings=16),
+     "RoPE scaling `longrope`"),
+    ("olmo-2", dict(attention_bias=True, num_key_value_heads=4, tie_word_embeddings=True,
+                    rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0)), None),
+    ("olmo-2", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+    ("pythia", dict(use_parallel_residual=False, attention_bias=False, rotary_pct=1.0, rotary_emb_base=100), None),
+    ("pythia", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0, partial_rotary_factor=0.5),
+                    tie_word_embeddings=True), None),
+    ("gpt-j", dict(rotary_dim=16, activation_function="gelu", n_inner=40), None),  # whole heads
+    ("falcon-7b", dict(multi_query=False, bias=True, parallel_attn=False, tie_word_embeddings=False), None),
+    ("falcon-7b", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0)), None),
+    ("falcon-7b", dict(alibi=True), "ALiBi"),
+    ("falcon-40b", dict(num_ln_in_parallel_attn=1, num_kv_heads=1, ffn_hidden_size=40), None),
+    ("falcon-40b", dict(parallel_attn=False), "parallel_attn: false"),
+    ("opt-125m", dict(do_layer_norm_before=False, enable_bias=False, activation_function="gelu"), None),
+    ("opt-125m", dict(_remove_final_layer_norm=True), None),
+    ("opt-125m", dict(word_embed_proj_dim=16, tie_word_embeddings=False), None),  # opt-350m's project_in/out
+    ("opt-125m", dict(layer_norm_elementwise_affine=False), "layer_norm_elementwise_affine"),
 ]
 
 
@@ -140,20 +198,27 @@ def test_settings_away_from_the_defaults(family, overrides, refusal, tmp_path, s
     compare_decoder(tfcli.load_model(str(path)), hf, IDS, MASK)
 
 
-def test_every_id_of_a_list_valued_eos_ends_generation(checkpoint, greedy):
-    """Llama 3 ends on any of several ids; tfcli reads the list from config.json and stops on each, as
-    transformers' generate does."""
-    _, hf, ours = checkpoint("llama-3.2")
+def test_every_id_of_a_list_valued_eos_ends_generation(checkpoint, tmp_path):
+    """Llama 3 ends on any of several ids, Phi-3-instruct on ids that generation_config.json alone lists; tfcli
+    reads them as transformers' generate does and stops on each."""
+    import shutil
+
+    import transformers
+
+    path, _, ours = checkpoint("llama-3.2")
     assert ours.config.eos_token_id == [2, 3]
     prompt = PROMPTS[:1]
     free = ours.generate(prompt, max_new_tokens=8)
     ending = [int(free[0, prompt.shape[1] + 2]), 2]  # the third new token ends it, listed first
-    saved = hf.generation_config.eos_token_id, ours.config.eos_token_id
-    hf.generation_config.eos_token_id = ours.config.eos_token_id = ending
-    try:
-        mine, theirs = greedy(hf, ours, prompt, None, new=8)
-    finally:
-        hf.generation_config.eos_token_id, ours.config.eos_token_id = saved
+    shutil.copytree(path, tmp_path, dirs_exist_ok=True)
+    generation = json.loads((tmp_path / "generation_config.json").read_text())
+    (tmp_path / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": ending}))
+    ours = tfcli.load_model(str(tmp_path))
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert ours.config.eos_token_id == ending
+    with torch.no_grad():
+        theirs = hf.generate(prompt, max_new_tokens=8, do_sample=False)
+    mine = ours.generate(prompt, max_new_tokens=8)
     assert mine.tolist() == theirs.tolist()
     assert mine.shape[1] == prompt.shape[1] + 3
 
@@ -172,7 +237,12 @@ norm: rmsnorm_plus_one
 norm_position: sandwich
 position: rotary
 partial_rotary_factor: 0.5
-rope_scaling: {rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8}
+rope_scaling:
+  rope_type: llama3
+  factor: 8
+  low_freq_factor: 1
+  high_freq_factor: 4
+  original_max_position_embeddings: 8
 local_rope_theta: 100.0
 sliding_window: 3
 layer_types: [sliding_attention, sliding_attention, full_attention]
@@ -242,7 +312,57 @@ def test_sliding_window_weights_leave_out_far_keys(tmp_path):
 def test_bad_new_settings_are_refused_in_one_line(line, message, tmp_path, cli):
     path = tmp_path / "bad.yaml"
     key = line.split(":")[0]
-    path.write_text("\n".join(row for row in YAML_DECODER.splitlines() if not row.startswith(key + ":")) + f"\n{line}\n")
+    kept, skipping = [], False
+    for row in YAML_DECODER.splitlines():  # without the key's own lines
+        skipping = row.startswith(key + ":") or (skipping and row.startswith("  "))
+        kept += [] if skipping else [row]
+    path.write_text("\n".join(kept) + f"\n{line}\n")
     result = cli("config", str(path))
     assert result.exit_code == 1
     assert message in result.stderr and result.stderr.count("error:") == 1
+
+
+# config.json as published (trimmed to the keys that matter), in the older forms transformers still reads
+PUBLISHED = {
+    "meta-llama/Llama-3.2-1B": (
+        dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=2048, num_attention_heads=32,
+             num_key_value_heads=8, head_dim=64, num_hidden_layers=16, intermediate_size=8192, vocab_size=128256,
+             max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+             rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
+                               original_max_position_embeddings=8192, rope_type="llama3"),
+             bos_token_id=128000, eos_token_id=[128001, 128008, 128009]),
+        dict(rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                                    high_freq_factor=4.0, original_max_position_embeddings=8192),
+             eos_token_id=[128001, 128008, 128009], head_dim=64, tie_word_embeddings=True)),
+    "google/gemma-3-1b-pt": (
+        dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152, head_dim=256,
+             num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=26, intermediate_size=6912,
+             vocab_size=262144, max_position_embeddings=32768, hidden_activation="gelu_pytorch_tanh",
+             query_pre_attn_scalar=256, rope_local_base_freq=10000, rope_theta=1000000, rope_scaling=None,
+             sliding_window=512, sliding_window_pattern=6, attn_logit_softcapping=None,
+             final_logit_softcapping=None, bos_token_id=2, eos_token_id=1, pad_token_id=0),
+        dict(rope_theta=1e6, local_rope_theta=1e4, rope_scaling=None, sliding_window=512, qk_norm="head",
+             layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 4 + ["sliding_attention"] * 2,
+             norm="rmsnorm_plus_one", norm_position="sandwich", hidden_act="gelu_new", query_pre_attn_scalar=256)),
+    "google/gemma-7b": (
+        dict(model_type="gemma", architectures=["GemmaForCausalLM"], hidden_size=3072, head_dim=256,
+             num_attention_heads=16, num_key_value_heads=16, num_hidden_layers=28, intermediate_size=24576,
+             vocab_size=256000, hidden_act="gelu", hidden_activation=None, rope_theta=10000.0),
+        dict(hidden_act="gelu_new", head_dim=256, scale_embedding=True, sliding_window=None)),
+    "Qwen/Qwen2.5-7B-Instruct": (
+        dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=3584, num_attention_heads=28,
+             num_key_value_heads=4, num_hidden_layers=28, intermediate_size=18944, vocab_size=152064,
+             max_position_embeddings=32768, rope_theta=1000000.0, sliding_window=131072, use_sliding_window=False,
+             max_window_layers=28, rope_scaling=None, eos_token_id=151645),
+        dict(sliding_window=None, layer_types=[], attention_bias=True, attention_out_bias=False)),
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_configs_translate_as_transformers_reads_them(name, tmp_path):
+    from tfcli.checkpoints import read_hf_config
+
+    hf, expected = PUBLISHED[name]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    config = read_hf_config(tmp_path / "config.json")
+    assert {key: getattr(config, key) for key in expected} == expected

@@ -50,6 +50,9 @@ CASES = {
     "decoder, parallel block with two norms, LayerNorm q/k norms (Pythia, Phi)": dict(
         architecture="decoder", head="lm", norm_position="pre", parallel_residual=True, qk_norm="head"),
     "encoder-decoder, sandwich norms": dict(architecture="encoder-decoder", head="lm", norm_position="sandwich"),
+    "decoder with narrower token embeddings, untied (OPT-350m)": dict(
+        architecture="decoder", head="lm", norm_position="post", word_embed_proj_dim=8, tie_word_embeddings=False,
+        position_offset=2),
 }
 
 

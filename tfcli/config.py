@@ -76,6 +76,8 @@ class ModelConfig:
     shared_block_norm: bool = False  # parallel blocks: attention and feed-forward read the same norm(x)
     embedding_norm: bool = True  # LayerNorm on the embeddings (BERT, BART)
     scale_embedding: bool = False  # multiply token embeddings by sqrt(hidden_size) (BART option)
+    word_embed_proj_dim: int | None = None  # decoders: token embeddings this wide, projected to hidden_size before the
+    # positions are added and back after the final norm (OPT-350m's project_in, project_out); None = hidden_size
     final_norm: bool = False  # a norm after the last block (pre-norm stacks: GPT-2, Llama)
     feed_forward: str = "mlp"  # mlp | gated (SiLU-gated, Llama)
     attention_bias: bool = True  # biases on the Q/K/V projections
@@ -153,7 +155,7 @@ CHOICES = {
 POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "max_position_embeddings", "num_labels", "num_decoder_layers", "num_key_value_heads", "head_dim",
             "sliding_window", "local_rope_theta", "query_pre_attn_scalar", "attn_logit_softcapping",
-            "final_logit_softcapping")
+            "final_logit_softcapping", "word_embed_proj_dim")
 
 
 # Other libraries' names for our fields: spelling similarity alone would suggest e.g. num_labels for num_layers.
@@ -165,8 +167,8 @@ ALIASES = {
     "dim_feedforward": "intermediate_size", "ffn_dim": "intermediate_size", "n_positions": "max_position_embeddings",
     "n_ctx": "max_position_embeddings", "num_kv_heads": "num_key_value_heads", "activation": "hidden_act",
     "activation_function": "hidden_act", "layer_norm_epsilon": "layer_norm_eps", "rms_norm_eps": "layer_norm_eps",
-    "rotary_pct": "partial_rotary_factor", "rope_parameters": "rope_scaling", "rope_local_base_freq": "local_rope_theta",
-    "use_parallel_residual": "parallel_residual",
+    "rotary_pct": "partial_rotary_factor", "rope_parameters": "rope_scaling",
+    "rope_local_base_freq": "local_rope_theta", "use_parallel_residual": "parallel_residual",
 }
 
 
@@ -326,6 +328,9 @@ def _check_attention_variants(c: ModelConfig, origin: str) -> None:
         if "sliding_attention" in c.layer_types and c.sliding_window is None:
             raise TfcliError(f"{origin}: `layer_types` has sliding_attention layers but no `sliding_window`",
                              "set `sliding_window` to the number of positions a query sees")
+    if c.word_embed_proj_dim is not None and (c.architecture != "decoder" or c.head not in ("lm", "none")):
+        raise TfcliError(f"{origin}: `word_embed_proj_dim` applies to decoders with an `lm` head or none",
+                         "leave it out, or use `architecture: decoder`")
     if c.shared_block_norm and not c.parallel_residual:
         raise TfcliError(f"{origin}: `shared_block_norm` applies to parallel blocks only",
                          "set `parallel_residual: true` or leave shared_block_norm out")
@@ -392,7 +397,9 @@ def parameter_count(c: ModelConfig) -> int:
         block = self_attention + feed_forward + block_norms + (cross_attention + sublayer_norms if cross else 0)
         return embeddings + layers * block + (norm if c.final_norm else 0)
 
-    total = vocab * hidden  # token embeddings
+    width = c.word_embed_proj_dim or hidden  # of the token embeddings
+    total = vocab * width  # token embeddings
+    total += 2 * width * hidden if c.word_embed_proj_dim else 0  # projected in and out
     if c.architecture == "encoder-decoder" and not c.share_encoder_decoder_embeddings:
         total += vocab * hidden  # the decoder's own
     if c.architecture != "decoder":
@@ -402,7 +409,7 @@ def parameter_count(c: ModelConfig) -> int:
         total += stack(layers, causal=True, cross=c.architecture == "encoder-decoder")
     if c.head in ("mlm", "lm"):
         total += linear(hidden, hidden) + 2 * hidden if c.head == "mlm" else 0  # dense + LayerNorm
-        total += 0 if c.tie_word_embeddings else vocab * hidden
+        total += 0 if c.tie_word_embeddings else vocab * width
         total += vocab if c.lm_head_bias else 0
     elif c.head == "classifier":
         total += (linear(hidden, hidden) if c.classifier_pooler != "none" else 0) + linear(hidden, c.num_labels)

@@ -252,13 +252,14 @@ def stage_rows(model: "TransformerModel", stack: "Stack", out: "ModelOutput", ro
     def stage(label: str, tensor: "Tensor", *modules) -> StageRow:
         return stage_row(prefix + label, tensor[row, :length], count_parameters(*modules))
 
-    rows = [stage("embeddings", out.hidden_states[0], model.token_embedding(stack), stack.embeddings)]
+    rows = [stage("embeddings", out.hidden_states[0], model.token_embedding(stack), stack.embeddings, stack.project_in)]
     for i, block in enumerate(stack.blocks):
         for name in SUBLAYERS:
             path = f"blocks.{i}.{name}"
-            if path in out.stages:  # the sublayer and the norm that goes with it
-                rows.append(stage(f"block {i} {name}", out.stages[path], stack.get_submodule(path),
-                                  stack.get_submodule(f"{path}_norm")))
+            if path in out.stages:  # the sublayer and the norms that go with it (before, after, or both)
+                norms = [getattr(block, f"{name}{suffix}") for suffix in ("_norm", "_output_norm")
+                         if hasattr(block, f"{name}{suffix}")]
+                rows.append(stage(f"block {i} {name}", out.stages[path], stack.get_submodule(path), *norms))
         rows.append(stage(f"block {i} output", out.hidden_states[i + 1], block))
     if "final_norm" in out.stages:
         rows.append(stage("final norm", out.stages["final_norm"], stack.final_norm))

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import bart, bert, distilbert, gpt2, llama, roberta
-from tfcli.checkpoints.family import Family
+from tfcli.checkpoints import (bart, bert, distilbert, falcon, gemma, gpt2, gpt_neox, gptj, llama, olmo2, opt, phi,
+                               phi3, roberta)
+from tfcli.checkpoints.family import Family, grouped_qkv_rows
 from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
 
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 FAMILIES: dict[str, Family] = {
     model_type: fam
-    for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, bart.FAMILY)
+    for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, gemma.FAMILY, phi.FAMILY,
+                phi3.FAMILY, olmo2.FAMILY, gpt_neox.FAMILY, gptj.FAMILY, falcon.FAMILY, opt.FAMILY, bart.FAMILY)
     for model_type in fam.model_types
 }
 
@@ -58,7 +60,19 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
 
 
 def read_hf_config(path: Path) -> ModelConfig:
-    """Read a Hugging Face config.json and translate it for its model_type."""
+    """Read a Hugging Face config.json and translate it for its model_type. A generation_config.json beside
+    it gives the end-of-sequence ids, as transformers' generate takes them from it (Phi-3's instruct models
+    end at <|end|>, listed there only)."""
+    values = _read_json(path)
+    generation = path.with_name("generation_config.json")
+    if generation.is_file():
+        eos = _read_json(generation).get("eos_token_id")
+        if eos is not None:
+            values = {**values, "eos_token_id": eos}
+    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -69,7 +83,7 @@ def read_hf_config(path: Path) -> ModelConfig:
         raise TfcliError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
     if not isinstance(values, dict):
         raise TfcliError(f"{path}: expected a JSON object")
-    return from_dict(translate_hf_config(values, str(path)), origin=str(path))
+    return values
 
 
 @dataclass(frozen=True)
@@ -310,6 +324,7 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
                              "encoder-decoders, share_encoder_decoder_embeddings)")
 
     dtype = dtype or torch.float32
+    regrouped = torch.tensor(grouped_qkv_rows(config)) if fam.grouped_qkv else None
     tensors = {}
     for name, found in plan.items():
         tensor = torch.empty(model.get_parameter(name).shape, dtype=dtype, device=device)
@@ -317,11 +332,13 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
         for piece in found:
             part, rows = stored[renamed[piece][0]], tensor.narrow(0, row, shape(piece)[0])
             row += rows.shape[0]
-            if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece):
+            order = regrouped if regrouped is not None and ".attention.qkv." in piece else None
+            if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece) and order is None:
                 part.read(out=rows)  # straight from the file into the parameter
-            else:  # one tensor in flight, cast and moved as it is copied
+            else:  # one tensor in flight, cast, regrouped and moved as it is copied
                 value = part.read()
-                rows.copy_(value.t() if transposed(piece) else value.view(rows.shape))
+                value = value.t() if transposed(piece) else value.view(rows.shape)
+                rows.copy_(value[order] if order is not None else value)
         tensors[name] = tensor
     return tensors
 

@@ -8,8 +8,9 @@ transformers runs" (a buffer either computes itself, a pretraining head tfcli do
 names may map to one tfcli name (stored copies): the loader reads one and checks the others are equal to
 it. Then, only where needed,
 `config_rules(config)` (rules that depend on the config, e.g. on its head), `prefixes` stripped from HF
-names first (`bert.`), `transposed` tfcli names whose weights HF stores as (in, out), and `flattened`
-tfcli names that HF stores with extra dimensions of size 1 (BART's final_logits_bias, (1, V)). The shared
+names first (`bert.`), `transposed` tfcli names whose weights HF stores as (in, out), `flattened`
+tfcli names that HF stores with extra dimensions of size 1 (BART's final_logits_bias, (1, V)), and
+`grouped_qkv` for a fused Q/K/V projection stored per key/value head (see `grouped_qkv_rows`). The shared
 loader is in `tfcli/checkpoints/__init__.py`.
 """
 
@@ -39,6 +40,25 @@ class Family:
     prefixes: tuple[str, ...] = ()
     transposed: tuple[str, ...] = ()
     flattened: tuple[str, ...] = ()
+    grouped_qkv: bool = False  # the fused `attention.qkv` rows are stored per key/value head: see grouped_qkv_rows
+
+
+def grouped_qkv_rows(config: ModelConfig) -> list[int]:
+    """The stored row of each row of tfcli's fused Q/K/V projection (all queries, then keys, then values), for a
+    checkpoint that keeps them per key/value head: for each of the G groups, its n = H / G query heads, its key
+    head, its value head (GPT-NeoX and Falcon without multi-query: G = H, n = 1; Falcon-40B: G = num_kv_heads;
+    Falcon-7B's multi-query G = 1 is tfcli's order already)."""
+    heads, groups, size = config.num_attention_heads, config.kv_heads, config.head_size
+    per_group = heads // groups
+
+    def block(group: int, slot: int) -> list[int]:  # the stored rows of one head
+        start = (group * (per_group + 2) + slot) * size
+        return list(range(start, start + size))
+
+    queries = [row for h in range(heads) for row in block(h // per_group, h % per_group)]
+    keys = [row for g in range(groups) for row in block(g, per_group)]
+    values = [row for g in range(groups) for row in block(g, per_group + 1)]
+    return queries + keys + values
 
 
 def weight_bias(source: str, target: str | None) -> tuple[Rule, ...]:

@@ -23,7 +23,8 @@ from tfcli.model.rotary import apply_rotary
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool,
-                                 scale: float | None = None, softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
+                                 scale: float | None = None,
+                                 softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
     """softmax(cap(q k^T * scale) + mask) v, scale 1 / sqrt(D) unless given, cap(s) = softcap * tanh(s / softcap)
     when softcap is given.
 

@@ -68,7 +68,8 @@ class Block(nn.Module):
         super().__init__()
         self.norm_position = config.norm_position
         self.parallel = config.parallel_residual
-        sublayers = {"attention": Attention(config), "cross_attention": Attention(config, cross=True) if cross else None,
+        sublayers = {"attention": Attention(config),
+                     "cross_attention": Attention(config, cross=True) if cross else None,
                      "feed_forward": FeedForward(config)}
         for name, sublayer in sublayers.items():
             if sublayer is None:

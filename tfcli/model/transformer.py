@@ -75,6 +75,10 @@ class Stack(nn.Module):
         self.local_rotary = Rotary(config, local=True) if rotary and config.local_rope_theta is not None else None
         self.blocks = nn.ModuleList(Block(config, cross=cross) for _ in range(num_layers))
         self.final_norm = norm(config) if config.final_norm else None
+        # token embeddings narrower than the model: projected in, and the output back (OPT-350m)
+        width = config.word_embed_proj_dim
+        self.project_in = Linear(width, config.hidden_size, bias=False) if width else None
+        self.project_out = Linear(config.hidden_size, width, bias=False) if width else None
 
     def forward(self, token_embeddings: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, memory: Tensor | None = None,
@@ -88,6 +92,8 @@ class Stack(nn.Module):
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
         else:
             position_ids = torch.arange(past, past + length, device=device).expand(batch, length)
+        if self.project_in is not None:
+            token_embeddings = self.project_in(token_embeddings)
         x = self.embeddings(token_embeddings, position_ids, token_type_ids)
         rotary = self.rotary(position_ids, dtype) if self.rotary is not None else None
         local_rotary = self.local_rotary(position_ids, dtype) if self.local_rotary is not None else rotary
@@ -122,6 +128,8 @@ class Stack(nn.Module):
             x = self.final_norm(x)
             if keep_stages:
                 out.stages["final_norm"] = x
+        if self.project_out is not None:
+            x = self.project_out(x)
         out.last_hidden_state = x
         return out
 
@@ -138,7 +146,7 @@ class LMHead(nn.Module):
             self.dense = Linear(config.hidden_size, config.hidden_size)
             self.act = activation(config.head_act or config.hidden_act)
             self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.unembed = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.unembed = Linear(config.word_embed_proj_dim or config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.unembed.weight = token_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
@@ -188,7 +196,8 @@ class TransformerModel(nn.Module):
         super().__init__()
         self.config = config
         arch = config.architecture
-        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)  # the encoder's, or the only one
+        width = config.word_embed_proj_dim or config.hidden_size
+        self.embed_tokens = embedding(config.vocab_size, width)  # the encoder's, or the only one
         own = arch == "encoder-decoder" and not config.share_encoder_decoder_embeddings
         self.decoder_embed_tokens = embedding(config.vocab_size, config.hidden_size) if own else None
         self.encoder = Stack(config, False, False, config.num_hidden_layers) if arch != "decoder" else None
@@ -259,6 +268,8 @@ class TransformerModel(nn.Module):
         stack = self.output_stack
         if stack.final_norm is not None:
             hidden = stack.final_norm(hidden)
+        if stack.project_out is not None:
+            hidden = stack.project_out(hidden)
         if isinstance(self.head, LMHead):
             return self.head(hidden)
         return hidden @ self.token_embedding(stack).weight.T
@@ -276,8 +287,9 @@ def init_weights(model: nn.Module, seed: int, dtype: torch.dtype = torch.float32
                  device: torch.device | str = "cpu") -> None:
     """Random weights as Hugging Face initialises them (normal(0, 0.02) for linear and embedding weights,
     zero biases, unit norms: a weight of 1, or of 0 for a (1 + weight) norm), drawn from a generator seeded
-    with `seed` so the same seed gives the same model everywhere. Each parameter is made once, directly in `dtype` on `device` (the model may be on the
-    meta device): drawn in float32 on the CPU in module order, then cast and moved. A tied weight is drawn
+    with `seed` so the same seed gives the same model everywhere. Each parameter is made once, directly in
+    `dtype` on `device` (the model may be on the meta device): drawn in float32 on the CPU in module order,
+    then cast and moved. A tied weight is drawn
     for each module that holds it and keeps the last draw, as it always has (one copy of it at a time)."""
     generator = torch.Generator().manual_seed(seed)
     values: dict[int, Tensor] = {}  # by id of the parameter it replaces

@@ -1,0 +1,86 @@
+"""Falcon (FalconForCausalLM, FalconModel): Falcon-7B, Falcon-40B and their kin.
+
+Rotary positions, a tied LM head, LayerNorms, biases where `bias` says. The block comes in three shapes, as
+transformers' FalconDecoderLayer builds it:
+- Falcon-7B (`multi_query`, `parallel_attn`): one key/value head, attention and MLP in parallel on one norm;
+- `new_decoder_architecture` (Falcon-40B, 180B): `num_kv_heads` key/value heads, always parallel, with two
+  norms (`ln_attn`, `ln_mlp`) unless `num_ln_in_parallel_attn` is 1;
+- `parallel_attn: false`: a sequential pre-norm block.
+The fused `query_key_value` keeps each key/value head's queries, key and value together; the loader regroups
+the rows into tfcli's q, k, v order. ALiBi positions (`alibi`, Falcon-RW) are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.rope import rope_settings
+from tfcli.config import ModelConfig
+from tfcli.errors import TfcliError
+
+HEADS = {"ForCausalLM": "lm"}
+
+
+def _refuse(what: str) -> TfcliError:
+    return TfcliError(f"config.json: falcon with {what} is not supported by tfcli",
+                      "tfcli implements Falcon's rotary models (7B, 40B, 180B shapes)")
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    if hf.get("alibi"):
+        raise _refuse("ALiBi positions (alibi: true)")
+    hidden, heads = hf.get("hidden_size", hf.get("n_embed", 4544)), hf.get("num_attention_heads", 71)
+    new = bool(hf.get("new_decoder_architecture", False))
+    parallel = new or bool(hf.get("parallel_attn", True))
+    if new and not hf.get("parallel_attn", True):
+        raise _refuse("new_decoder_architecture and parallel_attn: false")  # transformers fails on it too
+    norms = hf.get("num_ln_in_parallel_attn") or (2 if new else 1)
+    if new:
+        kv_heads = hf.get("num_kv_heads") or heads
+    else:
+        kv_heads = 1 if hf.get("multi_query", True) else heads
+    rope = rope_settings(hf, "falcon")
+    if rope.pop("partial_rotary_factor") != 1.0:
+        raise _refuse(f"partial_rotary_factor {hf.get('partial_rotary_factor')}")
+    bias = bool(hf.get("bias", False))
+    return common(hf, model_type="falcon", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
+                  num_key_value_heads=kv_heads, intermediate_size=hf.get("ffn_hidden_size") or 4 * hidden,
+                  max_position_embeddings=hf.get("max_position_embeddings", 2048),
+                  layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5), hidden_act=hf.get("activation", "gelu"),
+                  hidden_dropout_prob=hf.get("hidden_dropout", 0.0),
+                  attention_probs_dropout_prob=hf.get("attention_dropout", 0.0), norm="layernorm",
+                  norm_position="pre", parallel_residual=parallel, shared_block_norm=parallel and norms == 1,
+                  position="rotary", **rope, type_vocab_size=0, embedding_norm=False, final_norm=True,
+                  feed_forward="mlp", attention_bias=bias, attention_out_bias=bias, mlp_bias=bias,
+                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", True))
+
+
+def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
+    """The block's norms, by its shape."""
+    block = "decoder.blocks.{}."
+    if config.parallel_residual and not config.shared_block_norm:
+        return [*weight_bias("h.{}.ln_attn", block + "attention_norm"),
+                *weight_bias("h.{}.ln_mlp", block + "feed_forward_norm")]
+    rules = list(weight_bias("h.{}.input_layernorm", block + "attention_norm"))
+    if not config.parallel_residual:
+        rules += weight_bias("h.{}.post_attention_layernorm", block + "feed_forward_norm")
+    return rules
+
+
+FAMILY = Family(
+    model_types=("falcon",),
+    translate=translate,
+    prefixes=("transformer.",),
+    rules=(
+        ("word_embeddings.weight", "embed_tokens.weight"),
+        *weight_bias("h.{}.self_attention.query_key_value", "decoder.blocks.{}.attention.qkv"),
+        *weight_bias("h.{}.self_attention.dense", "decoder.blocks.{}.attention.out"),
+        *weight_bias("h.{}.mlp.dense_h_to_4h", "decoder.blocks.{}.feed_forward.fc1"),
+        *weight_bias("h.{}.mlp.dense_4h_to_h", "decoder.blocks.{}.feed_forward.fc2"),
+        *weight_bias("ln_f", "decoder.final_norm"),
+        ("lm_head.weight", "head.unembed.weight"),
+    ),
+    config_rules=config_rules,
+    grouped_qkv=True,
+)

@@ -1,0 +1,109 @@
+"""Gemma 1, 2 and 3 (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM: model types gemma, gemma2,
+gemma3_text) and their bare models.
+
+What sets them apart from Llama, as transformers' modeling files compute it:
+- all: RMSNorm scaling by (1 + weight) in float32, token embeddings times sqrt(hidden_size), a GELU (tanh)
+  gated feed-forward, head_dim of its own (256 unless given), tied LM head;
+- Gemma 1: pre-norm; the legacy `hidden_act: gelu` means the tanh approximation (transformers converts it);
+- Gemma 2: a norm before and after each sublayer (sandwich), scores scaled by query_pre_attn_scalar^-1/2,
+  attention scores and final logits soft-capped (50, 30), sliding windows on alternate layers (`layer_types`),
+  the activation from `hidden_activation`;
+- Gemma 3: as Gemma 2, plus an RMSNorm over each head of Q and K, five sliding layers to one global
+  (`sliding_window_pattern` 6), a rotary base of their own for sliding layers (`rope_local_base_freq`, 10,000;
+  global 1,000,000, which alone takes `rope_scaling`), no final soft-capping by default. transformers' Gemma 3
+  does not apply `attn_logit_softcapping`, so neither does tfcli.
+`use_bidirectional_attention` (embedding models) is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.rope import rope_settings
+from tfcli.config import ModelConfig
+from tfcli.errors import TfcliError
+
+HEADS = {"ForCausalLM": "lm"}
+ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+
+
+def _refuse(model_type: str, what: str) -> TfcliError:
+    return TfcliError(f"config.json: {model_type} with {what} is not supported by tfcli",
+                      "tfcli implements what transformers' own class computes for this family, and no more")
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    model_type = hf["model_type"]
+    if hf.get("use_bidirectional_attention"):
+        raise _refuse(model_type, "use_bidirectional_attention: true")
+    gemma3 = model_type == "gemma3_text"
+    rope = rope_settings(hf, model_type, theta=1e6 if gemma3 else 10000.0, local_theta=10000.0 if gemma3 else None)
+    if rope.pop("partial_rotary_factor") != 1.0:
+        raise _refuse(model_type, f"partial_rotary_factor {hf.get('partial_rotary_factor')}")
+    if model_type == "gemma":
+        act = hf.get("hidden_act", "gelu_pytorch_tanh")
+        act = "gelu_pytorch_tanh" if act == "gelu" else act  # transformers' conversion of old Gemma configs
+    else:
+        act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in ACTIVATIONS:
+        raise _refuse(model_type, f"activation `{act}`")
+    values = dict(model_type=model_type, architecture="decoder", hidden_size=hf.get("hidden_size", 3072),
+                  head_dim=hf.get("head_dim", 256), max_position_embeddings=hf.get("max_position_embeddings", 8192),
+                  num_key_value_heads=hf.get("num_key_value_heads"), layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+                  hidden_act=ACTIVATIONS[act], attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
+                  hidden_dropout_prob=0.0, norm="rmsnorm_plus_one", norm_position="pre", position="rotary", **rope,
+                  type_vocab_size=0, embedding_norm=False, scale_embedding=True, final_norm=True,
+                  feed_forward="gated", attention_bias=bool(hf.get("attention_bias", False)),
+                  attention_out_bias=bool(hf.get("attention_bias", False)), mlp_bias=False,
+                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", True))
+    if model_type != "gemma":
+        layers = hf.get("num_hidden_layers", 26)
+        pattern = hf.get("sliding_window_pattern", 6) if gemma3 else 2
+        window = hf.get("sliding_window", 4096)
+        types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                          for i in range(layers)]
+        if window is None and "sliding_attention" in types:
+            raise _refuse(model_type, "sliding_attention layers and no sliding_window")  # transformers fails too
+        values.update(norm_position="sandwich", query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256),
+                      sliding_window=window, layer_types=list(types),
+                      final_logit_softcapping=hf.get("final_logit_softcapping", None if gemma3 else 30.0),
+                      attn_logit_softcapping=None if gemma3 else hf.get("attn_logit_softcapping", 50.0),
+                      qk_norm="head" if gemma3 else "none")
+    return common(hf, **values)
+
+
+def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
+    """Gemma 1's post_attention_layernorm is the feed-forward's input norm; Gemma 2 and 3 name four norms."""
+    layer = "layers.{}."
+    block = "decoder.blocks.{}."
+    if config.norm_position == "pre":
+        return [(layer + "post_attention_layernorm.weight", block + "feed_forward_norm.weight")]
+    rules = [(layer + "post_attention_layernorm.weight", block + "attention_output_norm.weight"),
+             (layer + "pre_feedforward_layernorm.weight", block + "feed_forward_norm.weight"),
+             (layer + "post_feedforward_layernorm.weight", block + "feed_forward_output_norm.weight")]
+    if config.qk_norm == "head":
+        rules += [(layer + "self_attn.q_norm.weight", block + "attention.q_norm.weight"),
+                  (layer + "self_attn.k_norm.weight", block + "attention.k_norm.weight")]
+    return rules
+
+
+FAMILY = Family(
+    model_types=("gemma", "gemma2", "gemma3_text"),
+    translate=translate,
+    prefixes=("model.",),
+    rules=(
+        ("embed_tokens.weight", "embed_tokens.weight"),
+        ("layers.{}.input_layernorm.weight", "decoder.blocks.{}.attention_norm.weight"),
+        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attention.q"),
+        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attention.k"),
+        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attention.v"),
+        *weight_bias("layers.{}.self_attn.o_proj", "decoder.blocks.{}.attention.out"),
+        ("layers.{}.mlp.gate_proj.weight", "decoder.blocks.{}.feed_forward.gate.weight"),
+        ("layers.{}.mlp.up_proj.weight", "decoder.blocks.{}.feed_forward.up.weight"),
+        ("layers.{}.mlp.down_proj.weight", "decoder.blocks.{}.feed_forward.down.weight"),
+        ("norm.weight", "decoder.final_norm.weight"),
+        ("lm_head.weight", "head.unembed.weight"),
+    ),
+    config_rules=config_rules,
+)

@@ -1,0 +1,59 @@
+"""GPT-J (GPTJForCausalLM, GPTJModel).
+
+A parallel block with one LayerNorm (x + attention(ln(x)) + mlp(ln(x))), rotary positions on the first
+`rotary_dim` dimensions of each head turning adjacent pairs (rotate-every-two, base 10,000), Q, K, V and
+output projections without biases, an MLP and an untied LM head with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.errors import TfcliError
+
+HEADS = {"ForCausalLM": "lm"}
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    hidden, heads = hf.get("n_embd", 4096), hf.get("n_head", 16)
+    head_dim = hidden // heads
+    rotary_dim = hf.get("rotary_dim", 64) or head_dim  # null: whole heads
+    partial = rotary_dim / head_dim
+    if int(head_dim * partial) != rotary_dim or rotary_dim > head_dim:
+        raise TfcliError(f"config.json: gptj with rotary_dim {rotary_dim} (head size {head_dim}) is not supported "
+                         "by tfcli", "rotary_dim must be at most the head size")
+    return common(hf, model_type="gptj", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
+                  num_hidden_layers=hf.get("n_layer", 28), intermediate_size=hf.get("n_inner") or 4 * hidden,
+                  max_position_embeddings=hf.get("n_positions", 2048),
+                  layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                  hidden_act=hf.get("activation_function", "gelu_new"),
+                  hidden_dropout_prob=hf.get("resid_pdrop", 0.0),
+                  attention_probs_dropout_prob=hf.get("attn_pdrop", 0.0),
+                  norm="layernorm", norm_position="pre", parallel_residual=True, shared_block_norm=True,
+                  position="rotary", partial_rotary_factor=partial, rotary_interleaved=True, rope_theta=10000.0,
+                  type_vocab_size=0, embedding_norm=False, final_norm=True, feed_forward="mlp",
+                  attention_bias=False, attention_out_bias=False, mlp_bias=True, head=architecture_head(hf, HEADS),
+                  tie_word_embeddings=hf.get("tie_word_embeddings", False), lm_head_bias=True)
+
+
+FAMILY = Family(
+    model_types=("gptj",),
+    translate=translate,
+    prefixes=("transformer.",),
+    rules=(
+        ("wte.weight", "embed_tokens.weight"),
+        *weight_bias("h.{}.ln_1", "decoder.blocks.{}.attention_norm"),
+        ("h.{}.attn.q_proj.weight", "decoder.blocks.{}.attention.q.weight"),
+        ("h.{}.attn.k_proj.weight", "decoder.blocks.{}.attention.k.weight"),
+        ("h.{}.attn.v_proj.weight", "decoder.blocks.{}.attention.v.weight"),
+        ("h.{}.attn.out_proj.weight", "decoder.blocks.{}.attention.out.weight"),
+        ("h.{}.attn.bias", None),  # causal-mask buffers of older checkpoints
+        ("h.{}.attn.masked_bias", None),
+        *weight_bias("h.{}.mlp.fc_in", "decoder.blocks.{}.feed_forward.fc1"),
+        *weight_bias("h.{}.mlp.fc_out", "decoder.blocks.{}.feed_forward.fc2"),
+        *weight_bias("ln_f", "decoder.final_norm"),
+        ("lm_head.weight", "head.unembed.weight"),
+        ("lm_head.bias", "head.bias"),
+    ),
+)

@@ -1,0 +1,66 @@
+"""Phi-1, Phi-1.5 and Phi-2 (PhiForCausalLM, PhiModel).
+
+A parallel block: attention and the MLP both read one LayerNorm of x and are added to it together; rotary
+positions on the first half of each head (`partial_rotary_factor` 0.5, any RoPE scaling of
+tfcli/model/rotary.py); biases everywhere, the LM head's included; an optional LayerNorm over each head of Q
+and K (`qk_layernorm`); a final LayerNorm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.rope import rope_settings
+from tfcli.config import ModelConfig
+from tfcli.errors import TfcliError
+
+HEADS = {"ForCausalLM": "lm"}
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    hidden, heads = hf.get("hidden_size", 2048), hf.get("num_attention_heads", 32)
+    head_dim = hf.get("head_dim") or hidden // heads
+    if hf.get("qk_layernorm") and head_dim != hidden // heads:  # transformers sizes those norms hidden / heads
+        raise TfcliError(f"config.json: phi with qk_layernorm and head_dim {head_dim} != hidden_size / "
+                         f"num_attention_heads is not supported by tfcli", "transformers cannot run it either")
+    return common(hf, model_type="phi", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
+                  head_dim=head_dim, num_key_value_heads=hf.get("num_key_value_heads"),
+                  max_position_embeddings=hf.get("max_position_embeddings", 2048),
+                  layer_norm_eps=hf.get("layer_norm_eps", 1e-5), hidden_act=hf.get("hidden_act", "gelu_new"),
+                  hidden_dropout_prob=hf.get("resid_pdrop", 0.0),
+                  attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
+                  norm="layernorm", norm_position="pre", parallel_residual=True, shared_block_norm=True,
+                  position="rotary", **rope_settings(hf, "phi", partial=0.5),
+                  qk_norm="head" if hf.get("qk_layernorm") else "none", type_vocab_size=0, embedding_norm=False,
+                  final_norm=True, feed_forward="mlp", attention_bias=True, attention_out_bias=True, mlp_bias=True,
+                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", False),
+                  lm_head_bias=True)
+
+
+def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
+    if config.qk_norm == "none":
+        return []
+    return [*weight_bias("layers.{}.self_attn.q_layernorm", "decoder.blocks.{}.attention.q_norm"),
+            *weight_bias("layers.{}.self_attn.k_layernorm", "decoder.blocks.{}.attention.k_norm")]
+
+
+FAMILY = Family(
+    model_types=("phi",),
+    translate=translate,
+    prefixes=("model.",),
+    rules=(
+        ("embed_tokens.weight", "embed_tokens.weight"),
+        *weight_bias("layers.{}.input_layernorm", "decoder.blocks.{}.attention_norm"),
+        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attention.q"),
+        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attention.k"),
+        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attention.v"),
+        *weight_bias("layers.{}.self_attn.dense", "decoder.blocks.{}.attention.out"),
+        *weight_bias("layers.{}.mlp.fc1", "decoder.blocks.{}.feed_forward.fc1"),
+        *weight_bias("layers.{}.mlp.fc2", "decoder.blocks.{}.feed_forward.fc2"),
+        *weight_bias("final_layernorm", "decoder.final_norm"),
+        ("lm_head.weight", "head.unembed.weight"),
+        ("lm_head.bias", "head.bias"),
+    ),
+    config_rules=config_rules,
+)

@@ -1,0 +1,56 @@
+"""Phi-3 and Phi-4-mini (Phi3ForCausalLM, Phi3Model).
+
+Llama's block with Q, K and V in one projection (`qkv_proj`, in tfcli's q, k, v row order, read as it is) and
+the gate and up projections in one (`gate_up_proj`, gate rows first: tfcli's `gate_up`); no biases; a sliding
+window on every layer when `sliding_window` is set (Phi-3-mini-4k: 2047); rotary positions on the first
+`partial_rotary_factor` of each head. LongRoPE (the 128k models' `rope_scaling`, which transformers reads for
+types longrope, su and yarn alike) is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.checkpoints.family import Family, architecture_head, common
+from tfcli.checkpoints.rope import rope_settings
+from tfcli.errors import TfcliError
+
+HEADS = {"ForCausalLM": "lm"}
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    for params in (hf.get("rope_scaling"), hf.get("rope_parameters")):
+        kind = (params.get("rope_type") or params.get("type")) if isinstance(params, dict) else None
+        if kind not in (None, "default"):
+            raise TfcliError(f"config.json: phi3 with RoPE scaling `{kind}` (transformers reads it as longrope) "
+                             "is not supported by tfcli", "tfcli runs the Phi-3 models with plain RoPE (the 4k ones)")
+    return common(hf, model_type="phi3", architecture="decoder", hidden_size=hf.get("hidden_size", 3072),
+                  num_attention_heads=hf.get("num_attention_heads", 32), head_dim=hf.get("head_dim"),
+                  num_key_value_heads=hf.get("num_key_value_heads"),
+                  max_position_embeddings=hf.get("max_position_embeddings", 4096),
+                  layer_norm_eps=hf.get("rms_norm_eps", 1e-5), hidden_act=hf.get("hidden_act", "silu"),
+                  hidden_dropout_prob=hf.get("resid_pdrop", 0.0),
+                  attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
+                  norm="rmsnorm", norm_position="pre", position="rotary", **rope_settings(hf, "phi3"),
+                  sliding_window=hf.get("sliding_window"), type_vocab_size=0, embedding_norm=False,
+                  final_norm=True, feed_forward="gated", attention_bias=False, attention_out_bias=False,
+                  mlp_bias=False, head=architecture_head(hf, HEADS),
+                  tie_word_embeddings=hf.get("tie_word_embeddings", False))
+
+
+FAMILY = Family(
+    model_types=("phi3",),
+    translate=translate,
+    prefixes=("model.",),
+    rules=(
+        ("embed_tokens.weight", "embed_tokens.weight"),
+        ("layers.{}.input_layernorm.weight", "decoder.blocks.{}.attention_norm.weight"),
+        ("layers.{}.self_attn.qkv_proj.weight", "decoder.blocks.{}.attention.qkv.weight"),
+        ("layers.{}.self_attn.o_proj.weight", "decoder.blocks.{}.attention.out.weight"),
+        ("layers.{}.post_attention_layernorm.weight", "decoder.blocks.{}.feed_forward_norm.weight"),
+        ("layers.{}.mlp.gate_up_proj.weight", "decoder.blocks.{}.feed_forward.gate_up.weight"),
+        ("layers.{}.mlp.down_proj.weight", "decoder.blocks.{}.feed_forward.down.weight"),
+        ("norm.weight", "decoder.final_norm.weight"),
+        ("lm_head.weight", "head.unembed.weight"),
+    ),
+)
