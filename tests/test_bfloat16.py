@@ -30,14 +30,14 @@ def test_packed_bfloat16_linear_matches_pytorch(rows):
     layer = Linear(96, 40).to(torch.bfloat16)
     x = torch.randn(2, rows, 96, dtype=torch.bfloat16)
     with torch.no_grad():
-        results = [layer(x) for _ in range(3)]  # the first plain, then packed where the CPU can
+        results = [layer(x) for _ in range(linear.PLAIN_USES + 2)]  # the first plain, then packed where the CPU can
         if torch.bfloat16 in linear.PACKABLE:
             assert layer._packed is not None  # the packed kernel really ran
         for result in results:
             assert result.dtype == torch.bfloat16
             assert_bfloat16_close(result, F.linear(x, layer.weight, layer.bias))
         layer.weight.mul_(2)  # a changed weight must not leave a stale packed copy behind
-        for _ in range(2):
+        for _ in range(linear.PLAIN_USES + 2):
             assert_bfloat16_close(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
@@ -53,7 +53,7 @@ def test_falls_back_to_pytorch_where_packing_fails(monkeypatch):
     layer = Linear(32, 16).to(torch.bfloat16)
     x = torch.randn(3, 32, dtype=torch.bfloat16)
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(linear.PLAIN_USES + 2):
             assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
     assert linear.PACKABLE == {torch.float32}
 

@@ -5,9 +5,10 @@ on every call. oneDNN can pack it once and reuse the packed copy: float32 produc
 sentence, a batch) run about 1.2-1.5x faster, and bfloat16 products about 1.2-1.7x faster at any number of
 rows, a single row included (decoding steps), on a CPU with AVX-512 BF16 or AMX (measured: README,
 "Benchmarks"). The packed copy costs memory equal to the weight and the time of one reordering, so it pays
-only for a weight used again: a layer packs its weight the second time it runs such a product (generation
-steps, the batches of a stream, the logit lens's per-layer products), never on its first, so one forward
-pass never holds two copies of its weights. A changed weight drops the packed copy.
+only for a weight used again and again: a layer packs its weight the third time it runs such a product
+(generation steps, the batches of a stream). The first two run plain, so that one forward pass, and the
+logit lens after it (a second product with the unembedding), never hold two copies of a weight. A changed
+weight drops the packed copy.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def _packable_dtypes() -> set[torch.dtype]:
 
 
 PACKABLE: set[torch.dtype] = _packable_dtypes()
+PLAIN_USES = 2  # products of a weight that run plain before it is packed
 
 
 def pack(weight: Tensor, rows: int) -> Tensor:
@@ -34,10 +36,10 @@ def pack(weight: Tensor, rows: int) -> Tensor:
 
 
 class Linear(nn.Linear):
-    """nn.Linear; in inference (no grad) on the CPU, from the second product of the same weight on, multiplies
+    """nn.Linear; in inference (no grad) on the CPU, from the third product of the same weight on, multiplies
     by a oneDNN-packed copy of it: float32 with more than one row, bfloat16 with any (see the module note).
-    Training, other devices and dtypes, float32 single rows (decoding steps, as fast plain) and first uses
-    take the plain path. Same results to the dtype's rounding."""
+    Training, other devices and dtypes, float32 single rows (decoding steps, as fast plain) and the first
+    PLAIN_USES products take the plain path. Same results to the dtype's rounding."""
 
     _packed: Tensor | None = None
     _weight_state: tuple[int, int] | None = None  # (storage address, version) of the weight being counted
@@ -54,7 +56,7 @@ class Linear(nn.Linear):
         if state != self._weight_state:  # a new or changed weight: count its uses afresh
             self._weight_state, self._uses, self._packed = state, 0, None
         self._uses += 1
-        if self._uses == 1:
+        if self._uses <= PLAIN_USES:
             return F.linear(x, self.weight, self.bias)
         if self._packed is None:
             try:
