@@ -206,7 +206,7 @@ def _maps(kind: str, attentions: dict[int, "Tensor"], row: int, q_len: int, k_le
     return maps
 
 
-LENS_VALUES = 2**23  # most scores (layers x tokens x vocabulary) one lens product makes: 32 MB in float32
+LENS_VALUES = 2**21  # most scores (layers x tokens x vocabulary) one lens product makes: 8 MB in float32
 
 
 def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int, length: int,
@@ -380,6 +380,10 @@ class EncodedBatch:
 def run(model: "TransformerModel", tokenizer: "Tokenizer", encodings: list["Encoding"], options: EncodeOptions,
         target: DecoderInput | None, batch_size: int, keep_tensors: bool = False) -> Iterator[EncodedBatch]:
     """Encode texts `batch_size` at a time (see capture_batch_size), yielding each batch's reports in order."""
+    if len(encodings) > batch_size:  # a forward pass per batch: the weights are used again
+        from tfcli.model.linear import pack_for_repeated_use
+
+        pack_for_repeated_use(model)
     for start in range(0, len(encodings), batch_size):
         batch = encodings[start:start + batch_size]
         out, inputs = encode_batch(model, tokenizer, batch, target, options)
