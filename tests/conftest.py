@@ -20,6 +20,31 @@ intermediate_size: 64
 max_position_embeddings: 16
 head: mlm
 """
+TINY_DECODER = """\
+architecture: decoder
+hidden_size: 32
+num_hidden_layers: 2
+num_attention_heads: 2
+intermediate_size: 64
+max_position_embeddings: 64
+norm_position: pre
+type_vocab_size: 0
+embedding_norm: false
+final_norm: true
+head: lm
+tie_word_embeddings: true
+eos_token_id: 102
+"""
+TINY_CLASSIFIER = """\
+architecture: encoder
+hidden_size: 32
+num_hidden_layers: 2
+num_attention_heads: 2
+intermediate_size: 64
+max_position_embeddings: 64
+head: classifier
+labels: [negative, neutral, positive]
+"""
 
 
 @pytest.fixture
@@ -48,6 +73,24 @@ def tiny_config(tmp_path):
     """tmp_path/tiny.yaml: a tiny random encoder (hidden_size 32, 1 layer, 2 heads, 16 positions, MLM head)."""
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_CONFIG, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder(tmp_path_factory):
+    """A YAML config: a tiny random GPT-2-shaped decoder (2 pre-norm blocks, 32 wide, 2 heads, LM head, the
+    bundled BERT vocabulary, [SEP] ends a generation); seconds faster than the default gpt2-small."""
+    path = tmp_path_factory.mktemp("tiny") / "decoder.yaml"
+    path.write_text(TINY_DECODER, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory):
+    """A YAML config: a tiny random encoder (2 blocks, 32 wide, 2 heads) with a 3-label classifier head
+    (negative, neutral, positive), like the default `classifier` but seconds faster."""
+    path = tmp_path_factory.mktemp("tiny") / "classifier.yaml"
+    path.write_text(TINY_CLASSIFIER, encoding="utf-8")
     return path
 
 

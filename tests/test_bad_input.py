@@ -63,7 +63,7 @@ def test_missing_model_path(cli, tmp_path):
 
 
 def test_missing_text_file(cli, tiny_config, tmp_path):
-    assert_error(cli("encode", "--model", str(tiny_config), "--file", str(tmp_path / "absent.txt")), 2, "absent.txt")
+    assert_error(cli("encode", "--model", str(tiny_config), "--file", str(tmp_path / "absent.txt")), 1, "absent.txt")
 
 
 def test_unreadable_config(cli, tiny_config, monkeypatch):
@@ -89,15 +89,15 @@ def test_unreadable_text_file(cli, tiny_config, tmp_path, monkeypatch):
     if os.geteuid() != 0:
         texts.chmod(0)
     else:
-        real = Path.read_bytes
+        real = Path.open
 
-        def denied(self):
+        def denied(self, *args, **kwargs):
             if self == texts:
                 raise PermissionError(13, "Permission denied", str(self))
-            return real(self)
+            return real(self, *args, **kwargs)
 
-        monkeypatch.setattr(Path, "read_bytes", denied)
-    assert_error(cli("encode", "--model", str(tiny_config), "--file", str(texts)), 2, "cannot read",
+        monkeypatch.setattr(Path, "open", denied)
+    assert_error(cli("encode", "--model", str(tiny_config), "--file", str(texts)), 1, "cannot read",
                  "Permission denied")
 
 
@@ -315,12 +315,14 @@ def test_bogus_dtype(cli, tiny_config, dtype):
 @pytest.mark.parametrize("args, needles", [
     (["--layers", "1"], ["--layers: 1 is out of range", "1 layers"]),
     (["--layers", "-2"], ["--layers: -2 is out of range"]),
-    (["--layers", "x"], ["--layers: `x` is not a number"]),
-    (["--layers", "0,,1"], ["is not a number"]),
+    (["--layers", "x"], ["--layers: `x` is not an index or a range"]),
+    (["--layers", "0,,1"], ["is not an index or a range"]),
+    (["--layers", "0-1"], ["--layers: 1 is out of range"]),
     (["--heads", "2"], ["--heads: 2 is out of range", "2 heads"]),
     (["--heads", "-3"], ["--heads: -3 is out of range"]),
-    (["--top-k", "0"], ["--top-k must be at least 1"]),
-    (["--top-k", "-4"], ["--top-k must be at least 1"]),
+    (["--top-k", "-4"], ["--top-k must be at least 0"]),
+    (["--width", "20"], ["--width must be at least 40"]),
+    (["--max-length", "17"], ["--max-length 17 is more than the model's 16 positions"]),
     (["--top-k", "40000"], ["--top-k 40000 is larger than the vocabulary (30522)"]),
     (["--target", "x"], ["--target is for encoder-decoder models"]),
     (["--seed", "-1"], ["--seed must be between 0"]),
@@ -344,7 +346,7 @@ def test_not_a_number_option(cli, tiny_config):
 
 
 def test_tokenize_max_length_too_small(cli):
-    assert_error(cli("tokenize", "--max-length", "1", "hi"), 2, "max length 1 is too small")
+    assert_error(cli("tokenize", "--max-length", "1", "hi"), 2, "--max-length 1 is too small")
 
 
 # ---------------------------------------------------------------- text
@@ -355,10 +357,16 @@ def test_empty_or_blank_text(cli, tiny_config, text, needle):
     assert_error(cli("encode", "--model", str(tiny_config), text), 2, needle)
 
 
-def test_blank_line_in_a_stream_names_the_line(cli, tiny_config):
-    message = assert_error(cli("encode", "--model", str(tiny_config), "-", input="one\n\nthree\n"), 2,
-                           "text 2 (line 2 of stdin) is empty")
-    assert "grep" in message  # says how to drop blank lines
+def test_blank_line_in_a_stream_is_skipped_with_a_warning_naming_it(cli, tiny_config):
+    result = cli("encode", "--model", str(tiny_config), "--json", "-", input="one\n\nthree\n  \n")
+    assert result.exit_code == 0, result.stderr
+    assert [json.loads(line)["text"] for line in result.stdout.splitlines()] == ["one", "three"]
+    assert "warning: line 2 of stdin is empty: skipped" in result.stderr
+    assert "warning: line 4 of stdin is only whitespace: skipped" in result.stderr
+
+
+def test_a_stream_of_blank_lines_is_no_text(cli, tiny_config):
+    assert_error(cli("encode", "--model", str(tiny_config), "-", input="\n \n"), 2, "stdin holds only blank lines")
 
 
 def test_no_text(cli, tiny_config):
@@ -366,7 +374,7 @@ def test_no_text(cli, tiny_config):
 
 
 def test_empty_stdin(cli, tiny_config):
-    assert_error(cli("encode", "--model", str(tiny_config), "-", input=""), 2, "no text given")
+    assert_error(cli("encode", "--model", str(tiny_config), "-", input=""), 2, "no text given: stdin is empty")
 
 
 def test_non_utf8_stdin(tfcli_process, tiny_config):

@@ -91,14 +91,15 @@ def test_table_top_and_explain(cli, bert_checkpoint):
     full = cli("classify", "good movie", "--model", str(path))
     assert full.exit_code == 0
     assert all(label in full.stdout for label in LABELS.values()) and "prediction" in full.stdout
-    assert "weights: trained" in full.stderr
+    assert "weights: loaded from" in full.stderr
     top = cli("classify", "good movie", "--model", str(path), "--top", "1")
     prediction = records(cli("classify", "good movie", "--model", str(path), "--json"))[0]["prediction"]
-    shown = [label for label in LABELS.values() if f"│ {label}" in top.stdout]
+    shown = [label for label in LABELS.values() if any(line.startswith(label) for line in top.stdout.splitlines())]
     assert shown == [prediction]
     explained = cli("classify", "good movie", "--model", str(path), "--explain")
     assert "why: first token's attention in layer 1" in explained.stdout
     assert "[CLS] good movie [SEP]" in explained.stdout
+    assert "scale:" in explained.stdout and "most attended: " in explained.stdout
     assert cli("classify", "x", "--model", str(path), "--top", "0").exit_code == 2
 
 
@@ -126,7 +127,29 @@ def test_model_without_classification_head_is_a_clear_error(cli, tmp_path):
     config.write_text("hidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\nintermediate_size: 64\n"
                       "head: mlm\n")
     result = cli("classify", "hello", "--model", str(config), env={"TFCLI_DEBUG": ""})
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage error, as for `generate` on a model without an LM head
     assert result.stdout == ""
     assert result.stderr.startswith("error: plain has no classification head: it has a `mlm` head\nhint: ")
     assert "Traceback" not in result.stderr
+
+
+def test_pair_is_the_second_segment_and_max_length_truncates(cli, bert_checkpoint):
+    path, hf = bert_checkpoint
+    (record,) = records(cli("classify", "a man eats", "--pair", "someone eats", "--model", str(path), "--json"))
+    assert list(record)[:3] == ["text", "pair", "ids"] and record["pair"] == "someone eats"
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor([record["ids"]]),
+                    token_type_ids=torch.tensor([[0] * 5 + [1] * 3])).logits.softmax(-1)[0]
+    assert record["ids"][4] == 102 and torch.allclose(torch.tensor(record["probs"]), theirs, atol=1e-5)
+    short = cli("classify", "a man eats bread", "--max-length", "3", "--model", str(path), "--json")
+    assert len(records(short)[0]["ids"]) == 3 and "text 1 truncated from 6 to 3 tokens" in short.stderr
+
+
+def test_explain_layers_are_checked_before_the_model_loads(cli, bert_checkpoint):
+    path, _ = bert_checkpoint
+    too_many = cli("classify", "x", "--model", str(path), "--explain", "--explain-layers", "9")
+    assert too_many.exit_code == 2 and "--explain-layers must be between 1 and the model's 2 layers, got 9" \
+        in too_many.stderr
+    assert "model:" not in too_many.stderr  # refused before any model was built
+    alone = cli("classify", "x", "--model", str(path), "--explain-layers", "2")
+    assert alone.exit_code == 2 and "--explain-layers goes with --explain" in alone.stderr

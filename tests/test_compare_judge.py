@@ -78,3 +78,23 @@ def test_tolerance_is_the_largest_difference_allowed(cli, bert_dir, perturbed):
     worst = json.loads(cli("compare", str(bert_dir), TEXT, "--json").stdout)["max_abs_diff"]
     assert cli("compare", str(bert_dir), TEXT, "--tolerance", repr(worst)).exit_code == 0
     assert cli("compare", str(bert_dir), TEXT, "--tolerance", repr(worst * 0.999)).exit_code == 1
+
+
+@pytest.mark.parametrize("architectures,exit_code,says", [
+    (None, 0, "ok"),  # no `architectures`: transformers' AutoModel
+    (["NoSuchModel"], 1, "transformers has no class `NoSuchModel`"),
+])
+def test_the_reference_class_comes_from_config_architectures(cli, tmp_path, save_hf_model, architectures, exit_code,
+                                                              says):
+    from transformers import BertConfig, BertModel
+
+    save_hf_model(BertModel, BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, max_position_embeddings=32), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("architectures")
+    if architectures is not None:
+        config["architectures"] = architectures
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = cli("compare", str(tmp_path), TEXT)
+    assert result.exit_code == exit_code, result.stderr
+    assert says in (result.stdout if exit_code == 0 else result.stderr)

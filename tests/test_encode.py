@@ -161,3 +161,94 @@ def test_compare_on_an_encoder_decoder(tmp_path, save_hf_model):
     names = {t["name"] for t in record["tensors"]}
     assert {"encoder.hidden.2", "decoder.attention.0", "decoder.cross_attention.0", "logits"} <= names
     assert record["max_abs_diff"] <= 1e-4
+
+
+# ---------------------------------------------------------------- issue 10: options people type, what scripts read
+
+
+def test_attention_weights_in_json_are_the_saved_maps(tmp_path):
+    path = tmp_path / "run.safetensors"
+    (record,) = records(run("encode", "time flies like an arrow", "--model", "tiny", "--layers", "-1", "--heads", "1",
+                            "--json", "--save", str(path)))
+    (attention,) = record["attention"]
+    saved = load_file(str(path))["attention.1"][0, 0]  # the one selected head
+    weights = torch.tensor(attention["weights"])
+    assert weights.shape == (7, 7) and torch.allclose(weights, saved, atol=5e-5)  # rounded to 4 decimals
+    assert attention["max_key"] == saved.argmax(-1).tolist()
+    assert attention["max_weight"] == pytest.approx(saved.max(-1).values.tolist(), abs=1e-6)
+
+
+def test_top_k_0_switches_the_lens_off():
+    (record,) = records(run("encode", "time flies", "--model", "tiny", "--top-k", "0", "--json"))
+    assert record["lens"] == [] and record["attention"]
+    table = run("encode", "time flies", "--model", "tiny", "--top-k", "0")
+    assert table.exit_code == 0 and "logit lens" not in table.stdout and "predicts" not in table.stdout
+
+
+@pytest.mark.parametrize("spec, layers", [("0-1", [0, 1]), ("-1-", [1]), ("1-", [1]), ("-2--1", [0, 1]),
+                                          ("all", [0, 1]), ("1,0", [0, 1]), ("0", [0])])
+def test_layers_take_ranges(spec, layers):
+    (record,) = records(run("encode", "hi", "--model", "tiny", "--layers", spec, "--json"))
+    assert sorted({a["layer"] for a in record["attention"]}) == layers == [row["layer"] for row in record["lens"]]
+
+
+def test_heads_take_ranges():
+    (record,) = records(run("encode", "hi", "--model", "tiny", "--layers", "0", "--heads", "1-2", "--json"))
+    assert [a["head"] for a in record["attention"]] == [1, 2]
+
+
+def test_reversed_range_is_a_usage_error():
+    result = run("encode", "hi", "--model", "tiny", "--layers", "1-0")
+    assert result.exit_code == 2 and "--layers: the range `1-0` is empty" in result.stderr
+
+
+def test_pair_and_max_length():
+    (record,) = records(run("encode", "time flies", "--pair", "fruit flies", "--model", "tiny", "--json"))
+    assert list(record)[:4] == ["text", "pair", "tokens", "ids"] and record["pair"] == "fruit flies"
+    assert record["tokens"] == ["[CLS]", "time", "flies", "[SEP]", "fruit", "flies", "[SEP]"]
+    short = run("encode", "time flies like an arrow", "--max-length", "4", "--model", "tiny", "--json")
+    (record,) = records(short)
+    assert record["tokens"] == ["[CLS]", "time", "flies", "[SEP]"]
+    assert "text 1 truncated from 7 to 4 tokens" in short.stderr
+    refused = run("encode", "time flies like an arrow", "--max-length", "4", "--no-truncate", "--model", "tiny")
+    assert refused.exit_code == 2 and "text 1 has 7 tokens, more than --max-length 4" in refused.stderr
+
+
+def test_save_stores_where_its_tensors_came_from(tmp_path):
+    from safetensors import safe_open
+
+    path = tmp_path / "run.safetensors"
+    assert run("encode", "time flies", "hello", "--model", "tiny", "--seed", "3", "--save", str(path)).exit_code == 0
+    with safe_open(str(path), "pt") as saved:
+        metadata = saved.metadata()
+    assert metadata["tfcli_version"] == tfcli.__version__
+    assert json.loads(metadata["texts"]) == ["time flies", "hello"]
+    assert json.loads(metadata["tokens"]) == [["[CLS]", "time", "flies", "[SEP]"], ["[CLS]", "hello", "[SEP]"]]
+    assert "tiny" in metadata["model"] and metadata["weights"].startswith("random (seed 3)")
+
+
+def test_save_name_must_be_safetensors_a_usage_error(tmp_path):
+    result = run("encode", "hi", "--model", "tiny", "--save", str(tmp_path / "out.npz"))
+    assert result.exit_code == 2 and "must end in .safetensors" in result.stderr
+
+
+def test_compare_reads_texts_from_stdin_and_takes_model_as_an_option(tmp_path, save_hf_model):
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64)
+    save_hf_model(BertForMaskedLM, config, tmp_path)
+    result = CliRunner().invoke(app, ["compare", "--model", str(tmp_path), "--json", "-"], input="time flies\n\nhello\n")
+    assert [r["text"] for r in records(result)] == ["time flies", "hello"]
+    assert "line 2 of stdin is empty: skipped" in result.stderr
+    positional = records(run("compare", str(tmp_path), "time flies", "--json"))
+    assert positional[0]["tensors"] == records(result)[0]["tensors"]
+    empty = run("compare", str(tmp_path), "")
+    assert empty.exit_code == 2 and "text 1 is empty" in empty.stderr
+    assert run("compare", str(tmp_path)).exit_code == 2  # no text
+
+
+def test_config_takes_model_as_an_option_too():
+    assert records(run("config", "--model", "tiny", "--json")) == records(run("config", "tiny", "--json"))
+    both = run("config", "tiny", "--model", "tiny")
+    assert both.exit_code == 2 and "not both" in both.stderr

@@ -194,7 +194,8 @@ def test_cli_checkpoint_without_and_with_tokenizer_files(tmp_path, save_hf_model
     bare = invoke("generate", "hello world", "-m", str(tmp_path), "-n", "3", "--json")
     assert bare.exit_code == 0, bare.stderr
     assert json.loads(bare.stdout)["prompt_ids"] == [101, 7592, 2088]  # bundled BERT vocabulary
-    assert "trained, loaded from" in bare.stderr
+    assert "weights: loaded from" in bare.stderr
+    assert f"{tmp_path} has no tokenizer files" in bare.stderr and "using the bundled" in bare.stderr
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -203,6 +204,7 @@ def test_cli_checkpoint_without_and_with_tokenizer_files(tmp_path, save_hf_model
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     own = invoke("generate", "hello world", "-m", str(tmp_path), "-n", "3", "--json")
     assert own.exit_code == 0, own.stderr
+    assert "tokenizer files" not in own.stderr
     assert json.loads(own.stdout)["prompt_ids"] == tokenizer.encode("hello world").ids
 
 
@@ -238,3 +240,25 @@ def test_cli_stops_at_the_end_of_the_position_table(configs):
     assert result.exit_code == 0, result.stderr
     assert "only 5 new tokens fit" in result.stderr
     assert len(json.loads(result.stdout)["generated_ids"]) <= 5
+
+
+def test_wordpiece_continuation_joins_the_prompt_and_the_text_shows_once(tmp_path):
+    """A continuation that starts inside a word (`##beau`) is decoded after the prompt: `text` is `beau...`,
+    not `##beau ...`; and the text is on stdout once, whether it streamed there (a terminal) or not."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    beau = tfcli.load_tokenizer().token_to_id("##beau")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=30522, n_embd=32, n_layer=1, n_head=4, n_positions=32,
+                                       eos_token_id=102))
+    with torch.no_grad():  # every position's final hidden state is all ones, and ##beau's embedding points there
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.transformer.wte.weight[beau] = 10.0
+    model.save_pretrained(tmp_path)
+    record = json.loads(invoke("generate", "time flies like", "-m", str(tmp_path), "-n", "3", "--json").stdout)
+    assert record["generated_ids"] == [beau] * 3 and record["text"] == "beaubeaubeau"
+    for terminal in ([], ["--color"]):  # --color: stdout is treated as a terminal, the text streams there
+        result = invoke("generate", "time flies like", "-m", str(tmp_path), "-n", "3", *terminal)
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.count("time flies likebeaubeaubeau") == 1, result.stdout

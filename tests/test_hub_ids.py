@@ -81,7 +81,7 @@ def test_ids_with_and_without_an_owner_come_from_the_cache_offline(tmp_path, cac
         result = tfcli_offline(tmp_path, "config", repo_id, "--json")
         assert result.returncode == 0, result.stderr
         record = json.loads(result.stdout)
-        assert record["source"] == f"hub model {repo_id} (trained weights)"
+        assert record["source"] == f"hub model {repo_id} (config and weights)"
         assert record["weights"] == str(tmp_path / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
                                          / "model.safetensors")
 
@@ -103,7 +103,7 @@ def test_revision_picks_a_branch_or_commit(hub_cache, no_download, cache_model):
     assert resolve_source("someone/tiny", revision="2222").config.hidden_size == 64
     result = CliRunner().invoke(app, ["config", "someone/tiny", "--revision", "v2", "--json"])
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["source"] == "hub model someone/tiny at revision v2 (trained weights)"
+    assert json.loads(result.stdout)["source"] == "hub model someone/tiny at revision v2 (config and weights)"
 
 
 def test_revision_of_something_that_is_not_a_hub_id_is_a_usage_error():

@@ -11,7 +11,7 @@ import pytest
 ENCODE = {"text", "tokens", "ids", "shapes", "attention", "lens", "weights"}
 ENCODE_SEQ2SEQ = ENCODE | {"target_tokens", "target_ids"}
 STAGE = {"stage", "shape", "dtype", "params", "mean", "std", "norm"}
-ATTENTION = {"kind", "layer", "head", "max_key", "max_weight"}
+ATTENTION = {"kind", "layer", "head", "max_key", "max_weight", "weights"}
 LENS = {"layer", "top"}
 LENS_TOKEN = {"token", "id", "prob"}
 TOKENIZE = {"text", "tokens", "ids", "type_ids", "attention_mask", "offsets"}
@@ -62,7 +62,7 @@ def check_encode_parts(record: dict, top_k: int) -> None:
     assert record["attention"]
     for amap in record["attention"]:
         assert set(amap) == ATTENTION, amap
-        assert len(amap["max_key"]) == len(amap["max_weight"])
+        assert len(amap["max_key"]) == len(amap["max_weight"]) == len(amap["weights"])
     assert record["lens"]
     for row in record["lens"]:
         assert set(row) == LENS
@@ -75,6 +75,8 @@ def test_encode_record(cli, models):
                             "--heads", "0,1"))
     assert set(record) == ENCODE
     check_encode_parts(record, top_k=2)
+    (paired,) = records(cli("encode", "time flies", "--pair", "like an arrow", "--model", models["encoder"], "--json"))
+    assert set(paired) == ENCODE | {"pair"}
     assert len(record["attention"]) == 4  # 2 layers x 2 heads
 
 
@@ -89,6 +91,8 @@ def test_encode_record_of_an_encoder_decoder(cli, models):
 def test_classify_record(cli, models):
     (record,) = records(cli("classify", "time flies", "--model", models["classifier"], "--json"))
     assert set(record) == CLASSIFY
+    (paired,) = records(cli("classify", "time flies", "--pair", "an arrow", "--model", models["classifier"], "--json"))
+    assert set(paired) == CLASSIFY | {"pair"}
     (explained,) = records(cli("classify", "time flies", "--model", models["classifier"], "--json", "--explain"))
     assert set(explained) == CLASSIFY | {"explain"} and set(explained["explain"]) == EXPLAIN
 

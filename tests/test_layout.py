@@ -13,6 +13,7 @@ COMMANDS = ("tokenize", "encode", "classify", "generate", "compare")
 # Each layer and the layers it may import from (besides itself), lowest first.
 ALLOWED = {
     "errors": set(),
+    "texts": {"errors"},
     "config": {"errors"},
     "model": {"errors", "config"},
     "checkpoints": {"errors", "config"},
@@ -21,7 +22,7 @@ ALLOWED = {
     "api": {"errors", "config", "model", "checkpoints", "sources", "tokenizer"},
     "command": {"errors", "config", "model", "sources", "tokenizer", "api"},
     "render": {"errors", "command", "tokenizer"},
-    "cli": {"errors", "command", "render", "sources", "api", "model", "tokenizer"},
+    "cli": {"errors", "texts", "command", "render", "sources", "api", "model", "tokenizer"},
     "package": {"cli"},
 }
 

@@ -35,3 +35,15 @@ def test_ci_runs_the_readme_test_command():
     install = re.search(r"pip install [^&]+", test_line).group(0).strip()
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert install in ci and "pytest -q" in ci
+
+
+def test_encode_example_is_what_minilm_prints_at_80_columns(cli, minilm_dir):
+    """The README's encode example is real output: all-MiniLM-L6-v2 on its sentence, 80 columns wide."""
+    section = README[README.index("### encode"):README.index("### compare")]
+    block = re.search(r"```console\n\$ (tfcli encode .*?)\n(.*?)```", section, re.S)
+    command, shown = block.group(1), block.group(2)
+    text = re.search(r'"(.*)"', command).group(1)
+    result = cli("encode", "--model", str(minilm_dir), "--width", "80", text)
+    assert result.exit_code == 0, result.stderr
+    printed = result.stderr.replace(str(minilm_dir), "path/to/all-MiniLM-L6-v2") + result.stdout
+    assert printed == shown

@@ -62,8 +62,16 @@ def test_an_unknown_extension_is_a_usage_error_listing_the_formats(tmp_path, com
     assert result.stdout == "" and not target.exists()
 
 
-@pytest.mark.parametrize("command", [["encode", "--model", "tiny"], ["generate", "-n", "1"], ["classify"]])
-def test_an_existing_report_needs_force(tmp_path, command):
+@pytest.fixture
+def tiny_runs(tiny_decoder, tiny_classifier) -> dict[str, list[str]]:
+    """Each command with --model, on a tiny random model."""
+    return {"encode": ["encode", "--model", "tiny"], "generate": ["generate", "--model", str(tiny_decoder)],
+            "classify": ["classify", "--model", str(tiny_classifier)]}
+
+
+@pytest.mark.parametrize("name", ["encode", "generate", "classify"])
+def test_an_existing_report_needs_force(tmp_path, tiny_runs, name):
+    command = tiny_runs[name]
     target = tmp_path / "report.html"
     target.write_text("keep me")
     refused = tfcli(*command, TEXT, "--report", str(target))
@@ -102,6 +110,7 @@ def test_an_interrupted_write_leaves_no_file(tmp_path):
     assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
 
 
+@pytest.mark.slow
 def test_matplotlib_is_imported_only_to_write_a_figure(tmp_path):
     """A page needs no matplotlib; a figure does (which shows that this check can see the import)."""
     code = ("import sys; from typer.testing import CliRunner; from tfcli.cli import app\n"
@@ -165,23 +174,23 @@ def test_selected_heads_are_the_maps_and_several_texts_give_a_section_each(tmp_p
     assert {m["head"] for s in data["sections"] for m in s["attention"]["maps"]} == {0, 1}
 
 
-def test_generate_and_classify_pages_carry_their_records(tmp_path):
+def test_generate_and_classify_pages_carry_their_records(tmp_path, tiny_runs):
     generated, classified = tmp_path / "g.html", tmp_path / "c.html"
-    result = tfcli("generate", TEXT, "-n", "3", "--lens", "--json", "--report", str(generated))
+    result = tfcli(*tiny_runs["generate"], TEXT, "-n", "3", "--lens", "--json", "--report", str(generated))
     assert result.exit_code == 0, result.stderr
     section, = page_data(generated)["sections"]
     record = json.loads(result.stdout)
-    assert section["steps"] == record["steps"] and len(section["steps"][0]["lens"]) == 13
-    assert section["full_text"].startswith(TEXT)
+    assert section["steps"] == record["steps"] and len(section["steps"][0]["lens"]) == 3  # emb + 2 blocks
+    assert section["full_text"].startswith(TEXT) and section["full_text"].endswith(record["text"])
 
-    assert tfcli("classify", TEXT, "--explain", "--report", str(classified)).exit_code == 0
+    assert tfcli(*tiny_runs["classify"], TEXT, "--explain", "--json", "--report", str(classified)).exit_code == 0
     section, = page_data(classified)["sections"]
     assert section["labels"] == ["negative", "neutral", "positive"] and section["explain"]["tokens"] == TOKENS
 
 
-def test_a_token_cannot_end_the_data_script_early(tmp_path):
+def test_a_token_cannot_end_the_data_script_early(tmp_path, tiny_runs):
     page = tmp_path / "page.html"
-    assert tfcli("classify", "</script><b>x", "--report", str(page)).exit_code == 0
+    assert tfcli(*tiny_runs["classify"], "</script><b>x", "--report", str(page)).exit_code == 0
     assert page_data(page)["sections"][0]["text"] == "</script><b>x"
 
 
@@ -200,6 +209,7 @@ def test_svg_figure_is_valid_with_tokens_as_text(tmp_path):
     assert any(text and text.startswith("logit lens") for text in texts)
 
 
+@pytest.mark.slow
 def test_a_long_text_keeps_every_token_label_apart(tmp_path):
     """132 tokens: the panel grows so that each token keeps its label, none drawn over its neighbour."""
     figure = tmp_path / "a.svg"
@@ -212,21 +222,21 @@ def test_a_long_text_keeps_every_token_label_apart(tmp_path):
     width = float(root.get("width").removesuffix("pt"))
     assert width >= 132 * 0.08 * 72  # about 0.09 inch a token
 
-def test_png_figure_has_a_sensible_size_and_is_not_blank(tmp_path):
+def test_png_figure_has_a_sensible_size_and_is_not_blank(tmp_path, tiny_runs):
     from matplotlib.image import imread
 
     figure = tmp_path / "a.png"
-    assert tfcli("generate", TEXT, "-n", "3", "--lens", "--report", str(figure)).exit_code == 0
+    assert tfcli(*tiny_runs["generate"], TEXT, "-n", "3", "--lens", "--report", str(figure)).exit_code == 0
     pixels = imread(figure)
     assert 300 <= pixels.shape[0] <= 6000 and 300 <= pixels.shape[1] <= 6000
     assert pixels[..., :3].std() > 0.05  # drawn, not one flat colour
 
 
-def test_pdf_figure_opens_with_a_page_per_text_and_its_tokens_as_text(tmp_path):
+def test_pdf_figure_opens_with_a_page_per_text_and_its_tokens_as_text(tmp_path, tiny_runs):
     from pypdf import PdfReader
 
     figure = tmp_path / "a.pdf"
-    assert tfcli("classify", "good film", "bad", "--explain", "--report", str(figure)).exit_code == 0
+    assert tfcli(*tiny_runs["classify"], "good film", "bad", "--explain", "--report", str(figure)).exit_code == 0
     pages = PdfReader(figure).pages
     assert len(pages) == 2
     first, second = (page.extract_text().split("\n") for page in pages)

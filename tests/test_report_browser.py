@@ -36,12 +36,12 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory):
-    """Reports of the three commands (tiny models) and the --save tensors of the encode run."""
+def pages(tmp_path_factory, tiny_decoder, tiny_classifier):
+    """Reports of the three commands (tiny random models) and the --save tensors of the encode run."""
     folder = tmp_path_factory.mktemp("pages")
     runs = {"encode": ["encode", "--model", "tiny", TEXT, "--save", str(folder / "t.safetensors")],
-            "generate": ["generate", TEXT, "-n", "3", "--lens"],
-            "classify": ["classify", TEXT, "--explain"]}
+            "generate": ["generate", "--model", str(tiny_decoder), TEXT, "-n", "3", "--lens"],
+            "classify": ["classify", "--model", str(tiny_classifier), TEXT, "--explain"]}
     for name, args in runs.items():
         result = CliRunner().invoke(app, [*args, "--report", str(folder / f"{name}.html")])
         assert result.exit_code == 0, result.stderr
@@ -161,10 +161,10 @@ def test_generate_and_classify_pages_draw_in_the_browser(browser, pages):
     assert steps.count() == 3 and steps.first.inner_text().startswith("0\t")
     new = page.inner_text(".text-block .new")  # the generated end of the text, marked
     assert new and page.inner_text(".text-block").startswith(TEXT) and page.inner_text(".text-block").endswith(new)
-    assert page.locator("table.grid tbody tr").count() == 13  # emb + 12 layers of gpt2-small
+    assert page.locator("table.grid tbody tr").count() == 3  # emb + the 2 blocks of the tiny decoder
     assert page.locator("table.grid thead th").count() == 1 + 3  # a column per step
-    page.hover("table.grid tbody tr >> nth=12 >> td >> nth=2")
-    assert page.inner_text("#tip").startswith("layer 12, step 2 (chose ")
+    page.hover("table.grid tbody tr >> nth=2 >> td >> nth=2")
+    assert page.inner_text("#tip").startswith("layer 2, step 2 (chose ")
     assert page.errors == [] and page.requests == [(pages / "generate.html").as_uri()]
     page.close()
 

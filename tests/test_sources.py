@@ -53,7 +53,7 @@ def test_hub_id_resolves_from_the_local_cache_offline(tmp_path, tiny_bert):
 def test_every_path_kind_resolves(tmp_path, tiny_bert):
     tiny_bert(tmp_path / "checkpoint")
     directory = config_record(str(tmp_path / "checkpoint"))
-    assert directory["weights"] is not None and "trained weights" in directory["source"]
+    assert directory["weights"] is not None and "(config and weights)" in directory["source"]
     config_file = config_record(str(tmp_path / "checkpoint" / "config.json"))
     assert config_file["weights"] is None and config_file["config"]["hidden_size"] == 32
     yaml_file = tmp_path / "mine.yaml"

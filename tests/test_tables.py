@@ -15,29 +15,41 @@ from safetensors.torch import load_file
 SENTENCE = "The animal didn't cross the street because it was too tired"
 
 
+WIDE = ("--width", "200")  # every table on one page, so that a row is one line
+
+
 def cells(line: str) -> list[str]:
-    """The cells of one line of a rendered table (apart by a rule, or by two spaces or more)."""
-    return [cell for cell in re.split(r"\s*[│┃]\s*|\s{2,}", line.strip()) if cell]
+    """The cells of one line of a rendered table (two spaces or more apart)."""
+    return [cell for cell in re.split(r"\s{2,}", line.strip()) if cell]
 
 
 def table_rows(text: str, title: str) -> list[list[str]]:
-    """The rows (header first) of the boxed table printed after the line starting with `title`; a cell that
-    wraps over several lines is joined back with spaces."""
+    """The rows (header first) of the table printed after the line starting with `title`: the header, the
+    rule under it (skipped), then one row per line up to the first blank line."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(title))
     rows: list[list[str]] = []
     for line in lines[start + 1:]:
-        if line.startswith(("┏", "┡", "├")):
-            continue
-        if not line.startswith(("┃", "│")):
+        if not line.strip():
             break
-        rule = "┃" if line.startswith("┃") else "│"
-        edges = [i for i, ch in enumerate(line) if ch == rule]
-        pieces = [line[a + 1:b].strip() for a, b in zip(edges, edges[1:])]
-        if rows and not pieces[0] and rule == "│":  # a continuation line of the row above
-            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], pieces)]
-        else:
-            rows.append(pieces)
+        if not line.lstrip().startswith("─"):
+            rows.append(cells(line))
+    return rows
+
+
+def heatmap(text: str, title: str, keys: int) -> list[tuple[str, list[str], list[str]]]:
+    """The rows of the attention map printed after `title` (on one page): (query label, the glyph of each key,
+    the entries of `attends most to`). The cells sit under the key numbers, a space apart."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    header = next(i for i in range(start, len(lines)) if lines[i].startswith("query "))
+    first = lines[header].index(" 0 ") + 1  # under the units digit of key 0
+    rows = []
+    for line in lines[header + 1:]:
+        if line.startswith("rows: queries"):
+            break
+        glyphs = [line[first + 2 * k] for k in range(keys)]
+        rows.append((line[:first].strip(), glyphs, cells(line[first + 2 * keys - 1:])))
     return rows
 
 
@@ -50,32 +62,35 @@ def run(cli, *args: str):
 def test_attends_most_to_names_the_most_attended_key(cli, minilm_dir, tmp_path):
     saved = tmp_path / "run.safetensors"
     shown = run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--layers", "2", "--heads", "1",
-                "--save", str(saved)).stdout
+                "--save", str(saved), *WIDE).stdout
     weights = load_file(str(saved))["attention.2"][0, 0]  # the one head kept: (query, key)
     (record,) = [json.loads(line) for line in run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--layers",
                                                   "2", "--heads", "1", "--json").stdout.splitlines()]
     tokens = record["tokens"]
-    rows = table_rows(shown, "attention: layer 2, head 1")[1:]
-    assert len(rows) == len(tokens)
-    for query, row in enumerate(rows):
-        named, weight = re.fullmatch(r"(.+) \((\d\.\d\d)\)", row[-1]).groups()
+    rows = heatmap(shown, "attention: layer 2, head 1", len(tokens))
+    assert [label for label, _, _ in rows] == [f"{i} {token}" for i, token in enumerate(tokens)]
+    for query, (_, glyphs, most) in enumerate(rows):
+        index, named, weight = re.fullmatch(r"(\d+) (.+) (\d\.\d\d)", most[0]).groups()
         best = int(weights[query].argmax())
-        assert named == tokens[best], f"query {query} ({tokens[query]}): table says {named}, weights say {tokens[best]}"
+        assert (int(index), named) == (best, tokens[best]), \
+            f"query {query} ({tokens[query]}): table says {named}, weights say {tokens[best]}"
         assert float(weight) == pytest.approx(float(weights[query, best]), abs=0.005)
-        # and every cell of the row is its weight, key by key
-        assert [float(c) for c in row[1:-1]] == pytest.approx(weights[query].tolist(), abs=0.005)
+        # and every cell of the row shows its weight's level on the README's scale, key by key
+        assert glyphs == [_level(w) for w in weights[query].tolist()]
     assert {tokens[int(weights[q].argmax())] for q in range(len(tokens))} != {tokens[0]}  # not one answer for all
 
 
 def test_lens_and_stage_tables_say_what_the_record_says(cli, minilm_dir):
     args = ("encode", SENTENCE, "--model", str(minilm_dir), "--layers", "3", "--heads", "0", "--top-k", "1")
-    shown = run(cli, *args).stdout
+    shown = run(cli, *args, *WIDE).stdout
     (record,) = [json.loads(line) for line in run(cli, *args, "--json").stdout.splitlines()]
-    (lens_row,) = [row for row in table_rows(shown, "logit lens")[1:] if row[0] == "3"]
+    lens_rows = table_rows(shown, "logit lens")
     (lens,) = record["lens"]
+    assert lens_rows[0] == ["position", "layer 3"]  # positions down, layers across
     expected = [f"{top[0]['token']} {top[0]['prob']:.2g}" for top in lens["top"]]
-    assert lens_row[1:] == expected
-    stages = {row[0]: row for row in table_rows(shown, "stages")[1:]}
+    assert [row[1] for row in lens_rows[1:]] == expected
+    every = ("encode", SENTENCE, "--model", str(minilm_dir), "--layers", "all", "--top-k", "0", *WIDE)
+    stages = {row[0]: row for row in table_rows(run(cli, *every).stdout, "stages")[1:]}
     assert list(stages) == [stage["stage"] for stage in record["shapes"]]
     for stage in record["shapes"]:
         row = stages[stage["stage"]]
@@ -88,7 +103,7 @@ def test_lens_and_stage_tables_say_what_the_record_says(cli, minilm_dir):
 def test_generate_step_table_says_what_the_record_says(cli, peaked_gpt2):
     path, _ = peaked_gpt2
     args = ("generate", "time flies like", "--model", str(path), "-n", "3")
-    shown = run(cli, *args).stdout
+    shown = run(cli, *args, *WIDE).stdout
     record = json.loads(run(cli, *args, "--json").stdout)
     steps = [row for row in table_rows(shown, "prompt 1") if row[0].isdigit()]
     assert len(steps) == len(record["steps"]) == 3
@@ -125,3 +140,11 @@ def _as_probability(cell: str) -> float | None:
         return float(cell[:-1]) / 100 if cell.endswith("%") else float(cell)
     except ValueError:
         return None
+
+
+def _level(weight: float) -> str:
+    """A weight's glyph on the absolute scale the README gives (blank below 0.005)."""
+    for lowest, glyph in ((0.5, "█"), (0.3, "▓"), (0.15, "▒"), (0.05, "░"), (0.005, "·")):
+        if weight >= lowest:
+            return glyph
+    return " "

@@ -80,7 +80,7 @@ def test_truncation_warns_on_stderr(cli):
 def test_max_length_too_small_is_usage_error(cli, max_length):
     result = cli("tokenize", "--max-length", max_length, SEED_TEXT)
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: max length")
+    assert result.stderr.startswith("error: --max-length")
 
 
 def test_empty_text_gives_special_tokens(cli):
@@ -104,9 +104,9 @@ def test_non_utf8_file(cli, tmp_path):
     assert "hint:" in result.stderr
 
 
-def test_missing_file_is_usage_error(cli, tmp_path):
+def test_missing_file_is_an_error(cli, tmp_path):
     result = cli("tokenize", "--file", str(tmp_path / "absent.txt"))
-    assert result.exit_code == 2
+    assert result.exit_code == 1  # a missing file, not a bad option (README, "Errors and limits")
     assert "cannot read" in result.stderr
 
 

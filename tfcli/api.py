@@ -1,7 +1,7 @@
 """The Python API: load a model or tokenizer the way the CLI does.
 
     model = tfcli.load_model("bert-base")            # bundled config, random weights (seed 0)
-    model = tfcli.load_model("path/to/checkpoint")   # trained weights
+    model = tfcli.load_model("path/to/checkpoint")   # its weights
     out = model(input_ids)                           # ModelOutput: .last_hidden_state, .logits
 """
 
@@ -117,7 +117,7 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
     try:
         if source.weights is not None:
             assign_parameters(model, load_checkpoint(model, source.weights, torch_dtype, torch_device))
-            model.weights_description = f"trained, loaded from {source.weights}"
+            model.weights_description = f"loaded from {source.weights}"
         else:
             init_weights(model, seed, torch_dtype, torch_device)
             model.weights_description = f"random (seed {seed}), from {source.description}"

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tfcli.errors import TfcliError, usage_error
+from tfcli.encode import block_count
+from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
@@ -37,6 +38,7 @@ class Classification:
     labels: list[str]  # every label, in head order
     probs: list[float]  # same order
     explanation: Explanation | None = None
+    pair: str | None = None  # the second segment (--pair), when given
 
     @property
     def prediction(self) -> str:
@@ -48,21 +50,25 @@ class Classification:
         return pairs[:top] if top is not None else pairs
 
 
-def require_classifier(config: ModelConfig) -> None:
-    """A clear error, naming the head the model has, unless it has a classification head."""
+def check_options(config: ModelConfig, explain: int = 0) -> None:
+    """Before a model is built: it must have a classification head (a usage error naming the head it has,
+    as for `generate` without an LM head), and `explain` (the layers --explain averages) must exist."""
     if config.head != "classifier":
         has = "no head" if config.head == "none" else f"a `{config.head}` head"
-        raise TfcliError(f"{config.name} has no classification head: it has {has}",
-                         "use a checkpoint saved from a ...ForSequenceClassification model, a config with "
-                         "`head: classifier`, or the bundled `--model classifier`")
+        raise usage_error(f"{config.name} has no classification head: it has {has}",
+                          "use a checkpoint saved from a ...ForSequenceClassification model, a config with "
+                          "`head: classifier`, or the bundled `--model classifier`")
+    total = block_count(config)
+    if explain < 0 or explain > total:
+        raise usage_error(f"explain_layers must be between 1 and the model's {total} layers, got {explain}",
+                          parameter="explain_layers")
 
 
 def explain_layers(model: TransformerModel, count: int) -> list[int]:
     """The last `count` blocks of the stack feeding the head."""
+    check_options(model.config, count)
     total = len(model.output_stack.blocks)
-    if count < 1:
-        raise usage_error(f"explain_layers must be >= 1, got {count}", parameter="explain_layers")
-    return list(range(max(total - count, 0), total))
+    return list(range(total - count, total))
 
 
 def run(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding],
@@ -73,7 +79,7 @@ def run(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding]
 
     from tfcli.model import Capture
 
-    require_classifier(model.config)
+    check_options(model.config, explain)
     device = next(model.parameters()).device
     layers = explain_layers(model, explain) if explain else []
     capture = Capture(hidden_states=False, layers=layers) if layers else None
@@ -97,5 +103,5 @@ def run(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding]
                 n = len(encoding.ids)
                 explanation = Explanation(layers, list(encoding.tokens), first[row, :n].tolist())
             results.append(Classification(encoding.text, list(encoding.ids), list(model.config.label_names),
-                                          probs[row].tolist(), explanation))
+                                          probs[row].tolist(), explanation, encoding.pair))
     return results

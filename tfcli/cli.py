@@ -3,55 +3,71 @@ and hands the result to its renderer (`tfcli/render/<command>.py`). No model log
 
 Option ranges are checked where the options are declared; what depends on the model is checked by
 the core against the config, before any model is built, and reported with the option's name.
-Results go to stdout (`console`); warnings, progress and errors to stderr (`err_console`).
-Heavy modules (torch, transformers, tokenizers) are imported inside the commands, so `--help` is quick.
+Results go to stdout (a console laid out for --width and --color); warnings, progress and errors to stderr
+(`err_console`). Heavy modules (torch, transformers, tokenizers) are imported inside the commands, so `--help`
+is quick. Texts are read as they arrive (`tfcli.texts`), so a stream is answered line by line.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperGroup
 from typer.exceptions import TyperException
 
 from tfcli import __version__
 from tfcli.errors import TfcliError, usage_error
+from tfcli.render.layout import MIN_WIDTH, make_console, output_width, print_lines
 from tfcli.render.report_file import check_report_path
+from tfcli.texts import CappedWarnings, Input, Inputs
 
 if TYPE_CHECKING:
     from tfcli.model import TransformerModel
     from tfcli.sources import Source
-    from tfcli.tokenizer import Encoding
+    from tfcli.tokenizer import Encoding, Tokenizer
 
 T = TypeVar("T")
 
-# rich drops colour by itself when NO_COLOR is set or the stream is not a terminal. Piped tables get
-# a wide page (or $COLUMNS) so that files and pagers receive whole cells rather than truncated ones.
-console = Console(highlight=False, markup=False, emoji=False,
-                  width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 200))
 err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+# Typer writes an argument's Python type beside its name in --help (`TEXT <list[str]>`): the name alone says it.
+TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
 
 
 class _ErrorReportingGroup(TyperGroup):
-    """Turns TfcliError, and any unexpected exception, into `error:` / `hint:` lines and an exit code."""
+    """Turns TfcliError, and any unexpected exception, into `error:` / `hint:` lines and an exit code; a
+    reader that goes away (`| head`) ends the run quietly with 0."""
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except TfcliError as e:
             fail(option_words(e), e.hint, e.exit_code)
-        except (TyperException, typer.Exit, typer.Abort, BrokenPipeError):
-            raise  # typer handles these: usage errors, exits, Ctrl-C (130), closed pipes
+        except BrokenPipeError:
+            _quiet_stdout()
+            raise typer.Exit(0) from None
+        except (TyperException, typer.Exit, typer.Abort):
+            raise  # typer handles these: usage errors, exits, Ctrl-C (130)
         except Exception as e:
             if os.environ.get("TFCLI_DEBUG") == "1":
                 raise
             fail(f"unexpected {type(e).__name__}: {e}", "this is a bug in tfcli; TFCLI_DEBUG=1 shows the traceback", 1)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush into the closed pipe cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests capture stdout in memory)
+        pass
 
 
 app = typer.Typer(
@@ -85,6 +101,10 @@ def warn(message: str) -> None:
     err_console.print(f"warning: {message}", soft_wrap=True)
 
 
+def note(message: str) -> None:
+    err_console.print(message, soft_wrap=True, style="dim")
+
+
 def option_words(error: TfcliError) -> str:
     """A library error about a parameter (`top_k must be >= 1`) said with the option's name (`--top-k ...`)."""
     name = error.parameter
@@ -105,74 +125,80 @@ def requires(test: Callable[[Any], bool], requirement: str):
 
 
 AT_LEAST_ONE = requires(lambda value: value >= 1, "must be at least 1")
+NOT_NEGATIVE = requires(lambda value: value >= 0, "must be at least 0")
 POSITIVE = requires(lambda value: value > 0, "must be positive")
 PROBABILITY = requires(lambda value: 0 < value <= 1, "must be in (0, 1]")
 SEED_RANGE = requires(lambda value: 0 <= value < 2**64, "must be between 0 and 2**64 - 1")
+WIDE_ENOUGH = requires(lambda value: value >= MIN_WIDTH, f"must be at least {MIN_WIDTH}")
 
 
-def read_texts(texts: list[str] | None, file: Path | None, allow_empty: bool = False) -> list[str]:
-    """The input texts: the arguments, stdin (one per line) when `-` is the only argument, or FILE's lines.
-    An empty or whitespace-only text is refused unless allow_empty (tokenize shows its special tokens):
-    a forward pass over it says nothing about any text."""
-    source = None  # where lines came from, for messages
-    if file is not None:
-        if texts:
-            raise usage_error("give texts as arguments or with --file, not both")
-        try:
-            texts, source = _lines(file.read_bytes(), str(file)), str(file)
-        except OSError as e:
-            raise usage_error(f"cannot read {file}: {e.strerror}") from e
-    elif texts == ["-"]:
-        texts, source = _lines(sys.stdin.buffer.read(), "stdin"), "stdin"
-    if not texts:
-        raise usage_error("no text given", "pass texts as arguments, `-` to read stdin, or --file PATH")
-    for number, text in enumerate([] if allow_empty else texts, 1):
-        if not text.strip():
-            where = f" (line {number} of {source})" if source else ""
-            raise usage_error(f"text {number}{where} is {'only whitespace' if text else 'empty'}: there is nothing to run",
-                              "give some text" + ("; drop blank lines first, e.g. with `grep -v '^[[:space:]]*$'`"
-                                                  if source else ""))
-    return texts
+def output_console(width: int | None, color: bool | None) -> Console:
+    """The stdout console of a command: `--width` (else $COLUMNS, the terminal's, or 120) and `--color`."""
+    return make_console(output_width(width), color)
 
 
-def _lines(data: bytes, source: str) -> list[str]:
-    """Decode UTF-8 bytes into lines (without their line endings); a bad byte is the user's error."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise TfcliError(
-            f"{source} is not valid UTF-8: line {line}, byte offset {e.start}",
-            "convert it first, e.g. `iconv -f latin1 -t utf-8`",
-        ) from e
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+def inputs(texts: list[str] | None, file: Path | None, keep_blank: bool = False) -> Inputs:
+    return Inputs(texts, file, keep_blank, warn)
 
 
-def warn_truncated(encodings: list[Encoding], shown: int = 5) -> None:
-    """One warning per truncated text, the first `shown` of them, then a count (a stream stays readable)."""
-    truncated = [(number, e) for number, e in enumerate(encodings, 1) if e.truncated]
-    for number, encoding in truncated[:shown]:
-        warn(f"text {number} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
-    if len(truncated) > shown:
-        warn(f"{len(truncated) - shown} more texts truncated ({len(truncated)} of {len(encodings)} in all)")
+def noted(tokenizer: Tokenizer) -> Tokenizer:
+    """The tokenizer, after saying on stderr what a person should know about it (the bundled one standing in
+    for a model directory that has none)."""
+    if tokenizer.note:
+        warn(tokenizer.note)
+    return tokenizer
 
 
-def with_progress(batches: Iterable[T], total: int, batch_size: int, what: str, count: Callable[[T], int]) -> Iterator[T]:
-    """Yield the batches in order; with a progress bar on stderr (advanced by count(batch) after each)
-    when stderr is a terminal, stdout is not (results go to a pipe or file: on a terminal they show
-    progress themselves) and there is more than one batch. Never on pipes."""
-    if total <= batch_size or not err_console.is_terminal or console.is_terminal:
+def tokenizer_of(source: Source) -> Tokenizer:
+    from tfcli.api import load_tokenizer_for
+
+    return noted(load_tokenizer_for(source))
+
+
+def tokenized(tokenizer: Tokenizer, batch: list[Input], positions: int, truncated: CappedWarnings,
+              pair: str | None = None, max_length: int | None = None, refuse_longer: bool = False) -> list[Encoding]:
+    """A batch of texts tokenized for a model with `positions` positions: truncated to --max-length (at most
+    the positions) with a warning, or refused (--no-truncate)."""
+    encodings = tokenizer.encode_for_model([item.text for item in batch], positions, pair, max_length)
+    limit = (f"--max-length {max_length}" if max_length is not None else f"the model's {positions} positions") \
+        if refuse_longer else None
+    check_truncated(batch, encodings, truncated, limit)
+    return encodings
+
+
+def check_truncated(batch: list[Input], encodings: list[Encoding], truncated: CappedWarnings,
+                    refused_beyond: str | None = None) -> None:
+    """Warn about each truncated text (the first few, then a count); or, given `refused_beyond` (what a text
+    may not be longer than), refuse it."""
+    for item, encoding in zip(batch, encodings):
+        if not encoding.truncated:
+            continue
+        if refused_beyond is not None:
+            raise usage_error(f"{item.where} has {encoding.untruncated_length} tokens, more than {refused_beyond}",
+                              "drop --no-truncate to truncate it")
+        truncated.add(f"{item.where} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
+
+
+def started(items: Iterator[T]) -> Iterator[T]:
+    """The same items, the first one read now: before a model is built, so that a bad or empty input
+    fails early."""
+    first = next(items)
+    return chain([first], items)
+
+
+def with_progress(batches: Iterable[T], what: str, count: Callable[[T], int]) -> Iterator[T]:
+    """Yield the batches in order; with a progress count on stderr (advanced by count(batch) after each)
+    when stderr is a terminal and stdout is not (results go to a pipe or file: on a terminal they show
+    progress themselves). Never on pipes."""
+    if not err_console.is_terminal or sys.stdout.isatty():
         yield from batches
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     # redirect_stdout=False: rich would otherwise send the results written to sys.stdout to stderr
-    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+    with Progress(TextColumn(what), BarColumn(), TextColumn("{task.completed} texts"), TimeElapsedColumn(),
                   console=err_console, transient=True, redirect_stdout=False, redirect_stderr=False) as progress:
-        task = progress.add_task(what, total=total)
+        task = progress.add_task(what, total=None)
         for batch in batches:
             yield batch
             progress.advance(task, count(batch))
@@ -193,28 +219,42 @@ def write_report_file(path: Path, command: str, model: TransformerModel, source:
     """Write --report PATH from a command's report objects, and say so on stderr."""
     from tfcli.render.report_file import run_info, write_report
 
+    check_report_path(path, overwrite, len(items))  # a stream's texts are counted only now
     write_report(path, run_info(command, model, source.description), items, overwrite, tokenizer)
     err_console.print(f"wrote {path}")
 
 
 TextsArgument = Annotated[
     list[str] | None,
-    typer.Argument(metavar="TEXT", help="Texts to process; `-` alone reads stdin, one text per line.", show_default=False),
+    typer.Argument(metavar="TEXT", help="Texts to process; `-` alone reads stdin, one text per line.",
+                   show_default=False),
 ]
-FileOption = Annotated[Path | None, typer.Option("--file", "-f", help="Read texts from FILE, one per line.", dir_okay=False)]
+FileOption = Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
+                                                 help="Read texts from FILE, one per line.")]
 ModelOption = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Model source: a path, a bundled config name or a Hugging Face hub id."),
+    typer.Option("--model", "-m", metavar="SRC", help="Model source: a path, a bundled config name or a Hugging Face hub id."),
 ]
-RevisionOption = Annotated[str | None, typer.Option(help="Branch, tag or commit of a Hugging Face hub model.")]
+RevisionOption = Annotated[str | None, typer.Option(metavar="REV", help="Branch, tag or commit of a Hugging Face hub model.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per text.")]
-DeviceOption = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
-DtypeOption = Annotated[str, typer.Option(help="float32, float16 or bfloat16.")]
-SeedOption = Annotated[int, typer.Option(help="Seed of the random weights when the model has none.", callback=SEED_RANGE)]
+DeviceOption = Annotated[str, typer.Option(metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
+DtypeOption = Annotated[str, typer.Option(metavar="DTYPE", help="float32, float16 or bfloat16.")]
+SeedOption = Annotated[int, typer.Option(metavar="N", help="Seed of the random weights when the model has none.",
+                                         callback=SEED_RANGE)]
+PairOption = Annotated[str | None, typer.Option(metavar="TEXT", help="Second segment, paired with every text.")]
+MaxLengthOption = Annotated[int | None, typer.Option("--max-length", metavar="N", callback=AT_LEAST_ONE,
+                                                     help="Truncate texts to at most N tokens (default: the model's "
+                                                     "positions).")]
 ReportOption = Annotated[Path | None, typer.Option(
     "--report", metavar="PATH", dir_okay=False,
     help="Also write the results to PATH: an interactive page (.html) or a figure (.svg, .png, .pdf).")]
 ReportForceOption = Annotated[bool, typer.Option("--force", help="Overwrite the --report file if it exists.")]
+WidthOption = Annotated[int | None, typer.Option(
+    "--width", metavar="N", callback=WIDE_ENOUGH,
+    help="Lay tables out for N columns (default: $COLUMNS, else the terminal's width, else 120).")]
+ColorOption = Annotated[bool | None, typer.Option(
+    "--color/--no-color", show_default=False,
+    help="Colour on or off (default: on when stdout is a terminal and NO_COLOR is unset).")]
 
 
 # ---------------------------------------------------------------- commands
@@ -222,7 +262,7 @@ ReportForceOption = Annotated[bool, typer.Option("--force", help="Overwrite the 
 
 def _show_version(value: bool) -> None:
     if value:
-        console.print(f"tfcli {__version__}")
+        print(f"tfcli {__version__}")
         raise typer.Exit()
 
 
@@ -238,53 +278,80 @@ def root(
 @app.command()
 def tokenize(
     texts: TextsArgument = None,
-    pair: Annotated[str | None, typer.Option(help="Second segment, paired with every text.")] = None,
+    pair: PairOption = None,
     no_special: Annotated[bool, typer.Option("--no-special", help="Leave out special tokens ([CLS], [SEP], ...).")] = False,
-    max_length: Annotated[int | None, typer.Option(metavar="N", help="Truncate to at most N tokens.")] = None,
+    max_length: Annotated[int | None, typer.Option("--max-length", metavar="N", help="Truncate to at most N tokens.")] = None,
     model: ModelOption = None,
     revision: RevisionOption = None,
     file: FileOption = None,
     json_output: JsonOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
 ) -> None:
-    """Show how texts split into tokens: ids, segments, and the characters each token covers."""
+    """Show how texts split into tokens: ids, segments, and the characters each token covers.
+
+    \b
+    Examples:
+      tfcli tokenize "time flies like an arrow"
+      tail -f log.txt | tfcli tokenize --json -
+    """
     from tfcli import tokenize as core
     from tfcli.render import tokenize as render
     from tfcli.render.jsonl import write_jsonl
 
-    tokenized = core.run(read_texts(texts, file, allow_empty=True), model, pair, not no_special, max_length,
-                         revision)
-    encodings = tokenized.encodings
-    warn_truncated(encodings)
-    size = 1000
-    chunks = (encodings[start:start + size] for start in range(0, len(encodings), size))
+    out = output_console(width, color)
+    texts_in = inputs(texts, file, keep_blank=True)
+    tokenizer = noted(core.tokenizer_for(model, revision))
+    truncated = CappedWarnings(warn, "texts truncated")
     number = 0
-    for chunk in with_progress(chunks, len(encodings), size, "tokenize", len):
-        if json_output:
-            write_jsonl(render.record(e) for e in chunk)
-            continue
-        for encoding in chunk:
+    for batch in with_progress(texts_in.batches(1000), "tokenize", len):
+        encodings = core.run(tokenizer, [item.text for item in batch], pair, not no_special, max_length)
+        check_truncated(batch, encodings, truncated)
+        for encoding in encodings:
             number += 1
-            console.print(render.token_table(encoding, number, tokenized.tokenizer_name))
+            if json_output:
+                write_jsonl([render.record(encoding)])
+            else:
+                print_lines(out, render.token_lines(encoding, number, tokenizer.name, out.width))
+    truncated.finish(number)
+
+
+def _one_source(positional: str | None, option: str | None) -> str | None:
+    """A model source given as the positional SRC or as --model SRC (one habit works everywhere), not both."""
+    if positional is not None and option is not None:
+        raise usage_error("give the model source once: as SRC or with --model, not both")
+    return positional if positional is not None else option
 
 
 @app.command("config")
 def show_config(
-    source: Annotated[str | None, typer.Argument(metavar="SRC", help="Path, bundled name or hub id (default: bert-base).")] = None,
+    source: Annotated[str | None, typer.Argument(metavar="SRC", show_default=False,
+                                                 help="Path, bundled name or hub id (default: bert-base).")] = None,
+    model: ModelOption = None,
     revision: RevisionOption = None,
-    json_output: JsonOption = False,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON on stdout: one object.")] = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
 ) -> None:
-    """Print the resolved config of a model source and its parameter count."""
+    """Print the resolved config of a model source and its parameter count.
+
+    \b
+    Examples:
+      tfcli config tiny
+      tfcli config --model path/to/checkpoint --json
+    """
     from tfcli.api import describe
     from tfcli.render import config as render
     from tfcli.sources import bundled_names
 
-    summary = describe(source, revision)
+    summary = describe(_one_source(source, model), revision)
     if json_output:
         from tfcli.render.jsonl import write_jsonl
 
         write_jsonl([render.record(summary)])
     else:
-        console.print(render.config_table(summary, bundled_names()))
+        out = output_console(width, color)
+        print_lines(out, render.config_lines(summary, bundled_names(), out.width))
 
 
 @app.command()
@@ -292,13 +359,25 @@ def encode(
     texts: TextsArgument = None,
     model: ModelOption = None,
     revision: RevisionOption = None,
-    layers: Annotated[str | None, typer.Option(help="Blocks to show, e.g. 0,-1 (default: all).")] = None,
-    heads: Annotated[str | None, typer.Option(help="Heads to show, e.g. 0,3 or all (default: their mean).")] = None,
-    top_k: Annotated[int, typer.Option("--top-k", help="Top unembedded tokens per layer and position.",
-                                       callback=AT_LEAST_ONE)] = 3,
-    target: Annotated[str | None, typer.Option(help="Decoder input of an encoder-decoder (default: the start token).")] = None,
-    no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse texts longer than the position table.")] = False,
-    save: Annotated[Path | None, typer.Option(help="Write input_ids, hidden.{i}, attention.{i}, logits to FILE.safetensors.")] = None,
+    layers: Annotated[str | None, typer.Option(metavar="LAYERS", help="Blocks to capture and show in full: 0,-1 or "
+                                               "8-11 or -3- (the last three) or all (default: capture all, show the "
+                                               "last in full and a line per position for the others).")] = None,
+    heads: Annotated[str | None, typer.Option(metavar="HEADS", help="Heads to show, e.g. 0,3 or 0-5 or all "
+                                              "(default: their mean).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", metavar="N", callback=NOT_NEGATIVE,
+                                              help="Top tokens each layer predicts per position; 0 switches the logit "
+                                              "lens off (default: 3, of which the table shows 1).")] = None,
+    attention_top: Annotated[int | None, typer.Option("--attn-top", metavar="N", callback=AT_LEAST_ONE,
+                                                      help="Keys listed per query beside each attention map "
+                                                      "(default: up to 3, as many as fit beside it).")] = None,
+    pair: PairOption = None,
+    max_length: MaxLengthOption = None,
+    target: Annotated[str | None, typer.Option(metavar="TEXT", help="Decoder input of an encoder-decoder "
+                                               "(default: the start token).")] = None,
+    no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse texts longer than the position table "
+                                              "(or --max-length).")] = False,
+    save: Annotated[Path | None, typer.Option(metavar="FILE", help="Write input_ids, hidden.{i}, attention.{i}, "
+                                              "logits to FILE.safetensors.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite the --save or --report file if it exists.")] = False,
     report: ReportOption = None,
     file: FileOption = None,
@@ -309,86 +388,140 @@ def encode(
     max_capture_mb: Annotated[float, typer.Option("--max-capture-mb", metavar="MB", callback=POSITIVE,
                                                   help="Most memory a batch's captured attention, hidden states "
                                                   "and logits may hold.")] = 1024,
+    width: WidthOption = None,
+    color: ColorOption = None,
 ) -> None:
-    """Run a forward pass and show every stage's shape, the attention maps and the logit lens."""
+    """Run a forward pass and show every stage's shape, the attention maps and the logit lens.
+
+    \b
+    Examples:
+      tfcli encode --model path/to/checkpoint "The animal didn't cross the street because it was too tired"
+      tfcli encode --layers all --heads 0-3 --top-k 5 "time flies like an arrow"
+    """
     from tfcli import encode as core
-    from tfcli.api import load_tokenizer_for
     from tfcli.render import encode as render
     from tfcli.render.jsonl import write_jsonl
     from tfcli.sources import resolve_source
 
-    inputs = read_texts(texts, file)
+    out = output_console(width, color)
+    texts_in = inputs(texts, file)
     if save is not None:
         render.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
     if report is not None:
-        check_report_path(report, force, len(inputs))
+        check_report_path(report, force, texts_in.count or 1)
     source = resolve_source(model, revision)
-    options = core.check_options(source.config, layers, heads, top_k)
+    options = core.check_options(source.config, layers, heads, core.DEFAULT_TOP_K if top_k is None else top_k)
     options.keep_heads = report is not None  # the page's head selector shows every head behind a mean
-    tokenizer = load_tokenizer_for(source)
+    tokenizer = tokenizer_of(source)
     decoder_input = core.decoder_input(source.config, tokenizer, target)
-    encodings = tokenizer.encode_for_model(inputs, source.config.max_position_embeddings, truncate=not no_truncate)
-    warn_truncated(encodings)
+    positions = source.config.max_position_embeddings
+    truncated = CappedWarnings(warn, "texts truncated")
+    chunks = ((batch, tokenized(tokenizer, batch, positions, truncated, pair, max_length, no_truncate))
+              for batch in texts_in.batches(None if save is not None else core.MAX_BATCH))
+    chunks = started(chunks)
     loaded = build(source, device, dtype, seed)
-    batch_size, note = core.capture_batch_size(loaded, options, encodings, decoder_input, max_capture_mb,
-                                               save is not None)
-    if note:
-        warn(note)
-    number = 0
-    reported = []  # every text's report, for --report
-    batches = core.run(loaded, tokenizer, encodings, options, decoder_input, batch_size, keep_tensors=save is not None)
-    for batch in with_progress(batches, len(encodings), batch_size, "encode", lambda b: len(b.reports)):
-        for text_report in batch.reports:
-            number += 1
-            if json_output:
-                write_jsonl([render.record(text_report, loaded.trained)])
-            else:
-                render.print_report(console, text_report, number)
-        if report is not None:
-            reported += batch.reports
-        if save is not None:
-            render.save_tensors(save, batch.tensors, overwrite=force)
-            err_console.print(f"saved {save}")
+    every_layer = list(range(max(source.config.num_hidden_layers, core.block_count(source.config))))
+    detail = None if layers is None else options.layers if options.layers is not None else every_layer
+    view = render.View(detail, attention_top, out.color_system is not None, 1 if top_k is None else top_k,
+                       lens=top_k is not None)
+    if not json_output and layers is None:
+        note("showing the last layer in full and a line per position for every layer; see more with "
+             "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
+    number, warned, reported = 0, False, []  # reported: every text's report, for --report
+    for _, encodings in with_progress(chunks, "encode", lambda chunk: len(chunk[1])):
+        batch_size, capture_note = core.capture_batch_size(loaded, options, encodings, decoder_input,
+                                                           max_capture_mb, save is not None)
+        if capture_note and not warned:  # once: every batch of a stream would say the same
+            warn(capture_note)
+            warned = True
+        for batch in core.run(loaded, tokenizer, encodings, options, decoder_input, batch_size,
+                              keep_tensors=save is not None):
+            for text_report in batch.reports:
+                number += 1
+                if json_output:
+                    write_jsonl([render.record(text_report, loaded.trained)])
+                else:
+                    print_lines(out, render.report_lines(text_report, number, out.width, view))
+            if report is not None:
+                reported += batch.reports
+            if save is not None:
+                metadata = render.save_metadata(batch.reports, source.description, loaded.weights_description,
+                                                __version__)
+                render.save_tensors(save, batch.tensors, overwrite=force, metadata=metadata)
+                err_console.print(f"saved {save}")
+    truncated.finish(number)
     if report is not None:
         write_report_file(report, "encode", loaded, source, reported, force)
 
 
 @app.command()
 def compare(
-    source: Annotated[str, typer.Argument(metavar="SRC", help="A checkpoint directory (config.json + weights).")],
-    text: Annotated[str, typer.Argument(help="The input text.")],
+    arguments: Annotated[list[str] | None, typer.Argument(metavar="SRC TEXT", show_default=False,
+                                                          help="A checkpoint directory (config.json + weights), unless "
+                                                          "--model gives it, then texts; `-` alone reads stdin.")] = None,
+    model: ModelOption = None,
+    file: FileOption = None,
     device: DeviceOption = "cpu",
-    tolerance: Annotated[float, typer.Option(help="Largest difference that counts as a match.")] = 1e-4,
+    tolerance: Annotated[float, typer.Option(metavar="T", callback=POSITIVE,
+                                             help="Largest difference that counts as a match.")] = 1e-4,
     json_output: JsonOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
 ) -> None:
-    """Run transformers' own model on the same checkpoint and text; print each tensor's max abs difference."""
+    """Run transformers' own model on the same checkpoint and texts; print each tensor's max abs difference.
+    Exits 1 when a difference exceeds --tolerance.
+
+    \b
+    Examples:
+      tfcli compare path/to/checkpoint "time flies like an arrow"
+      tfcli compare --model path/to/checkpoint --json - < texts.txt
+    """
     from tfcli import compare as core
     from tfcli.render import compare as render
+    from tfcli.render.jsonl import write_jsonl
 
-    comparison = core.run(source, text, device, tolerance)
-    warn_truncated([comparison.encoding])
-    if json_output:
-        from tfcli.render.jsonl import write_jsonl
-
-        write_jsonl([render.record(comparison)])
-    else:
-        console.print(render.compare_table(comparison))
-    if not comparison.matches:
-        err_console.print(f"largest difference {comparison.worst:.3g} exceeds {tolerance:g}")
+    arguments = list(arguments or [])
+    if model is None:
+        if not arguments:
+            raise usage_error("no model source given", "tfcli compare SRC TEXT... or tfcli compare --model SRC TEXT...")
+        model = arguments.pop(0)
+    out = output_console(width, color)
+    texts_in = inputs(arguments or None, file)
+    batches = started(texts_in.batches(1))
+    models = core.load(model, device)
+    noted(models.tokenizer)
+    truncated = CappedWarnings(warn, "texts truncated")
+    worst, number = 0.0, 0
+    for batch in batches:
+        encoding = tokenized(models.tokenizer, batch, models.resolved.config.max_position_embeddings, truncated)[0]
+        comparison = core.run(models, encoding, tolerance)
+        number += 1
+        worst = max(worst, comparison.worst)
+        if json_output:
+            write_jsonl([render.record(comparison)])
+        else:
+            print_lines(out, render.compare_lines(comparison, number, out.width))
+    truncated.finish(number)
+    if worst > tolerance:
+        err_console.print(f"largest difference {worst:.3g} exceeds {tolerance:g}")
         raise typer.Exit(1)
 
 
 @app.command()
 def classify(
     texts: TextsArgument = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model source with a classification head "
-                                              "(default: the bundled `classifier`, random weights).")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with a "
+                                              "classification head (default: the bundled `classifier`, random "
+                                              "weights).")] = None,
     revision: RevisionOption = None,
     top: Annotated[int | None, typer.Option(metavar="N", callback=AT_LEAST_ONE,
                                             help="Show only the N most probable labels in the table.")] = None,
-    explain: Annotated[bool, typer.Option("--explain", help="Show what the first token attends to in the last layer(s), mean over heads.")] = False,
-    explain_layers: Annotated[int, typer.Option("--explain-layers", metavar="N", callback=AT_LEAST_ONE,
-                                                help="Average --explain over the last N layers.")] = 1,
+    explain: Annotated[bool, typer.Option("--explain", help="Show what the first token attends to in the last "
+                                          "layer(s), mean over heads.")] = False,
+    explain_layers: Annotated[int | None, typer.Option("--explain-layers", metavar="N", callback=AT_LEAST_ONE,
+                                                       help="Average --explain over the last N layers (default 1).")] = None,
+    pair: PairOption = None,
+    max_length: MaxLengthOption = None,
     report: ReportOption = None,
     force: ReportForceOption = False,
     file: FileOption = None,
@@ -396,34 +529,52 @@ def classify(
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
     json_output: JsonOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
 ) -> None:
-    """Classify texts: every label's probability and the prediction; --explain shows why."""
+    """Classify texts: every label's probability and the prediction; --explain shows why.
+
+    \b
+    Examples:
+      tfcli classify --model path/to/classifier "I loved this film" "terrible acting"
+      tfcli classify --model path/to/nli-model "A man is eating." --pair "Someone eats." --explain
+    """
     from tfcli import classify as core
-    from tfcli.api import load_tokenizer_for
     from tfcli.render import classify as render
+    from tfcli.render.jsonl import write_jsonl
     from tfcli.sources import resolve_source
 
-    inputs = read_texts(texts, file)
+    if explain_layers is not None and not explain:
+        raise usage_error("--explain-layers goes with --explain", "add --explain to see the first token's attention")
+    out = output_console(width, color)
+    texts_in = inputs(texts, file)
     if report is not None:
-        check_report_path(report, force, len(inputs))
+        check_report_path(report, force, texts_in.count or 1)
     source = resolve_source(model or "classifier", revision)
-    core.require_classifier(source.config)  # before building a model for nothing
-    tokenizer = load_tokenizer_for(source)
-    encodings = tokenizer.encode_for_model(inputs, source.config.max_position_embeddings)
+    explained = (explain_layers or 1) if explain else 0
+    core.check_options(source.config, explained)  # before building a model for nothing
+    tokenizer = tokenizer_of(source)
+    positions = source.config.max_position_embeddings
+    truncated = CappedWarnings(warn, "texts truncated")
+    chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length)
+              for batch in texts_in.batches(core.BATCH_SIZE))
+    chunks = started(chunks)
     loaded = build(source, device, dtype, seed)
     if not loaded.trained:
         warn("random weights: these probabilities say nothing about the texts")
-    warn_truncated(encodings)
-    results = core.run(loaded, tokenizer, encodings, explain=explain_layers if explain else 0)
-    if json_output:
-        from tfcli.render.jsonl import write_jsonl
-
-        write_jsonl(render.record(result) for result in results)
-    else:
-        for number, result in enumerate(results, 1):
-            console.print(render.classification_table(result, number, top))
-            if result.explanation is not None:
-                console.print(render.heat_strip(result.explanation))
+    results, number = [], 0  # results: for --report
+    for encodings in with_progress(chunks, "classify", len):
+        for result in core.run(loaded, tokenizer, encodings, explain=explained):
+            number += 1
+            if json_output:
+                write_jsonl([render.record(result)])
+            else:
+                print_lines(out, render.classification_lines(result, number, out.width, top))
+                if result.explanation is not None:
+                    print_lines(out, render.explanation_lines(result.explanation, out.width))
+            if report is not None:
+                results.append(result)
+    truncated.finish(number)
     if report is not None:
         write_report_file(report, "classify", loaded, source, results, force)
 
@@ -432,7 +583,7 @@ def classify(
 def generate(
     prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT", show_default=False,
                                                         help="Prompts to continue; `-` alone reads stdin, one per line.")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Model source with an LM head "
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head "
                                               "(default: the bundled `gpt2-small`, random weights).")] = None,
     revision: RevisionOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", callback=AT_LEAST_ONE,
@@ -451,50 +602,64 @@ def generate(
     force: ReportForceOption = False,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
-    seed: Annotated[int, typer.Option(help="Seed of the random weights (when the model has none) and of sampling.",
-                                      callback=SEED_RANGE)] = 0,
-    json_output: JsonOption = False,
+    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
+                                      help="Seed of the random weights (when the model has none) and of sampling.")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per prompt.")] = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
 ) -> None:
-    """Continue prompts token by token: the text streams to stderr as it is made, then a step table
-    (probability, alternatives, and with --lens each layer's guess) on stdout."""
+    """Continue prompts token by token: the text appears as it is made, then a step table (probability,
+    alternatives, and with --lens each layer's guess).
+
+    \b
+    Examples:
+      tfcli generate --model path/to/gpt2 "time flies like" --max-new-tokens 10 --lens
+      tfcli generate --model path/to/gpt2 --temperature 0.8 --top-p 0.9 --seed 1 "Once upon a time"
+    """
     from tfcli import generate as core
-    from tfcli.api import load_tokenizer_for
     from tfcli.model.decoding import Sampling
     from tfcli.render import generate as render
+    from tfcli.render.jsonl import write_jsonl
     from tfcli.sources import resolve_source
 
-    inputs = read_texts(prompts, None)
-    if report is not None:
-        check_report_path(report, force, len(inputs))
     do_sample = any(option is not None for option in (temperature, top_k, top_p))
     if greedy and do_sample:
         raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
                           "leave out --greedy to sample")
+    out = output_console(width, color)
+    prompts_in = inputs(prompts, None)
+    if report is not None:
+        check_report_path(report, force, prompts_in.count or 1)
     sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
     source = resolve_source(model or core.DEFAULT_MODEL, revision)
-    tokenizer = load_tokenizer_for(source)
-    prepared = core.prompts(source.config, tokenizer, inputs, max_new_tokens)
+    tokenizer = tokenizer_of(source)
+    batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
+               for batch in prompts_in.batches(1))
+    batches = started(batches)
     loaded = build(source, device, dtype, seed)
-    live = err_console.is_terminal
+    # the text appears once, as it is made: on stdout when that is the terminal (the table follows without it),
+    # else on stderr when that is a terminal (stdout, a file or pipe, gets the text with the table)
+    live = sys.stdout if out.is_terminal and not json_output else sys.stderr if err_console.is_terminal else None
 
-    def show(piece: str) -> None:
-        sys.stderr.write(piece)
-        sys.stderr.flush()
+    def show_text(piece: str) -> None:
+        live.write(piece)
+        live.flush()
 
-    generations = []  # for --report
-    for number, prompt in enumerate(prepared, 1):
+    generations, number = [], 0  # generations: for --report
+    for (prompt,) in batches:
+        number += 1
         if prompt.budget < max_new_tokens:
             warn(f"prompt {number}: only {prompt.budget} new tokens fit in the model's "
                  f"{loaded.config.max_position_embeddings} positions")
-        result = core.run(loaded, tokenizer, prompt, sampling, lens=lens, on_text=show if live else None)
+        result = core.run(loaded, tokenizer, prompt, sampling, lens=lens, on_text=show_text if live else None)
         if live:
-            show("\n")
+            show_text("\n")
         if json_output:
-            from tfcli.render.jsonl import write_jsonl
-
             write_jsonl([render.record(result, tokenizer)])
         else:
-            render.print_generation(console, result, tokenizer, number, seed if do_sample else None)
-        generations.append(result)
+            print_lines(out, render.generation_lines(result, tokenizer, number, seed if do_sample else None,
+                                                     out.width, with_text=live is not sys.stdout))
+        if report is not None:
+            generations.append(result)
     if report is not None:
         write_report_file(report, "generate", loaded, source, generations, force, tokenizer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfcli.errors import TfcliError
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from tfcli.model import TransformerModel
     from tfcli.sources import Source
-    from tfcli.tokenizer import Encoding
+    from tfcli.tokenizer import Encoding, Tokenizer
 
 
 @dataclass
@@ -50,19 +50,37 @@ class Comparison:
         return self.worst <= self.tolerance
 
 
-def run(source: str, text: str, device: str = "cpu", tolerance: float = 1e-4) -> Comparison:
-    """Build tfcli's model and transformers' from the checkpoint `source`, run both on `text`, and measure."""
-    import torch
+@dataclass
+class Models:
+    """tfcli's model and transformers' own, built once from one checkpoint, and its tokenizer."""
 
+    source: str  # as the user gave it
+    resolved: Source
+    ours: TransformerModel
+    theirs: Any
+    tokenizer: Tokenizer
+
+
+def load(source: str, device: str = "cpu") -> Models:
+    """Build tfcli's model and transformers' from the checkpoint `source` (one with weights)."""
     from tfcli.api import build_model, load_tokenizer_for
     from tfcli.sources import resolve_source
 
     resolved = resolve_source(source)
     _require_weights(resolved)
-    encoding = load_tokenizer_for(resolved).encode_for_model([text], resolved.config.max_position_embeddings)[0]
+    tokenizer = load_tokenizer_for(resolved)
     model = build_model(resolved, device=device)
-    input_ids = torch.tensor([encoding.ids], device=model.embed_tokens.weight.device)
-    return Comparison(source, encoding, tolerance, compare(model, resolved, input_ids))
+    reference = transformers_model(resolved).to(device=model.embed_tokens.weight.device,
+                                                dtype=model.embed_tokens.weight.dtype)
+    return Models(source, resolved, model, reference, tokenizer)
+
+
+def run(models: Models, encoding: Encoding, tolerance: float = 1e-4) -> Comparison:
+    """Run both models on one tokenized text and measure, tensor by tensor."""
+    import torch
+
+    input_ids = torch.tensor([encoding.ids], device=models.ours.embed_tokens.weight.device)
+    return Comparison(models.source, encoding, tolerance, compare_with(models.ours, models.theirs, input_ids))
 
 
 def _require_weights(source: Source) -> None:
@@ -86,7 +104,13 @@ def transformers_model(source: "Source"):
     return loader(str(source.weights.parent), attn_implementation="eager").eval()
 
 
-def compare(model: "TransformerModel", source: "Source", input_ids: "Tensor") -> list[Difference]:
+def compare(model: "TransformerModel", source: Source, input_ids: "Tensor") -> list[Difference]:
+    """`compare_with` transformers' own model of the checkpoint `source`, built for this one comparison."""
+    reference = transformers_model(source).to(device=input_ids.device, dtype=model.embed_tokens.weight.dtype)
+    return compare_with(model, reference, input_ids)
+
+
+def compare_with(model: "TransformerModel", reference: Any, input_ids: "Tensor") -> list[Difference]:
     """Max abs difference per tensor: hidden.{i} (the last after any final norm, as transformers
     reports it), attention.{i}, cross_attention.{i} and logits. An encoder-decoder's decoder reads its
     start token followed by the input's own tokens (as many as its positions allow), so that every
@@ -95,7 +119,6 @@ def compare(model: "TransformerModel", source: "Source", input_ids: "Tensor") ->
 
     from tfcli.model import Capture
 
-    reference = transformers_model(source).to(device=input_ids.device, dtype=model.embed_tokens.weight.dtype)
     encoder_decoder = model.config.architecture == "encoder-decoder"
     decoder = {}
     if encoder_decoder:

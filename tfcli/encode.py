@@ -9,6 +9,7 @@ report objects (and the --save tensors) batch by batch; nothing here prints.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -24,31 +25,49 @@ if TYPE_CHECKING:
     from tfcli.tokenizer import Encoding, Tokenizer
 
 SUBLAYERS = ("attention", "cross_attention", "feed_forward")  # a block's sublayers, in forward order
+DEFAULT_TOP_K = 3  # logit lens tokens per layer and position
+MAX_BATCH = 32  # texts per forward pass, at most
 
 
 def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
-    """'0,2,-1' -> sorted non-negative indices into `count` items; None or 'all' -> None (all of them)."""
+    """A selection of `count` items as people type it -> sorted indices; None or 'all' -> None (all of them).
+    Comma-separated parts, each an index or a range of them, negative counting from the end: '0,-1',
+    '8-11', '-3-' (the last three), '2-' (from 2 on), '-4--2', 'all'."""
     if spec is None or spec.strip() == "all":
         return None
-    indices = []
-    for part in spec.split(","):
-        try:
-            index = int(part)
-        except ValueError:
-            raise usage_error(f"{what}: `{part}` is not a number", f"for example 0,-1 or all",
-                              parameter=what) from None
-        if not -count <= index < count:
-            raise usage_error(f"{what}: {index} is out of range: the model has {count} {what}",
-                              f"use 0 to {count - 1}, or -1 for the last", parameter=what)
-        indices.append(index % count)
-    return sorted(set(indices))
+    hint = f"for example 0,-1 or 8-11 or -3- (the last three) or all; the model has {count} {what} (0 to {count - 1})"
+    indices: set[int] = set()
+    for part in spec.replace(" ", "").split(","):
+        match = RANGE.fullmatch(part)
+        if not match or not any(character.isdigit() for character in part):
+            raise usage_error(f"{what}: `{part}` is not an index or a range", hint, parameter=what)
+        first, dash, last = match.groups()
+        start = _index(first, 0, count, what, hint)
+        stop = _index(last, count - 1, count, what, hint) if dash else start
+        if stop < start:
+            raise usage_error(f"{what}: the range `{part}` is empty ({start} comes after {stop})", hint, parameter=what)
+        indices.update(range(start, stop + 1))
+    return sorted(indices)
+
+
+RANGE = re.compile(r"(-?\d+)?(?:(-)(-?\d+)?)?")  # 'a', 'a-', 'a-b', '-b' with negative numbers
+
+
+def _index(text: str | None, default: int, count: int, what: str, hint: str) -> int:
+    """One end of a selection: an index (negative counts from the end) checked against `count`."""
+    if text is None:
+        return default
+    index = int(text)
+    if not -count <= index < count:
+        raise usage_error(f"{what}: {index} is out of range: the model has {count} {what}", hint, parameter=what)
+    return index % count
 
 
 @dataclass
 class EncodeOptions:
     layers: list[int] | None = None  # blocks to show (attention, lens); None = all
     heads: list[int] | None = None  # heads to show; None = the mean over all heads
-    top_k: int = 3
+    top_k: int = 3  # 0: no logit lens
     keep_heads: bool = False  # with the mean, also keep each head's map (for --report's head selector)
 
 
@@ -61,8 +80,8 @@ def check_options(config: "ModelConfig", layers: str | None = None, heads: str |
             top_k: int = 3) -> EncodeOptions:
     """Options checked against a config, before any model is built. `layers` and `heads` are specs such
     as '0,-1' or 'all'; without `heads`, the report shows the mean over heads."""
-    if top_k < 1:
-        raise usage_error(f"top_k must be >= 1, got {top_k}", parameter="top_k")
+    if top_k < 0:
+        raise usage_error(f"top_k must be >= 0, got {top_k}", parameter="top_k")
     if top_k > config.vocab_size:
         raise usage_error(f"top_k {top_k} is larger than the vocabulary ({config.vocab_size})", parameter="top_k")
     head_count = config.num_attention_heads
@@ -104,6 +123,7 @@ class StageRow:
     mean: float
     std: float
     norm: float
+    block: int | None = None  # the block a sublayer's row belongs to (None: embeddings, a block output, ...)
 
 
 @dataclass
@@ -115,6 +135,12 @@ class AttentionMap:
     query_tokens: list[str]
     key_tokens: list[str]
     heads: "Tensor | None" = None  # (heads, queries, keys) behind a mean map, when options.keep_heads
+
+    def top(self, k: int) -> tuple[list[list[int]], list[list[float]]]:
+        """Per query, the k keys it attends to most (most first) and their weights: ([q][k] keys, [q][k] weights).
+        The one ranking behind the terminal's "attends most to" and the JSON's max_key."""
+        values, keys = self.weights.topk(min(k, self.weights.shape[-1]), dim=-1)
+        return keys.tolist(), values.tolist()
 
 
 @dataclass
@@ -128,6 +154,7 @@ class TextReport:
     text: str
     tokens: list[str]
     ids: list[int]
+    pair: str | None = None  # the second segment (--pair), when given
     target_tokens: list[str] | None = None  # encoder-decoder: the decoder's input
     target_ids: list[int] | None = None
     stages: list[StageRow] = field(default_factory=list)
@@ -249,8 +276,10 @@ def stage_rows(model: "TransformerModel", stack: "Stack", out: "ModelOutput", ro
     the final norm. Labels and parameter counts come from the module that produced each tensor."""
     from tfcli.model.transformer import count_parameters
 
-    def stage(label: str, tensor: "Tensor", *modules) -> StageRow:
-        return stage_row(prefix + label, tensor[row, :length], count_parameters(*modules))
+    def stage(label: str, tensor: "Tensor", *modules, block: int | None = None) -> StageRow:
+        stage = stage_row(prefix + label, tensor[row, :length], count_parameters(*modules))
+        stage.block = block
+        return stage
 
     rows = [stage("embeddings", out.hidden_states[0], model.token_embedding(stack), stack.embeddings, stack.project_in)]
     for i, block in enumerate(stack.blocks):
@@ -259,7 +288,8 @@ def stage_rows(model: "TransformerModel", stack: "Stack", out: "ModelOutput", ro
             if path in out.stages:  # the sublayer and the norms that go with it (before, after, or both)
                 norms = [getattr(block, f"{name}{suffix}") for suffix in ("_norm", "_output_norm")
                          if hasattr(block, f"{name}{suffix}")]
-                rows.append(stage(f"block {i} {name}", out.stages[path], stack.get_submodule(path), *norms))
+                rows.append(stage(f"block {i} {name}", out.stages[path], stack.get_submodule(path), *norms,
+                                  block=i))
         rows.append(stage(f"block {i} output", out.hidden_states[i + 1], block))
     if "final_norm" in out.stages:
         rows.append(stage("final norm", out.stages["final_norm"], stack.final_norm))
@@ -272,7 +302,7 @@ def text_report(model: "TransformerModel", out: "ModelOutput", row: int, encodin
     from tfcli.model.transformer import count_parameters
 
     n = len(encoding.ids)
-    report = TextReport(encoding.text, encoding.tokens, encoding.ids)
+    report = TextReport(encoding.text, encoding.tokens, encoding.ids, encoding.pair)
     if out.encoder is None:  # encoder-only or decoder-only: one stack
         kind, prefix = "self", ""
         t_tokens, t_len = encoding.tokens, n
@@ -289,7 +319,9 @@ def text_report(model: "TransformerModel", out: "ModelOutput", row: int, encodin
     report.attention += _maps(kind, out.attentions, row, t_len, t_len, options, t_tokens, t_tokens)
     if out.encoder is not None:
         report.attention += _maps("cross", out.cross_attentions, row, t_len, n, options, t_tokens, encoding.tokens)
-    report.lens = lens_rows(model, out.hidden_states, row, t_len, options.layers, options.top_k, tokenizer, out.logits)
+    if options.top_k:
+        report.lens = lens_rows(model, out.hidden_states, row, t_len, options.layers, options.top_k, tokenizer,
+                                out.logits)
     return report
 
 
@@ -360,10 +392,10 @@ def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodi
                              f"{mb(cost.attention * len(encodings))} of attention to capture, more than "
                              f"--max-capture-mb {limit_mb:g}", "save fewer texts per run, or " + hint)
         return len(encodings), None
-    fits = max(1, min(32, int(limit // cost.total)))
+    fits = max(1, min(MAX_BATCH, int(limit // cost.total)))
     note = None
-    if fits < min(32, len(encodings)):
-        note = (f"capturing all {len(encodings)} texts at once would hold {mb(cost.total * len(encodings))} "
+    if fits < min(MAX_BATCH, len(encodings)):
+        note = (f"capturing {len(encodings)} texts at once would hold {mb(cost.total * len(encodings))} "
                 f"(per text: {what}, {mb(cost.other)} of hidden states and logits); running {fits} at a time "
                 f"to stay under --max-capture-mb {limit_mb:g}")
     return fits, note

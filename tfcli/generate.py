@@ -36,7 +36,7 @@ class Generation:
     prompt: str
     prompt_ids: list[int]
     generated_ids: list[int] = field(default_factory=list)  # new tokens only (no start token)
-    text: str = ""  # the new tokens decoded, special tokens left out
+    text: str = ""  # what the new tokens add to the text (decoded after the prompt), special tokens left out
     full_text: str = ""  # what reads on: prompt + new tokens (decoders), the new tokens (encoder-decoders)
     steps: list[Step] = field(default_factory=list)
     stopped_at_eos: bool = False
@@ -72,7 +72,8 @@ def run(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, sampling:
     from tfcli.model.decoding import stream
 
     context = [] if model.encoder is not None else prompt.ids  # decoded with the new tokens, so words join right
-    result = Generation(prompt.text, prompt.ids, full_text=tokenizer.decode(context))
+    prompt_text = tokenizer.decode(context)
+    result = Generation(prompt.text, prompt.ids, full_text=prompt_text)
     if on_text is not None and result.full_text:
         on_text(result.full_text)
     device = next(model.parameters()).device
@@ -85,7 +86,9 @@ def run(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, sampling:
             on_text(full[len(result.full_text):])
         result.full_text = full
         result.stopped_at_eos = step.eos
-    result.text = tokenizer.decode(result.generated_ids)
+    # decoded after the prompt, not alone: a WordPiece continuation (`##beau`) joins the prompt's last word
+    result.text = (result.full_text[len(prompt_text):] if context and result.full_text.startswith(prompt_text)
+                   else tokenizer.decode(result.generated_ids))
     return result
 
 

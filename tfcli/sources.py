@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "bert-base"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
 HUB_ID = re.compile(r"(?:\w[\w.-]*/)?\w[\w.-]*")  # `name` or `owner/name`, as the hub spells them
 
 
@@ -33,7 +32,7 @@ class Source:
 
     config: ModelConfig
     weights: Path | None
-    tokenizer_dir: Path | None
+    tokenizer_dir: Path | None  # a model directory (its tokenizer files, or a note that it has none); None: bundled
     description: str  # where it came from, for the output
 
 
@@ -91,9 +90,8 @@ def _from_path(path: Path, name: str | None = None) -> Source:
                              "a model directory needs config.json (as save_pretrained writes it)")
         config = read_hf_config(config_file)
         weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
-        tokenizer_dir = path if any((path / name).is_file() for name in TOKENIZER_FILES) else None
-        what = "trained weights" if weights else "config only, no weights"
-        return Source(config, weights, tokenizer_dir, f"{name or path} ({what})")
+        what = "config and weights" if weights else "config only, no weights"
+        return Source(config, weights, path, f"{name or path} ({what})")
     if path.suffix in (".yaml", ".yml"):
         return Source(load_yaml(path), None, None, f"config file {path}")
     if path.suffix == ".json":

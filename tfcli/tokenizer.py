@@ -61,11 +61,12 @@ class Tokenizer:
     Padding and truncation saved in a tokenizer.json are switched off: callers ask for them per call.
     """
 
-    def __init__(self, backend: _Backend, name: str):
+    def __init__(self, backend: _Backend, name: str, note: str | None = None):
         backend.no_padding()
         backend.no_truncation()
         self.backend = backend
         self.name = name
+        self.note = note  # what a person should know about where it came from (a fallback), else None
         for attribute, names in SPECIAL_TOKEN_NAMES.items():
             ids = (backend.token_to_id(n) for n in names)
             setattr(self, attribute, next((i for i in ids if i is not None), None))
@@ -123,22 +124,23 @@ class Tokenizer:
             for i, (text, enc, untruncated) in enumerate(zip(texts, kept, full))
         ]
 
-    def encode_for_model(self, texts: list[str], positions: int, truncate: bool = True) -> list[Encoding]:
-        """Tokenize texts for a model with `positions` positions: truncated to them, or refused (truncate=False)."""
-        encodings = self.encode(texts, max_length=positions)
-        for number, encoding in enumerate(encodings, 1):
-            if encoding.truncated and not truncate:
-                raise usage_error(f"text {number} has {encoding.untruncated_length} tokens, more than the model's "
-                                  f"{positions} positions", "drop --no-truncate to truncate it")
-        return encodings
+    def encode_for_model(self, texts: list[str], positions: int, pair: str | None = None,
+                         max_length: int | None = None) -> list[Encoding]:
+        """Tokenize texts (each with `pair` as its second segment when given) for a model with `positions`
+        positions, truncated to max_length (at most `positions`; default: `positions`)."""
+        if max_length is not None and max_length > positions:
+            raise usage_error(f"max_length {max_length} is more than the model's {positions} positions",
+                              f"use at most {positions}", parameter="max_length")
+        pairs = [pair] * len(texts) if pair is not None else None
+        return self.encode(texts, pairs, max_length=positions if max_length is None else max_length)
 
     def _check_max_length(self, max_length: int, is_pair: bool, add_special_tokens: bool) -> None:
         post = self.backend.post_processor
         specials = post.num_special_tokens_to_add(is_pair) if post and add_special_tokens else 0
         if max_length < max(specials, 1):
             raise usage_error(
-                f"max length {max_length} is too small: it must be at least {max(specials, 1)}",
-                f"the special tokens alone take {specials}" if specials else None,
+                f"max_length {max_length} is too small: it must be at least {max(specials, 1)}",
+                f"the special tokens alone take {specials}" if specials else None, parameter="max_length",
             )
 
     def pad(self, encodings: list[Encoding]) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
@@ -179,7 +181,8 @@ def load_tokenizer(source: str | Path | None = None) -> Tokenizer:
 
 
 def _from_directory(directory: Path | None) -> Tokenizer:
-    """Use the directory's tokenizer.json, else vocab.txt, else vocab.json + merges.txt, else the bundled vocab."""
+    """Use the directory's tokenizer.json, else vocab.txt, else vocab.json + merges.txt, else the bundled vocab
+    (with a note saying so: a model directory without tokenizer files may well expect another vocabulary)."""
     if directory is not None:
         try:
             if (directory / "tokenizer.json").is_file():
@@ -193,7 +196,9 @@ def _from_directory(directory: Path | None) -> Tokenizer:
                 f"cannot load the tokenizer in {directory}: {e}",
                 "check tokenizer.json / vocab.txt / vocab.json + merges.txt there",
             ) from e
-    return Tokenizer(_wordpiece(BUNDLED_VOCAB, lowercase=True), BUNDLED_NAME)
+    note = None if directory is None else (f"{directory} has no tokenizer files (tokenizer.json, vocab.txt, "
+                                            f"vocab.json + merges.txt): using the {BUNDLED_NAME} tokenizer")
+    return Tokenizer(_wordpiece(BUNDLED_VOCAB, lowercase=True), BUNDLED_NAME, note)
 
 
 def _lowercase(directory: Path) -> bool:

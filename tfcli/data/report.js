@@ -183,21 +183,16 @@
 
     function drawHeadView() {
       const m = state.map, queries = tokensOf(m, "query"), keys = tokensOf(m, "key"), f = state.focus;
+      const top = darkest(m);  // the other column's tokens take the colours of the heatmap's row or column
       const column = (node, tokens, side) => node.replaceChildren(...tokens.map((t, i) => {
         const span = el("span", {"data-side": side, "data-index": i}, t);
         if (f && f.side === side && f.index === i) span.classList.add("picked");
         else if (f && f.side !== side) {
           const w = side === "key" ? weight(m, f.index, i) : weight(m, i, f.index);
-          shade(span, w / largestIn(f)); span.dataset.tip = fmt(w);
+          shade(span, w / top); span.dataset.tip = fmt(w);
         }
         return span;
       }));
-      function largestIn(focus) {
-        let top = 1e-9;
-        const n = focus.side === "query" ? m.cols : m.rows;
-        for (let k = 0; k < n; k++) top = Math.max(top, focus.side === "query" ? weight(m, focus.index, k) : weight(m, k, focus.index));
-        return top;
-      }
       column(left, queries, "query"); column(right, keys, "key");
       const row = 18, width = 150, height = Math.max(m.rows, m.cols) * row, ratio = window.devicePixelRatio || 1;
       lines.width = width * ratio; lines.height = height * ratio;

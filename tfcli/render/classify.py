@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Group
-from rich.table import Table
 from rich.text import Text
+
+from tfcli.render.layout import GAP, Column, fold, heat, heat_legend, shown, table, words, wrap
 
 if TYPE_CHECKING:
     from tfcli.classify import Classification, Explanation
 
-BAR_WIDTH = 30
-SHADES = " ░▒▓█"  # heat strip in plain text: weight relative to the largest, darker is more
+BAR_WIDTH = 30  # the bar of probability 1, when the width allows (at least MIN_BAR)
+MIN_BAR = 10
+PREDICTION = "◀ prediction"
 
 
 def bar(probability: float, width: int = BAR_WIDTH) -> str:
@@ -22,45 +23,50 @@ def bar(probability: float, width: int = BAR_WIDTH) -> str:
     return "█" * full + ("" if part == 0 else " ▏▎▍▌▋▊▉"[part])
 
 
-def classification_table(result: Classification, number: int, top: int | None = None) -> Table:
-    """Every label (or the `top` most probable), most probable first, with its probability and a bar."""
-    table = Table(title=f"text {number}: {result.text!r}", title_justify="left", caption_justify="left",
-                  caption=f"prediction: {result.prediction}")
-    table.add_column("label")
-    table.add_column("prob", justify="right")
-    table.add_column("", min_width=BAR_WIDTH)
-    table.add_column("")
+def classification_lines(result: Classification, number: int, width: int, top: int | None = None) -> list[Text]:
+    """Every label (or the `top` most probable), most probable first, with its probability and a bar, then
+    the prediction; lines of at most `width` cells."""
+    ranked = result.ranked(top)
     prediction = result.prediction
-    for label, probability in result.ranked(top):
-        mark = "◀ prediction" if label == prediction else ""
-        style = "bold" if label == prediction else None
-        table.add_row(Text(label, style=style or ""), f"{probability:.4f}", Text(bar(probability), style="cyan"), mark)
-    return table
+    labels = Column.of("label", [Text(label, style="bold" if label == prediction else "") for label, _ in ranked])
+    probs = Column.of("prob", [f"{p:.4f}" for _, p in ranked], right=True)
+    marks = Column.of("", [PREDICTION if label == prediction else "" for label, _ in ranked])
+    room = width - min(labels.natural_width(), width // 2) - probs.natural_width() - marks.natural_width() - 3 * GAP
+    bar_width = max(MIN_BAR, min(BAR_WIDTH, room))
+    bars = Column.of("", [Text(bar(p, bar_width), style="cyan") for _, p in ranked])
+    title = f"text {number}: {result.text!r}" + (f" + {result.pair!r}" if result.pair is not None else "")
+    return (words(title, width, "bold") + table([labels, probs, bars, marks], width)
+            + [Text(f"prediction: {prediction}")])
 
 
-def heat_strip(explanation: Explanation, top: int = 3) -> Group:
-    """The tokens on one line, shaded by attention (background colour on a terminal, a shade line
-    under them everywhere), then the most attended tokens with their weights."""
+def explanation_lines(explanation: Explanation, width: int, top: int = 3) -> list[Text]:
+    """The tokens, each with a shade line under it: its weight on the same absolute scale as encode's
+    heatmaps (the glyph, coloured when colour is on); then the most attended tokens with their weights."""
     layers = explanation.layers
     where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}-{layers[-1]}"
-    heading = Text(f"why: first token's attention in {where}, mean over heads", style="dim")
-    peak = max(explanation.weights, default=0.0) or 1.0
+    lines = words(f"why: first token's attention in {where}, mean over heads", width, "dim")
     tokens, shades = Text(), Text()
     for token, weight in zip(explanation.tokens, explanation.weights):
-        level = weight / peak
-        shade = 255 - round(level * 200)
-        tokens.append(token, style=f"black on rgb(255,{shade},{shade})" if level > 0.05 else "")
-        tokens.append(" ")
-        shades.append(SHADES[min(len(SHADES) - 1, round(level * (len(SHADES) - 1)))] * len(token) + " ")
+        for piece in fold(Text(shown(token)), width):
+            if tokens.cell_len and tokens.cell_len + 1 + piece.cell_len > width:
+                lines += [tokens, shades]
+                tokens, shades = Text(), Text()
+            if tokens.cell_len:
+                tokens.append(" ")
+                shades.append(" ")
+            tokens.append_text(piece)
+            shades.append(heat(weight).plain * piece.cell_len, style=heat(weight).style)
+    lines += [tokens, shades] if tokens.cell_len else []
     ranked = sorted(zip(explanation.tokens, explanation.weights), key=lambda pair: -pair[1])[:top]
-    most = Text("most attended: " + ", ".join(f"{token} {weight:.3f}" for token, weight in ranked))
-    return Group(heading, tokens, shades, most)
+    most = [Text("most attended:")] + [Text(f"{shown(token)} {weight:.3f}") for token, weight in ranked]
+    return lines + wrap(most, width) + heat_legend(width)
 
 
 def record(result: Classification) -> dict[str, Any]:
-    """The JSON Lines record of `classify`: text, ids, labels, probs, prediction (and `explain` when asked for)."""
-    out: dict[str, Any] = {"text": result.text, "ids": result.ids, "labels": result.labels, "probs": result.probs,
-                           "prediction": result.prediction}
+    """The JSON Lines record of `classify`: text, (pair,) ids, labels, probs, prediction (and `explain` when asked
+    for)."""
+    out: dict[str, Any] = {"text": result.text} | ({"pair": result.pair} if result.pair is not None else {})
+    out |= {"ids": result.ids, "labels": result.labels, "probs": result.probs, "prediction": result.prediction}
     if result.explanation is not None:
         e = result.explanation
         out["explain"] = {"layers": e.layers, "tokens": e.tokens, "weights": e.weights}

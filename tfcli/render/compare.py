@@ -4,21 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
+from rich.text import Text
+
+from tfcli.render.layout import Column, table, words
 
 if TYPE_CHECKING:
     from tfcli.compare import Comparison
 
 
-def compare_table(comparison: Comparison) -> Table:
+def compare_lines(comparison: Comparison, number: int, width: int) -> list[Text]:
     """One row per compared tensor: its shape, the max abs difference and whether it is within tolerance."""
     tolerance = comparison.tolerance
-    table = Table(title=f"tfcli vs transformers on {comparison.source} (tolerance {tolerance:g})", title_justify="left")
-    for header in ("tensor", "shape", "max abs diff", ""):
-        table.add_column(header, no_wrap=True)
-    for d in comparison.differences:
-        table.add_row(d.name, str(tuple(d.shape)), f"{d.max_abs_diff:.3g}", "ok" if d.max_abs_diff <= tolerance else "DIFFERS")
-    return table
+    differences = comparison.differences
+    columns = [Column.of("tensor", [d.name for d in differences]),
+               Column.of("shape", [str(tuple(d.shape)) for d in differences], right=True),
+               Column.of("max abs diff", [f"{d.max_abs_diff:.3g}" for d in differences], right=True),
+               Column.of("", ["ok" if d.max_abs_diff <= tolerance else "DIFFERS" for d in differences])]
+    title = f"text {number}: {comparison.text!r}: tfcli vs transformers on {comparison.source} (tolerance {tolerance:g})"
+    return words(title, width, "bold") + table(columns, width)
 
 
 def record(comparison: Comparison) -> dict[str, Any]:

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
+from rich.text import Text
+
+from tfcli.render.layout import Column, table, words
 
 if TYPE_CHECKING:
     from tfcli.api import SourceSummary
 
 
-def config_table(summary: SourceSummary, bundled: list[str]) -> Table:
-    """Two columns, key and value: every config field; the caption gives the parameter count."""
+def config_lines(summary: SourceSummary, bundled: list[str], width: int) -> list[Text]:
+    """Two columns, key and value: every config field (a list value wraps between its items); then the
+    parameter count."""
     config = summary.source.config
-    table = Table(title=f"{config.name}: {summary.source.description}", title_justify="left", caption_justify="left",
-                  caption=f"{summary.parameters:,} parameters; bundled configs: {', '.join(bundled)}")
-    table.add_column("key", no_wrap=True)
-    table.add_column("value")
-    for key, value in config.to_dict().items():
-        table.add_row(key, str(value))
-    return table
+    items = list(config.to_dict().items())
+    values = [[Text(str(v)) for v in value] if isinstance(value, list) and value else [Text(str(value))]
+              for _, value in items]
+    columns = [Column.of("key", [key for key, _ in items]), Column("value", values, sep=", ")]
+    return (words(f"{config.name}: {summary.source.description}", width, "bold") + table(columns, width)
+            + words(f"{summary.parameters:,} parameters; bundled configs: {', '.join(bundled)}", width, "dim"))
 
 
 def record(summary: SourceSummary) -> dict[str, Any]:

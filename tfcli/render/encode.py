@@ -1,93 +1,213 @@
-"""Render an `encode` report: rich tables (shapes, attention heatmaps, logit lens), JSON Lines records
-and the --save safetensors file."""
+"""Render an `encode` report: the terminal view (tokens, stages, attention heatmaps, logit lens and a
+summary of every layer), the JSON Lines record and the --save safetensors file.
+
+The terminal view shows some layers in detail (`View.detail`: by default the last one) and a line per
+position summarising every captured layer; the JSON record holds everything that was captured."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
 from rich.text import Text
 
-from tfcli.errors import TfcliError
+from tfcli.errors import TfcliError, usage_error
+from tfcli.render.layout import (GAP, Column, heat_legend, heat_row, key_column_widths, layer_runs, shown, table,
+                                 words, wrap)
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from torch import Tensor
 
-    from tfcli.encode import AttentionMap, TextReport
+    from tfcli.encode import AttentionMap, StageRow, TextReport
 
 KIND_TITLES = {"self": "attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention",
                "cross": "cross-attention (decoder query -> encoder key)"}
+ATTENTION_DECIMALS = 4  # the JSON's attention weights
 
 
-def short(token: str, width: int = 8) -> str:
-    return token if len(token) <= width else token[: width - 1] + "…"
+@dataclass
+class View:
+    """What the terminal shows of a report (the JSON record holds everything captured)."""
+
+    detail: list[int] | None = None  # layers shown in full (maps, lens, sublayer stages); None: the last one
+    attention_top: int | None = None  # keys listed per query beside a map; None: up to 3, as many as fit beside it
+    color: bool = True  # colour the heatmaps' cells (the glyphs carry the levels without it)
+    lens_top: int = 1  # tokens shown per layer and position (at most those captured)
+    lens: bool = False  # the logit lens of the layers in full, even when the summary of every layer shows
 
 
-def shapes_table(report: TextReport) -> Table:
-    table = Table(title="stages", title_justify="left")
-    for header in ("stage", "shape", "dtype", "params", "mean", "std", "norm"):
-        table.add_column(header, justify="left" if header in ("stage", "dtype") else "right", no_wrap=True)
-    for row in report.stages:
-        table.add_row(row.name, "(" + ", ".join(map(str, row.shape)) + ")", row.dtype, f"{row.parameters:,}",
-                      f"{row.mean:+.4f}", f"{row.std:.4f}", f"{row.norm:.2f}")
-    return table
-
-
-def heat(value: float) -> str:
-    """A background shade for an attention weight in [0, 1] (ignored when colour is off)."""
-    level = int(232 + round(min(max(value, 0.0), 1.0) * 23))  # the 24-step grey ramp of 256-colour terminals
-    return f"on color({level})" + (" black" if level > 243 else "")
-
-
-def attention_table(amap: AttentionMap) -> Table:
-    """Query rows x key columns, each cell the weight (shaded), and what each query attends to most."""
-    head = "mean of heads" if amap.head == "mean" else f"head {amap.head}"
-    table = Table(title=f"{KIND_TITLES[amap.kind]}: layer {amap.layer}, {head}", title_justify="left")
-    table.add_column("query \\ key", no_wrap=True)
-    for token in amap.key_tokens:
-        table.add_column(short(token, 6), justify="right")
-    table.add_column("attends most to", no_wrap=True)
-    for query, weights in zip(amap.query_tokens, amap.weights.tolist()):
-        best = max(range(len(weights)), key=weights.__getitem__)
-        cells = [Text(f"{w:.2f}", style=heat(w)) for w in weights]
-        table.add_row(short(query, 12), *cells, f"{amap.key_tokens[best]} ({weights[best]:.2f})")
-    return table
-
-
-def lens_table(report: TextReport) -> Table:
-    table = Table(title="logit lens: top tokens each layer would predict", title_justify="left")
-    table.add_column("layer", justify="right")
-    positions = report.target_tokens if report.target_tokens is not None else report.tokens
-    for token in positions:
-        table.add_column(short(token, 10))
-    for row in report.lens:
-        table.add_row(str(row.layer), *["\n".join(f"{short(tok, 10)} {p:.2g}" for tok, _, p in top) for top in row.top])
-    return table
-
-
-def print_report(console: Console, report: TextReport, number: int) -> None:
-    console.print(Text(f"text {number}: {report.text!r}", style="bold"))
-    console.print(f"tokens: {' '.join(report.tokens)}")
+def report_lines(report: TextReport, number: int, width: int, view: View = View()) -> list[Text]:
+    """The terminal view of one text, as lines of at most `width` cells."""
+    lines = words(f"text {number}: {report.text!r}", width, "bold")
+    if report.pair is not None:
+        lines += words(f"pair: {report.pair!r}", width)
+    lines += token_lines("tokens", report.tokens, width)
     if report.target_tokens is not None:
-        console.print(f"decoder input: {' '.join(report.target_tokens)}")
-    console.print(shapes_table(report))
+        lines += token_lines("decoder input", report.target_tokens, width)
+    lines += [Text()] + stage_lines(report.stages, width, view.detail)
     for amap in report.attention:
-        console.print(attention_table(amap))
+        if _in_detail(amap.layer, [a.layer for a in report.attention if a.kind == amap.kind], view.detail):
+            lines += [Text()] + heatmap_lines(amap, width, view.attention_top, view.color)
+    summary = summary_lines(report, width) if _some_layer_not_in_detail(report, view.detail) else []
+    if report.lens and (view.lens or view.detail is not None or not summary):
+        lines += [Text()] + lens_lines(report, width, view.detail, view.lens_top)
+    return lines + ([Text()] + summary if summary else [])
+
+
+def _in_detail(layer: int, layers: list[int], detail: list[int] | None) -> bool:
+    """Whether `layer` (one of `layers`, those of its kind) is shown in full: the chosen ones, or the last."""
+    return layer == max(layers) if detail is None else layer in detail
+
+
+def _some_layer_not_in_detail(report: TextReport, detail: list[int] | None) -> bool:
+    kinds = [[a.layer for a in report.attention if a.kind == kind] for kind in {a.kind for a in report.attention}]
+    return any(not _in_detail(layer, layers, detail) for layers in kinds + [[r.layer for r in report.lens]]
+               for layer in layers)
+
+
+def token_lines(label: str, tokens: list[str], width: int) -> list[Text]:
+    """`label:` then each token with its position, wrapped between tokens: `tokens: 0 [CLS]  1 the ...`."""
+    items = [Text(f"{i} {shown(t)}") for i, t in enumerate(tokens)]
+    return wrap([Text(f"{label}: ") + items[0], *items[1:]], width)
+
+
+def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None = None) -> list[Text]:
+    """The stages table: every stage's shape, parameters and statistics. Sublayer rows (attention,
+    feed-forward) only for the blocks in detail (by default each stack's last block)."""
+    def stack_blocks(row: StageRow) -> list[int]:  # the blocks of the row's stack (encoder, decoder)
+        return [r.block for r in stages if r.block is not None and _stack(r) == _stack(row)]
+
+    rows = [r for r in stages if r.block is None or _in_detail(r.block, stack_blocks(r), detail)]
+    dtypes = {r.dtype for r in rows}
+    columns = [Column.of("stage", [r.name for r in rows]),
+               Column.of("shape", ["(" + ", ".join(map(str, r.shape)) + ")" for r in rows], right=True)]
+    if len(dtypes) > 1:
+        columns.append(Column.of("dtype", [r.dtype for r in rows]))
+    columns += [Column.of("params", [f"{r.parameters:,}" for r in rows], right=True),
+                Column.of("mean", [f"{r.mean:+.4f}" for r in rows], right=True),
+                Column.of("std", [f"{r.std:.4f}" for r in rows], right=True),
+                Column.of("norm", [f"{r.norm:.2f}" for r in rows], right=True)]
+    notes = [dtypes.pop()] if len(dtypes) == 1 else []
+    if len(rows) < len(stages):
+        blocks = sorted({r.block for r in rows if r.block is not None})
+        notes.append("sublayers of the last block only" if detail is None else
+                     "sublayers of block " + ", ".join(map(str, blocks)) + " only" if blocks else "no sublayers")
+    return table(columns, width, title="stages" + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def _stack(row: StageRow) -> str:
+    return row.name.partition("block ")[0]
+
+
+def heatmap_lines(amap: AttentionMap, width: int, top: int | None = None, color: bool = True) -> list[Text]:
+    """A query x key heatmap, a cell per weight shaded on an absolute scale (a glyph, coloured when `color`),
+    the keys numbered as in the token list and paged when they do not fit; beside it, the `top` keys each
+    query attends to most, with their weights (None: up to 3, as many as fit beside the map)."""
+    weights = amap.weights.tolist()
+    queries = Column.of("query", [f"{i} {shown(t)}" for i, t in enumerate(amap.query_tokens)])
+    count = len(amap.key_tokens)
+    label = key_column_widths([queries], width)[0] + GAP
+    spaced = label + 2 * count - 1 <= width  # a space between cells when the whole map fits so, else none
+    step = 2 if spaced else 1
+    per_page = max(1, (width - label + step - 1) // step)
+    pages = [range(start, min(start + per_page, count)) for start in range(0, count, per_page)]
+    digits = len(str(count - 1))
+    keys = [Column("\n".join((" " * (step - 1)).join(str(k).rjust(digits)[level] for k in keys)
+                             for level in range(digits)),
+                   [[heat_row([row[k] for k in keys], spaced, color)] for row in weights]) for keys in pages]
+    key_range = {id(column): keys for column, keys in zip(keys, pages)}
+    for k in [top] if top is not None else [3, 2, 1, 3]:  # the last: no count fits beside the map
+        most = _most_attended(amap, k)
+        if label + keys[-1].natural_width() + GAP + most.natural_width() <= width:
+            break
+
+    def note(columns: list[Column]) -> str:
+        shown_keys = [k for c in columns if id(c) in key_range for k in key_range[id(c)]]
+        parts = [f"keys {shown_keys[0]}-{shown_keys[-1]}"] if shown_keys else []
+        return ", ".join(parts + (["attends most to"] if columns[-1] is most else []))
+
+    head = "mean of heads" if amap.head == "mean" else f"head {amap.head}"
+    title = f"{KIND_TITLES[amap.kind]}: layer {amap.layer}, {head}"
+    return (table([queries, *keys, most], width, title=title, page_note=note, rule=False)
+            + words("rows: queries, columns: keys (numbered as in the tokens)", width, "dim") + heat_legend(width))
+
+
+def _most_attended(amap: AttentionMap, top: int) -> Column:
+    """Per query, the `top` keys it attends to most: `2 animal 0.31` (key 2, weight 0.31)."""
+    keys, weights = amap.top(top)
+    return Column("attends most to", [[Text(f"{k} {shown(amap.key_tokens[k])} {w:.2f}")
+                                       for rank, (k, w) in enumerate(zip(ks, ws)) if rank == 0 or w >= 0.005]
+                                      for ks, ws in zip(keys, weights)])
+
+
+def lens_lines(report: TextReport, width: int, detail: list[int] | None = None, top: int = 1) -> list[Text]:
+    """The logit lens of the layers in detail: a row per position, a column per layer, the top tokens
+    with their probabilities (a long text grows downwards; more layers go on further pages)."""
+    positions = report.target_tokens if report.target_tokens is not None else report.tokens
+    rows = [r for r in report.lens if _in_detail(r.layer, [x.layer for x in report.lens], detail)]
+    columns = [Column.of("position", [f"{i} {shown(t)}" for i, t in enumerate(positions)])]
+    columns += [Column(f"layer {row.layer}", [[Text(f"{shown(token)} {p:.2g}") for token, _, p in tops[:top]]
+                                              for tops in row.top]) for row in rows]
+    if sum(GAP + c.natural_width() for c in columns) - GAP > width:  # not on one page so: a token per line
+        for column in columns[1:]:
+            column.sep = "\n"
+    count = min(top, len(rows[0].top[0])) if rows and rows[0].top else 0
+    title = f"logit lens: the top {count if count > 1 else ''} token{'s' if count > 1 else ''} each layer predicts"
+    layer_of = {id(column): row.layer for column, row in zip(columns[1:], rows)}
+    return table(columns, width, title=title.replace("top  ", "top "),
+                 page_note=lambda page: "layers " + _layers(layer_of[id(page[0])], layer_of[id(page[-1])]))
+
+
+def summary_lines(report: TextReport, width: int) -> list[Text]:
+    """Every captured layer at a glance, a row per position: the key each query attends to most and the
+    token each position predicts, runs of layers that agree merged (`0-3: 2 animal` = layers 0 to 3)."""
+    tables: dict[tuple[str, ...], list[Column]] = {}  # query tokens -> their columns
+    groups: dict[tuple[str, str], list[AttentionMap]] = {}
+    for amap in report.attention:
+        groups.setdefault((amap.kind, str(amap.head)), []).append(amap)
+    for (kind, head), maps in groups.items():
+        header = ("" if kind == "self" else f"{kind}: ") + "attends most to" + ("" if head == "mean" else f" (head {head})")
+        tops = [(m.layer, m.top(1)[0]) for m in maps]
+        cells = []
+        for query in range(len(maps[0].query_tokens)):
+            runs = layer_runs([(layer, keys[query][0]) for layer, keys in tops])
+            cells.append([Text(f"{_layers(a, b)}: {k} {shown(maps[0].key_tokens[k])}") for a, b, k in runs])
+        tables.setdefault(tuple(maps[0].query_tokens), []).append(Column(header, cells))
     if report.lens:
-        console.print(lens_table(report))
+        positions = tuple(report.target_tokens if report.target_tokens is not None else report.tokens)
+        cells = []
+        for position in range(len(positions)):
+            runs = layer_runs([(row.layer, row.top[position][0][0]) for row in report.lens])
+            cells.append([Text(f"{_layers(a, b)}: {shown(token)}") for a, b, token in runs])
+        tables.setdefault(positions, []).append(Column("predicts", cells))
+    lines = []
+    for tokens, columns in tables.items():
+        keys = Column.of("position", [f"{i} {shown(t)}" for i, t in enumerate(tokens)])
+        title = ("every layer, a line per position: runs of layers that agree merged (`1-5: 0 [CLS]`: "
+                 "layers 1 to 5 attend most to key 0, [CLS])")
+        lines += ([Text()] if lines else []) + table([keys, *columns], width, title=title)
+    return lines
+
+
+def _layers(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
 
 
 def record(report: TextReport, trained: bool) -> dict[str, Any]:
-    """The encode JSON Lines record (README, "encode"): text, tokens, ids, shapes, attention (summarised), lens, weights."""
-    record: dict[str, Any] = {"text": report.text, "tokens": report.tokens, "ids": report.ids}
+    """The encode JSON Lines record (README, "encode"): text, (pair,) tokens, ids, shapes, attention, lens,
+    weights (`trained`: loaded from a checkpoint; `random`: drawn from the seed)."""
+    record: dict[str, Any] = {"text": report.text}
+    if report.pair is not None:
+        record["pair"] = report.pair
+    record |= {"tokens": report.tokens, "ids": report.ids}
     if report.target_ids is not None:
         record |= {"target_tokens": report.target_tokens, "target_ids": report.target_ids}
     record["shapes"] = [{"stage": r.name, "shape": r.shape, "dtype": r.dtype, "params": r.parameters,
                          "mean": round(r.mean, 6), "std": round(r.std, 6), "norm": round(r.norm, 4)}
                         for r in report.stages]
-    record["attention"] = [_attention_summary(a) for a in report.attention]
+    record["attention"] = [_attention_record(a) for a in report.attention]
     record["lens"] = [{"layer": row.layer,
                        "top": [[{"token": t, "id": i, "prob": round(p, 6)} for t, i, p in top] for top in row.top]}
                       for row in report.lens]
@@ -95,29 +215,46 @@ def record(report: TextReport, trained: bool) -> dict[str, Any]:
     return record
 
 
-def _attention_summary(amap: AttentionMap) -> dict[str, Any]:
-    """Per query: the key it attends to most and that weight (the full maps go to --save)."""
-    values, keys = amap.weights.max(dim=-1)
+def _attention_record(amap: AttentionMap) -> dict[str, Any]:
+    """One map: per query the key it attends to most and that weight, and every weight (query x key)."""
+    keys, values = amap.top(1)
+    scale = 10 ** ATTENTION_DECIMALS
     return {"kind": amap.kind, "layer": amap.layer, "head": amap.head,
-            "max_key": keys.tolist(), "max_weight": [round(v, 6) for v in values.tolist()]}
+            "max_key": [k[0] for k in keys], "max_weight": [round(v[0], 6) for v in values],
+            "weights": ((amap.weights * scale).round() / scale).tolist()}
 
 
 def check_save_path(path: Path, overwrite: bool) -> None:
-    """A --save path must end in .safetensors, sit in an existing folder, and replace a file only with --force."""
+    """A --save path must end in .safetensors (else a usage error), sit in an existing folder, and replace a
+    file only with --force."""
     if path.suffix != ".safetensors":
-        raise TfcliError(f"--save {path}: the file name must end in .safetensors")
+        raise usage_error(f"--save {path}: the file name must end in .safetensors",
+                          f"for example --save {path.with_suffix('.safetensors').name}")
     if path.exists() and not overwrite:
         raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
     if not path.parent.is_dir():
         raise TfcliError(f"--save {path}: the folder {path.parent} does not exist")
 
 
-def save_tensors(path: Path, tensors: dict[str, Tensor], overwrite: bool) -> None:
+def save_metadata(reports: list[TextReport], model: str, weights: str, version: str) -> dict[str, str]:
+    """The --save file's header metadata (README, "encode"): where its tensors came from. safetensors
+    metadata values are strings: lists are JSON."""
+    metadata = {"tfcli_version": version, "model": model, "weights": weights,
+                "texts": json.dumps([r.text for r in reports], ensure_ascii=False),
+                "tokens": json.dumps([r.tokens for r in reports], ensure_ascii=False)}
+    if any(r.pair is not None for r in reports):
+        metadata["pairs"] = json.dumps([r.pair for r in reports], ensure_ascii=False)
+    if reports and reports[0].target_tokens is not None:
+        metadata["target_tokens"] = json.dumps(reports[0].target_tokens, ensure_ascii=False)
+    return metadata
+
+
+def save_tensors(path: Path, tensors: dict[str, Tensor], overwrite: bool, metadata: dict[str, str] | None = None) -> None:
     """Write --save FILE.safetensors (checked again: the file may have appeared while the model ran)."""
     from safetensors.torch import save_file
 
     check_save_path(path, overwrite)
     try:
-        save_file(tensors, str(path))
+        save_file(tensors, str(path), metadata=metadata)
     except OSError as exc:
         raise TfcliError(f"cannot write {path}: {exc.strerror}") from None

@@ -219,7 +219,9 @@ def generate_figure(result: Generation, run: RunInfo, tokenizer: Tokenizer) -> F
     _caption(figure, f"tfcli generate: {result.prompt!r} -> {result.text!r}", run)
     grid = figure.add_gridspec(2 if lens else 1, 1, height_ratios=[bars_height, lens_height] if lens else [1])
     ax = figure.add_subplot(grid[0])
-    ax.bar(range(len(tokens)), [step.prob for step in result.steps], color="#2171b5")
+    bars = ax.bar(range(len(tokens)), [step.prob for step in result.steps], color="#2171b5")
+    if plot_width * POINTS / max(len(tokens), 1) >= 8:  # room for each probability, turned, above its bar
+        ax.bar_label(bars, [f"{step.prob:.2g}" for step in result.steps], rotation=90, fontsize=6, padding=2)
     ax.set_xlim(-0.5, len(tokens) - 0.5)
     ax.set_ylim(0, 1)
     ax.set_ylabel("probability")

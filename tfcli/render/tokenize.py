@@ -4,26 +4,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.table import Table
+from rich.text import Text
+
+from tfcli.render.layout import Column, shown, table, words
 
 if TYPE_CHECKING:
     from tfcli.tokenizer import Encoding
 
-TOKEN_COLUMNS = [("#", "right"), ("token", "left"), ("id", "right"), ("seg", "right"), ("span", "right"), ("text", "left")]
 
-
-def token_table(encoding: Encoding, number: int, tokenizer_name: str) -> Table:
-    """One row per token: position, token, id, segment, span start:end and the text it covers (blank for specials)."""
-    table = Table(title=f"text {number}: {encoding.text!r}", caption=tokenizer_name, title_justify="left",
-                  caption_justify="left")
-    for header, justify in TOKEN_COLUMNS:
-        table.add_column(header, justify=justify)
-    for position, (token, token_id, segment) in enumerate(zip(encoding.tokens, encoding.ids, encoding.type_ids)):
-        special = encoding.sequence_ids[position] is None
-        start, end = encoding.offsets[position]
-        span, covered = ("", "") if special else (f"{start}:{end}", repr(encoding.span_text(position)))
-        table.add_row(str(position), token, str(token_id), str(segment), span, covered)
-    return table
+def token_lines(encoding: Encoding, number: int, tokenizer_name: str, width: int) -> list[Text]:
+    """One row per token: position, token, id, segment, span start:end and the text it covers (blank for
+    specials), as lines of at most `width` cells; then which tokenizer."""
+    rows = range(len(encoding.ids))
+    spans = [("", "") if encoding.sequence_ids[i] is None else
+             (f"{encoding.offsets[i][0]}:{encoding.offsets[i][1]}", repr(encoding.span_text(i))) for i in rows]
+    columns = [Column.of("#", [str(i) for i in rows], right=True),
+               Column.of("token", [shown(t) for t in encoding.tokens]),
+               Column.of("id", [str(i) for i in encoding.ids], right=True),
+               Column.of("seg", [str(s) for s in encoding.type_ids], right=True),
+               Column.of("span", [span for span, _ in spans], right=True),
+               Column.of("text", [text for _, text in spans])]
+    title = f"text {number}: {encoding.text!r}" + (f" + {encoding.pair!r}" if encoding.pair is not None else "")
+    return words(title, width, "bold") + table(columns, width, keys=2) + [Text(tokenizer_name, style="dim")]
 
 
 def record(encoding: Encoding) -> dict[str, Any]:
