@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import compare_processes, load_average, report, save_bert_tokenizer
+from measure import compare, save_bert_tokenizer
 
 TEXT = "time flies like an arrow"
 
@@ -53,10 +53,8 @@ def main() -> None:
         "transformers":
             [sys.executable, "-c", TRANSFORMERS_JOB, str(tokenizer_dir), TEXT],
     }
-    print(f"{args.runs} runs each, in turns; {load_average()} before")
-    results = compare_processes(commands, args.runs)
-    print(f"{load_average()} after")
-    report(results, baseline=list(commands)[1], target_time=0.5, target_memory=0.6)
+    print("tfcli:", " ".join(commands["tfcli"][1:]))
+    compare(commands, args.runs, "transformers", target_time=0.5, target_memory=0.6)
     shutil.rmtree(tokenizer_dir)
 
 

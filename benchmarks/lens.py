@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from measure import compare_processes, load_average, ratios, report, spread
+from measure import compare, load_average, ratios, spread
 
 PROMPT = "time flies like an arrow and"
 STEPS = 32
@@ -54,12 +54,10 @@ def main() -> None:
     print(f"{load_average()} before")
     in_process(args.runs)
     command = [sys.executable, "-m", "tfcli", "generate", "-n", str(STEPS), PROMPT]
+    print("whole command:", " ".join(command[1:]), "[--lens]")
     # both make the same tokens (the lens only watches), so both do the same work
-    results = compare_processes({"tfcli generate --lens": [*command, "--lens"], "tfcli generate": command},
-                                max(1, args.runs // 2))
-    print("whole command:")
-    report(results, baseline="tfcli generate", target_time=1.3)
-    print(f"{load_average()} after")
+    compare({"tfcli generate --lens": [*command, "--lens"], "tfcli generate": command}, max(1, args.runs // 2),
+            "tfcli generate", target_time=1.3)
 
 
 if __name__ == "__main__":

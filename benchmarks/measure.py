@@ -112,3 +112,13 @@ def report(results: dict[str, Runs], baseline: str, target_time: float | None = 
                      + f", memory {spread(ratios(runs.peak_bytes, base.peak_bytes))}"
                      + (f" (target <= {target_memory})" if target_memory else ""))
         print(line)
+
+
+def compare(commands: dict[str, list[str]], runs: int, baseline: str, target_time: float | None = None,
+            target_memory: float | None = None) -> dict[str, Runs]:
+    """compare_processes, then report, between the load averages before and after."""
+    print(f"{runs} runs each, in turns; {load_average()} before")
+    results = compare_processes(commands, runs)
+    print(f"{load_average()} after")
+    report(results, baseline, target_time, target_memory)
+    return results

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import compare_processes, load_average, report, save_bert_tokenizer
+from measure import compare, save_bert_tokenizer
 
 TEXT = "The quick brown fox jumps over the lazy dog because it was too tired to go around"
 
@@ -71,16 +71,10 @@ def main() -> None:
         directory = args.dir or Path(temporary) / "llama-310m-bf16"
         if not (directory / "model.safetensors.index.json").is_file():
             make_checkpoint(directory)
-        commands = {
-            "tfcli": [sys.executable, "-m", "tfcli", "encode", "--model", str(directory),
-                                              "--dtype", "bfloat16", TEXT],
-            "transformers":
-                [sys.executable, "-c", TRANSFORMERS_JOB, str(directory), TEXT],
-        }
-        print(f"{args.runs} runs each, in turns; {load_average()} before")
-        results = compare_processes(commands, args.runs)
-        print(f"{load_average()} after")
-        report(results, baseline=list(commands)[1], target_time=0.8, target_memory=1.0)
+        tfcli = [sys.executable, "-m", "tfcli", "encode", "--model", str(directory), "--dtype", "bfloat16", TEXT]
+        print("tfcli:", " ".join(tfcli[1:]))
+        commands = {"tfcli": tfcli, "transformers": [sys.executable, "-c", TRANSFORMERS_JOB, str(directory), TEXT]}
+        compare(commands, args.runs, "transformers", target_time=0.8, target_memory=1.0)
 
 
 if __name__ == "__main__":

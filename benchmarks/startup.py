@@ -8,7 +8,7 @@ Run: python benchmarks/startup.py [RUNS]   (under a minute)
 
 import sys
 
-from measure import compare_processes, load_average, report
+from measure import compare
 
 TFCLI = [sys.executable, "-m", "tfcli"]
 COMMANDS = {
@@ -22,10 +22,7 @@ COMMANDS = {
 
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    print(f"{runs} runs each, in turns; {load_average()} before")
-    results = compare_processes(COMMANDS, runs)
-    print(f"{load_average()} after")
-    report(results, baseline="import torch")
+    compare(COMMANDS, runs, "import torch")
 
 
 if __name__ == "__main__":

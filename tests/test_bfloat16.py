@@ -88,6 +88,7 @@ def bfloat16_pairs(tmp_path_factory):
     return pairs
 
 
+@pytest.mark.slow
 def test_bfloat16_greedy_generation_matches_transformers_to_bfloat16_precision(bfloat16_pairs):
     """Same greedy tokens as transformers in bfloat16; on that sequence, logits within two bfloat16 steps of
     transformers', and no further from the exact (float32) logits of the same weights than transformers' are."""
