@@ -98,3 +98,17 @@ def test_the_reference_class_comes_from_config_architectures(cli, tmp_path, save
     result = cli("compare", str(tmp_path), TEXT)
     assert result.exit_code == exit_code, result.stderr
     assert says in (result.stdout if exit_code == 0 else result.stderr)
+
+
+def test_a_bfloat16_checkpoint_is_compared_in_the_same_dtype(cli, tmp_path, save_hf_model):
+    """transformers loads a bfloat16 checkpoint in bfloat16, and so does tfcli: compare runs both in one dtype, so
+    the rounding of bfloat16 arithmetic does not pass for a difference in what the model computes."""
+    from transformers import BertConfig, BertModel
+
+    model = save_hf_model(BertModel, BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1,
+                                                num_attention_heads=2, intermediate_size=64,
+                                                max_position_embeddings=32), tmp_path)
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    result = cli("compare", str(tmp_path), TEXT, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["max_abs_diff"] <= 1e-4

@@ -33,6 +33,7 @@ ROPE_SCALING_KEYS = {
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
     "yarn": (("factor", "original_max_position_embeddings"),
              ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
+    "longrope": (("short_factor", "long_factor", "original_max_position_embeddings"), ("factor", "attention_factor")),
 }
 
 
@@ -63,7 +64,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0  # rotary positions on this fraction of each head's dimensions (the first ones)
     rotary_interleaved: bool = False  # rotate adjacent pairs of dimensions (GPT-J), not the two halves (Llama)
-    rope_scaling: dict[str, Any] | None = None  # {rope_type: linear|dynamic|llama3|yarn, factor: ..., ...}
+    rope_scaling: dict[str, Any] | None = None  # {rope_type: linear|dynamic|llama3|yarn|longrope, factor: ..., ...}
     local_rope_theta: float | None = None  # rotary base of the sliding-window layers; None = rope_theta
     sliding_window: int | None = None  # a query sees this many most recent positions, itself included
     layer_types: list[str] = field(default_factory=list)  # full_attention | sliding_attention per layer; empty:
@@ -298,7 +299,7 @@ def _check_rotary(c: ModelConfig, origin: str) -> None:
     if c.rope_scaling is None:
         return
     kind = c.rope_scaling.get("rope_type")
-    if kind not in ROPE_SCALING_KEYS:
+    if not isinstance(kind, str) or kind not in ROPE_SCALING_KEYS:
         raise TfcliError(f"{origin}: RoPE scaling `{kind}` is not supported by tfcli",
                          f"rope_scaling needs `rope_type`, one of: {', '.join(ROPE_SCALING_KEYS)}")
     required, optional = ROPE_SCALING_KEYS[kind]
@@ -306,12 +307,21 @@ def _check_rotary(c: ModelConfig, origin: str) -> None:
         if key != "rope_type" and key not in required + optional:
             raise TfcliError(f"{origin}: RoPE scaling `{kind}` takes no `{key}`",
                              f"its keys: {', '.join(required + optional)}")
-        if key not in ("rope_type", "truncate") and value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf):
+        if key in ("short_factor", "long_factor"):  # LongRoPE: one factor per rotated pair of dimensions
+            if not isinstance(value, list) or len(value) != c.rotary_dim // 2 or not all(map(_positive, value)):
+                raise TfcliError(f"{origin}: rope_scaling `{key}` must list {c.rotary_dim // 2} positive numbers, "
+                                 "one per rotated pair of dimensions")
+        elif key == "truncate" and not isinstance(value, bool):
+            raise TfcliError(f"{origin}: rope_scaling `truncate` must be true or false, got {value!r}")
+        elif key not in ("rope_type", "truncate") and value is not None and not _positive(value):
             raise TfcliError(f"{origin}: rope_scaling `{key}` must be a positive number, got {value!r}")
     missing = [key for key in required if c.rope_scaling.get(key) is None]
     if missing:
         raise TfcliError(f"{origin}: RoPE scaling `{kind}` needs `{missing[0]}`")
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
 
 
 def _check_attention_variants(c: ModelConfig, origin: str) -> None:

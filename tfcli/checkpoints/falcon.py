@@ -14,35 +14,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.family import Family, architecture_head, common, refuse, unsupported, weight_bias
 from tfcli.checkpoints.rope import rope_settings
 from tfcli.config import ModelConfig
-from tfcli.errors import TfcliError
 
 HEADS = {"ForCausalLM": "lm"}
 
 
-def _refuse(what: str) -> TfcliError:
-    return TfcliError(f"config.json: falcon with {what} is not supported by tfcli",
-                      "tfcli implements Falcon's rotary models (7B, 40B, 180B shapes)")
-
-
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    if hf.get("alibi"):
-        raise _refuse("ALiBi positions (alibi: true)")
+    refuse(hf, "falcon", {"alibi": (None, False)})
     hidden, heads = hf.get("hidden_size", hf.get("n_embed", 4544)), hf.get("num_attention_heads", 71)
     new = bool(hf.get("new_decoder_architecture", False))
     parallel = new or bool(hf.get("parallel_attn", True))
     if new and not hf.get("parallel_attn", True):
-        raise _refuse("new_decoder_architecture and parallel_attn: false")  # transformers fails on it too
+        raise unsupported("falcon", "new_decoder_architecture and parallel_attn: false",
+                          "transformers cannot run it either")
     norms = hf.get("num_ln_in_parallel_attn") or (2 if new else 1)
     if new:
         kv_heads = hf.get("num_kv_heads") or heads
     else:
         kv_heads = 1 if hf.get("multi_query", True) else heads
     rope = rope_settings(hf, "falcon")
-    if rope.pop("partial_rotary_factor") != 1.0:
-        raise _refuse(f"partial_rotary_factor {hf.get('partial_rotary_factor')}")
     bias = bool(hf.get("bias", False))
     return common(hf, model_type="falcon", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
                   num_key_value_heads=kv_heads, intermediate_size=hf.get("ffn_hidden_size") or 4 * hidden,

@@ -79,6 +79,12 @@ def architecture_head(values: dict[str, Any], heads: dict[str, str]) -> str:
     return "none"
 
 
+def unsupported(family: str, what: str, hint: str = "tfcli computes what transformers' own class computes for this "
+                                                   "family, and refuses what it does not implement") -> TfcliError:
+    """The one-line error for a setting tfcli does not implement: `config.json: FAMILY with WHAT is not supported`."""
+    return TfcliError(f"config.json: {family} with {what} is not supported by tfcli", hint)
+
+
 def refuse(values: dict[str, Any], family: str, supported: dict[str, Any]) -> None:
     """Refuse, naming it, a setting that changes the computation and that tfcli does not implement:
     `supported` maps HF config keys to the value (or tuple of values) tfcli implements; an absent key
@@ -86,8 +92,8 @@ def refuse(values: dict[str, Any], family: str, supported: dict[str, Any]) -> No
     for key, allowed in supported.items():
         allowed = allowed if isinstance(allowed, tuple) else (allowed,)
         if key in values and values[key] not in allowed:
-            raise TfcliError(f"config.json: {family} with `{key}: {json.dumps(values[key])}` is not supported by "
-                             "tfcli", f"tfcli implements {key} = {' or '.join(json.dumps(a) for a in allowed)}")
+            raise unsupported(family, f"`{key}: {json.dumps(values[key])}`",
+                              f"tfcli implements {key} = {' or '.join(json.dumps(a) for a in allowed)}")
 
 
 def common(values: dict[str, Any], **overrides: Any) -> dict[str, Any]:

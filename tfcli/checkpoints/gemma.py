@@ -19,35 +19,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.family import Family, architecture_head, common, refuse, unsupported, weight_bias
 from tfcli.checkpoints.rope import rope_settings
 from tfcli.config import ModelConfig
-from tfcli.errors import TfcliError
 
 HEADS = {"ForCausalLM": "lm"}
 ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 
 
-def _refuse(model_type: str, what: str) -> TfcliError:
-    return TfcliError(f"config.json: {model_type} with {what} is not supported by tfcli",
-                      "tfcli implements what transformers' own class computes for this family, and no more")
-
-
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     model_type = hf["model_type"]
-    if hf.get("use_bidirectional_attention"):
-        raise _refuse(model_type, "use_bidirectional_attention: true")
+    refuse(hf, model_type, {"use_bidirectional_attention": (None, False)})
     gemma3 = model_type == "gemma3_text"
     rope = rope_settings(hf, model_type, theta=1e6 if gemma3 else 10000.0, local_theta=10000.0 if gemma3 else None)
-    if rope.pop("partial_rotary_factor") != 1.0:
-        raise _refuse(model_type, f"partial_rotary_factor {hf.get('partial_rotary_factor')}")
     if model_type == "gemma":
         act = hf.get("hidden_act", "gelu_pytorch_tanh")
         act = "gelu_pytorch_tanh" if act == "gelu" else act  # transformers' conversion of old Gemma configs
     else:
         act = hf.get("hidden_activation", "gelu_pytorch_tanh")
     if act not in ACTIVATIONS:
-        raise _refuse(model_type, f"activation `{act}`")
+        raise unsupported(model_type, f"activation `{act}`")
     values = dict(model_type=model_type, architecture="decoder", hidden_size=hf.get("hidden_size", 3072),
                   head_dim=hf.get("head_dim", 256), max_position_embeddings=hf.get("max_position_embeddings", 8192),
                   num_key_value_heads=hf.get("num_key_value_heads"), layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -64,7 +55,8 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
         types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
                                           for i in range(layers)]
         if window is None and "sliding_attention" in types:
-            raise _refuse(model_type, "sliding_attention layers and no sliding_window")  # transformers fails too
+            raise unsupported(model_type, "sliding_attention layers and no sliding_window",
+                              "transformers cannot run it either")
         values.update(norm_position="sandwich", query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256),
                       sliding_window=window, layer_types=list(types),
                       final_logit_softcapping=hf.get("final_logit_softcapping", None if gemma3 else 30.0),

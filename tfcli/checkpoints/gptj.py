@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
-from tfcli.errors import TfcliError
+from tfcli.checkpoints.family import Family, architecture_head, common, unsupported, weight_bias
 
 HEADS = {"ForCausalLM": "lm"}
 
@@ -21,8 +20,8 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
     rotary_dim = hf.get("rotary_dim", 64) or head_dim  # null: whole heads
     partial = rotary_dim / head_dim
     if int(head_dim * partial) != rotary_dim or rotary_dim > head_dim:
-        raise TfcliError(f"config.json: gptj with rotary_dim {rotary_dim} (head size {head_dim}) is not supported "
-                         "by tfcli", "rotary_dim must be at most the head size")
+        raise unsupported("gptj", f"rotary_dim {rotary_dim} (head size {head_dim})",
+                          "rotary_dim must be at most the head size")
     return common(hf, model_type="gptj", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
                   num_hidden_layers=hf.get("n_layer", 28), intermediate_size=hf.get("n_inner") or 4 * hidden,
                   max_position_embeddings=hf.get("n_positions", 2048),

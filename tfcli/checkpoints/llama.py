@@ -20,14 +20,8 @@ from typing import Any
 from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
 from tfcli.checkpoints.rope import rope_settings
 from tfcli.config import ModelConfig
-from tfcli.errors import TfcliError
 
 HEADS = {"ForCausalLM": "lm"}
-
-
-def _refuse(model_type: str, what: str) -> TfcliError:
-    return TfcliError(f"config.json: {model_type} with {what} is not supported by tfcli",
-                      "tfcli implements what transformers' own class computes for this family, and no more")
 
 
 def sliding_windows(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
@@ -49,8 +43,6 @@ def sliding_windows(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     model_type = hf["model_type"]
     rope = rope_settings(hf, model_type)
-    if rope.pop("partial_rotary_factor") != 1.0:
-        raise _refuse(model_type, f"partial_rotary_factor {hf.get('partial_rotary_factor')}")
     if model_type == "qwen2":
         qkv_bias, out_bias = True, False
     elif model_type == "mistral":

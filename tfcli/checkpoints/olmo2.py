@@ -13,16 +13,12 @@ from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
 from tfcli.checkpoints.rope import rope_settings
-from tfcli.errors import TfcliError
 
 HEADS = {"ForCausalLM": "lm"}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     rope = rope_settings(hf, "olmo2")
-    if rope.pop("partial_rotary_factor") != 1.0:
-        raise TfcliError(f"config.json: olmo2 with partial_rotary_factor {hf.get('partial_rotary_factor')} is not "
-                         "supported by tfcli", "transformers' OLMo 2 rotates whole heads")
     bias = bool(hf.get("attention_bias", False))
     return common(hf, model_type="olmo2", architecture="decoder", hidden_size=hf.get("hidden_size", 4096),
                   num_attention_heads=hf.get("num_attention_heads", 32), head_dim=hf.get("head_dim"),

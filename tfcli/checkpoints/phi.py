@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.family import Family, architecture_head, common, unsupported, weight_bias
 from tfcli.checkpoints.rope import rope_settings
 from tfcli.config import ModelConfig
-from tfcli.errors import TfcliError
 
 HEADS = {"ForCausalLM": "lm"}
 
@@ -22,8 +21,8 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
     hidden, heads = hf.get("hidden_size", 2048), hf.get("num_attention_heads", 32)
     head_dim = hf.get("head_dim") or hidden // heads
     if hf.get("qk_layernorm") and head_dim != hidden // heads:  # transformers sizes those norms hidden / heads
-        raise TfcliError(f"config.json: phi with qk_layernorm and head_dim {head_dim} != hidden_size / "
-                         f"num_attention_heads is not supported by tfcli", "transformers cannot run it either")
+        raise unsupported("phi", f"qk_layernorm and head_dim {head_dim} != hidden_size / num_attention_heads",
+                          "transformers cannot run it either")
     return common(hf, model_type="phi", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
                   head_dim=head_dim, num_key_value_heads=hf.get("num_key_value_heads"),
                   max_position_embeddings=hf.get("max_position_embeddings", 2048),

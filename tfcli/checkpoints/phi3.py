@@ -3,8 +3,9 @@
 Llama's block with Q, K and V in one projection (`qkv_proj`, in tfcli's q, k, v row order, read as it is) and
 the gate and up projections in one (`gate_up_proj`, gate rows first: tfcli's `gate_up`); no biases; a sliding
 window on every layer when `sliding_window` is set (Phi-3-mini-4k: 2047); rotary positions on the first
-`partial_rotary_factor` of each head. LongRoPE (the 128k models' `rope_scaling`, which transformers reads for
-types longrope, su and yarn alike) is refused.
+`partial_rotary_factor` of each head; LongRoPE for the 128k models (`rope_scaling` of type longrope, or su and
+yarn, which transformers reads as longrope): short factors up to `original_max_position_embeddings`, long ones
+past it, when tfcli, like transformers' Phi-3, computes the cached keys again.
 """
 
 from __future__ import annotations
@@ -13,17 +14,15 @@ from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common
 from tfcli.checkpoints.rope import rope_settings
-from tfcli.errors import TfcliError
 
 HEADS = {"ForCausalLM": "lm"}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    for params in (hf.get("rope_scaling"), hf.get("rope_parameters")):
-        kind = (params.get("rope_type") or params.get("type")) if isinstance(params, dict) else None
-        if kind not in (None, "default"):
-            raise TfcliError(f"config.json: phi3 with RoPE scaling `{kind}` (transformers reads it as longrope) "
-                             "is not supported by tfcli", "tfcli runs the Phi-3 models with plain RoPE (the 4k ones)")
+    for key in ("rope_scaling", "rope_parameters"):  # transformers' Phi-3 reads su and yarn as longrope
+        params = hf.get(key)
+        if isinstance(params, dict) and (params.get("rope_type") or params.get("type")) in ("su", "yarn"):
+            hf = {**hf, key: {**params, "rope_type": "longrope"}}
     return common(hf, model_type="phi3", architecture="decoder", hidden_size=hf.get("hidden_size", 3072),
                   num_attention_heads=hf.get("num_attention_heads", 32), head_dim=hf.get("head_dim"),
                   num_key_value_heads=hf.get("num_key_value_heads"),
@@ -31,7 +30,8 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
                   layer_norm_eps=hf.get("rms_norm_eps", 1e-5), hidden_act=hf.get("hidden_act", "silu"),
                   hidden_dropout_prob=hf.get("resid_pdrop", 0.0),
                   attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
-                  norm="rmsnorm", norm_position="pre", position="rotary", **rope_settings(hf, "phi3"),
+                  norm="rmsnorm", norm_position="pre", position="rotary",
+                  **rope_settings(hf, "phi3", partial=1.0, longrope=True),
                   sliding_window=hf.get("sliding_window"), type_vocab_size=0, embedding_norm=False,
                   final_norm=True, feed_forward="gated", attention_bias=False, attention_out_bias=False,
                   mlp_bias=False, head=architecture_head(hf, HEADS),

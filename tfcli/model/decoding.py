@@ -173,6 +173,10 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
         if mask is not None and not seq2seq:
             mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
         step_input = tokens[:, None] if use_cache else sequence
+        switch = model.long_rope_switch
+        if cache is not None and switch is not None and cache.length <= switch < sequence.shape[1]:
+            cache = KVCache(length + max_new_tokens)  # LongRoPE turned to its long factors: recompute every key
+            step_input = sequence
 
 
 def generate(model: TransformerModel, input_ids: Tensor, max_new_tokens: int = 20, do_sample: bool = False,

@@ -3,7 +3,9 @@
 Variants, as Hugging Face transformers computes them (`modeling_rope_utils.py`):
 - scaling (`config.rope_scaling`): `linear` (positions divided by the factor), `dynamic` (NTK: the base grows
   once a sequence passes max_position_embeddings), `llama3` (Llama 3.1+: low frequencies divided by the factor,
-  a smooth ramp between), `yarn` (a ramp between interpolated and original frequencies, cos/sin scaled);
+  a smooth ramp between), `yarn` (a ramp between interpolated and original frequencies, cos/sin scaled),
+  `longrope` (Phi-3: per-pair factors, short ones up to original_max_position_embeddings, long ones once a
+  sequence is longer; cos/sin scaled; see TransformerModel.long_rope_switch for what that means to a cache);
 - partial rotation (`partial_rotary_factor`): only the first `config.rotary_dim` dimensions of each head turn;
 - pair layout: the two halves of those dimensions (Llama, GPT-NeoX) or adjacent pairs (`rotary_interleaved`, GPT-J);
 - a base of its own for sliding-window layers (`local_rope_theta`, Gemma 3), never scaled.
@@ -37,7 +39,26 @@ def scaled_frequencies(dim: int, theta: float, scaling: dict | None, max_positio
         return llama3_frequencies(inv_freq, scaling), 1.0
     if kind == "yarn":
         return yarn_frequencies(dim, theta, scaling, max_positions)
+    if kind == "longrope":
+        short = longrope_frequencies(dim, theta, scaling, "short_factor")  # the long ones: see Rotary
+        return short, longrope_attention_factor(scaling, max_positions)
     return inv_freq, 1.0  # default, dynamic
+
+
+def longrope_frequencies(dim: int, theta: float, scaling: dict, which: str) -> Tensor:
+    """LongRoPE: each pair's frequency divided by its own factor (`short_factor` or `long_factor`)."""
+    factors = torch.tensor(scaling[which], dtype=torch.float32, device="cpu")
+    return 1.0 / (factors * theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim))
+
+
+def longrope_attention_factor(scaling: dict, max_positions: int) -> float:
+    """What LongRoPE scales cos and sin by: attention_factor, else sqrt(1 + ln(factor) / ln(original)) with
+    factor max_position_embeddings / original_max_position_embeddings unless given."""
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or max_positions / original
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 def llama3_frequencies(inv_freq: Tensor, scaling: dict) -> Tensor:
@@ -97,10 +118,19 @@ class Rotary(nn.Module):
         inv_freq, self.attention_factor = scaled_frequencies(self.dim, self.theta, self.scaling, self.max_positions)
         # on the CPU even while the model is built on the meta device: nothing loads it later
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        longrope = bool(self.scaling) and self.scaling["rope_type"] == "longrope"
+        # LongRoPE: the length past which its long factors apply
+        self.long_after = self.scaling["original_max_position_embeddings"] if longrope else None
+        if longrope:
+            self.register_buffer("long_inv_freq", longrope_frequencies(self.dim, self.theta, self.scaling,
+                                                                       "long_factor"), persistent=False)
 
     def frequencies(self, position_ids: Tensor) -> Tensor:
-        """Dynamic NTK scaling grows the base once the longest position passes max_position_embeddings, as
-        transformers recomputes it on every forward; every other kind is fixed."""
+        """As transformers recomputes them on every forward: dynamic NTK scaling grows the base once the longest
+        position passes max_position_embeddings, LongRoPE takes its long factors once it passes
+        original_max_position_embeddings; every other kind is fixed."""
+        if self.long_after is not None:
+            return self.long_inv_freq if int(position_ids.max()) + 1 > self.long_after else self.inv_freq
         if not self.scaling or self.scaling["rope_type"] != "dynamic":
             return self.inv_freq
         length = int(position_ids.max()) + 1

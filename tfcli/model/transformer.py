@@ -224,6 +224,13 @@ class TransformerModel(nn.Module):
             return self.decoder_embed_tokens
         return self.embed_tokens
 
+    @property
+    def long_rope_switch(self) -> int | None:
+        """LongRoPE's original_max_position_embeddings: past that length every position turns by its long
+        factors, so keys cached before must be computed again (as transformers' Phi-3 does); else None."""
+        rotary = self.output_stack.rotary
+        return rotary.long_after if rotary is not None else None
+
     def embed(self, input_ids: Tensor, stack: Stack) -> Tensor:
         """(B, T) token ids -> (B, T, hidden) token embeddings for `stack` (scaled when the config says so)."""
         x = self.token_embedding(stack)(input_ids)
