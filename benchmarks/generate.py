@@ -9,7 +9,8 @@ float32 logits of the same weights; then milliseconds per new token at 64 and 25
 cache it stays flat as the output grows).
 
 Run: python benchmarks/generate.py [--dtype float32|bfloat16] [--runs N] [--prompt-length T] [--device cpu|cuda]
-[--uncached]   (about a minute on a quiet 2-core machine; the runs take turns)
+[--uncached] [--cpu-time]   (about a minute on a quiet 2-core machine; the runs take turns). On a busy machine,
+two threads wait for each other at every small operation; OMP_NUM_THREADS=1 ... --cpu-time gives steady figures.
 """
 
 from __future__ import annotations
@@ -23,20 +24,21 @@ import time
 import torch
 
 
-def timed(fns: dict[str, object], runs: int) -> tuple[dict[str, list[float]], dict[str, torch.Tensor]]:
-    """Seconds of each of `runs` calls of each function, the functions taking turns (so that load from
-    other processes hits both alike); and each one's last result."""
+def timed(fns: dict[str, object], runs: int, clock=time.perf_counter) -> tuple[dict[str, list[float]],
+                                                                              dict[str, torch.Tensor]]:
+    """Seconds of each of `runs` calls of each function by `clock`, the functions taking turns (so that load
+    from other processes hits both alike); and each one's last result."""
     seconds: dict[str, list[float]] = {name: [] for name in fns}
     results = {}
     for _ in range(runs):
         for name, fn in fns.items():
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start = clock()
             results[name] = fn()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            seconds[name].append(time.perf_counter() - start)
+            seconds[name].append(clock() - start)
     return seconds, results
 
 
@@ -47,7 +49,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--uncached", action="store_true", help="also time tfcli without its KV cache")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by this process's CPU time: with OMP_NUM_THREADS=1, what other processes on a "
+                        "busy machine do not disturb")
     args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -77,9 +83,9 @@ def main() -> None:
     print(f"GPT-2 small ({sum(p.numel() for p in ours.parameters()) / 1e6:.0f}M parameters, random weights), "
           f"{args.dtype}, prompt {args.prompt_length} tokens, greedy, {args.device}, torch threads: "
           f"{torch.get_num_threads()}, transformers attention: {hf.config._attn_implementation}, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"{'CPU' if args.cpu_time else 'wall'} time, load average {os.getloadavg()[0]:.1f}")
     theirs(4), mine(4)  # warm up
-    t64, ids = timed({"tfcli": lambda: mine(64), "transformers": lambda: theirs(64)}, args.runs)
+    t64, ids = timed({"tfcli": lambda: mine(64), "transformers": lambda: theirs(64)}, args.runs, clock)
     ratios = [a / b for a, b in zip(t64["tfcli"], t64["transformers"])]
     same = ids["tfcli"].tolist() == ids["transformers"].tolist()
     print(f"64 new tokens: tfcli {min(t64['tfcli']):.3f}-{max(t64['tfcli']):.3f} s, transformers "
@@ -98,7 +104,7 @@ def main() -> None:
               f"{float((our_logits - their_logits).abs().max()) / step:.2f}; vs float32: tfcli "
               f"{float((our_logits - exact_logits).abs().max()) / step:.2f}, transformers "
               f"{float((their_logits - exact_logits).abs().max()) / step:.2f}")
-    t256, _ = timed({"tfcli": lambda: mine(256), "transformers": lambda: theirs(256)}, max(1, args.runs - 1))
+    t256, _ = timed({"tfcli": lambda: mine(256), "transformers": lambda: theirs(256)}, max(1, args.runs - 1), clock)
     for name in ("tfcli", "transformers"):
         short, long = min(t64[name]) / 64 * 1000, min(t256[name]) / 256 * 1000
         print(f"ms per new token (best run), {name + ':':<13} {short:6.1f} at 64, {long:6.1f} at 256 "
@@ -107,7 +113,7 @@ def main() -> None:
           f"{min(t256['tfcli']) / min(t256['transformers']):.2f}")
     if not args.uncached:
         return
-    uncached, _ = timed({"tfcli": lambda: ours.generate(prompt, max_new_tokens=64, use_cache=False)}, 1)
+    uncached, _ = timed({"tfcli": lambda: ours.generate(prompt, max_new_tokens=64, use_cache=False)}, 1, clock)
     print(f"tfcli without the KV cache, 64 new tokens: {uncached['tfcli'][0]:.3f} s "
           f"({uncached['tfcli'][0] / min(t64['tfcli']):.1f} x the cached time)")
 

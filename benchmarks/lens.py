@@ -5,7 +5,9 @@ Two measures: the generation itself, in one process (tfcli.model.decoding.stream
 lens, runs in turns; per-run ratios), and the whole command (`python -m tfcli generate -n 32 [--lens]`,
 start to exit, which adds the same start-up and load to both). Target (issue 12): <= 1.3x.
 
-Run: python benchmarks/lens.py [--runs N]   (a minute or two on a quiet 2-core machine)
+Run: python benchmarks/lens.py [--runs N] [--cpu-time]   (a minute or two on a quiet 2-core machine; on a busy
+one, OMP_NUM_THREADS=1 ... --cpu-time gives steady figures: two threads wait for each other at every small
+operation)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ PROMPT = "time flies like an arrow and"
 STEPS = 32
 
 
-def in_process(runs: int) -> None:
+def in_process(runs: int, clock) -> None:
     import torch
 
     import tfcli
@@ -31,10 +33,10 @@ def in_process(runs: int) -> None:
     ids = torch.tensor([tfcli.load_tokenizer("gpt2-small").encode([PROMPT], add_special_tokens=False)[0].ids])
 
     def generate(lens: bool) -> float:
-        start = time.perf_counter()
+        start = clock()
         steps = list(stream(model, ids, STEPS, lens=lens))
         assert len(steps) == STEPS and (steps[0].lens is not None) == lens
-        return time.perf_counter() - start
+        return clock() - start
 
     generate(False), generate(True)  # warm up (and pack what is packed)
     seconds: dict[bool, list[float]] = {False: [], True: []}
@@ -42,7 +44,8 @@ def in_process(runs: int) -> None:
         for lens in (False, True):
             seconds[lens].append(generate(lens))
     per_token = {lens: [s / STEPS * 1000 for s in values] for lens, values in seconds.items()}
-    print(f"generation alone, {STEPS} steps, {torch.get_num_threads()} threads: plain {spread(per_token[False], ' ms')}"
+    print(f"generation alone, {STEPS} steps, {torch.get_num_threads()} threads, "
+          f"{'CPU' if clock is time.process_time else 'wall'} time: plain {spread(per_token[False], ' ms')}"
           f" per token, with the lens {spread(per_token[True], ' ms')}; ratio lens / plain "
           f"{spread(ratios(seconds[True], seconds[False]))} (target <= 1.3)")
 
@@ -50,9 +53,12 @@ def in_process(runs: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the generation by this process's CPU time: with OMP_NUM_THREADS=1, what other "
+                        "processes on a busy machine do not disturb")
     args = parser.parse_args()
     print(f"{load_average()} before")
-    in_process(args.runs)
+    in_process(args.runs, time.process_time if args.cpu_time else time.perf_counter)
     command = [sys.executable, "-m", "tfcli", "generate", "-n", str(STEPS), PROMPT]
     print("whole command:", " ".join(command[1:]), "[--lens]")
     # both make the same tokens (the lens only watches), so both do the same work
