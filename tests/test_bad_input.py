@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,17 @@ def assert_error(result, exit_code: int, *needles: str) -> str:
         assert "unexpected " not in text, text  # the catch-all for bugs
     assert result.exception is None or isinstance(result.exception, SystemExit)
     return message
+
+
+@pytest.fixture
+def no_model_built(monkeypatch):
+    """Building a TransformerModel fails the test (the CLI would report it as an unexpected error)."""
+    from tfcli.model import transformer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(transformer.TransformerModel, "__init__", refuse)
 
 
 def write(path: Path, text: str) -> Path:
@@ -171,11 +181,10 @@ def test_misspelled_key_suggests_the_right_one(cli, tmp_path, key, right):
     ("vocab_size: 100000000000", ["GiB for its weights", "memory"]),
     ("num_hidden_layers: 1000000000", ["GiB for its weights"]),
 ])
-def test_impossible_sizes(cli, tiny_config, tmp_path, line, needles):
+def test_impossible_sizes(cli, tiny_config, tmp_path, line, needles, no_model_built):
+    """Refused before anything is allocated: no model is even built on the meta device."""
     path = write(tmp_path / "bad.yaml", tiny_config.read_text() + line + "\n")
-    started = time.monotonic()
     assert_error(cli("encode", "--model", str(path), "hi"), 1, *needles)
-    assert time.monotonic() - started < 30  # refused before allocating anything
 
 
 @pytest.mark.parametrize("tag", ["!!python/object/apply:os.system", "!!python/object/new:os.system",
@@ -263,9 +272,9 @@ def test_truncated_bin(cli, checkpoint, tmp_path):
 
 
 def test_unsupported_model_type_lists_supported(cli, tmp_path):
-    (tmp_path / "t5").mkdir()
-    write(tmp_path / "t5" / "config.json", json.dumps({"model_type": "t5", "d_model": 32}))
-    message = assert_error(cli("encode", "--model", str(tmp_path / "t5"), "hi"), 1, "unsupported model_type `t5`")
+    (tmp_path / "xlnet").mkdir()
+    write(tmp_path / "xlnet" / "config.json", json.dumps({"model_type": "xlnet", "d_model": 32}))
+    message = assert_error(cli("encode", "--model", str(tmp_path / "xlnet"), "hi"), 1, "unsupported model_type `xlnet`")
     assert "supported model types:" in message and "bert" in message
 
 
@@ -416,10 +425,8 @@ def test_many_truncations_are_summarised(cli, tiny_config):
 def test_a_million_characters(cli, tiny_config, tmp_path):
     path = tmp_path / "million.txt"
     path.write_text("abc " * 250_000 + "\n")
-    started = time.monotonic()
     tokenized = cli("tokenize", "--json", "--max-length", "8", "--file", str(path))
     encoded = cli("encode", "--model", str(tiny_config), "--json", "--file", str(path))
-    assert time.monotonic() - started < 60
     for result in (tokenized, encoded):
         assert result.exit_code == 0, result.stderr
         assert "truncated from 250002" in result.stderr and "Traceback" not in result.stderr
@@ -427,11 +434,9 @@ def test_a_million_characters(cli, tiny_config, tmp_path):
     assert len(json.loads(encoded.stdout)["ids"]) == 16
 
 
-def test_config_of_a_huge_model_is_counted_not_built(cli, tiny_config, tmp_path):
+def test_config_of_a_huge_model_is_counted_not_built(cli, tiny_config, tmp_path, no_model_built):
     """`tfcli config` may show a model too big for this machine, but must not try to build it."""
     path = write(tmp_path / "huge.yaml", tiny_config.read_text() + "num_hidden_layers: 100000000\n")
-    started = time.monotonic()
     result = cli("config", "--json", str(path))
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["parameters"] > 100_000_000 * 8000
-    assert time.monotonic() - started < 30

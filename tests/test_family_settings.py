@@ -67,6 +67,21 @@ REFUSED = {
     "bart is_decoder": ("BartConfig", "BartModel", dict(is_decoder=True), "is_decoder: true"),
     "bart sequence classification": ("BartConfig", "BartForSequenceClassification", {},
                                      "BartForSequenceClassification"),
+    "marian, a decoder vocabulary of its own size": ("MarianConfig", "MarianMTModel", dict(
+        share_encoder_decoder_embeddings=False, decoder_vocab_size=500), "decoder_vocab_size: 500"),
+    "t5 question answering": ("T5Config", "T5ForQuestionAnswering", {}, "T5ForQuestionAnswering"),
+    "albert, two layers per group": ("AlbertConfig", "AlbertModel", dict(inner_group_num=2), "inner_group_num: 2"),
+    "electra is_decoder": ("ElectraConfig", "ElectraModel", dict(is_decoder=True), "is_decoder: true"),
+    "mpnet, 64 buckets": ("MPNetConfig", "MPNetModel", dict(relative_attention_num_buckets=64),
+                          "relative_attention_num_buckets: 64"),
+    "deberta-v2 convolution": ("DebertaV2Config", "DebertaV2Model", dict(conv_kernel_size=3), "conv_kernel_size: 3"),
+    "deberta-v2 pooler of another size": ("DebertaV2Config", "DebertaV2ForSequenceClassification", dict(
+        hidden_size=32, num_attention_heads=4, pooler_hidden_size=16), "pooler_hidden_size: 16"),
+    "deberta-v2 token classification": ("DebertaV2Config", "DebertaV2ForTokenClassification", {},
+                                        "DebertaV2ForTokenClassification"),
+    "modernbert rope scaling": ("ModernBertConfig", "ModernBertModel", dict(
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}), "RoPE scaling"),
 }
 
 
@@ -152,3 +167,23 @@ def test_an_unknown_tensor_is_named(checkpoint):
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(TfcliError, match="1 unexpected: encoder.layer.0.attention.self.extra_gate.weight"):
         parity(path)
+
+
+def test_a_checkpoint_without_architectures_loads_as_the_bare_model(checkpoint):
+    """microsoft/deberta-v3-base names no architecture and stores its pretraining heads (lm_predictions,
+    mask_predictions): the bare model uses none of them, in tfcli or transformers."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path = checkpoint("DebertaV2Config", "DebertaV2ForMaskedLM", dict(
+        BERT, relative_attention=True, pos_att_type="p2c|c2p", position_buckets=4, max_relative_positions=6,
+        share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0, legacy=False))
+    tensors = load_file(path / "model.safetensors")
+    tensors |= {"mask_predictions.dense.weight": torch.zeros(32, 32), "mask_predictions.classifier.bias": torch.zeros(1)}
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    del config["architectures"]
+    (path / "config.json").write_text(json.dumps(config))
+    differences = parity(path)
+    assert "logits" not in differences and max(differences.values()) <= 1e-4

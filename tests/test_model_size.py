@@ -35,6 +35,32 @@ CASES = {
     "encoder-decoder, sinusoidal, no segments": dict(architecture="encoder-decoder", position="sinusoidal",
                                                      type_vocab_size=0),
     "encoder without head": dict(head="none", type_vocab_size=3),
+    "encoder-decoder, T5: no positions, relative position bias, own head size, gated, no biases": dict(
+        architecture="encoder-decoder", head="lm", position="none", relative_attention_num_buckets=8, head_dim=6,
+        norm="rmsnorm", norm_position="pre", final_norm=True, feed_forward="gated", attention_bias=False,
+        attention_out_bias=False, mlp_bias=False, embedding_norm=False, scale_decoder_outputs=True),
+    "encoder, ALBERT: narrower embeddings projected up, one shared block, MLM head": dict(
+        embedding_size=8, num_hidden_groups=1, head="mlm", lm_head_bias=True, num_hidden_layers=3),
+    "encoder, two groups over three layers, untied MLM head": dict(
+        embedding_size=8, num_hidden_groups=2, head="mlm", tie_word_embeddings=False, num_hidden_layers=3),
+    "encoder, ELECTRA discriminator": dict(embedding_size=8, head="discriminator"),
+    "encoder, DeBERTa-v3: disentangled attention, shared keys, buckets, normed table": dict(
+        relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8, max_relative_positions=16,
+        share_att_key=True, norm_rel_ebd=True, position="none", type_vocab_size=0, head="mlm"),
+    "encoder, DeBERTa-v2: own position projections for c2p only, exact distances": dict(
+        relative_attention=True, pos_att_type=["c2p"], max_relative_positions=16, head="classifier"),
+    "encoder, ModernBERT: no biases, first block without attention norm, GeGLU, mean-pooled normed classifier": dict(
+        norm_bias=False, first_block_attention_norm=False, norm_position="pre", final_norm=True, feed_forward="gated",
+        attention_bias=False, attention_out_bias=False, mlp_bias=False, position="rotary", type_vocab_size=0,
+        head="classifier", classifier_pooling="mean", classifier_norm=True, classifier_bias=False,
+        classifier_pooler="gelu"),
+    "encoder, ModernBERT MLM head without biases in its dense and norm": dict(
+        norm_bias=False, classifier_bias=False, head="mlm", lm_head_bias=True, norm_position="pre"),
+    "encoder, MPNet: relative position bias with learned positions": dict(
+        relative_attention_num_buckets=32, position_offset=2, type_vocab_size=0, head="mlm"),
+    "classifier with a GELU pooler": dict(head="classifier", classifier_pooler="gelu", num_labels=3),
+    "encoder-decoder, Marian: sinusoidal halves": dict(architecture="encoder-decoder", position="sinusoidal_halves",
+                                                        head="lm", lm_head_bias=True),
     "encoder-decoder, each stack its own token embeddings, untied head": dict(
         architecture="encoder-decoder", head="lm", share_encoder_decoder_embeddings=False, tie_word_embeddings=False),
     "decoder, sandwich norms, per-head q/k norms, own head size (Gemma 3)": dict(

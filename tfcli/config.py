@@ -18,12 +18,12 @@ from tfcli.errors import TfcliError
 
 ARCHITECTURES = ("encoder", "decoder", "encoder-decoder")
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu")
-POSITIONS = ("learned", "sinusoidal", "rotary")
+POSITIONS = ("learned", "sinusoidal", "sinusoidal_halves", "rotary", "none")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_plus_one")
 NORM_POSITIONS = ("pre", "post", "sandwich", "sublayer_output")
 FEED_FORWARDS = ("mlp", "gated")
-HEADS = ("none", "mlm", "lm", "classifier")
-CLASSIFIER_POOLERS = ("none", "tanh", "relu")
+HEADS = ("none", "mlm", "lm", "classifier", "discriminator")
+CLASSIFIER_POOLERS = ("none", "tanh", "relu", "gelu")
 QK_NORMS = ("none", "head", "projection")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # rope_scaling: the keys each RoPE scaling type takes (the first ones required), as Hugging Face names them
@@ -48,6 +48,10 @@ class ModelConfig:
     hidden_size: int = 768
     num_hidden_layers: int = 12
     num_decoder_layers: int | None = None  # encoder-decoder only; None = num_hidden_layers
+    num_hidden_groups: int | None = None  # blocks sharing weights: block i runs group int(i / (layers / groups))
+    # (ALBERT: 1, one block's weights at every depth); None = every block its own
+    embedding_size: int | None = None  # embeddings this wide, then projected to hidden_size by a linear layer
+    # (ALBERT, ELECTRA); None = hidden_size, no projection
     num_attention_heads: int = 12
     num_key_value_heads: int | None = None  # grouped-query attention; None = num_attention_heads
     head_dim: int | None = None  # size of each head; None = hidden_size / num_attention_heads
@@ -56,11 +60,20 @@ class ModelConfig:
     type_vocab_size: int = 2  # segment embeddings; 0 = none
     hidden_act: str = "gelu"
     norm: str = "layernorm"
+    norm_bias: bool = True  # LayerNorms with a bias (ModernBERT's have none)
     norm_position: str = "post"  # post: norm(x + f(x)); pre: x + f(norm(x)); sandwich: x + norm(f(norm(x)));
     # sublayer_output: x + norm(f(x))
     layer_norm_eps: float = 1e-12
     position: str = "learned"
     position_offset: int = 0  # learned positions start here (RoBERTa: pad + 1, BART: 2)
+    relative_attention_num_buckets: int = 0  # > 0: a learned bias per head and relative-distance bucket (T5)
+    relative_attention_max_distance: int = 128  # distances from here on share the last bucket
+    relative_attention: bool = False  # DeBERTa's disentangled attention (model/disentangled.py), encoders only:
+    pos_att_type: list[str] = field(default_factory=list)  # its position terms: c2p, p2c
+    position_buckets: int = 0  # relative distances bucketed logarithmically beyond half of this; 0 = exact
+    max_relative_positions: int = 0  # the furthest distance told apart (the table's span without buckets)
+    share_att_key: bool = False  # the position terms use the attention's own query and key projections
+    norm_rel_ebd: bool = False  # a LayerNorm on the relative position embeddings
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0  # rotary positions on this fraction of each head's dimensions (the first ones)
     rotary_interleaved: bool = False  # rotate adjacent pairs of dimensions (GPT-J), not the two halves (Llama)
@@ -76,6 +89,8 @@ class ModelConfig:
     parallel_residual: bool = False  # x + attention(norm(x)) + feed_forward(norm2(x)) in one step
     shared_block_norm: bool = False  # parallel blocks: attention and feed-forward read the same norm(x)
     embedding_norm: bool = True  # LayerNorm on the embeddings (BERT, BART)
+    first_block_attention_norm: bool = True  # false: the first block's attention reads the embeddings as they
+    # are, already normed (ModernBERT)
     scale_embedding: bool = False  # multiply token embeddings by sqrt(hidden_size) (BART option)
     word_embed_proj_dim: int | None = None  # decoders: token embeddings this wide, projected to hidden_size before the
     # positions are added and back after the final norm (OPT-350m's project_in, project_out); None = hidden_size
@@ -84,14 +99,18 @@ class ModelConfig:
     attention_bias: bool = True  # biases on the Q/K/V projections
     attention_out_bias: bool = True  # bias on the attention output projection
     mlp_bias: bool = True
-    head: str = "none"  # none | mlm | lm | classifier
+    head: str = "none"  # none | mlm | lm | classifier | discriminator (a score per token: ELECTRA)
     head_act: str | None = None  # the activation in the MLM head's transform; None = hidden_act (RoBERTa: gelu)
     tie_word_embeddings: bool = True  # the LM head is the (decoder's) token embedding
     share_encoder_decoder_embeddings: bool = True  # encoder-decoder: one token embedding for both stacks
+    scale_decoder_outputs: bool = False  # LM head input scaled by hidden_size ** -0.5 (T5 with a tied head)
     lm_head_bias: bool = False  # a bias on the unembedding (MLM decoders, BART's final_logits_bias)
     num_labels: int = 2
     labels: list[str] = field(default_factory=list)
     classifier_pooler: str = "tanh"  # dense + activation on the first token before the classifier
+    classifier_pooling: str = "cls"  # cls: the first token; mean: the mean of the real tokens (ModernBERT)
+    classifier_norm: bool = False  # a norm after the pooler's activation (ModernBERT)
+    classifier_bias: bool = True  # a bias on the pooler's dense layer and the MLM head's (ModernBERT: none)
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     classifier_dropout: float | None = None
@@ -99,6 +118,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None  # several ids: any of them ends a generation
     decoder_start_token_id: int | None = None
+    forced_bos_token_id: int | None = None  # generate's first new token when the sequence so far is one token
+    forced_eos_token_id: int | None = None  # generate's last new token when max_new_tokens is reached
 
     @property
     def head_size(self) -> int:
@@ -151,9 +172,11 @@ CHOICES = {
     "feed_forward": FEED_FORWARDS,
     "head": HEADS,
     "classifier_pooler": CLASSIFIER_POOLERS,
+    "classifier_pooling": ("cls", "mean"),
     "qk_norm": QK_NORMS,
 }
 POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "embedding_size", "num_hidden_groups",
             "max_position_embeddings", "num_labels", "num_decoder_layers", "num_key_value_heads", "head_dim",
             "sliding_window", "local_rope_theta", "query_pre_attn_scalar", "attn_logit_softcapping",
             "final_logit_softcapping", "word_embed_proj_dim")
@@ -261,7 +284,23 @@ def _check_values(c: ModelConfig, origin: str) -> None:
             f"num_key_value_heads {c.kv_heads}", "each key/value head serves a whole group of query heads")
     _check_rotary(c, origin)
     _check_attention_variants(c, origin)
-    if c.position == "sinusoidal" and c.hidden_size % 2:
+    buckets = c.relative_attention_num_buckets
+    if buckets and (buckets < 4 or c.relative_attention_max_distance <= buckets // 2):
+        raise TfcliError(f"{origin}: relative positions need relative_attention_num_buckets >= 4 (or 0 for none) and "
+                         f"relative_attention_max_distance > half of them, got {buckets} and "
+                         f"{c.relative_attention_max_distance}", "T5 uses 32 buckets and a max distance of 128")
+    if not c.first_block_attention_norm and c.norm_position != "pre":
+        raise TfcliError(f"{origin}: first_block_attention_norm: false needs norm_position: pre",
+                         "only a pre-norm block reads its input through its attention norm")
+    if c.relative_attention:
+        if c.architecture != "encoder":
+            raise TfcliError(f"{origin}: relative_attention (DeBERTa's) is implemented for encoders only")
+        if not set(c.pos_att_type) <= {"c2p", "p2c"}:
+            raise TfcliError(f"{origin}: pos_att_type takes c2p and p2c, got {c.pos_att_type}")
+        if c.max_relative_positions < 1 or c.position_buckets < 0 or c.position_buckets == 1:
+            raise TfcliError(f"{origin}: relative_attention needs max_relative_positions >= 1 and position_buckets "
+                             f"0 (exact distances) or >= 2, got {c.max_relative_positions} and {c.position_buckets}")
+    if c.position in ("sinusoidal", "sinusoidal_halves") and c.hidden_size % 2:
         raise TfcliError(f"{origin}: sinusoidal positions need an even hidden_size, got {c.hidden_size}")
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
         value = getattr(c, key)
@@ -272,10 +311,22 @@ def _check_values(c: ModelConfig, origin: str) -> None:
     if c.labels and len(c.labels) != c.num_labels:
         raise TfcliError(f"{origin}: {len(c.labels)} labels given but num_labels is {c.num_labels}",
                          "give one name per label, or leave `num_labels` out to count them")
+    groups, layers = c.num_hidden_groups, min(c.num_hidden_layers, c.decoder_layers)
+    if groups is not None and groups > layers:
+        raise TfcliError(f"{origin}: num_hidden_groups {groups} is more than the {layers} layers that share them",
+                         "a group is a block whose weights several consecutive layers use")
+    if c.embedding_size is not None and c.word_embed_proj_dim is not None:
+        raise TfcliError(f"{origin}: embedding_size (all embeddings narrower, then projected: ALBERT) and "
+                         "word_embed_proj_dim (token embeddings projected in and out: OPT) exclude each other")
+    if c.embedding_size not in (None, c.hidden_size) and c.head == "lm":
+        raise TfcliError(f"{origin}: an `lm` head reads the hidden state through the token embeddings, so "
+                         f"embedding_size ({c.embedding_size}) must equal hidden_size ({c.hidden_size})",
+                         "an `mlm` head projects the hidden state down to embedding_size first")
     if c.head == "lm" and c.architecture == "encoder":
         raise TfcliError(f"{origin}: head `lm` needs a decoder (architecture decoder or encoder-decoder)",
                          "an encoder predicts masked tokens with head `mlm`")
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_bos_token_id",
+                "forced_eos_token_id"):
         value = getattr(c, key)
         for token in value if isinstance(value, list) else [value]:
             if token is not None and not 0 <= token < c.vocab_size:
@@ -382,7 +433,7 @@ def parameter_count(c: ModelConfig) -> int:
     q_size, kv_size = c.num_attention_heads * c.head_size, c.kv_heads * c.head_size
 
     def norm_of(size: int) -> int:
-        return 2 * size if c.norm == "layernorm" else size  # RMSNorm has no bias
+        return 2 * size if c.norm == "layernorm" and c.norm_bias else size  # RMSNorm has no bias
 
     def linear(inputs: int, outputs: int, bias: bool = True) -> int:
         return inputs * outputs + (outputs if bias else 0)
@@ -391,6 +442,8 @@ def parameter_count(c: ModelConfig) -> int:
     qk_norms = {"none": 0, "head": 2 * norm_of(c.head_size), "projection": norm_of(q_size) + norm_of(kv_size)}
     self_attention = (linear(hidden, q_size + 2 * kv_size, c.attention_bias)
                       + linear(q_size, hidden, c.attention_out_bias) + qk_norms[c.qk_norm])
+    if c.relative_attention and not c.share_att_key:  # DeBERTa's own position projections
+        self_attention += sum(linear(hidden, q_size) for term in ("c2p", "p2c") if term in c.pos_att_type)
     cross_attention = (linear(hidden, q_size, c.attention_bias) + linear(hidden, 2 * kv_size, c.attention_bias)
                        + linear(q_size, hidden, c.attention_out_bias))
     if c.feed_forward == "gated":
@@ -398,29 +451,41 @@ def parameter_count(c: ModelConfig) -> int:
     else:
         feed_forward = linear(hidden, inner, c.mlp_bias) + linear(inner, hidden, c.mlp_bias)
 
+    width = c.embedding_size or hidden  # of the embeddings
+
     def stack(layers: int, causal: bool, cross: bool) -> int:
-        embeddings = (c.max_position_embeddings + c.position_offset) * hidden if c.position == "learned" else 0
-        embeddings += c.type_vocab_size * hidden if c.type_vocab_size > 0 and not causal else 0
-        embeddings += norm if c.embedding_norm else 0
+        embeddings = (c.max_position_embeddings + c.position_offset) * width if c.position == "learned" else 0
+        embeddings += c.type_vocab_size * width if c.type_vocab_size > 0 and not causal else 0
+        embeddings += norm_of(width) if c.embedding_norm else 0
+        embeddings += linear(width, hidden) if c.embedding_size is not None else 0
+        embeddings += c.relative_attention_num_buckets * c.num_attention_heads
+        if c.relative_attention:  # DeBERTa's relative position embeddings and their norm
+            span = c.position_buckets if c.position_buckets > 0 else c.max_relative_positions
+            embeddings += 2 * span * hidden + (2 * hidden if c.norm_rel_ebd else 0)
         sublayer_norms = {"pre": 1, "post": 1, "sandwich": 2, "sublayer_output": 1}[c.norm_position] * norm
         block_norms = 2 * sublayer_norms - (norm if c.shared_block_norm else 0)
         block = self_attention + feed_forward + block_norms + (cross_attention + sublayer_norms if cross else 0)
-        return embeddings + layers * block + (norm if c.final_norm else 0)
+        missing = 0 if c.first_block_attention_norm else norm
+        return embeddings + min(layers, c.num_hidden_groups or layers) * block - missing + (norm if c.final_norm else 0)
 
-    width = c.word_embed_proj_dim or hidden  # of the token embeddings
-    total = vocab * width  # token embeddings
-    total += 2 * width * hidden if c.word_embed_proj_dim else 0  # projected in and out
+    token_width = c.embedding_size or c.word_embed_proj_dim or hidden  # of the token embeddings
+    total = vocab * token_width
+    total += 2 * token_width * hidden if c.word_embed_proj_dim else 0  # projected in and out
     if c.architecture == "encoder-decoder" and not c.share_encoder_decoder_embeddings:
-        total += vocab * hidden  # the decoder's own
+        total += vocab * token_width  # the decoder's own
     if c.architecture != "decoder":
         total += stack(c.num_hidden_layers, causal=False, cross=False)
     if c.architecture != "encoder":
         layers = c.decoder_layers if c.architecture == "encoder-decoder" else c.num_hidden_layers
         total += stack(layers, causal=True, cross=c.architecture == "encoder-decoder")
     if c.head in ("mlm", "lm"):
-        total += linear(hidden, hidden) + 2 * hidden if c.head == "mlm" else 0  # dense + LayerNorm
-        total += 0 if c.tie_word_embeddings else vocab * width
+        head_norm = 2 * width if c.norm_bias else width  # always a LayerNorm
+        total += linear(hidden, width, c.classifier_bias) + head_norm if c.head == "mlm" else 0  # dense + norm
+        total += 0 if c.tie_word_embeddings else vocab * token_width
         total += vocab if c.lm_head_bias else 0
     elif c.head == "classifier":
-        total += (linear(hidden, hidden) if c.classifier_pooler != "none" else 0) + linear(hidden, c.num_labels)
+        pooler = linear(hidden, hidden, c.classifier_bias) + (norm if c.classifier_norm else 0)
+        total += (pooler if c.classifier_pooler != "none" else 0) + linear(hidden, c.num_labels)
+    elif c.head == "discriminator":
+        total += linear(hidden, hidden) + linear(hidden, 1)
     return total

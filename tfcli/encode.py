@@ -313,13 +313,13 @@ def text_report(model: "TransformerModel", out: "ModelOutput", row: int, encodin
         report.stages = stage_rows(model, model.encoder, out.encoder, row, n, "encoder ")
         report.attention += _maps("encoder", out.encoder.attentions, row, n, n, options, encoding.tokens, encoding.tokens)
     report.stages += stage_rows(model, model.output_stack, out, row, t_len, prefix)
-    if out.logits is not None:  # classifier logits are (B, labels); LM logits (B, T, V)
-        logits = out.logits[row] if out.logits.dim() == 2 else out.logits[row, :t_len]
+    if out.logits is not None:  # classifier logits are (B, labels); discriminator (B, T); LM logits (B, T, V)
+        logits = out.logits[row] if model.config.head == "classifier" else out.logits[row, :t_len]
         report.stages.append(stage_row(prefix + "head", logits, count_parameters(model.head)))
     report.attention += _maps(kind, out.attentions, row, t_len, t_len, options, t_tokens, t_tokens)
     if out.encoder is not None:
         report.attention += _maps("cross", out.cross_attentions, row, t_len, n, options, t_tokens, encoding.tokens)
-    if options.top_k:
+    if options.top_k and model.has_lens:  # no lens for narrower embeddings without an MLM head (ELECTRA, ALBERT)
         report.lens = lens_rows(model, out.hidden_states, row, t_len, options.layers, options.top_k, tokenizer,
                                 out.logits)
     return report

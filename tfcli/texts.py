@@ -38,9 +38,10 @@ class LineReader:
             self.fd: int | None = stream.fileno()
         except (OSError, ValueError, AttributeError):  # an in-memory stream: everything is there already
             self.fd = None
-        self.buffer = b""
+        self.buffer = bytearray()  # read and not yet handed out from self.start on
+        self.start = 0
         self.eof = False
-        self.offset = 0  # bytes of the stream before self.buffer, for error messages
+        self.offset = 0  # bytes of the stream before self.buffer[self.start], for error messages
 
     def _fill(self) -> None:
         chunk = os.read(self.fd, CHUNK) if self.fd is not None else self.stream.read(CHUNK)
@@ -48,7 +49,7 @@ class LineReader:
         self.eof = not chunk
 
     def ready(self) -> bool:
-        if b"\n" in self.buffer or self.eof or self.fd is None:
+        if self.eof or self.fd is None or self.buffer.find(b"\n", self.start) >= 0:
             return True
         return bool(select.select([self.fd], [], [], 0)[0])
 
@@ -56,20 +57,28 @@ class LineReader:
         """(line number, text) for each line."""
         number = 0
         while True:
-            while b"\n" not in self.buffer and not self.eof:
+            end = self.buffer.find(b"\n", self.start)
+            while end < 0 and not self.eof:
+                del self.buffer[:self.start]  # what was handed out already
+                self.start = 0
+                searched = len(self.buffer)
                 self._fill()
-            if not self.buffer:
-                if self.close:
-                    self.stream.close()
-                return
-            line, newline, self.buffer = self.buffer.partition(b"\n")
+                end = self.buffer.find(b"\n", searched)
+            if end < 0:  # the last line, without a line ending; or nothing left
+                if self.start >= len(self.buffer):
+                    if self.close:
+                        self.stream.close()
+                    return
+                end = len(self.buffer)
+            line = bytes(self.buffer[self.start:end])
+            self.start = end + 1
             number += 1
             try:
                 text = line.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise TfcliError(f"{self.name} is not valid UTF-8: line {number}, byte offset {self.offset + e.start}",
                                  "convert it first, e.g. `iconv -f latin1 -t utf-8`") from e
-            self.offset += len(line) + len(newline)
+            self.offset += len(line) + 1
             yield number, text.removesuffix("\r")
 
 

@@ -29,6 +29,9 @@ SPECIAL_TOKEN_NAMES = {
     "eos_token_id": ("</s>", "<|endoftext|>"),
 }
 WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# tokenizer files tfcli cannot read (SentencePiece models; GPT-2-style vocab.json without its merges.txt)
+UNREAD_TOKENIZER_FILES = ("spiece.model", "sentencepiece.bpe.model", "spm.model", "source.spm", "tokenizer.model",
+                          "vocab.json")
 
 
 @dataclass
@@ -196,6 +199,12 @@ def _from_directory(directory: Path | None) -> Tokenizer:
                 f"cannot load the tokenizer in {directory}: {e}",
                 "check tokenizer.json / vocab.txt / vocab.json + merges.txt there",
             ) from e
+        unread = [name for name in UNREAD_TOKENIZER_FILES if (directory / name).is_file()]
+        if unread:  # the bundled BERT vocabulary would give this model wrong ids without a word
+            raise TfcliError(f"{directory}: its tokenizer is {unread[0]}, which tfcli does not read (it reads "
+                             "tokenizer.json, vocab.txt, or vocab.json + merges.txt)",
+                             "write its tokenizer.json once with transformers: python -c \"from transformers import "
+                             f"AutoTokenizer as T; T.from_pretrained('{directory}').save_pretrained('{directory}')\"")
     note = None if directory is None else (f"{directory} has no tokenizer files (tokenizer.json, vocab.txt, "
                                             f"vocab.json + merges.txt): using the {BUNDLED_NAME} tokenizer")
     return Tokenizer(_wordpiece(BUNDLED_VOCAB, lowercase=True), BUNDLED_NAME, note)

@@ -2,7 +2,8 @@
 
 Each family module fills in `FAMILY = Family(...)` (see family.py): the model_types it reads,
 `translate(hf)` for config.json, weight-name `rules` as templates ("h.{}.ln_1.weight" ->
-"decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, not used"), and
+"decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, used by no forward
+pass"), and
 optionally `config_rules(config)`, name `prefixes`, `transposed` names and `flattened` names. Here
 Q, K and V weights mapped to `.q/.k/.v` are read into the rows of the model's fused `qkv` (or
 cross-attention `kv`) projections, and gated feed-forwards' `.gate/.up` into `gate_up`. To add a family:
@@ -11,6 +12,9 @@ write its module and add its FAMILY to FAMILIES below.
 Loading is lean: the model is built on the meta device, `read_checkpoint` reads only the files' headers,
 and `load_checkpoint` reads each weight straight from its file into a new tensor of the requested dtype on
 the requested device, so a load never holds more than the weights plus one tensor in flight.
+
+Nothing is dropped silently: a name no rule knows is an error, and where several checkpoint tensors map onto
+one parameter (stored copies, a tied head) one is read and the others must equal it (see load_checkpoint).
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoints import (bart, bert, distilbert, falcon, gemma, gpt2, gpt_neox, gptj, llama, olmo2, opt, phi,
-                               phi3, roberta)
+from tfcli.checkpoints import (albert, bart, bert, deberta_v2, distilbert, electra, falcon, gemma, gpt2, gpt_neox,
+                               gptj, llama, marian, mbart, modernbert, mpnet, olmo2, opt, phi, phi3, roberta, t5)
 from tfcli.checkpoints.family import Family, grouped_qkv_rows
 from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
@@ -39,7 +43,9 @@ if TYPE_CHECKING:
 FAMILIES: dict[str, Family] = {
     model_type: fam
     for fam in (bert.FAMILY, distilbert.FAMILY, roberta.FAMILY, gpt2.FAMILY, llama.FAMILY, gemma.FAMILY, phi.FAMILY,
-                phi3.FAMILY, olmo2.FAMILY, gpt_neox.FAMILY, gptj.FAMILY, falcon.FAMILY, opt.FAMILY, bart.FAMILY)
+                phi3.FAMILY, olmo2.FAMILY, gpt_neox.FAMILY, gptj.FAMILY, falcon.FAMILY, opt.FAMILY, bart.FAMILY,
+                mbart.FAMILY, marian.FAMILY, t5.FAMILY, electra.FAMILY, albert.FAMILY, mpnet.FAMILY,
+                deberta_v2.FAMILY, modernbert.FAMILY)
     for model_type in fam.model_types
 }
 
@@ -59,16 +65,19 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
     return family(model_type, origin).translate(values)
 
 
+# what transformers' generate takes from generation_config.json, beside config.json, rather than from config.json
+GENERATION_KEYS = ("decoder_start_token_id", "eos_token_id", "forced_bos_token_id", "forced_eos_token_id")
+
+
 def read_hf_config(path: Path) -> ModelConfig:
-    """Read a Hugging Face config.json and translate it for its model_type. A generation_config.json beside
-    it gives the end-of-sequence ids, as transformers' generate takes them from it (Phi-3's instruct models
-    end at <|end|>, listed there only)."""
+    """Read a Hugging Face config.json and translate it for its model_type. The token ids that steer generation
+    come from generation_config.json beside it, where there is one, as transformers' generate takes them from
+    it (Phi-3's instruct models end at <|end|>, listed there only; mBART-50's target language is forced there)."""
     values = _read_json(path)
     generation = path.with_name("generation_config.json")
-    if generation.is_file():
-        eos = _read_json(generation).get("eos_token_id")
-        if eos is not None:
-            values = {**values, "eos_token_id": eos}
+    if path.name == "config.json" and generation.is_file():
+        settings = _read_json(generation)
+        values = {**values, **{key: settings[key] for key in GENERATION_KEYS if key in settings}}
     return from_dict(translate_hf_config(values, str(path)), origin=str(path))
 
 

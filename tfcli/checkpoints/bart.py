@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, weight_bias
+from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, unsupported, weight_bias
 from tfcli.config import ModelConfig
-from tfcli.errors import TfcliError
 
 HEADS = {"ForConditionalGeneration": "lm", "MTModel": "lm"}
 
@@ -26,10 +25,10 @@ def translate_seq2seq(hf: dict[str, Any], family: str, **overrides: Any) -> dict
     for a, b, default in (("encoder_attention_heads", "decoder_attention_heads", 16),
                           ("encoder_ffn_dim", "decoder_ffn_dim", 4096)):
         if hf.get(a, default) != hf.get(b, default):
-            raise TfcliError(f"config.json: {family} with {a} != {b} is not supported by tfcli",
-                             "tfcli's encoder and decoder share one head count and feed-forward size")
+            raise unsupported(family, f"{a} != {b}",
+                              "tfcli's encoder and decoder share one head count and feed-forward size")
     head = architecture_head(hf, HEADS)
-    values = common(hf, architecture="encoder-decoder", hidden_size=hf.get("d_model", 1024),
+    base = dict(architecture="encoder-decoder", hidden_size=hf.get("d_model", 1024),
                     num_hidden_layers=hf.get("encoder_layers", 12), num_decoder_layers=hf.get("decoder_layers", 12),
                     num_attention_heads=hf.get("encoder_attention_heads", 16),
                     intermediate_size=hf.get("encoder_ffn_dim", 4096),
@@ -40,15 +39,15 @@ def translate_seq2seq(hf: dict[str, Any], family: str, **overrides: Any) -> dict
                     norm="layernorm", type_vocab_size=0, scale_embedding=bool(hf.get("scale_embedding", False)),
                     feed_forward="mlp", head=head, lm_head_bias=head == "lm",
                     tie_word_embeddings=hf.get("tie_word_embeddings", True),
-                    decoder_start_token_id=hf.get("decoder_start_token_id"), **overrides)
+                    decoder_start_token_id=hf.get("decoder_start_token_id"))
+    values = common(hf, **{**base, **overrides})
     values.pop("labels", None), values.pop("num_labels", None)  # the default id2label: no head uses it
     return values
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    if hf.get("normalize_before") or hf.get("add_final_layer_norm"):
-        raise TfcliError("config.json: pre-norm BART variants (normalize_before / add_final_layer_norm) "
-                         "are not supported by tfcli", "tfcli loads the post-norm BART of facebook/bart-*")
+    # fairseq's pre-norm flags: transformers 5 ignores them, so such a checkpoint would compute another model
+    refuse(hf, "BART", {"normalize_before": (False, None), "add_final_layer_norm": (False, None)})
     tied = hf.get("tie_word_embeddings", True)
     return translate_seq2seq(hf, "BART", model_type="bart", norm_position="post", position="learned",
                              position_offset=2, embedding_norm=True, final_norm=False,

@@ -101,7 +101,7 @@ def common(values: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "max_position_embeddings", "layer_norm_eps", "pad_token_id", "bos_token_id", "eos_token_id",
             "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout",
-            "tie_word_embeddings")
+            "tie_word_embeddings", "forced_bos_token_id", "forced_eos_token_id")
     out = {key: values[key] for key in keep if key in values}
     id2label = values.get("id2label")
     if isinstance(id2label, dict) and id2label:
@@ -114,8 +114,11 @@ def common(values: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     out.update(overrides)
     if out.get("hidden_act") in ACTIVATION_NAMES:
         out["hidden_act"] = ACTIVATION_NAMES[out["hidden_act"]]
+    if isinstance(out.get("forced_eos_token_id"), list):  # transformers forces the first of several: the lowest id
+        out["forced_eos_token_id"] = min(out["forced_eos_token_id"], default=None)
     vocab = out.get("vocab_size")
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_bos_token_id",
+                "forced_eos_token_id"):
         value = out.get(key)
         if isinstance(vocab, int) and isinstance(value, list):  # several end-of-sequence ids (Llama 3)
             value = [v for v in value if not isinstance(v, int) or 0 <= v < vocab]

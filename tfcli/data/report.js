@@ -67,11 +67,13 @@
 
   // ---------------------------------------------------------------- header
   function header(run) {
-    const kind = run.trained ? "trained" : "random";
+    const kind = run.trained ? "trained" : "random";  // the badge's style
+    // a checkpoint may have been saved from a random init: say where its weights come from, not that they are trained
     const dl = el("dl", {},
       el("dt", {}, "model"), el("dd", {}, run.model),
       el("dt", {}, "source"), el("dd", {}, run.source),
-      el("dt", {}, "weights"), el("dd", {}, el("span", {class: "badge " + kind}, kind), run.weights),
+      el("dt", {}, "weights"), el("dd", {}, el("span", {class: "badge " + kind}, run.trained ? "loaded" : "random"),
+                                   run.weights),
       el("dt", {}, "tfcli"), el("dd", {}, run.version),
       el("dt", {}, "command"), el("dd", {}, el("code", {}, run.command_line)));
     return el("header", {}, el("h1", {}, "tfcli " + run.command), dl);

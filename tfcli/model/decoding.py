@@ -107,6 +107,17 @@ def check_can_generate(config: ModelConfig, prompt_length: int | None = None, ma
                           "shorten the prompt")
 
 
+def force(tokens: Tensor, config: ModelConfig, length: int, last: bool) -> Tensor:
+    """The tokens a checkpoint's config forces, as transformers' generate does by default: forced_bos_token_id
+    first (when the sequence so far, decoder start or prompt, is one token long), forced_eos_token_id as the
+    last token max_new_tokens allows. (B,) ids in and out."""
+    if config.forced_bos_token_id is not None and length == 1:
+        return torch.full_like(tokens, config.forced_bos_token_id)
+    if config.forced_eos_token_id is not None and last:
+        return torch.full_like(tokens, config.forced_eos_token_id)
+    return tokens
+
+
 @torch.inference_mode()
 def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | None = None,
            max_new_tokens: int = 20, sampling: Sampling | None = None, use_cache: bool = True,
@@ -153,7 +164,7 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
         sequence = input_ids
         cache = KVCache(length + max_new_tokens) if use_cache else None
     step_input = sequence
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         if seq2seq:
             out = model(input_ids, attention_mask=mask, decoder_input_ids=step_input, cache=cache,
                         capture=capture, encoder_output=encoder_output, logits_to_keep=1)
@@ -161,7 +172,7 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
         else:
             out = model(step_input, attention_mask=mask, cache=cache, capture=capture, logits_to_keep=1)
         logits = out.logits[:, -1].float()  # (B, V)
-        tokens = choose(logits, sampling, generator)
+        tokens = force(choose(logits, sampling, generator), config, sequence.shape[1], step == max_new_tokens - 1)
         if len(eos):
             tokens = tokens.masked_fill(finished, pad)
             finished = finished | torch.isin(tokens, eos)

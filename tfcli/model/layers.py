@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
 from tfcli.model.attention import Attention, KVCache
+from tfcli.model.disentangled import DisentangledAttention
 from tfcli.model.linear import Linear
 from tfcli.model.norms import norm
 
@@ -64,12 +65,13 @@ class Block(nn.Module):
     Each sublayer NAME has `NAME_norm` (its input norm, or for post-norm the norm after the residual) and,
     for sandwich and sublayer_output blocks, `NAME_output_norm` (on its output, inside the residual)."""
 
-    def __init__(self, config: ModelConfig, cross: bool = False):
+    def __init__(self, config: ModelConfig, cross: bool = False, attention_norm: bool = True):
+        """attention_norm=False: the attention reads the block's input as it is (ModernBERT's first block)."""
         super().__init__()
         self.norm_position = config.norm_position
         self.parallel = config.parallel_residual
-        sublayers = {"attention": Attention(config),
-                     "cross_attention": Attention(config, cross=True) if cross else None,
+        attention = DisentangledAttention(config) if config.relative_attention else Attention(config)
+        sublayers = {"attention": attention, "cross_attention": Attention(config, cross=True) if cross else None,
                      "feed_forward": FeedForward(config)}
         for name, sublayer in sublayers.items():
             if sublayer is None:
@@ -79,6 +81,8 @@ class Block(nn.Module):
                 setattr(self, f"{name}_norm", norm(config))
             if config.norm_position in ("sandwich", "sublayer_output"):
                 setattr(self, f"{name}_output_norm", norm(config))
+        if not attention_norm:
+            self.attention_norm = nn.Identity()
 
     def _input(self, name: str, x: Tensor) -> Tensor:
         """What sublayer `name` reads: x through its input norm, when the block has one."""
@@ -99,8 +103,11 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None, rotary=None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
-                need_weights: bool = False, keep_stages: bool = False) -> BlockOutput:
+                need_weights: bool = False, keep_stages: bool = False, relative=None) -> BlockOutput:
+        """`relative`: a DeBERTa stack's relative position embeddings and positions (model/disentangled.py)."""
         attention_kwargs = dict(mask=mask, rotary=rotary, cache=cache, layer=layer, need_weights=need_weights)
+        if relative is not None:
+            attention_kwargs["relative"] = relative
         if self.parallel:
             normed = self._input("attention", x)
             attn_out, weights = self.attention(normed, **attention_kwargs)

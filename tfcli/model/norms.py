@@ -25,4 +25,4 @@ def norm(config: ModelConfig, size: int | None = None) -> nn.Module:
         return nn.RMSNorm(size, eps=config.layer_norm_eps)
     if config.norm == "rmsnorm_plus_one":
         return RMSNormPlusOne(size, eps=config.layer_norm_eps)
-    return nn.LayerNorm(size, eps=config.layer_norm_eps)
+    return nn.LayerNorm(size, eps=config.layer_norm_eps, bias=config.norm_bias)

@@ -12,10 +12,12 @@ from tfcli.config import ModelConfig
 from tfcli.model.attention import KVCache
 from tfcli.model.capture import Capture, ModelOutput
 from tfcli.model.decoding import generate
+from tfcli.model.disentangled import RelativeEmbeddings
 from tfcli.model.embeddings import Embeddings, embedding
 from tfcli.model.layers import Block, activation
 from tfcli.model.linear import Linear
 from tfcli.model.norms import RMSNormPlusOne, norm
+from tfcli.model.position_bias import RelativePositionBias
 from tfcli.model.rotary import Rotary
 
 
@@ -73,8 +75,16 @@ class Stack(nn.Module):
         self.rotary = Rotary(config) if rotary else None
         # sliding-window layers may turn at a base of their own (Gemma 3)
         self.local_rotary = Rotary(config, local=True) if rotary and config.local_rope_theta is not None else None
-        self.blocks = nn.ModuleList(Block(config, cross=cross) for _ in range(num_layers))
+        # blocks may share weights (ALBERT): layer i runs group int(i / (layers / groups)), as transformers counts
+        groups = [Block(config, cross=cross, attention_norm=config.first_block_attention_norm or g > 0)
+                  for g in range(config.num_hidden_groups or num_layers)]
+        self.blocks = nn.ModuleList(groups[int(i / (num_layers / len(groups)))] for i in range(num_layers))
         self.final_norm = norm(config) if config.final_norm else None
+        # a relative position bias every block adds to its self-attention scores (T5, MPNet)
+        buckets = config.relative_attention_num_buckets
+        self.position_bias = RelativePositionBias(config, bidirectional=not causal) if buckets else None
+        # DeBERTa's relative position embeddings, which every block's attention projects with its own weights
+        self.relative_embeddings = RelativeEmbeddings(config) if config.relative_attention else None
         # token embeddings narrower than the model: projected in, and the output back (OPT-350m)
         width = config.word_embed_proj_dim
         self.project_in = Linear(width, config.hidden_size, bias=False) if width else None
@@ -101,6 +111,11 @@ class Stack(nn.Module):
         window_mask = attention_mask_bias(attention_mask, length, self.causal, dtype, device, past, self.window) \
             if any(self.sliding) else None
         cross_mask = attention_mask_bias(memory_mask, length, False, dtype, device) if memory is not None else None
+        relative = self.relative_embeddings(length) if self.relative_embeddings is not None else None
+        if self.position_bias is not None:  # (1, H, T, S), added to the additive masks
+            bias = self.position_bias(length, past + length, past).to(dtype)
+            mask = bias if mask is None else mask + bias
+            window_mask = None if window_mask is None else window_mask + bias
 
         out = ModelOutput(last_hidden_state=x)
         keep_stages = capture is not None and capture.stages
@@ -112,7 +127,7 @@ class Stack(nn.Module):
             sliding = self.sliding[i]
             result = block(x, window_mask if sliding else mask, rotary=local_rotary if sliding else rotary,
                            memory=memory, memory_mask=cross_mask, cache=cache, layer=i, need_weights=need_weights,
-                           keep_stages=keep_stages)
+                           keep_stages=keep_stages, relative=relative)
             x = result.hidden
             if need_weights:
                 heads = capture.heads
@@ -136,24 +151,29 @@ class Stack(nn.Module):
 
 class LMHead(nn.Module):
     """Unembedding to the vocabulary (tied to the token embeddings when configured). MLM heads first
-    transform the hidden state (dense, activation, norm), as BERT's does. With final_logit_softcapping
+    transform the hidden state (dense, activation, norm), as BERT's does. With scale_decoder_outputs the
+    hidden state is first scaled by hidden_size ** -0.5 (T5's tied head). With final_logit_softcapping
     the logits are cap * tanh(logits / cap) (Gemma 2)."""
 
     def __init__(self, config: ModelConfig, token_embeddings: nn.Embedding):
         super().__init__()
         self.transform = config.head == "mlm"
+        width = config.embedding_size or config.hidden_size  # the token embeddings', which an MLM head maps to
         if self.transform:
-            self.dense = Linear(config.hidden_size, config.hidden_size)
+            self.dense = Linear(config.hidden_size, width, bias=config.classifier_bias)
             self.act = activation(config.head_act or config.hidden_act)
-            self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.unembed = Linear(config.word_embed_proj_dim or config.hidden_size, config.vocab_size, bias=False)
+            self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
+        self.unembed = Linear(config.word_embed_proj_dim or width, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.unembed.weight = token_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
         self.softcap = config.final_logit_softcapping
+        self.input_scale = config.hidden_size ** -0.5 if config.scale_decoder_outputs else None
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, hidden) -> (B, T, V)."""
+        if self.input_scale is not None:
+            x = x * self.input_scale
         if self.transform:
             x = self.norm(self.act(self.dense(x)))
         logits = self.unembed(x)
@@ -165,22 +185,48 @@ class LMHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """First token's hidden state -> [dense + tanh/relu, as BERT's pooler] -> dropout -> linear."""
+    """The first token's hidden state (or the mean of the real tokens': classifier_pooling mean) -> [dense +
+    tanh/relu/gelu, as BERT's pooler, + a norm with classifier_norm] -> dropout -> linear."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size) if config.classifier_pooler != "none" else None
-        self.act = activation(config.classifier_pooler) if self.dense is not None else None
+        self.mean = config.classifier_pooling == "mean"
+        pooled = config.classifier_pooler != "none"
+        self.dense = Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias) if pooled else None
+        self.act = activation(config.classifier_pooler) if pooled else None
+        self.norm = norm(config) if pooled and config.classifier_norm else None
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
         self.out = Linear(config.hidden_size, config.num_labels)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, T, hidden) -> (B, num_labels)."""
-        x = x[:, 0]
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """(B, T, hidden), mask (B, T) -> (B, num_labels)."""
+        if not self.mean:
+            x = x[:, 0]
+        elif attention_mask is None:
+            x = x.mean(1)
+        else:
+            weights = attention_mask[..., None].to(x.dtype)
+            x = (x * weights).sum(1) / weights.sum(1)
         if self.dense is not None:
             x = self.act(self.dense(x))
+        if self.norm is not None:
+            x = self.norm(x)
         return self.out(self.dropout(x))
+
+
+class DiscriminatorHead(nn.Module):
+    """A score per token (ELECTRA's replaced-token detector): dense -> activation -> linear to one value."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.out = Linear(config.hidden_size, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, hidden) -> (B, T)."""
+        return self.out(self.act(self.dense(x))).squeeze(-1)
 
 
 class TransformerModel(nn.Module):
@@ -196,10 +242,10 @@ class TransformerModel(nn.Module):
         super().__init__()
         self.config = config
         arch = config.architecture
-        width = config.word_embed_proj_dim or config.hidden_size
+        width = config.embedding_size or config.word_embed_proj_dim or config.hidden_size
         self.embed_tokens = embedding(config.vocab_size, width)  # the encoder's, or the only one
         own = arch == "encoder-decoder" and not config.share_encoder_decoder_embeddings
-        self.decoder_embed_tokens = embedding(config.vocab_size, config.hidden_size) if own else None
+        self.decoder_embed_tokens = embedding(config.vocab_size, width) if own else None
         self.encoder = Stack(config, False, False, config.num_hidden_layers) if arch != "decoder" else None
         if arch == "encoder":
             self.decoder = None
@@ -211,6 +257,8 @@ class TransformerModel(nn.Module):
             self.head = LMHead(config, self.token_embedding(self.output_stack))
         elif config.head == "classifier":
             self.head = ClassificationHead(config)
+        elif config.head == "discriminator":
+            self.head = DiscriminatorHead(config)
         self.embedding_scale = config.hidden_size ** 0.5 if config.scale_embedding else 1.0
 
     @property
@@ -266,12 +314,22 @@ class TransformerModel(nn.Module):
             hidden = out.last_hidden_state
             if logits_to_keep is not None and isinstance(self.head, LMHead):
                 hidden = hidden[:, -logits_to_keep:]
-            out.logits = self.head(hidden)
+            out.logits = self.head(hidden, attention_mask) if isinstance(self.head, ClassificationHead) else \
+                self.head(hidden)
         return out
+
+    @property
+    def has_lens(self) -> bool:
+        """Whether `unembed` can read a hidden state: through an LM head, or token embeddings as wide as it (or
+        as wide as the stack projects it out to); not so for ALBERT or ELECTRA without their MLM head."""
+        stack = self.output_stack
+        return isinstance(self.head, LMHead) or stack.project_out is not None or \
+            self.token_embedding(stack).weight.shape[1] == self.config.hidden_size
 
     def unembed(self, hidden: Tensor) -> Tensor:
         """Logit lens: what a hidden state (B, T, hidden) of the output stack would predict, (B, T, V):
-        through the final norm and the LM head where the model has them, else the token embeddings."""
+        through the final norm and the LM head where the model has them, else the token embeddings
+        (see has_lens)."""
         stack = self.output_stack
         if stack.final_norm is not None:
             hidden = stack.final_norm(hidden)

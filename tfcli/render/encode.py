@@ -109,7 +109,15 @@ def heatmap_lines(amap: AttentionMap, width: int, top: int | None = None, color:
     queries = Column.of("query", [f"{i} {shown(t)}" for i, t in enumerate(amap.query_tokens)])
     count = len(amap.key_tokens)
     label = key_column_widths([queries], width)[0] + GAP
-    spaced = label + 2 * count - 1 <= width  # a space between cells when the whole map fits so, else none
+    # a space between cells when the whole map fits so (and the keys each query attends to most fit beside
+    # it: else cells side by side, if that makes room for them), else none; then as many keys as fit a page
+    layouts = [(spaced, k) for spaced in (True, False) for k in ([top] if top is not None else [3, 2])]
+    layouts += [(spaced, 1) for spaced in (True, False) if top is None]
+    mosts = {k: _most_attended(amap, k) for _, k in layouts}
+    spaced, k = next(((spaced, k) for spaced, k in layouts
+                      if label + (2 * count - 1 if spaced else count) + GAP + mosts[k].natural_width() <= width),
+                     (label + 2 * count - 1 <= width, top or 3))
+    most = mosts[k]
     step = 2 if spaced else 1
     per_page = max(1, (width - label + step - 1) // step)
     pages = [range(start, min(start + per_page, count)) for start in range(0, count, per_page)]
@@ -118,10 +126,6 @@ def heatmap_lines(amap: AttentionMap, width: int, top: int | None = None, color:
                              for level in range(digits)),
                    [[heat_row([row[k] for k in keys], spaced, color)] for row in weights]) for keys in pages]
     key_range = {id(column): keys for column, keys in zip(keys, pages)}
-    for k in [top] if top is not None else [3, 2, 1, 3]:  # the last: no count fits beside the map
-        most = _most_attended(amap, k)
-        if label + keys[-1].natural_width() + GAP + most.natural_width() <= width:
-            break
 
     def note(columns: list[Column]) -> str:
         shown_keys = [k for c in columns if id(c) in key_range for k in key_range[id(c)]]

@@ -1,0 +1,69 @@
+"""ALBERT (AlbertModel, AlbertForMaskedLM, AlbertForPreTraining, AlbertForSequenceClassification).
+
+Factorised embeddings: token, position and segment embeddings `embedding_size` wide (128), normalised, then
+projected to the hidden size (`encoder.embedding_hidden_mapping_in`). Post-norm BERT-like blocks whose
+weights are shared across depth: `num_hidden_groups` groups (1 in every released ALBERT), layer i running
+group int(i / (layers / groups)); tfcli's stack holds each group once and runs it at each of its depths, so
+every depth still has its own hidden state, attention map and logit lens. The MLM head maps the hidden state
+down to the embedding width; the classifier reads the pooler (dense + tanh) on the first token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.checkpoints.bert import EMBEDDING_RULES
+from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, weight_bias
+from tfcli.config import ModelConfig
+
+HEADS = {"ForMaskedLM": "mlm", "ForPreTraining": "mlm", "ForSequenceClassification": "classifier"}
+
+
+def translate(hf: dict[str, Any]) -> dict[str, Any]:
+    refuse(hf, "ALBERT", {"inner_group_num": 1})
+    return common(hf, model_type="albert", architecture="encoder", vocab_size=hf.get("vocab_size", 30000),
+                  embedding_size=hf.get("embedding_size", 128), num_hidden_groups=hf.get("num_hidden_groups", 1),
+                  hidden_act=hf.get("hidden_act", "gelu_new"), type_vocab_size=hf.get("type_vocab_size", 2),
+                  norm_position="post", position="learned", embedding_norm=True, head=architecture_head(hf, HEADS),
+                  lm_head_bias=True, classifier_pooler="tanh")
+
+
+def layer_rules(config: ModelConfig) -> tuple[Rule, ...]:
+    """Group g's block is the model's block at the first depth that runs it; the MLM head's bias as BERT's
+    (see bert.mlm_rules); the pooler feeds the classifier and nothing else."""
+    layers, groups = config.num_hidden_layers, config.num_hidden_groups or config.num_hidden_layers
+    first = {}
+    for i in range(layers):
+        first.setdefault(int(i / (layers / groups)), i)
+    rules = []
+    for group, block in first.items():
+        source, target = f"encoder.albert_layer_groups.{group}.albert_layers.0", f"encoder.blocks.{block}"
+        rules += [*weight_bias(f"{source}.attention.query", f"{target}.attention.q"),
+                  *weight_bias(f"{source}.attention.key", f"{target}.attention.k"),
+                  *weight_bias(f"{source}.attention.value", f"{target}.attention.v"),
+                  *weight_bias(f"{source}.attention.dense", f"{target}.attention.out"),
+                  *weight_bias(f"{source}.attention.LayerNorm", f"{target}.attention_norm"),
+                  *weight_bias(f"{source}.ffn", f"{target}.feed_forward.fc1"),
+                  *weight_bias(f"{source}.ffn_output", f"{target}.feed_forward.fc2"),
+                  *weight_bias(f"{source}.full_layer_layer_norm", f"{target}.feed_forward_norm")]
+    return (*rules,
+            ("predictions.bias", "head.bias" if config.tie_word_embeddings else None),
+            *weight_bias("pooler", "head.dense" if config.head == "classifier" else None))
+
+
+FAMILY = Family(
+    model_types=("albert",),
+    translate=translate,
+    prefixes=("albert.",),
+    rules=(
+        *EMBEDDING_RULES,
+        *weight_bias("encoder.embedding_hidden_mapping_in", "encoder.embeddings.project"),
+        *weight_bias("predictions.dense", "head.dense"),
+        *weight_bias("predictions.LayerNorm", "head.norm"),
+        ("predictions.decoder.weight", "head.unembed.weight"),
+        ("predictions.decoder.bias", "head.bias"),
+        *weight_bias("sop_classifier.classifier", None),  # AlbertForPreTraining's sentence-order head
+        *weight_bias("classifier", "head.out"),
+    ),
+    config_rules=layer_rules,
+)
