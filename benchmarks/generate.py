@@ -1,17 +1,22 @@
 """Greedy generation speed: tfcli against transformers' `generate`, same weights, same process.
 
 A GPT-2-small-sized model (transformers' GPT2Config defaults: 12 layers, 768 wide, 50257 tokens) with
-random weights is saved to a temporary directory and loaded by both. Reported: the median time to
-generate 64 new tokens greedily (target: tfcli / transformers <= 0.8), and milliseconds per new token
-at 64 and 256 new tokens (with a KV cache it stays flat as the output grows).
+random weights is saved to a temporary directory (in --dtype) and loaded by both in --dtype. Reported: the
+time to generate 64 new tokens greedily, best and worst of the runs, and their ratio (targets: float32 <= 0.8,
+bfloat16 <= 0.6), whether both made the same tokens, and, in float16 or bfloat16, how far apart their logits
+are on that sequence (in steps of the dtype's rounding at the logits' scale) and how far each is from the
+float32 logits of the same weights; then milliseconds per new token at 64 and 256 new tokens (with a KV
+cache it stays flat as the output grows).
 
-Run: python benchmarks/generate.py [--runs N] [--prompt-length T] [--device cpu|cuda] [--uncached]
-(about a minute on a quiet 2-core machine; timings are the best of N runs, taken in turns).
+Run: python benchmarks/generate.py [--dtype float32|bfloat16] [--runs N] [--prompt-length T] [--device cpu|cuda]
+[--uncached] [--cpu-time]   (about a minute on a quiet 2-core machine; the runs take turns). On a busy machine,
+two threads wait for each other at every small operation; OMP_NUM_THREADS=1 ... --cpu-time gives steady figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -19,41 +24,47 @@ import time
 import torch
 
 
-def timed(fns: dict[str, object], runs: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    """Best seconds of `runs` calls of each function, the functions taking turns (so that load from
-    other processes hits both alike); and each one's last result. The minimum is the least noisy
-    estimate on a shared machine."""
-    best = {name: float("inf") for name in fns}
+def timed(fns: dict[str, object], runs: int, clock=time.perf_counter) -> tuple[dict[str, list[float]],
+                                                                              dict[str, torch.Tensor]]:
+    """Seconds of each of `runs` calls of each function by `clock`, the functions taking turns (so that load
+    from other processes hits both alike); and each one's last result."""
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
     results = {}
     for _ in range(runs):
         for name, fn in fns.items():
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start = clock()
             results[name] = fn()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best, results
+            seconds[name].append(clock() - start)
+    return seconds, results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompt-length", type=int, default=16)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--uncached", action="store_true", help="also time tfcli without its KV cache")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by this process's CPU time: with OMP_NUM_THREADS=1, what other processes on a "
+                        "busy machine do not disturb")
     args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import tfcli
 
+    dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as directory:
-        GPT2LMHeadModel(GPT2Config()).save_pretrained(directory)
-        hf = GPT2LMHeadModel.from_pretrained(directory).to(args.device).eval()
-        ours = tfcli.load_model(directory, device=args.device)
+        GPT2LMHeadModel(GPT2Config()).to(dtype).save_pretrained(directory)
+        hf = GPT2LMHeadModel.from_pretrained(directory, dtype=dtype).to(args.device).eval()
+        ours = tfcli.load_model(directory, device=args.device, dtype=args.dtype)
     # no end-of-sequence token, so both always make every token asked for
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
@@ -68,25 +79,43 @@ def main() -> None:
     def mine(n: int):
         return ours.generate(prompt, max_new_tokens=n)
 
+    target = {"float32": 0.8, "bfloat16": 0.6}.get(args.dtype)
     print(f"GPT-2 small ({sum(p.numel() for p in ours.parameters()) / 1e6:.0f}M parameters, random weights), "
-          f"prompt {args.prompt_length} tokens, greedy, {args.device}, torch threads: {torch.get_num_threads()}, "
-          f"transformers attention: {hf.config._attn_implementation}")
+          f"{args.dtype}, prompt {args.prompt_length} tokens, greedy, {args.device}, torch threads: "
+          f"{torch.get_num_threads()}, transformers attention: {hf.config._attn_implementation}, "
+          f"{'CPU' if args.cpu_time else 'wall'} time, load average {os.getloadavg()[0]:.1f}")
     theirs(4), mine(4)  # warm up
-    t64, ids = timed({"tfcli": lambda: mine(64), "transformers": lambda: theirs(64)}, args.runs)
+    t64, ids = timed({"tfcli": lambda: mine(64), "transformers": lambda: theirs(64)}, args.runs, clock)
+    ratios = [a / b for a, b in zip(t64["tfcli"], t64["transformers"])]
     same = ids["tfcli"].tolist() == ids["transformers"].tolist()
-    print(f"64 new tokens: tfcli {t64['tfcli']:.3f} s, transformers {t64['transformers']:.3f} s, "
-          f"ratio tfcli / transformers = {t64['tfcli'] / t64['transformers']:.2f} (target <= 0.8); "
+    print(f"64 new tokens: tfcli {min(t64['tfcli']):.3f}-{max(t64['tfcli']):.3f} s, transformers "
+          f"{min(t64['transformers']):.3f}-{max(t64['transformers']):.3f} s, ratio tfcli / transformers "
+          f"{min(ratios):.2f}-{max(ratios):.2f} (median {statistics.median(ratios):.2f}; target <= {target}); "
           f"same tokens: {same}")
-    t256, _ = timed({"tfcli": lambda: mine(256), "transformers": lambda: theirs(256)}, max(1, args.runs - 1))
+    if dtype != torch.float32:
+        sequence = ids["tfcli"]
+        exact = GPT2LMHeadModel(hf.config).to(args.device).eval()  # the same (rounded) weights in float32
+        exact.load_state_dict({name: value.float() for name, value in hf.state_dict().items()})
+        with torch.no_grad():
+            our_logits, their_logits = ours(sequence).logits.float(), hf(sequence).logits.float()
+            exact_logits = exact(sequence).logits
+        step = torch.finfo(dtype).eps * float(exact_logits.abs().max())
+        print(f"logits on that sequence (max abs diff, in {args.dtype} steps at their scale): tfcli vs transformers "
+              f"{float((our_logits - their_logits).abs().max()) / step:.2f}; vs float32: tfcli "
+              f"{float((our_logits - exact_logits).abs().max()) / step:.2f}, transformers "
+              f"{float((their_logits - exact_logits).abs().max()) / step:.2f}")
+    t256, _ = timed({"tfcli": lambda: mine(256), "transformers": lambda: theirs(256)}, max(1, args.runs - 1), clock)
     for name in ("tfcli", "transformers"):
-        short, long = t64[name] / 64 * 1000, t256[name] / 256 * 1000
-        print(f"ms per new token, {name + ':':<13} {short:6.1f} at 64, {long:6.1f} at 256 (x{long / short:.2f})")
-    print(f"ratio tfcli / transformers at 256 new tokens: {t256['tfcli'] / t256['transformers']:.2f}")
+        short, long = min(t64[name]) / 64 * 1000, min(t256[name]) / 256 * 1000
+        print(f"ms per new token (best run), {name + ':':<13} {short:6.1f} at 64, {long:6.1f} at 256 "
+              f"(x{long / short:.2f})")
+    print(f"ratio tfcli / transformers at 256 new tokens (best runs): "
+          f"{min(t256['tfcli']) / min(t256['transformers']):.2f}")
     if not args.uncached:
         return
-    uncached, _ = timed({"tfcli": lambda: ours.generate(prompt, max_new_tokens=64, use_cache=False)}, 1)
-    print(f"tfcli without the KV cache, 64 new tokens: {uncached['tfcli']:.3f} s "
-          f"({uncached['tfcli'] / t64['tfcli']:.1f} x the cached time)")
+    uncached, _ = timed({"tfcli": lambda: ours.generate(prompt, max_new_tokens=64, use_cache=False)}, 1, clock)
+    print(f"tfcli without the KV cache, 64 new tokens: {uncached['tfcli'][0]:.3f} s "
+          f"({uncached['tfcli'][0] / min(t64['tfcli']):.1f} x the cached time)")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from tfcli.model.attention import Attention, scaled_dot_product_attention
 from tfcli.model.rotary import Rotary, apply_rotary
 from tfcli.model.embeddings import sinusoidal_table
 from tfcli.model.layers import Block
+import tfcli.model.linear as linear
 from tfcli.model.linear import Linear
 from tfcli.model.transformer import attention_mask_bias
 
@@ -153,7 +154,11 @@ def test_packed_linear_matches_plain_and_follows_weight_changes(assert_close):
     layer = Linear(48, 24)
     x = torch.randn(3, 5, 48)
     with torch.no_grad():
+        assert_close("plain", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)
+        assert layer._packed is None  # a model not marked for repeated use never packs
+        linear.pack_for_repeated_use(layer)
         assert_close("packed", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)
+        assert layer._packed is not None or torch.float32 not in linear.PACKABLE
         layer.weight.mul_(2)  # an in-place change must not leave a stale packed copy behind
         assert_close("after change", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)
         assert_close("one row", layer(x[:1, :1]), F.linear(x[:1, :1], layer.weight, layer.bias), 1e-5)

@@ -83,6 +83,10 @@ def run(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding]
     device = next(model.parameters()).device
     layers = explain_layers(model, explain) if explain else []
     capture = Capture(hidden_states=False, layers=layers) if layers else None
+    if len(encodings) > batch_size:  # a forward pass per batch: the weights are used again
+        from tfcli.model.linear import pack_for_repeated_use
+
+        pack_for_repeated_use(model)
     results: list[Classification] = []
     for start in range(0, len(encodings), batch_size):
         batch = encodings[start:start + batch_size]

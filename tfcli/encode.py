@@ -233,28 +233,40 @@ def _maps(kind: str, attentions: dict[int, "Tensor"], row: int, q_len: int, k_le
     return maps
 
 
+LENS_VALUES = 2**21  # most scores (layers x tokens x vocabulary) one lens product makes: 8 MB in float32
+
+
 def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int, length: int,
               layers: list[int] | None, top_k: int, tokenizer: "Tokenizer",
               logits: "Tensor | None" = None) -> list[LensRow]:
-    """Logit lens: each selected block's output (hidden_states[i + 1]) through the final norm and head.
-    `logits`, the model's own (B, T, V) LM logits, stand in for the last block's: they are the same."""
+    """Logit lens: each selected block's output (hidden_states[i + 1]) through the final norm and head, as
+    few products with the unembedding as LENS_VALUES allows (one for a sentence: it streams the weight
+    once). `logits`, the model's own (B, T, V) LM logits, stand in for the last block's: they are the same."""
+    import torch
+
     from tfcli.model.transformer import LMHead
 
-    rows = []
     last = len(hidden_states) - 2
-    blocks = range(last + 1) if layers is None else layers
-    for layer in blocks:
-        if layer == last and logits is not None and isinstance(model.head, LMHead) and logits.dim() == 3 \
-                and logits.shape[1] == hidden_states[-1].shape[1]:
-            scores = logits[row, :length].float()
-        else:
-            scores = model.unembed(hidden_states[layer + 1][row:row + 1, :length]).float()[0]
-        probs = scores.softmax(dim=-1)  # a fused kernel: faster on CPU than topk + logsumexp
-        values, ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-        # one tolist per layer, not one per position: this runs for every record of a stream
-        # a model's vocabulary may be larger than its tokenizer's (padded for speed): such ids show as <id>
-        rows.append(LensRow(layer, [[(tokenizer.id_to_token(i) or f"<{i}>", i, p) for i, p in zip(pos_ids, pos_vals)]
-                                    for pos_ids, pos_vals in zip(ids.tolist(), values.tolist())]))
+    blocks = list(range(last + 1)) if layers is None else layers
+    own = (logits is not None and isinstance(model.head, LMHead) and logits.dim() == 3
+           and logits.shape[1] == hidden_states[-1].shape[1])
+    per_product = max(1, LENS_VALUES // (length * model.config.vocab_size))
+    rows = []
+    for start in range(0, len(blocks), per_product):
+        chunk = blocks[start:start + per_product]
+        unembedded = [layer for layer in chunk if not (own and layer == last)]
+        with torch.no_grad():
+            stacked = torch.stack([hidden_states[layer + 1][row, :length] for layer in unembedded]) if unembedded \
+                else None  # (layers, T, hidden)
+            computed = iter(model.unembed(stacked).float() if stacked is not None else ())  # (layers, T, V)
+        for layer in chunk:
+            scores = logits[row, :length].float() if own and layer == last else next(computed)
+            probs = scores.softmax(dim=-1)  # a fused kernel: faster on CPU than topk + logsumexp
+            values, ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+            # one tolist per layer, not one per position: this runs for every record of a stream
+            # a model's vocabulary may be larger than its tokenizer's (padded for speed): such ids show as <id>
+            rows.append(LensRow(layer, [[(tokenizer.id_to_token(i) or f"<{i}>", i, p) for i, p in zip(pos_ids, pos_vals)]
+                                        for pos_ids, pos_vals in zip(ids.tolist(), values.tolist())]))
     return rows
 
 
@@ -400,6 +412,10 @@ class EncodedBatch:
 def run(model: "TransformerModel", tokenizer: "Tokenizer", encodings: list["Encoding"], options: EncodeOptions,
         target: DecoderInput | None, batch_size: int, keep_tensors: bool = False) -> Iterator[EncodedBatch]:
     """Encode texts `batch_size` at a time (see capture_batch_size), yielding each batch's reports in order."""
+    if len(encodings) > batch_size:  # a forward pass per batch: the weights are used again
+        from tfcli.model.linear import pack_for_repeated_use
+
+        pack_for_repeated_use(model)
     for start in range(0, len(encodings), batch_size):
         batch = encodings[start:start + batch_size]
         out, inputs = encode_batch(model, tokenizer, batch, target, options)

@@ -20,6 +20,7 @@ from torch import Tensor
 from tfcli.errors import TfcliError, usage_error
 from tfcli.model.attention import KVCache
 from tfcli.model.capture import Capture
+from tfcli.model.linear import pack_for_repeated_use
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
@@ -129,6 +130,8 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
     """
     sampling = sampling or Sampling()
     sampling.check()
+    if max_new_tokens > 1:  # every weight is used once per step
+        pack_for_repeated_use(model)
     config = model.config
     batch, length = input_ids.shape
     seq2seq = model.encoder is not None

@@ -5,9 +5,9 @@ on every call. oneDNN can pack it once and reuse the packed copy: float32 produc
 sentence, a batch) run about 1.2-1.5x faster, and bfloat16 products about 1.2-1.7x faster at any number of
 rows, a single row included (decoding steps), on a CPU with AVX-512 BF16 or AMX (measured: README,
 "Benchmarks"). The packed copy costs memory equal to the weight and the time of one reordering, so it pays
-only for a weight used again: a layer packs its weight the second time it runs such a product (generation
-steps, the batches of a stream, the logit lens's per-layer products), never on its first, so one forward
-pass never holds two copies of its weights. A changed weight drops the packed copy.
+only for a model that runs again and again: the code that runs it so (generation, streams of batches)
+calls `pack_for_repeated_use(model)` first. A single forward pass, and the logit lens after it, stay on the
+plain kernels and never hold two copies of a weight. A changed weight drops its packed copy.
 """
 
 from __future__ import annotations
@@ -33,33 +33,38 @@ def pack(weight: Tensor, rows: int) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
-class Linear(nn.Linear):
-    """nn.Linear; in inference (no grad) on the CPU, from the second product of the same weight on, multiplies
-    by a oneDNN-packed copy of it: float32 with more than one row, bfloat16 with any (see the module note).
-    Training, other devices and dtypes, float32 single rows (decoding steps, as fast plain) and first uses
-    take the plain path. Same results to the dtype's rounding."""
+def pack_for_repeated_use(model: nn.Module) -> None:
+    """Let the model's linear layers multiply by packed copies of their weights from now on (each packed on
+    its first product that gains from it): for a model about to run many times. Costs up to the memory of
+    the weights again."""
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.repeated = True
 
+
+class Linear(nn.Linear):
+    """nn.Linear; once `repeated` (see pack_for_repeated_use), in inference (no grad) on the CPU, multiplies
+    by a oneDNN-packed copy of its weight: float32 with more than one row, bfloat16 with any (see the
+    module note). Training, other devices and dtypes, and float32 single rows (decoding steps, as fast
+    plain) take the plain path. Same results to the dtype's rounding."""
+
+    repeated: bool = False
     _packed: Tensor | None = None
-    _weight_state: tuple[int, int] | None = None  # (storage address, version) of the weight being counted
-    _uses: int = 0  # packable products with that weight so far
+    _packed_for: tuple[int, int] | None = None  # the weight's (storage address, version) when packed
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., in_features) -> (..., out_features)."""
         dtype = x.dtype
         # float32 single rows first: they are the hot path of float32 generation, one call per layer and token
-        if ((dtype is torch.float32 and x.numel() == x.shape[-1]) or dtype not in PACKABLE or not x.is_cpu
-                or torch.is_grad_enabled() or self.weight.dtype is not dtype):
+        if ((dtype is torch.float32 and x.numel() == x.shape[-1]) or not self.repeated or dtype not in PACKABLE
+                or not x.is_cpu or torch.is_grad_enabled() or self.weight.dtype is not dtype):
             return F.linear(x, self.weight, self.bias)
         state = (self.weight.data_ptr(), self.weight._version)
-        if state != self._weight_state:  # a new or changed weight: count its uses afresh
-            self._weight_state, self._uses, self._packed = state, 0, None
-        self._uses += 1
-        if self._uses == 1:
-            return F.linear(x, self.weight, self.bias)
-        if self._packed is None:
+        if self._packed_for != state:
             try:
-                self._packed = pack(self.weight.detach(), x.numel() // x.shape[-1])
+                self._packed = pack(self.weight.detach(), max(1, x.numel() // x.shape[-1]))
             except RuntimeError:  # oneDNN cannot pack this dtype after all: plain products from now on
                 PACKABLE.discard(dtype)
                 return F.linear(x, self.weight, self.bias)
+            self._packed_for = state
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")

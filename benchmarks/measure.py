@@ -1,0 +1,124 @@
+"""Shared by the benchmark scripts: time and peak memory of whole processes, taken in turns, and spreads.
+
+Whole-process figures are what a user waits for and what the machine must hold: wall time from spawn to
+exit, CPU time, and the peak resident set size (ru_maxrss of that child alone, via os.wait4). Runs of the commands
+being compared alternate, so load from other processes hits them alike; every figure is reported as
+min-max over the runs (and the median), with the load average when they were taken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Runs:
+    """Wall seconds, CPU seconds (user + system, all threads) and peak resident bytes of each run of one command."""
+
+    seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
+    peak_bytes: list[int] = field(default_factory=list)
+
+
+# Runs one command and prints its wall seconds, CPU seconds and peak RSS. A launcher of its own, because a child
+# forked straight from the benchmark would inherit the benchmark's peak RSS (Linux carries the parent's
+# high-water mark through fork and exec), which is large once the benchmark has loaded a model itself.
+LAUNCHER = """
+import json, os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    os.execv(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(json.dumps([os.waitstatus_to_exitcode(status), time.perf_counter() - start,
+                  usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024]))  # Linux: ru_maxrss in kilobytes
+"""
+
+
+def run_once(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, int]:
+    """Run `command` to completion (its output discarded, a failure raises); its wall seconds, CPU seconds
+    (user + system, all threads) and peak RSS bytes."""
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, *command], capture_output=True, text=True, env=env)
+    if result.returncode != 0 or not result.stdout:
+        raise RuntimeError(f"the launcher failed:\n{result.stderr}")
+    code, seconds, cpu_seconds, peak = json.loads(result.stdout)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({code}):\n{result.stderr}")
+    return seconds, cpu_seconds, peak
+
+
+def compare_processes(commands: dict[str, list[str]], runs: int, env: dict[str, str] | None = None) -> dict[str, Runs]:
+    """Each command once to warm the file cache, then `runs` rounds in which each runs once, in turns."""
+    for command in commands.values():
+        run_once(command, env)
+    results = {name: Runs() for name in commands}
+    for _ in range(runs):
+        for name, command in commands.items():
+            seconds, cpu_seconds, peak = run_once(command, env)
+            results[name].seconds.append(seconds)
+            results[name].cpu_seconds.append(cpu_seconds)
+            results[name].peak_bytes.append(peak)
+    return results
+
+
+def spread(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
+    """'min-max (median m)' of values, scaled."""
+    low, high, mid = (v * scale for v in (min(values), max(values), statistics.median(values)))
+    return f"{low:.{digits}f}-{high:.{digits}f}{unit} (median {mid:.{digits}f})"
+
+
+def ratios(ours: list[float], theirs: list[float]) -> list[float]:
+    """Run-by-run ratios of two commands timed in turns (the same round's conditions for both)."""
+    return [a / b for a, b in zip(ours, theirs)]
+
+
+def save_bert_tokenizer(directory) -> None:
+    """BERT's uncased WordPiece tokenizer as a model folder holds it (vocab.txt, tokenizer_config.json), from
+    tfcli's bundled vocabulary: transformers' AutoTokenizer and tfcli both read it."""
+    import shutil
+    from pathlib import Path
+
+    from tfcli.tokenizer import BUNDLED_VOCAB
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(BUNDLED_VOCAB, directory / "vocab.txt")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
+                                                                 "do_lower_case": True}))
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.1f}, {five:.1f}, {fifteen:.1f} on {os.cpu_count()} cores"
+
+
+def report(results: dict[str, Runs], baseline: str, target_time: float | None = None,
+           target_memory: float | None = None) -> None:
+    """Print each command's time and peak memory, and its run-by-run ratios to `baseline`."""
+    base = results[baseline]
+    for name, runs in results.items():
+        line = (f"{name}\n    time {spread(runs.seconds, ' s')}, CPU time {spread(runs.cpu_seconds, ' s')}, "
+                f"peak memory {spread(runs.peak_bytes, ' GB', 1 / 1e9)}")
+        if name != baseline:
+            line += (f"\n    ratio to {baseline}: time {spread(ratios(runs.seconds, base.seconds))}"
+                     + (f" (target <= {target_time})" if target_time else "")
+                     + f", CPU time {spread(ratios(runs.cpu_seconds, base.cpu_seconds))}"
+                     + f", memory {spread(ratios(runs.peak_bytes, base.peak_bytes))}"
+                     + (f" (target <= {target_memory})" if target_memory else ""))
+        print(line)
+
+
+def compare(commands: dict[str, list[str]], runs: int, baseline: str, target_time: float | None = None,
+            target_memory: float | None = None) -> dict[str, Runs]:
+    """compare_processes, then report, between the load averages before and after."""
+    print(f"{runs} runs each, in turns; {load_average()} before")
+    results = compare_processes(commands, runs)
+    print(f"{load_average()} after")
+    report(results, baseline, target_time, target_memory)
+    return results
