@@ -80,6 +80,16 @@ def test_tolerance_is_the_largest_difference_allowed(cli, bert_dir, perturbed):
     assert cli("compare", str(bert_dir), TEXT, "--tolerance", repr(worst * 0.999)).exit_code == 1
 
 
+def test_the_python_api_judges_with_the_documented_default_tolerance(bert_dir, perturbed):
+    from tfcli import compare
+
+    models = compare.load(str(bert_dir))
+    encoding = models.tokenizer.encode([TEXT])[0]
+    judged = compare.run(models, encoding)  # no tolerance: the CLI's default, 1e-4
+    assert judged.worst == pytest.approx(SHIFT, abs=1e-5) and not judged.matches
+    assert compare.run(models, encoding, tolerance=2 * SHIFT).matches
+
+
 @pytest.mark.parametrize("architectures,exit_code,says", [
     (None, 0, "ok"),  # no `architectures`: transformers' AutoModel
     (["NoSuchModel"], 1, "transformers has no class `NoSuchModel`"),

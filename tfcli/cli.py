@@ -491,18 +491,19 @@ def compare(
     models = core.load(model, device)
     noted(models.tokenizer)
     truncated = CappedWarnings(warn, "texts truncated")
-    worst, number = 0.0, 0
+    worst, number, all_match = 0.0, 0, True
     for batch in batches:
         encoding = tokenized(models.tokenizer, batch, models.resolved.config.max_position_embeddings, truncated)[0]
         comparison = core.run(models, encoding, tolerance)
         number += 1
         worst = max(worst, comparison.worst)
+        all_match = all_match and comparison.matches
         if json_output:
             write_jsonl([render.record(comparison)])
         else:
             print_lines(out, render.compare_lines(comparison, number, out.width))
     truncated.finish(number)
-    if worst > tolerance:
+    if not all_match:
         err_console.print(f"largest difference {worst:.3g} exceeds {tolerance:g}")
         raise typer.Exit(1)
 
