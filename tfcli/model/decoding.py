@@ -3,7 +3,8 @@
 `decode` is the loop (batched; yields the tensors of each step), `generate` collects it into ids as
 transformers' `generate` returns them, and `stream` turns it into `Step` records for one prompt, each with
 the chosen token's probability, the most probable alternatives and, optionally, the logit lens (what every
-layer's hidden state at that step would have predicted, through `model.unembed`).
+layer's hidden state at that step would have predicted, through `model.unembed`). With the lens, one product
+with the unembedding per step serves every hidden state at once, the last one's row being the step's logits.
 
 Shapes: B batch, T prompt length, V vocabulary, L layers (L + 1 hidden states, embeddings first).
 """
@@ -56,7 +57,7 @@ class StepTensors:
 
     tokens: Tensor  # (B,) the chosen ids (padding for rows that had already finished)
     logits: Tensor  # (B, V) float32 scores the tokens were chosen from, before temperature and filtering
-    hidden: Tensor | None  # (L + 1, B, hidden) the last position's hidden states, with lens
+    lens: Tensor | None  # (L + 1, B, V) float32, with lens: what each hidden state predicts; the last row is logits
     finished: Tensor  # (B,) bool: the row has produced its end-of-sequence token (at this step or before)
 
 
@@ -164,20 +165,24 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
         sequence = input_ids
         cache = KVCache(length + max_new_tokens) if use_cache else None
     step_input = sequence
+    keep = 0 if lens else 1  # logits kept by the forward; with the lens, its product with the unembedding makes them
     for step in range(max_new_tokens):
         if seq2seq:
             out = model(input_ids, attention_mask=mask, decoder_input_ids=step_input, cache=cache,
-                        capture=capture, encoder_output=encoder_output, logits_to_keep=1)
+                        capture=capture, encoder_output=encoder_output, logits_to_keep=keep)
             encoder_output = out.encoder
         else:
-            out = model(step_input, attention_mask=mask, cache=cache, capture=capture, logits_to_keep=1)
-        logits = out.logits[:, -1].float()  # (B, V)
+            out = model(step_input, attention_mask=mask, cache=cache, capture=capture, logits_to_keep=keep)
+        if lens:  # the last position's hidden states (L + 1, B, hidden), all before the final norm -> (L + 1, B, V)
+            lens_logits = model.unembed(torch.stack([h[:, -1] for h in out.hidden_states])).float()
+            logits = lens_logits[-1]  # (B, V)
+        else:
+            lens_logits, logits = None, out.logits[:, -1].float()
         tokens = force(choose(logits, sampling, generator), config, sequence.shape[1], step == max_new_tokens - 1)
         if len(eos):
             tokens = tokens.masked_fill(finished, pad)
             finished = finished | torch.isin(tokens, eos)
-        hidden = torch.stack([h[:, -1] for h in out.hidden_states]) if lens else None  # (L + 1, B, hidden)
-        yield StepTensors(tokens, logits, hidden, finished.clone())
+        yield StepTensors(tokens, logits, lens_logits, finished.clone())
         sequence = torch.cat([sequence, tokens[:, None]], dim=1)
         if bool(finished.all()):
             return
@@ -217,11 +222,8 @@ def stream(model: TransformerModel, input_ids: Tensor, max_new_tokens: int = 20,
         token = int(step.tokens[0])
         best = probs.topk(min(top, probs.shape[-1]))
         layer_tops = None
-        if step.hidden is not None:
-            # one product with the unembedding for every hidden state but the last, whose lens is the logits
-            lens_logits = torch.cat([model.unembed(step.hidden[:-1]).float()[:, 0], step.logits[:1]])  # (L + 1, V)
-            layer_probs = lens_logits.softmax(dim=-1)
-            values, ids = layer_probs.max(dim=-1)
+        if step.lens is not None:
+            values, ids = step.lens[:, 0].softmax(dim=-1).max(dim=-1)  # per hidden state
             layer_tops = [(int(i), float(v)) for i, v in zip(ids, values)]
         yield Step(index, token, float(probs[token]), [(int(i), float(p)) for p, i in zip(*best)], layer_tops,
                    eos=bool(step.finished[0]))

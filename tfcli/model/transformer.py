@@ -293,7 +293,9 @@ class TransformerModel(nn.Module):
                 cache: KVCache | None = None, capture: Capture | None = None,
                 encoder_output: ModelOutput | None = None, logits_to_keep: int | None = None) -> ModelOutput:
         """input_ids (B, T). Decoder-only with a cache: input_ids are the new tokens and attention_mask
-        covers cached + new positions. Encoder-decoder: decoder_input_ids default to the start token."""
+        covers cached + new positions. Encoder-decoder: decoder_input_ids default to the start token.
+        logits_to_keep: an LM head's logits for only the last N positions; 0 for none (unlike transformers,
+        where 0 keeps all): a caller that unembeds the hidden states itself, as decoding with the lens does."""
         if self.decoder is None:
             out = self.encoder(self.embed(input_ids, self.encoder), attention_mask, token_type_ids, capture=capture)
         elif self.encoder is None:
@@ -310,7 +312,7 @@ class TransformerModel(nn.Module):
         if cache is not None:
             cache.length += out.last_hidden_state.shape[1]
             out.cache = cache
-        if self.head is not None:
+        if self.head is not None and logits_to_keep != 0:
             hidden = out.last_hidden_state
             if logits_to_keep is not None and isinstance(self.head, LMHead):
                 hidden = hidden[:, -logits_to_keep:]
@@ -327,7 +329,7 @@ class TransformerModel(nn.Module):
             self.token_embedding(stack).weight.shape[1] == self.config.hidden_size
 
     def unembed(self, hidden: Tensor) -> Tensor:
-        """Logit lens: what a hidden state (B, T, hidden) of the output stack would predict, (B, T, V):
+        """Logit lens: what hidden states (..., hidden) of the output stack would predict, (..., V):
         through the final norm and the LM head where the model has them, else the token embeddings
         (see has_lens)."""
         stack = self.output_stack
