@@ -9,7 +9,7 @@ float32 logits of the same weights; then milliseconds per new token at 64 and 25
 cache it stays flat as the output grows).
 
 Run: python benchmarks/generate.py [--dtype float32|bfloat16] [--runs N] [--prompt-length T] [--device cpu|cuda]
-[--uncached] [--cpu-time]   (about a minute on a quiet 2-core machine; the runs take turns). On a busy machine,
+[--uncached] [--cpu-time] [--floor]   (about a minute on a quiet 2-core machine; the runs take turns). On a busy machine,
 two threads wait for each other at every small operation; OMP_NUM_THREADS=1 ... --cpu-time gives steady figures.
 """
 
@@ -49,6 +49,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--uncached", action="store_true", help="also time tfcli without its KV cache")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time only the weight products of 64 steps (every linear layer and the head on one "
+                        "row, as tfcli's decoding makes them): what no decoding loop with these kernels can go under")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time by this process's CPU time: with OMP_NUM_THREADS=1, what other processes on a "
                         "busy machine do not disturb")
@@ -111,11 +114,38 @@ def main() -> None:
               f"(x{long / short:.2f})")
     print(f"ratio tfcli / transformers at 256 new tokens (best runs): "
           f"{min(t256['tfcli']) / min(t256['transformers']):.2f}")
+    if args.floor:
+        floor(ours, t64, clock, max(1, args.runs - 1))
     if not args.uncached:
         return
     uncached, _ = timed({"tfcli": lambda: ours.generate(prompt, max_new_tokens=64, use_cache=False)}, 1, clock)
     print(f"tfcli without the KV cache, 64 new tokens: {uncached['tfcli'][0]:.3f} s "
           f"({uncached['tfcli'][0] / min(t64['tfcli']):.1f} x the cached time)")
+
+
+def floor(model, t64: dict[str, list[float]], clock, runs: int) -> None:
+    """Time the weight products alone: one single-row product per linear layer (the head included) per step,
+    64 steps, with the kernels tfcli's decoding uses (packed where they are packed)."""
+    from tfcli.model.linear import Linear, pack_for_repeated_use
+
+    pack_for_repeated_use(model)
+    layers = [module for module in model.modules() if isinstance(module, Linear)]
+    parameter = next(model.parameters())
+    rows = {layer.in_features: torch.ones(1, 1, layer.in_features, dtype=parameter.dtype, device=parameter.device)
+            for layer in layers}
+
+    def products() -> None:
+        with torch.inference_mode():
+            for _ in range(64):
+                for layer in layers:
+                    layer(rows[layer.in_features])
+
+    products()  # packs what is packed
+    seconds, _ = timed({"products": products}, runs, clock)
+    best = min(seconds["products"])
+    print(f"weight products alone ({len(layers)} linear layers, head included), 64 steps: {best:.3f} s (best run), "
+          f"{best / min(t64['tfcli']):.2f} of tfcli's generation, {best / min(t64['transformers']):.2f} of "
+          f"transformers' (a floor for the ratio)")
 
 
 if __name__ == "__main__":
