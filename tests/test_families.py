@@ -6,6 +6,7 @@ set away from its default: parity, or a one-line refusal that names it."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -119,15 +120,21 @@ VARIANTS = [
 ]
 
 
+def hf_config(family: str, **overrides):
+    """transformers' config of `family` with `overrides`. A deep copy of the settings: transformers writes into
+    nested dicts it is given (rope_parameters gains partial_rotary_factor), which would leak into later tests."""
+    import transformers
+
+    return getattr(transformers, FAMILIES[family][1])(**copy.deepcopy({**FAMILIES[family][2], **overrides}))
+
+
 def build(tmp_path, save_hf_model, family: str, **overrides):
     """Save a tiny checkpoint of `family` with transformers (norm weights and biases made non-zero, so one
     mapped to the wrong place shows) and a small BPE tokenizer; return (path, transformers model)."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    model_class, config_class, settings = FAMILIES[family]
-    config = getattr(transformers, config_class)(**{**settings, **overrides})
-    hf = save_hf_model(getattr(transformers, model_class), config, tmp_path)
+    hf = save_hf_model(getattr(transformers, FAMILIES[family][0]), hf_config(family, **overrides), tmp_path)
     with torch.no_grad():
         for name, param in hf.named_parameters():
             if name.endswith("bias") or "norm" in name or "ln" in name:
@@ -203,7 +210,7 @@ def test_settings_away_from_the_defaults(family, overrides, refusal, tmp_path, s
     if refusal is not None:
         import transformers
 
-        getattr(transformers, FAMILIES[family][1])(**{**FAMILIES[family][2], **overrides}).save_pretrained(tmp_path)
+        hf_config(family, **overrides).save_pretrained(tmp_path)
         with pytest.raises(TfcliError, match=refusal) as refused:
             tfcli.load_model(str(tmp_path))
         assert "\n" not in str(refused.value)

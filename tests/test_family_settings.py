@@ -7,6 +7,8 @@ Also the loader's rule: a checkpoint tensor is never dropped unless it equals th
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -91,7 +93,7 @@ def checkpoint(tmp_path, save_hf_model):
     import transformers
 
     def save(config_class, model_class, values):
-        config = getattr(transformers, config_class)(**values)
+        config = getattr(transformers, config_class)(**copy.deepcopy(values))  # it may write into nested dicts
         save_hf_model(getattr(transformers, model_class), config, tmp_path, perturb=True)
         return tmp_path
 
@@ -123,7 +125,7 @@ def test_settings_tfcli_does_not_implement_are_refused_by_name(tmp_path, case):
     from tfcli.sources import resolve_source
 
     config_class, architecture, settings, refusal = REFUSED[case]
-    config = getattr(transformers, config_class)(architectures=[architecture], **settings)
+    config = getattr(transformers, config_class)(architectures=[architecture], **copy.deepcopy(settings))
     config.save_pretrained(tmp_path)  # the refusal comes from config.json, before any weight is read
     with pytest.raises(TfcliError, match=refusal.replace("`", ".")):
         resolve_source(str(tmp_path))
