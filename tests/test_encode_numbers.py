@@ -89,3 +89,17 @@ def test_memory_check_at_its_boundary(cli, encoder_yaml, monkeypatch, dtype, siz
     assert f"GiB for its weights in {dtype}" in refused.stderr
     # a float32 model one byte too big would fit in half the bytes; a bfloat16 one has nothing smaller
     assert ("--dtype bfloat16 would fit" in refused.stderr) == (dtype == "float32")
+
+
+@pytest.mark.parametrize("norms", ["norm_position: post", "norm_position: pre",
+                                   "norm_position: sandwich\nnorm: rmsnorm_plus_one"])
+def test_the_sublayer_parameter_counts_add_up_to_the_block(cli, tmp_path, norms):
+    """Each sublayer's row counts its own weights and the norms that go with it (before, after, or both, as
+    Gemma 2 and OLMo 2 have them), so that attention + feed_forward = the block, whatever the norm placement."""
+    path = tmp_path / "model.yaml"
+    path.write_text(ENCODER + norms + "\n", encoding="utf-8")
+    (record,) = records(cli("encode", "time flies", "--model", str(path), "--json", "--layers", "all", "--top-k", "0"))
+    params = {stage["stage"]: stage["params"] for stage in record["shapes"]}
+    for block in range(2):
+        sublayers = params[f"block {block} attention"] + params[f"block {block} feed_forward"]
+        assert sublayers == params[f"block {block} output"] > 0, params
