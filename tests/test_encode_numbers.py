@@ -103,3 +103,20 @@ def test_the_sublayer_parameter_counts_add_up_to_the_block(cli, tmp_path, norms)
     for block in range(2):
         sublayers = params[f"block {block} attention"] + params[f"block {block} feed_forward"]
         assert sublayers == params[f"block {block} output"] > 0, params
+
+
+@pytest.mark.parametrize("architecture,expected", [
+    # 2 layers x 8 heads x 256 queries x 256 keys x 4 bytes = 4 MiB; 256 tokens: [CLS], 254 words, [SEP]
+    ("architecture: encoder\nhead: mlm\n", "256 tokens would capture 4.0 MB of attention (8 heads x 256^2 positions x 2 layers)"),
+    # the same through a decoder's causal maps (no cross-attention: nothing more)
+    ("architecture: decoder\nnorm_position: pre\ntype_vocab_size: 0\nhead: lm\n",
+     "256 tokens would capture 4.0 MB of attention (8 heads x 256^2 positions x 2 layers)"),
+])
+def test_the_capture_refusal_states_the_cost(cli, tmp_path, architecture, expected):
+    path = tmp_path / "model.yaml"
+    path.write_text("hidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 8\nintermediate_size: 64\n"
+                    "max_position_embeddings: 256\n" + architecture, encoding="utf-8")
+    result = cli("encode", " ".join(["word"] * 254), "--model", str(path), "--max-capture-mb", "3")
+    assert result.exit_code == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: one text of {expected}: more than --max-capture-mb 3"]

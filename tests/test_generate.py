@@ -230,9 +230,15 @@ def test_cli_bad_input_is_a_usage_error(configs, args, message):
     assert result.stdout == ""
 
 
-def test_cli_model_without_lm_head(configs):
-    result = invoke("generate", "hi", "-m", str(configs["encoder"]))
-    assert result.exit_code == 2 and "head is `mlm`" in result.stderr
+@pytest.mark.parametrize("model,says", [
+    ("architecture: encoder\nhead: mlm\n", "head is `mlm` (encoder)"),
+    ("architecture: decoder\nnorm_position: pre\nhead: classifier\nnum_labels: 2\n",
+     "head is `classifier` (decoder)"),  # a decoder alone does not make a generator
+])
+def test_cli_model_that_cannot_generate(tmp_path, model, says):
+    (tmp_path / "model.yaml").write_text(SIZES + model)
+    result = invoke("generate", "hi", "-m", str(tmp_path / "model.yaml"))
+    assert result.exit_code == 2 and says in result.stderr, result.stderr
 
 
 def test_cli_stops_at_the_end_of_the_position_table(configs):
