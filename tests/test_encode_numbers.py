@@ -120,3 +120,17 @@ def test_the_capture_refusal_states_the_cost(cli, tmp_path, architecture, expect
     assert result.exit_code == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [f"error: one text of {expected}: more than --max-capture-mb 3"]
+
+
+@pytest.mark.parametrize("layers,detailed", [([], 1), (["--layers", "0"], 0), (["--layers", "all"], None)])
+def test_the_stages_table_details_the_sublayers_of_the_chosen_blocks(cli, encoder_yaml, layers, detailed):
+    """By default the last block's attention and feed-forward rows; with --layers, those blocks'; every block's
+    output row always."""
+    result = cli("encode", "time flies", "--model", encoder_yaml, "--width", "120", "--no-color", *layers)
+    assert result.exit_code == 0, result.stderr
+    stages = [line.split("  ")[0] for line in result.stdout.splitlines() if line.startswith("block ")]
+    for block in range(2):
+        sublayers = [f"block {block} attention", f"block {block} feed_forward"]
+        shown = [stage for stage in sublayers if stage in stages]
+        assert shown == (sublayers if detailed in (block, None) else []), stages
+        assert f"block {block} output" in stages
