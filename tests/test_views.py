@@ -144,6 +144,11 @@ def test_every_layer_and_head_in_full(reports, length, width):
     for q, token in enumerate(report.tokens):
         cells = "".join(line[len(position(q, token)):] for line in row_blocks(section, position(q, token)))
         assert sum(cells.count(glyph) for glyph in "·░▒▓█") == length, (q, cells)
+    titles = [line for line in section if line.startswith("attention: layer")]
+    if len(titles) > 1:  # a map on several pages: each page's title says which keys it holds, all in turn
+        ranges = [(int(a), int(b)) for a, b in re.findall(r"keys (\d+)-(\d+)", " ".join(titles))]
+        assert ranges and ranges[0][0] == 0 and ranges[-1][1] == length - 1, titles
+        assert all(stop + 1 == start for (_, stop), (start, _) in zip(ranges, ranges[1:])), titles
     for row in report.lens:
         for p, token in enumerate(report.tokens):
             found = " ".join(row_blocks(lines, position(p, token)))
