@@ -5,6 +5,7 @@ the decoder input `--target` makes, and the memory check's arithmetic at its bou
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -134,3 +135,31 @@ def test_the_stages_table_details_the_sublayers_of_the_chosen_blocks(cli, encode
         shown = [stage for stage in sublayers if stage in stages]
         assert shown == (sublayers if detailed in (block, None) else []), stages
         assert f"block {block} output" in stages
+
+
+def test_an_encoder_decoder_table_names_the_keys_of_each_kind_of_attention(cli, tmp_path):
+    """Encoder self-attention attends over the source tokens, the decoder's over its own (the target), cross
+    attention from the target to the source: the keys each query attends to most are named from the right side."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ, encoding="utf-8")
+    result = cli("encode", "time flies", "--model", str(path), "--target", "like an arrow", "--width", "120",
+                 "--no-color", "--json")
+    (record,) = records(result)
+    source, target = record["tokens"], record["target_tokens"]
+    result = cli("encode", "time flies", "--model", str(path), "--target", "like an arrow", "--width", "120",
+                 "--no-color")
+    assert result.exit_code == 0, result.stderr
+    keys_of = {"encoder self-attention": source, "decoder self-attention": target,
+               "cross-attention (decoder query -> encoder key)": source}
+    seen, kind = set(), None
+    for line in result.stdout.splitlines():
+        title = line.split(": layer")[0]
+        if title in keys_of:
+            kind = title
+            seen.add(kind)
+        elif line.startswith("rows: "):
+            kind = None
+        elif kind and line[:1].isdigit():
+            named = re.findall(r"(\d+) (\S+) \d\.\d\d", line.split("  ", 2)[-1])
+            assert named and all(keys_of[kind][int(k)] == token for k, token in named), (kind, line)
+    assert seen == set(keys_of), seen
