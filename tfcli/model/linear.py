@@ -1,13 +1,14 @@
 """A linear layer that multiplies by a oneDNN-packed copy of its weight where that pays.
 
-On the CPU, PyTorch's kernels rearrange ("pack") the weight into the blocked layout the matrix kernels read
-on every call. oneDNN can pack it once and reuse the packed copy: float32 products of several rows (a
-sentence, a batch) run about 1.2-1.5x faster, and bfloat16 products about 1.2-1.7x faster at any number of
-rows, a single row included (decoding steps), on a CPU with AVX-512 BF16 or AMX (measured on a 2-core
-Xeon with AVX-512 BF16; `benchmarks/generate.py --floor` times the packed products). The packed copy costs memory equal to the weight and the time of one reordering, so it pays
-only for a model that runs again and again: the code that runs it so (generation, streams of batches)
-calls `pack_for_repeated_use(model)` first. A single forward pass, and the logit lens after it, stay on the
-plain kernels and never hold two copies of a weight. A changed weight drops its packed copy.
+On the CPU, PyTorch's kernels rearrange ("pack") the weight into the blocked layout the matrix kernels read on
+every call. oneDNN can pack it once and reuse the packed copy: float32 products of several rows (a sentence, a
+batch) run about 1.2-1.5x faster, and bfloat16 products about 1.2-1.7x faster at any number of rows, a single
+row included (decoding steps), on a CPU with AVX-512 BF16 or AMX (measured on a 2-core Xeon with AVX-512 BF16;
+`benchmarks/generate.py --floor` times the packed products). The packed copy costs memory equal to the weight
+and the time of one reordering, so it pays only for a model that runs again and again: the code that runs it so
+(generation, streams of batches) calls `pack_for_repeated_use(model)` first. A single forward pass, and the
+logit lens after it, stay on the plain kernels and never hold two copies of a weight. A changed weight drops its
+packed copy.
 """
 
 from __future__ import annotations
