@@ -163,3 +163,21 @@ def test_an_encoder_decoder_table_names_the_keys_of_each_kind_of_attention(cli, 
             named = re.findall(r"(\d+) (\S+) \d\.\d\d", line.split("  ", 2)[-1])
             assert named and all(keys_of[kind][int(k)] == token for k, token in named), (kind, line)
     assert seen == set(keys_of), seen
+
+
+def test_heads_selects_the_same_head_in_every_kind_of_attention(cli, tmp_path):
+    """--heads 1 keeps head 1 of the encoder's, the decoder's and the cross attention, in --save and in JSON:
+    each the same numbers as head 1 of an all-heads run."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ, encoding="utf-8")
+    runs = {}
+    for heads in ("all", "1"):
+        saved = tmp_path / f"heads-{heads}.safetensors"
+        (record,) = records(cli("encode", "time flies", "--model", str(path), "--target", "like an arrow", "--json",
+                                "--heads", heads, "--top-k", "0", "--save", str(saved)))
+        runs[heads] = load_file(str(saved)), {(m["kind"], m["head"]): m["weights"] for m in record["attention"]}
+    (every, every_json), (one, one_json) = runs["all"], runs["1"]
+    for name in ("encoder.attention.0", "decoder.attention.0", "decoder.cross_attention.0"):
+        assert one[name].shape[1] == 1 and torch.equal(one[name], every[name][:, 1:2]), name
+    assert set(one_json) == {("encoder", 1), ("decoder", 1), ("cross", 1)}
+    assert all(one_json[key] == every_json[key] for key in one_json)
