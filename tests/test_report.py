@@ -83,6 +83,17 @@ def test_an_existing_report_needs_force(tmp_path, tiny_runs, name):
     assert f"wrote {target}" in forced.stderr
 
 
+def test_a_long_output_path_is_said_on_one_line(tmp_path):
+    """Scripts read the path back from stderr: it is never wrapped at the terminal's width."""
+    folder = tmp_path / ("a-folder-with-a-long-name-" * 4)
+    folder.mkdir()
+    report, saved = folder / "report.html", folder / "run.safetensors"
+    result = tfcli("encode", "--model", "tiny", TEXT, "--report", str(report), "--save", str(saved))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert f"wrote {report}" in lines and f"saved {saved}" in lines
+
+
 def test_a_one_picture_format_refuses_several_texts(tmp_path):
     result = tfcli("encode", "--model", "tiny", "one", "two", "--report", str(tmp_path / "a.png"))
     assert result.exit_code == 2 and "holds one text, and 2 were given" in result.stderr and ".pdf" in result.stderr

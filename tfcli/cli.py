@@ -221,7 +221,7 @@ def write_report_file(path: Path, command: str, model: TransformerModel, source:
 
     check_report_path(path, overwrite, len(items))  # a stream's texts are counted only now
     write_report(path, run_info(command, model, source.description), items, overwrite, tokenizer)
-    err_console.print(f"wrote {path}")
+    err_console.print(f"wrote {path}", soft_wrap=True)  # a path is never broken across lines
 
 
 TextsArgument = Annotated[
@@ -448,7 +448,7 @@ def encode(
                 metadata = render.save_metadata(batch.reports, source.description, loaded.weights_description,
                                                 __version__)
                 render.save_tensors(save, batch.tensors, overwrite=force, metadata=metadata)
-                err_console.print(f"saved {save}")
+                err_console.print(f"saved {save}", soft_wrap=True)
     truncated.finish(number)
     if report is not None:
         write_report_file(report, "encode", loaded, source, reported, force)
@@ -504,7 +504,7 @@ def compare(
             print_lines(out, render.compare_lines(comparison, number, out.width))
     truncated.finish(number)
     if not all_match:
-        err_console.print(f"largest difference {worst:.3g} exceeds {tolerance:g}")
+        err_console.print(f"largest difference {worst:.3g} exceeds {tolerance:g}", soft_wrap=True)
         raise typer.Exit(1)
 
 
