@@ -151,6 +151,21 @@ def test_cli_table_and_weights_statement(configs):
     assert "top alternatives" in result.stdout and "lens" in result.stdout
 
 
+def test_cli_samples_as_the_python_api_does(configs):
+    """--temperature (and --top-k/--top-p) switch sampling on, seeded by --seed: the CLI's tokens are the ones
+    model.generate(do_sample=True, ...) draws with the same seed, not the greedy ones."""
+    result = invoke("generate", "time flies", "-m", str(configs["decoder"]), "-n", "6", "--json",
+                    "--temperature", "3", "--top-k", "50", "--seed", "5")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    model = tfcli.load_model(str(configs["decoder"]), seed=5)
+    prompt = torch.tensor([record["prompt_ids"]])
+    sampled = model.generate(prompt, max_new_tokens=6, do_sample=True, temperature=3.0, top_k=50, seed=5)
+    greedy = model.generate(prompt, max_new_tokens=6)
+    assert record["generated_ids"] == sampled[0, prompt.shape[1]:].tolist()
+    assert record["generated_ids"] != greedy[0, prompt.shape[1]:].tolist()
+
+
 def test_cli_json_keys(configs):
     result = invoke("generate", "time flies", "an arrow", "-m", str(configs["rotary"]), "-n", "4", "--json",
                     "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7", "--lens")
