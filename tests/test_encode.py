@@ -225,6 +225,7 @@ def test_save_stores_where_its_tensors_came_from(tmp_path):
     assert json.loads(metadata["texts"]) == ["time flies", "hello"]
     assert json.loads(metadata["tokens"]) == [["[CLS]", "time", "flies", "[SEP]"], ["[CLS]", "hello", "[SEP]"]]
     assert "tiny" in metadata["model"] and metadata["weights"].startswith("random (seed 3)")
+    assert set(metadata) == {"tfcli_version", "model", "weights", "texts", "tokens"}  # no pairs, no target here
 
 
 def test_save_name_must_be_safetensors_a_usage_error(tmp_path):

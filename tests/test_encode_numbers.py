@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 import tfcli.api
@@ -73,6 +74,8 @@ def test_target_is_the_start_token_then_the_target_tokens(cli, tmp_path):
     assert record["target_ids"] == [101] + target["ids"]
     assert record["target_tokens"] == ["[CLS]"] + target["tokens"]
     assert load_file(str(saved))["decoder.input_ids"].tolist() == [record["target_ids"]]
+    with safe_open(str(saved), "pt") as file:  # the README's --save metadata: the decoder input's tokens
+        assert json.loads(file.metadata()["target_tokens"]) == record["target_tokens"]
     queries = len(record["target_ids"])
     for amap in record["attention"]:
         keys = len(record["ids"]) if amap["kind"] in ("encoder", "cross") else queries
@@ -185,3 +188,37 @@ def test_heads_selects_the_same_head_in_every_kind_of_attention(cli, tmp_path):
         assert one[name].shape[1] == 1 and torch.equal(one[name], every[name][:, 1:2]), name
     assert set(one_json) == {("encoder", 1), ("decoder", 1), ("cross", 1)}
     assert all(one_json[key] == every_json[key] for key in one_json)
+
+
+
+DECODER = ENCODER.replace("architecture: encoder", "architecture: decoder").replace("head: mlm", "head: lm") \
+    + "norm_position: pre\ntype_vocab_size: 0\n"
+
+
+@pytest.mark.parametrize("architecture", ["encoder", "decoder", "encoder-decoder"])
+def test_the_capture_estimate_at_its_boundary(cli, tmp_path, architecture):
+    """Attention weights cost 4 bytes each in float32: per layer and head, text x text for an encoder's or a
+    decoder's self-attention; an encoder-decoder's encoder layers text x text, its decoder layers target x
+    target (self-attention) and target x text (cross-attention). Exactly that many bytes of --max-capture-mb
+    are enough, a byte less is refused. The --target is longer than the text, so an estimate that left it out
+    (or the cross-attention) would let too much through."""
+    path = tmp_path / "model.yaml"
+    config = {"encoder": ENCODER, "decoder": DECODER,
+              "encoder-decoder": SEQ2SEQ.replace("num_decoder_layers: 1", "num_decoder_layers: 2")}[architecture]
+    path.write_text(config, encoding="utf-8")
+    target = ["--target", "like an arrow over the old town at dawn"] if architecture == "encoder-decoder" else []
+    text = "time flies" if target else "the animal did not cross the street because it was too tired"
+    args = ("encode", text, "--model", str(path), *target, "--top-k", "0", "--json")
+    (record,) = records(cli(*args))
+    text = len(record["ids"])
+    if architecture == "encoder-decoder":
+        target_length, heads = len(record["target_ids"]), 2
+        assert target_length > text
+        attention = heads * 4 * (1 * text * text + 2 * (target_length * target_length + target_length * text))
+    else:
+        attention = 4 * 4 * 2 * text * text  # 4 heads, 4 bytes, 2 layers
+    fits = cli(*args, "--max-capture-mb", repr(attention / 2**20))
+    assert fits.exit_code == 0, fits.stderr
+    refused = cli(*args, "--max-capture-mb", repr((attention - 1) / 2**20))
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert f"of {text} tokens would capture {attention / 1024:.1f} KB of attention" in refused.stderr
