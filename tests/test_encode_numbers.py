@@ -222,3 +222,44 @@ def test_the_capture_estimate_at_its_boundary(cli, tmp_path, architecture):
     refused = cli(*args, "--max-capture-mb", repr((attention - 1) / 2**20))
     assert refused.exit_code == 1 and refused.stdout == ""
     assert f"of {text} tokens would capture {attention / 1024:.1f} KB of attention" in refused.stderr
+
+
+def test_an_encoder_decoder_counts_its_layers_by_the_decoder(cli, tmp_path):
+    """--layers indexes the blocks of the stack that feeds the head: an encoder-decoder's decoder, here 3
+    blocks under a 1-block encoder (so -1 is decoder block 2, 3 is out of range, `all` shows block 2 in full)."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ.replace("num_decoder_layers: 1", "num_decoder_layers: 3"), encoding="utf-8")
+    args = ("encode", "time flies", "--model", str(path), "--target", "like an arrow")
+    (record,) = records(cli(*args, "--layers", "-1", "--json"))
+    assert {(amap["kind"], amap["layer"]) for amap in record["attention"]} == {("decoder", 2), ("cross", 2)}
+    assert [row["layer"] for row in record["lens"]] == [2]
+    refused = cli(*args, "--layers", "3")
+    assert refused.exit_code == 2 and "3 is out of range: the model has 3 layers" in refused.stderr
+    shown = cli(*args, "--layers", "all", "--width", "200", "--no-color")
+    assert shown.exit_code == 0, shown.stderr
+    titles = [line for line in shown.stdout.splitlines() if ": layer " in line and "heads" in line]
+    assert [title.split(",")[0] for title in titles] == (
+        ["encoder self-attention: layer 0"] + [f"decoder self-attention: layer {i}" for i in range(3)]
+        + [f"cross-attention (decoder query -> encoder key): layer {i}" for i in range(3)])
+
+
+@pytest.mark.parametrize("architecture", ["encoder", "encoder-decoder"])
+def test_the_pair_is_embedded_as_the_second_segment(cli, tmp_path, architecture):
+    """With --pair, each token adds the segment embedding of its type id (0: the text, 1: the pair), in an
+    encoder's embeddings as in an encoder-decoder's encoder (a config with segments, type_vocab_size 2)."""
+    config = ENCODER if architecture == "encoder" else SEQ2SEQ.replace("type_vocab_size: 0", "type_vocab_size: 2")
+    path = tmp_path / "model.yaml"
+    path.write_text(config + "position: learned\nembedding_norm: false\n", encoding="utf-8")
+    saved = tmp_path / "run.safetensors"
+    (record,) = records(cli("encode", "time flies", "--pair", "like an arrow", "--model", str(path), "--json",
+                            "--top-k", "0", "--save", str(saved)))
+    (tokenized,) = records(cli("tokenize", "time flies", "--pair", "like an arrow", "--json"))
+    assert tokenized["ids"] == record["ids"] and 0 in tokenized["type_ids"] and 1 in tokenized["type_ids"]
+    model = tfcli.load_model(str(path))  # the same random weights (seed 0)
+    embeddings = model.encoder.embeddings
+    ids, types = torch.tensor(tokenized["ids"]), torch.tensor(tokenized["type_ids"])
+    with torch.no_grad():
+        expected = (model.embed_tokens.weight[ids] + embeddings.positions.weight[torch.arange(len(ids))]
+                    + embeddings.segments.weight[types])
+    name = "hidden.0" if architecture == "encoder" else "encoder.hidden.0"
+    assert (load_file(str(saved))[name][0] - expected).abs().max() <= 1e-6
