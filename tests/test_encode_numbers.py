@@ -263,3 +263,24 @@ def test_the_pair_is_embedded_as_the_second_segment(cli, tmp_path, architecture)
                     + embeddings.segments.weight[types])
     name = "hidden.0" if architecture == "encoder" else "encoder.hidden.0"
     assert (load_file(str(saved))[name][0] - expected).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "rmsnorm_plus_one"])
+def test_random_weights_make_every_norm_a_unit_scale_rmsnorm(cli, tmp_path, norm):
+    """Random weights start every norm at scale 1, as transformers initialises them: an RMSNorm's weight at 1,
+    Gemma's (1 + weight) RMSNorm's at 0. So each norm's output is its input over its root mean square, and the
+    final norm stage of `encode` has a root mean square of 1 (its norm is sqrt(tokens x hidden))."""
+    path = tmp_path / "model.yaml"
+    path.write_text(DECODER + f"norm: {norm}\nnorm_position: sandwich\nfinal_norm: true\n", encoding="utf-8")
+    model = tfcli.load_model(str(path))
+    x = torch.randn(3, 5, 32) * 4
+    unit = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model.config.layer_norm_eps)
+    norms = [module for module in model.modules() if isinstance(module, torch.nn.RMSNorm)]
+    assert len(norms) == 2 * 2 * 2 + 2  # before and after 2 sublayers in 2 blocks, the embeddings', the final
+    with torch.no_grad():
+        for module in norms:
+            assert (module(x) - unit).abs().max() <= 1e-5, module
+    (record,) = records(cli("encode", "time flies like an arrow", "--model", str(path), "--json", "--top-k", "0"))
+    (final,) = [stage for stage in record["shapes"] if stage["stage"] == "final norm"]
+    tokens, hidden = final["shape"]
+    assert final["norm"] == pytest.approx((tokens * hidden) ** 0.5, rel=1e-4)
