@@ -166,6 +166,25 @@ def test_cli_samples_as_the_python_api_does(configs):
     assert record["generated_ids"] != greedy[0, prompt.shape[1]:].tolist()
 
 
+def test_top_k_up_to_the_vocabulary_size(configs, models):
+    """--top-k as large as the vocabulary keeps every token: the same draws as sampling without it; one more
+    is refused (exit 2, naming the vocabulary), by the CLI before the model is built and by model.generate."""
+    args = ("generate", "time flies", "-m", str(configs["decoder"]), "-n", "6", "--json", "--temperature", "3",
+            "--seed", "5")
+    every = invoke(*args)
+    assert every.exit_code == 0, every.stderr
+    vocabulary = models["decoder"].config.vocab_size
+    whole = invoke(*args, "--top-k", str(vocabulary))
+    assert whole.exit_code == 0, whole.stderr
+    assert json.loads(whole.stdout)["generated_ids"] == json.loads(every.stdout)["generated_ids"]
+    beyond = invoke(*args, "--top-k", str(vocabulary + 1))
+    assert beyond.exit_code == 2 and beyond.stdout == ""
+    assert f"error: --top-k {vocabulary + 1} is larger than the vocabulary ({vocabulary})" in beyond.stderr
+    with pytest.raises(TfcliError, match="larger than the vocabulary") as info:
+        models["decoder"].generate(PROMPT, max_new_tokens=2, do_sample=True, top_k=vocabulary + 1)
+    assert info.value.exit_code == 2
+
+
 def test_cli_json_keys(configs):
     result = invoke("generate", "time flies", "an arrow", "-m", str(configs["rotary"]), "-n", "4", "--json",
                     "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7", "--lens")

@@ -633,6 +633,7 @@ def generate(
         check_report_path(report, force, prompts_in.count or 1)
     sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
     source = resolve_source(model or core.DEFAULT_MODEL, revision)
+    sampling.check(source.config.vocab_size)  # before the model is built
     tokenizer = tokenizer_of(source)
     batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
                for batch in prompts_in.batches(1))
