@@ -185,6 +185,34 @@ def test_top_k_up_to_the_vocabulary_size(configs, models):
     assert info.value.exit_code == 2
 
 
+def test_a_prompt_of_only_the_appended_end_of_sequence_token(cli, tmp_path, save_hf_model):
+    """A decoder drops the end-of-sequence token its tokenizer appends to a prompt; a prompt that is that token
+    alone (text with no tokens of its own: a zero-width space) keeps it and generates from it, as GPT-2 generates
+    from <|endoftext|> alone: the tokens transformers' generate gives from it."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    vocab = {"<unk>": 0, "</s>": 1, "time": 2, "flies": 3, "like": 4, "an": 5, "arrow": 6, "<pad>": 7}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(["</s>", "<unk>", "<pad>"])
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    config = GPT2Config(vocab_size=8, n_embd=32, n_layer=2, n_head=2, n_positions=32, bos_token_id=1,
+                        eos_token_id=1, pad_token_id=7, initializer_range=0.5)
+    hf = save_hf_model(GPT2LMHeadModel, config, tmp_path, seed=1)  # a seed whose model does not stop at once
+    for prompt, ids in (("time flies", [2, 3]), ("time", [2]), ("\u200b", [1])):
+        result = cli("generate", prompt, "--model", str(tmp_path), "-n", "6", "--json")
+        assert result.exit_code == 0, result.stderr
+        record = json.loads(result.stdout)
+        assert record["prompt_ids"] == ids
+        with torch.no_grad():
+            theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=6, do_sample=False)
+        assert record["generated_ids"] == theirs[0, len(ids):].tolist()
+        assert len(record["generated_ids"]) == 6  # no early end of sequence: more than one token compared
+
 def test_cli_json_keys(configs):
     result = invoke("generate", "time flies", "an arrow", "-m", str(configs["rotary"]), "-n", "4", "--json",
                     "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7", "--lens")
