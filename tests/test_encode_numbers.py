@@ -215,13 +215,16 @@ def test_the_capture_estimate_at_its_boundary(cli, tmp_path, architecture):
         target_length, heads = len(record["target_ids"]), 2
         assert target_length > text
         attention = heads * 4 * (1 * text * text + 2 * (target_length * target_length + target_length * text))
+        maps = (f"2 heads x {text}^2 positions x 1 layer in the encoder, "
+                f"{target_length} x ({target_length} + {text}) positions x 2 layers in the decoder")
     else:
         attention = 4 * 4 * 2 * text * text  # 4 heads, 4 bytes, 2 layers
+        maps = f"4 heads x {text}^2 positions x 2 layers"
     fits = cli(*args, "--max-capture-mb", repr(attention / 2**20))
     assert fits.exit_code == 0, fits.stderr
     refused = cli(*args, "--max-capture-mb", repr((attention - 1) / 2**20))
     assert refused.exit_code == 1 and refused.stdout == ""
-    assert f"of {text} tokens would capture {attention / 1024:.1f} KB of attention" in refused.stderr
+    assert f"of {text} tokens would capture {attention / 1024:.1f} KB of attention ({maps})" in refused.stderr
 
 
 def test_an_encoder_decoder_counts_its_layers_by_the_decoder(cli, tmp_path):
