@@ -55,6 +55,8 @@ class _ErrorReportingGroup(TyperGroup):
             raise typer.Exit(0) from None
         except (TyperException, typer.Exit, typer.Abort):
             raise  # typer handles these: usage errors, exits, Ctrl-C (130)
+        except MemoryError:  # e.g. importing torch under an address-space limit (ulimit -v)
+            fail("out of memory", "close other programs, or raise the memory limit (ulimit -v)", 1)
         except Exception as e:
             if os.environ.get("TFCLI_DEBUG") == "1":
                 raise
