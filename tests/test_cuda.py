@@ -71,6 +71,14 @@ def encoder_checkpoints(tmp_path, save_hf_model) -> dict[str, object]:
     return paths
 
 
+def test_compare_runs_both_models_on_the_gpu(tmp_path, save_hf_model):
+    from tfcli import compare
+
+    models = compare.load(str(encoder_checkpoints(tmp_path, save_hf_model)["bert"]), device="cuda")
+    assert {p.device.type for p in models.ours.parameters()} == {p.device.type for p in models.theirs.parameters()} \
+           == {"cuda"}
+
+
 def test_compare_passes_on_the_gpu_for_encoders_and_encoder_decoders(cli, tmp_path, save_hf_model):
     for name, path in encoder_checkpoints(tmp_path, save_hf_model).items():
         (comparison,) = records(cli("compare", str(path), TEXT, "--device", "cuda", "--json"))
