@@ -76,15 +76,15 @@ def test_each_default_is_transformers_class_default(model_type):
 
 
 def test_the_check_sees_a_wrong_default(monkeypatch):
-    """The check above can fail: a family whose fallback for pad_token_id is not transformers' is caught."""
+    """The drop-one-key check can fail: a family whose fallback for pad_token_id is not transformers' is caught."""
     roberta = FAMILIES["roberta"]
     wrong = {**roberta.defaults, "roberta": {**roberta.defaults["roberta"], "pad_token_id": 0}}
     monkeypatch.setitem(FAMILIES, "roberta", dataclasses.replace(roberta, defaults=wrong))
     assert any("without `pad_token_id`" in line for line in differences("roberta"))
 
 
-# families whose default model is small enough to build on the meta device in well under a second, and the
-# transformers class that matches tfcli's head for that architecture
+# a few families of each kind of stack (built on the meta device: well under a second each), and the transformers
+# class that matches tfcli's head for that architecture
 SIZED = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "gpt2": "GPT2LMHeadModel",
          "t5": "T5ForConditionalGeneration", "mbart": "MBartModel", "distilbert": "DistilBertModel",
          "albert": "AlbertModel", "electra": "ElectraModel", "opt": "OPTForCausalLM", "mpnet": "MPNetModel",

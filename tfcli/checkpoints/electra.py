@@ -51,6 +51,6 @@ FAMILY = Family(
         *ENCODER_RULES,
     ),
     config_rules=head_rules,
-    defaults={"electra": {**BERT_DEFAULTS, **DECODER_SETTINGS, "embedding_size": 128, "hidden_size": 256, "num_attention_heads": 4,
-                          "intermediate_size": 1024}},
+    defaults={"electra": {**BERT_DEFAULTS, **DECODER_SETTINGS, "embedding_size": 128, "hidden_size": 256,
+                          "num_attention_heads": 4, "intermediate_size": 1024}},
 )

@@ -78,8 +78,7 @@ FAMILY = Family(
     defaults={"falcon": {"vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
                          "num_kv_heads": None, "num_ln_in_parallel_attn": None, "layer_norm_epsilon": 1e-5,
                          "multi_query": True, "alibi": False, "new_decoder_architecture": False,
-                         "parallel_attn": True, "bias": False,
-                         "max_position_embeddings": 2048, "activation": "gelu", "ffn_hidden_size": None,
-                         "bos_token_id": 11, "eos_token_id": 11, "pad_token_id": None,
+                         "parallel_attn": True, "bias": False, "max_position_embeddings": 2048, "activation": "gelu",
+                         "ffn_hidden_size": None, "bos_token_id": 11, "eos_token_id": 11, "pad_token_id": None,
                          "tie_word_embeddings": True}},
 )

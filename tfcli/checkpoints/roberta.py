@@ -39,7 +39,7 @@ FAMILY = Family(
         *weight_bias("classifier.out_proj", "head.out"),
     ),
     config_rules=lambda config: mlm_rules("lm_head", config),
-    defaults={model_type: {**BERT_DEFAULTS, **DECODER_SETTINGS, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
-                           "vocab_size": 50265 if model_type == "roberta" else 30522}
+    defaults={model_type: {**BERT_DEFAULTS, **DECODER_SETTINGS, "pad_token_id": 1, "bos_token_id": 0,
+                           "eos_token_id": 2, "vocab_size": 50265 if model_type == "roberta" else 30522}
               for model_type in ("roberta", "xlm-roberta")},
 )

@@ -26,7 +26,8 @@ T5_DEFAULTS = {  # transformers' T5Config; MT5Config's differ where they say
     "vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
     "num_decoder_layers": lambda hf: hf["num_layers"], "num_heads": 8,
     "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128, "layer_norm_epsilon": 1e-6,
-    "feed_forward_proj": "relu", "is_decoder": False, "pad_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": True,
+    "feed_forward_proj": "relu", "is_decoder": False, "pad_token_id": 0, "eos_token_id": 1,
+    "tie_word_embeddings": True,
 }
 
 
@@ -42,8 +43,8 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
     return common(hf, model_type=hf["model_type"], architecture="encoder" if encoder_only else "encoder-decoder",
                   hidden_size=hf["d_model"], num_hidden_layers=hf["num_layers"],
                   num_decoder_layers=hf["num_decoder_layers"], num_attention_heads=hf["num_heads"],
-                  head_dim=hf["d_kv"], intermediate_size=hf["d_ff"], max_position_embeddings=hf.get("n_positions", 512),
-                  hidden_act=act, layer_norm_eps=hf["layer_norm_epsilon"],
+                  head_dim=hf["d_kv"], intermediate_size=hf["d_ff"], hidden_act=act,
+                  max_position_embeddings=hf.get("n_positions", 512), layer_norm_eps=hf["layer_norm_epsilon"],
                   hidden_dropout_prob=hf.get("dropout_rate", 0.1),
                   attention_probs_dropout_prob=hf.get("dropout_rate", 0.1), norm="rmsnorm", norm_position="pre",
                   position="none", type_vocab_size=0, embedding_norm=False, final_norm=True,
@@ -98,7 +99,7 @@ FAMILY = Family(
     config_rules=output_rules,
     defaults={
         "t5": T5_DEFAULTS,
-        "mt5": {**T5_DEFAULTS, "vocab_size": 250112, "d_ff": 1024,
-                "num_layers": 8, "num_heads": 6, "feed_forward_proj": "gated-gelu", "decoder_start_token_id": 0},
+        "mt5": {**T5_DEFAULTS, "vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads": 6,
+                "feed_forward_proj": "gated-gelu", "decoder_start_token_id": 0},
     },
 )
