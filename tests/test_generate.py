@@ -218,7 +218,7 @@ def test_cli_json_keys(configs):
                     "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7", "--lens")
     assert result.exit_code == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert len(records) == 2
+    assert [record["prompt"] for record in records] == ["time flies", "an arrow"]
     for record in records:
         assert set(record) == {"prompt", "ids", "prompt_ids", "generated_ids", "text", "steps"}
         assert record["ids"] == record["prompt_ids"] and record["prompt_ids"][-1] != 102  # [SEP] dropped
@@ -330,3 +330,12 @@ def test_wordpiece_continuation_joins_the_prompt_and_the_text_shows_once(tmp_pat
         result = invoke("generate", "time flies like", "-m", str(tmp_path), "-n", "3", *terminal)
         assert result.exit_code == 0, result.stderr
         assert result.stdout.count("time flies likebeaubeaubeau") == 1, result.stdout
+
+
+def test_an_encoder_decoders_text_is_its_new_tokens_decoded(configs):
+    """The prompt is the encoder's input, not text the decoder continues: `text` is the new tokens alone."""
+    (record,) = [json.loads(line) for line in invoke("generate", "time flies like an arrow", "-m",
+                                                     str(configs["seq2seq"]), "-n", "5", "--json").stdout.splitlines()]
+    assert record["prompt"] == "time flies like an arrow"
+    assert record["text"] == tfcli.load_tokenizer().decode(record["generated_ids"])
+    assert record["text"] == record["text"].strip()
