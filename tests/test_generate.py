@@ -339,3 +339,30 @@ def test_an_encoder_decoders_text_is_its_new_tokens_decoded(configs):
     assert record["prompt"] == "time flies like an arrow"
     assert record["text"] == tfcli.load_tokenizer().decode(record["generated_ids"])
     assert record["text"] == record["text"].strip()
+
+
+def test_a_byte_level_token_is_shown_as_the_text_it_decodes_to(tmp_path):
+    """GPT-2-style byte-level BPE: the step's token is ` world`, as it reads, not the vocabulary entry `Ġworld`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(["hello world", "time flies like an arrow"] * 10,
+                                  trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    world = tokenizer.token_to_id("Ġworld")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_embd=32, n_layer=1, n_head=4,
+                                       n_positions=32, eos_token_id=None))
+    with torch.no_grad():  # every position's final hidden state is all ones, and Ġworld's embedding points there
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.transformer.wte.weight[world] = 10.0
+    model.save_pretrained(tmp_path)
+    record = json.loads(invoke("generate", "hello", "-m", str(tmp_path), "-n", "2", "--json").stdout)
+    assert record["generated_ids"] == [world, world]
+    assert [step["token"] for step in record["steps"]] == [" world", " world"]
+    assert record["text"] == " world world"
