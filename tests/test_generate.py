@@ -366,3 +366,30 @@ def test_a_byte_level_token_is_shown_as_the_text_it_decodes_to(tmp_path):
     assert record["generated_ids"] == [world, world]
     assert [step["token"] for step in record["steps"]] == [" world", " world"]
     assert record["text"] == " world world"
+
+
+def test_an_encoder_decoders_budget_is_its_decoders_positions_whatever_the_prompt(configs, tmp_path):
+    """The decoder starts from one token, so it can make max_position_embeddings - 1 new tokens (23 here) however
+    long the encoder's prompt is; one more asked for stops at the end of its table, with a warning."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(configs["seq2seq"].read_text().replace("eos_token_id: 102", "eos_token_id: null"))
+    prompt = "one two three four five six seven eight nine ten"  # 12 tokens with [CLS] and [SEP]
+    for asked in (23, 24):
+        result = invoke("generate", prompt, "-m", str(path), "-n", str(asked), "--json")
+        assert result.exit_code == 0, result.stderr
+        assert len(json.loads(result.stdout)["generated_ids"]) == 23
+        assert ("only 23 new tokens fit in the model's 24 positions" in result.stderr) == (asked == 24), result.stderr
+
+
+def test_the_python_api_generates_greedily_twenty_tokens_by_default(models, peaked_gpt2):
+    """`model.generate(ids)` as the README shows it: greedy, 20 new tokens; with do_sample, temperature 1."""
+    model, prompt = models["rotary"], PROMPT[:, :4]  # 4 + 20 tokens fill its 24 positions
+    greedy = model.generate(prompt)
+    assert greedy.shape == (1, 4 + 20) or greedy[0, -1].item() == 102
+    assert torch.equal(greedy, model.generate(prompt, max_new_tokens=20, do_sample=False))
+    model = tfcli.load_model(str(peaked_gpt2[0]))  # confident predictions: a temperature shows in what is drawn
+    default = [model.generate(PROMPT, max_new_tokens=8, do_sample=True, seed=seed) for seed in range(4)]
+    runs = {t: [model.generate(PROMPT, max_new_tokens=8, do_sample=True, temperature=t, seed=seed) for seed in range(4)]
+            for t in (1.0, 2.0)}
+    assert all(torch.equal(a, b) for a, b in zip(default, runs[1.0]))
+    assert not all(torch.equal(a, b) for a, b in zip(default, runs[2.0]))

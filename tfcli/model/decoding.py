@@ -199,11 +199,12 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
             step_input = sequence
 
 
-def generate(model: TransformerModel, input_ids: Tensor, max_new_tokens: int = 20, do_sample: bool = False,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             seed: int | None = None, use_cache: bool = True, attention_mask: Tensor | None = None) -> Tensor:
+def generate(model: TransformerModel, input_ids: Tensor, max_new_tokens: int, do_sample: bool, temperature: float,
+             top_k: int | None, top_p: float | None, seed: int | None, use_cache: bool,
+             attention_mask: Tensor | None) -> Tensor:
     """Prompt + new ids (B, T + new), as transformers' generate returns them; for an encoder-decoder, the
-    decoder's ids starting with the decoder start token. Rows that finish early are padded."""
+    decoder's ids starting with the decoder start token. Rows that finish early are padded. The defaults are
+    TransformerModel.generate's, the public entry."""
     sampling = Sampling(do_sample, temperature, top_k, top_p, seed)
     seq2seq = model.encoder is not None
     if input_ids.dim() == 1:
