@@ -10,7 +10,7 @@ lens that tfcli encode prints (every layer through the final norm and the head, 
 
 Targets (issue 12): time <= 0.8x and peak memory <= 1.0x transformers'.
 
-Run: python benchmarks/sharded_load.py [--runs N] [--dir DIR]   (a few minutes on a 2-core machine;
+Run: python benchmarks/sharded_load.py [--runs N] [--dir DIR] [--device cuda]   (a few minutes on a 2-core machine;
 --dir keeps the checkpoint there and reuses it on the next run)
 """
 
@@ -29,10 +29,11 @@ TEXT = "The quick brown fox jumps over the lazy dog because it was too tired to 
 TRANSFORMERS_JOB = """
 import sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-path, text = sys.argv[1], sys.argv[2]
+path, text, device = sys.argv[1], sys.argv[2], sys.argv[3]
 tokenizer = AutoTokenizer.from_pretrained(path)
-model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager").eval()
-ids = tokenizer(text, return_tensors="pt").input_ids
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager",
+                                             device_map=device).eval()
+ids = tokenizer(text, return_tensors="pt").input_ids.to(device)
 with torch.no_grad():
     out = model(ids, output_attentions=True, output_hidden_states=True)
     for layer, hidden in enumerate(out.hidden_states[1:]):
@@ -66,14 +67,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", type=Path, help="keep the checkpoint here (made when missing)")
+    parser.add_argument("--device", default="cpu", help="cpu (the issue's targets) or cuda (both load onto the GPU)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temporary:
         directory = args.dir or Path(temporary) / "llama-310m-bf16"
         if not (directory / "model.safetensors.index.json").is_file():
             make_checkpoint(directory)
-        tfcli = [sys.executable, "-m", "tfcli", "encode", "--model", str(directory), "--dtype", "bfloat16", TEXT]
+        tfcli = [sys.executable, "-m", "tfcli", "encode", "--model", str(directory), "--dtype", "bfloat16",
+                 "--device", args.device, TEXT]
         print("tfcli:", " ".join(tfcli[1:]))
-        commands = {"tfcli": tfcli, "transformers": [sys.executable, "-c", TRANSFORMERS_JOB, str(directory), TEXT]}
+        commands = {"tfcli": tfcli, "transformers": [sys.executable, "-c", TRANSFORMERS_JOB, str(directory), TEXT,
+                                                    args.device]}
         compare(commands, args.runs, "transformers", target_time=0.8, target_memory=1.0)
 
 

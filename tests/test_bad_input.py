@@ -299,6 +299,19 @@ def test_unknown_device(cli, tiny_config, device, code, needle):
     assert_error(cli("encode", "--model", str(tiny_config), "--device", device, "hi"), code, needle)
 
 
+def test_running_out_of_memory_anywhere_is_one_line(cli, tiny_config, monkeypatch):
+    """A MemoryError outside the load (importing a CUDA build of torch under `ulimit -v` raises one) is not
+    reported as a bug."""
+    import tfcli.api
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(tfcli.api, "build_model", out_of_memory)
+    message = assert_error(cli("encode", "--model", str(tiny_config), "hi"), 1, "error: out of memory")
+    assert "ulimit -v" in message
+
+
 @pytest.mark.parametrize("device", ["cuda", "cuda:3", "mps"])
 def test_absent_device(cli, tiny_config, device):
     import torch

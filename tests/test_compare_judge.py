@@ -122,3 +122,9 @@ def test_a_bfloat16_checkpoint_is_compared_in_the_same_dtype(cli, tmp_path, save
     result = cli("compare", str(tmp_path), TEXT, "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["max_abs_diff"] <= 1e-4
+
+
+def test_the_table_names_the_text_and_the_checkpoint_it_compared(cli, bert_dir):
+    result = cli("compare", str(bert_dir), TEXT, "--width", "400")
+    assert result.exit_code == 0, result.stderr
+    assert f"text 1: {TEXT!r}: tfcli vs transformers on {bert_dir} (tolerance 0.0001)" in result.stdout

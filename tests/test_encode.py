@@ -185,6 +185,17 @@ def test_top_k_0_switches_the_lens_off():
     assert table.exit_code == 0 and "logit lens" not in table.stdout and "predicts" not in table.stdout
 
 
+@pytest.mark.slow  # a lens over the whole vocabulary: 4 MB of JSON
+def test_top_k_as_large_as_the_vocabulary_lists_every_token():
+    """--top-k up to the vocabulary size is allowed (one more is a usage error: test_bad_input.py): each position
+    then lists every token once, most probable first, the probabilities adding up to 1."""
+    (record,) = records(run("encode", "hi", "--model", "tiny", "--top-k", "30522", "--layers", "-1", "--json"))
+    for position in record["lens"][0]["top"]:
+        assert sorted(token["id"] for token in position) == list(range(30522))
+        probs = [token["prob"] for token in position]
+        assert probs == sorted(probs, reverse=True) and sum(probs) == pytest.approx(1, abs=1e-3)
+
+
 @pytest.mark.parametrize("spec, layers", [("0-1", [0, 1]), ("-1-", [1]), ("1-", [1]), ("-2--1", [0, 1]),
                                           ("all", [0, 1]), ("1,0", [0, 1]), ("0", [0])])
 def test_layers_take_ranges(spec, layers):
@@ -225,6 +236,7 @@ def test_save_stores_where_its_tensors_came_from(tmp_path):
     assert json.loads(metadata["texts"]) == ["time flies", "hello"]
     assert json.loads(metadata["tokens"]) == [["[CLS]", "time", "flies", "[SEP]"], ["[CLS]", "hello", "[SEP]"]]
     assert "tiny" in metadata["model"] and metadata["weights"].startswith("random (seed 3)")
+    assert set(metadata) == {"tfcli_version", "model", "weights", "texts", "tokens"}  # no pairs, no target here
 
 
 def test_save_name_must_be_safetensors_a_usage_error(tmp_path):

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 import tfcli.api
@@ -73,6 +74,8 @@ def test_target_is_the_start_token_then_the_target_tokens(cli, tmp_path):
     assert record["target_ids"] == [101] + target["ids"]
     assert record["target_tokens"] == ["[CLS]"] + target["tokens"]
     assert load_file(str(saved))["decoder.input_ids"].tolist() == [record["target_ids"]]
+    with safe_open(str(saved), "pt") as file:  # the README's --save metadata: the decoder input's tokens
+        assert json.loads(file.metadata()["target_tokens"]) == record["target_tokens"]
     queries = len(record["target_ids"])
     for amap in record["attention"]:
         keys = len(record["ids"]) if amap["kind"] in ("encoder", "cross") else queries
@@ -185,3 +188,102 @@ def test_heads_selects_the_same_head_in_every_kind_of_attention(cli, tmp_path):
         assert one[name].shape[1] == 1 and torch.equal(one[name], every[name][:, 1:2]), name
     assert set(one_json) == {("encoder", 1), ("decoder", 1), ("cross", 1)}
     assert all(one_json[key] == every_json[key] for key in one_json)
+
+
+
+DECODER = ENCODER.replace("architecture: encoder", "architecture: decoder").replace("head: mlm", "head: lm") \
+    + "norm_position: pre\ntype_vocab_size: 0\n"
+
+
+@pytest.mark.parametrize("architecture", ["encoder", "decoder", "encoder-decoder"])
+def test_the_capture_estimate_at_its_boundary(cli, tmp_path, architecture):
+    """Attention weights cost 4 bytes each in float32: per layer and head, text x text for an encoder's or a
+    decoder's self-attention; an encoder-decoder's encoder layers text x text, its decoder layers target x
+    target (self-attention) and target x text (cross-attention). Exactly that many bytes of --max-capture-mb
+    are enough, a byte less is refused. The --target is longer than the text, so an estimate that left it out
+    (or the cross-attention) would let too much through."""
+    path = tmp_path / "model.yaml"
+    config = {"encoder": ENCODER, "decoder": DECODER,
+              "encoder-decoder": SEQ2SEQ.replace("num_decoder_layers: 1", "num_decoder_layers: 2")}[architecture]
+    path.write_text(config, encoding="utf-8")
+    target = ["--target", "like an arrow over the old town at dawn"] if architecture == "encoder-decoder" else []
+    text = "time flies" if target else "the animal did not cross the street because it was too tired"
+    args = ("encode", text, "--model", str(path), *target, "--top-k", "0", "--json")
+    (record,) = records(cli(*args))
+    text = len(record["ids"])
+    if architecture == "encoder-decoder":
+        target_length, heads = len(record["target_ids"]), 2
+        assert target_length > text
+        attention = heads * 4 * (1 * text * text + 2 * (target_length * target_length + target_length * text))
+        maps = (f"2 heads x {text}^2 positions x 1 layer in the encoder, "
+                f"{target_length} x ({target_length} + {text}) positions x 2 layers in the decoder")
+    else:
+        attention = 4 * 4 * 2 * text * text  # 4 heads, 4 bytes, 2 layers
+        maps = f"4 heads x {text}^2 positions x 2 layers"
+    fits = cli(*args, "--max-capture-mb", repr(attention / 2**20))
+    assert fits.exit_code == 0, fits.stderr
+    refused = cli(*args, "--max-capture-mb", repr((attention - 1) / 2**20))
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert f"of {text} tokens would capture {attention / 1024:.1f} KB of attention ({maps})" in refused.stderr
+
+
+def test_an_encoder_decoder_counts_its_layers_by_the_decoder(cli, tmp_path):
+    """--layers indexes the blocks of the stack that feeds the head: an encoder-decoder's decoder, here 3
+    blocks under a 1-block encoder (so -1 is decoder block 2, 3 is out of range, `all` shows block 2 in full)."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ.replace("num_decoder_layers: 1", "num_decoder_layers: 3"), encoding="utf-8")
+    args = ("encode", "time flies", "--model", str(path), "--target", "like an arrow")
+    (record,) = records(cli(*args, "--layers", "-1", "--json"))
+    assert {(amap["kind"], amap["layer"]) for amap in record["attention"]} == {("decoder", 2), ("cross", 2)}
+    assert [row["layer"] for row in record["lens"]] == [2]
+    refused = cli(*args, "--layers", "3")
+    assert refused.exit_code == 2 and "3 is out of range: the model has 3 layers" in refused.stderr
+    shown = cli(*args, "--layers", "all", "--width", "200", "--no-color")
+    assert shown.exit_code == 0, shown.stderr
+    titles = [line for line in shown.stdout.splitlines() if ": layer " in line and "heads" in line]
+    assert [title.split(",")[0] for title in titles] == (
+        ["encoder self-attention: layer 0"] + [f"decoder self-attention: layer {i}" for i in range(3)]
+        + [f"cross-attention (decoder query -> encoder key): layer {i}" for i in range(3)])
+
+
+@pytest.mark.parametrize("architecture", ["encoder", "encoder-decoder"])
+def test_the_pair_is_embedded_as_the_second_segment(cli, tmp_path, architecture):
+    """With --pair, each token adds the segment embedding of its type id (0: the text, 1: the pair), in an
+    encoder's embeddings as in an encoder-decoder's encoder (a config with segments, type_vocab_size 2)."""
+    config = ENCODER if architecture == "encoder" else SEQ2SEQ.replace("type_vocab_size: 0", "type_vocab_size: 2")
+    path = tmp_path / "model.yaml"
+    path.write_text(config + "position: learned\nembedding_norm: false\n", encoding="utf-8")
+    saved = tmp_path / "run.safetensors"
+    (record,) = records(cli("encode", "time flies", "--pair", "like an arrow", "--model", str(path), "--json",
+                            "--top-k", "0", "--save", str(saved)))
+    (tokenized,) = records(cli("tokenize", "time flies", "--pair", "like an arrow", "--json"))
+    assert tokenized["ids"] == record["ids"] and 0 in tokenized["type_ids"] and 1 in tokenized["type_ids"]
+    model = tfcli.load_model(str(path))  # the same random weights (seed 0)
+    embeddings = model.encoder.embeddings
+    ids, types = torch.tensor(tokenized["ids"]), torch.tensor(tokenized["type_ids"])
+    with torch.no_grad():
+        expected = (model.embed_tokens.weight[ids] + embeddings.positions.weight[torch.arange(len(ids))]
+                    + embeddings.segments.weight[types])
+    name = "hidden.0" if architecture == "encoder" else "encoder.hidden.0"
+    assert (load_file(str(saved))[name][0] - expected).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "rmsnorm_plus_one"])
+def test_random_weights_make_every_norm_a_unit_scale_rmsnorm(cli, tmp_path, norm):
+    """Random weights start every norm at scale 1, as transformers initialises them: an RMSNorm's weight at 1,
+    Gemma's (1 + weight) RMSNorm's at 0. So each norm's output is its input over its root mean square, and the
+    final norm stage of `encode` has a root mean square of 1 (its norm is sqrt(tokens x hidden))."""
+    path = tmp_path / "model.yaml"
+    path.write_text(DECODER + f"norm: {norm}\nnorm_position: sandwich\nfinal_norm: true\n", encoding="utf-8")
+    model = tfcli.load_model(str(path))
+    x = torch.randn(3, 5, 32) * 4
+    unit = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model.config.layer_norm_eps)
+    norms = [module for module in model.modules() if isinstance(module, torch.nn.RMSNorm)]
+    assert len(norms) == 2 * 2 * 2 + 2  # before and after 2 sublayers in 2 blocks, the embeddings', the final
+    with torch.no_grad():
+        for module in norms:
+            assert (module(x) - unit).abs().max() <= 1e-5, module
+    (record,) = records(cli("encode", "time flies like an arrow", "--model", str(path), "--json", "--top-k", "0"))
+    (final,) = [stage for stage in record["shapes"] if stage["stage"] == "final norm"]
+    tokens, hidden = final["shape"]
+    assert final["norm"] == pytest.approx((tokens * hidden) ** 0.5, rel=1e-4)

@@ -166,12 +166,59 @@ def test_cli_samples_as_the_python_api_does(configs):
     assert record["generated_ids"] != greedy[0, prompt.shape[1]:].tolist()
 
 
+def test_top_k_up_to_the_vocabulary_size(configs, models):
+    """--top-k as large as the vocabulary keeps every token: the same draws as sampling without it; one more
+    is refused (exit 2, naming the vocabulary), by the CLI before the model is built and by model.generate."""
+    args = ("generate", "time flies", "-m", str(configs["decoder"]), "-n", "6", "--json", "--temperature", "3",
+            "--seed", "5")
+    every = invoke(*args)
+    assert every.exit_code == 0, every.stderr
+    vocabulary = models["decoder"].config.vocab_size
+    whole = invoke(*args, "--top-k", str(vocabulary))
+    assert whole.exit_code == 0, whole.stderr
+    assert json.loads(whole.stdout)["generated_ids"] == json.loads(every.stdout)["generated_ids"]
+    beyond = invoke(*args, "--top-k", str(vocabulary + 1))
+    assert beyond.exit_code == 2 and beyond.stdout == ""
+    assert f"error: --top-k {vocabulary + 1} is larger than the vocabulary ({vocabulary})" in beyond.stderr
+    with pytest.raises(TfcliError, match="larger than the vocabulary") as info:
+        models["decoder"].generate(PROMPT, max_new_tokens=2, do_sample=True, top_k=vocabulary + 1)
+    assert info.value.exit_code == 2
+
+
+def test_a_prompt_of_only_the_appended_end_of_sequence_token(cli, tmp_path, save_hf_model):
+    """A decoder drops the end-of-sequence token its tokenizer appends to a prompt; a prompt that is that token
+    alone (text with no tokens of its own: a zero-width space) keeps it and generates from it, as GPT-2 generates
+    from <|endoftext|> alone: the tokens transformers' generate gives from it."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    vocab = {"<unk>": 0, "</s>": 1, "time": 2, "flies": 3, "like": 4, "an": 5, "arrow": 6, "<pad>": 7}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(["</s>", "<unk>", "<pad>"])
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    config = GPT2Config(vocab_size=8, n_embd=32, n_layer=2, n_head=2, n_positions=32, bos_token_id=1,
+                        eos_token_id=1, pad_token_id=7, initializer_range=0.5)
+    hf = save_hf_model(GPT2LMHeadModel, config, tmp_path, seed=1)  # a seed whose model does not stop at once
+    for prompt, ids in (("time flies", [2, 3]), ("time", [2]), ("\u200b", [1])):
+        result = cli("generate", prompt, "--model", str(tmp_path), "-n", "6", "--json")
+        assert result.exit_code == 0, result.stderr
+        record = json.loads(result.stdout)
+        assert record["prompt_ids"] == ids
+        with torch.no_grad():
+            theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=6, do_sample=False)
+        assert record["generated_ids"] == theirs[0, len(ids):].tolist()
+        assert len(record["generated_ids"]) == 6  # no early end of sequence: more than one token compared
+
 def test_cli_json_keys(configs):
     result = invoke("generate", "time flies", "an arrow", "-m", str(configs["rotary"]), "-n", "4", "--json",
                     "--temperature", "0.9", "--top-k", "20", "--top-p", "0.95", "--seed", "7", "--lens")
     assert result.exit_code == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert len(records) == 2
+    assert [record["prompt"] for record in records] == ["time flies", "an arrow"]
     for record in records:
         assert set(record) == {"prompt", "ids", "prompt_ids", "generated_ids", "text", "steps"}
         assert record["ids"] == record["prompt_ids"] and record["prompt_ids"][-1] != 102  # [SEP] dropped
@@ -283,3 +330,39 @@ def test_wordpiece_continuation_joins_the_prompt_and_the_text_shows_once(tmp_pat
         result = invoke("generate", "time flies like", "-m", str(tmp_path), "-n", "3", *terminal)
         assert result.exit_code == 0, result.stderr
         assert result.stdout.count("time flies likebeaubeaubeau") == 1, result.stdout
+
+
+def test_an_encoder_decoders_text_is_its_new_tokens_decoded(configs):
+    """The prompt is the encoder's input, not text the decoder continues: `text` is the new tokens alone."""
+    (record,) = [json.loads(line) for line in invoke("generate", "time flies like an arrow", "-m",
+                                                     str(configs["seq2seq"]), "-n", "5", "--json").stdout.splitlines()]
+    assert record["prompt"] == "time flies like an arrow"
+    assert record["text"] == tfcli.load_tokenizer().decode(record["generated_ids"])
+    assert record["text"] == record["text"].strip()
+
+
+def test_a_byte_level_token_is_shown_as_the_text_it_decodes_to(tmp_path):
+    """GPT-2-style byte-level BPE: the step's token is ` world`, as it reads, not the vocabulary entry `Ġworld`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(["hello world", "time flies like an arrow"] * 10,
+                                  trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    world = tokenizer.token_to_id("Ġworld")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_embd=32, n_layer=1, n_head=4,
+                                       n_positions=32, eos_token_id=None))
+    with torch.no_grad():  # every position's final hidden state is all ones, and Ġworld's embedding points there
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.transformer.wte.weight[world] = 10.0
+    model.save_pretrained(tmp_path)
+    record = json.loads(invoke("generate", "hello", "-m", str(tmp_path), "-n", "2", "--json").stdout)
+    assert record["generated_ids"] == [world, world]
+    assert [step["token"] for step in record["steps"]] == [" world", " world"]
+    assert record["text"] == " world world"

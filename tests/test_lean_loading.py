@@ -64,8 +64,13 @@ def test_running_out_of_memory_while_loading_is_a_clear_error(tmp_path, tiny_con
     path.write_text(tiny_config.read_text().replace("hidden_size: 32", "hidden_size: 1024")
                     + "vocab_size: 2000000\n")  # 8 GB of token embeddings
 
+    # the address space that starting the command takes (a CUDA build of torch reserves gigabytes), plus 4 GB
+    started = subprocess.run([sys.executable, "-c", "import torch, tfcli.api; print(open('/proc/self/status').read())"],
+                             capture_output=True, text=True, check=True).stdout
+    limit = int(next(line for line in started.splitlines() if line.startswith("VmPeak")).split()[1]) * 1024 + 4 * 2**30
+
     def limit_memory():
-        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     result = subprocess.run([sys.executable, "-m", "tfcli", "encode", "--model", str(path), "hi"],
                             capture_output=True, text=True, preexec_fn=limit_memory)

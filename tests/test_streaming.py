@@ -110,7 +110,7 @@ def test_progress_bar_when_stderr_is_a_terminal(cli, monkeypatch):
 def test_capture_limit_refuses_with_the_cost_and_a_hint(cli, small_model):
     result = cli("encode", "--model", str(small_model), "--max-capture-mb", "0.0001", "the cat sat on the mat")
     assert result.exit_code == 1
-    assert "error: one text of 8 tokens would capture 512 bytes of attention (2 heads x 8^2 positions x 1 layers)" \
+    assert "error: one text of 8 tokens would capture 512 bytes of attention (2 heads x 8^2 positions x 1 layer)" \
         in result.stderr
     assert "--layers" in result.stderr and "Traceback" not in result.stderr
 

@@ -148,3 +148,52 @@ def _level(weight: float) -> str:
         if weight >= lowest:
             return glyph
     return " "
+
+
+SEQ2SEQ = ("architecture: encoder-decoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_decoder_layers: 2\n"
+           "num_attention_heads: 2\nintermediate_size: 64\nmax_position_embeddings: 32\ntype_vocab_size: 0\n"
+           "head: lm\ndecoder_start_token_id: 101\n")
+
+
+def token_list(text: str, label: str) -> list[str]:
+    """The items of the `label:` token list (`0 [CLS]  1 time ...`), over every line it wraps to."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(label + ": "))
+    items = cells(lines[start][len(label) + 2:])
+    for line in lines[start + 1:]:
+        if not line or not line[0].isdigit():
+            break
+        items += cells(line)
+    return items
+
+
+@pytest.mark.parametrize("width", ["200", "40"])  # on one line; wrapped between tokens
+def test_the_token_list_shows_every_token_in_order_with_its_index(cli, minilm_dir, width):
+    (record,) = [json.loads(line) for line in run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--json",
+                                                  "--top-k", "0").stdout.splitlines()]
+    shown = run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--top-k", "0", "--width", width).stdout
+    assert token_list(shown, "tokens") == [f"{i} {token}" for i, token in enumerate(record["tokens"])]
+
+
+def test_an_encoder_decoder_labels_lens_and_summary_rows_with_its_decoder_input(cli, tmp_path):
+    """The lens and the summary's `predicts` column are about the decoder's positions: their rows are labelled
+    with the decoder input (start token, then --target), not the source text, which is longer here."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ, encoding="utf-8")
+    args = ("encode", "the animal did not cross the street", "--model", str(path), "--target", "time flies", *WIDE)
+    (record,) = [json.loads(line) for line in run(cli, *args, "--json").stdout.splitlines()]
+    target = [f"{i} {token}" for i, token in enumerate(record["target_tokens"])]
+    assert len(record["tokens"]) > len(target)
+    shown = run(cli, *args, "--no-color").stdout
+    assert token_list(shown, "decoder input") == target
+    summaries = [table_rows("\n".join(shown.splitlines()[i:]), "every layer")
+                 for i, line in enumerate(shown.splitlines()) if line.startswith("every layer")]
+    (predicts,) = [rows for rows in summaries if "predicts" in rows[0]]
+    assert [row[0] for row in predicts[1:]] == target
+    last = record["lens"][-1]["top"]  # what the last layer predicts at each decoder position
+    # `0-1: token`, or of several runs the last layer's
+    assert [row[-1].split()[-1] for row in predicts[1:]] == [top[0]["token"] for top in last]
+    lens = table_rows(run(cli, *args, "--layers", "1", "--no-color").stdout, "logit lens")
+    assert lens[0] == ["position", "layer 1"]
+    assert [row[0] for row in lens[1:]] == target
+    assert [row[1].split()[0] for row in lens[1:]] == [top[0]["token"] for top in last]

@@ -42,9 +42,11 @@ def resolve_device(name: str = "cpu") -> "torch.device":
         if not torch.cuda.is_available():
             raise TfcliError(f"device `{name}` is not available: this machine has no CUDA GPU "
                              "(or this torch build has no CUDA support)", "use --device cpu or --device auto")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise TfcliError(f"device `{name}` is not available: {torch.cuda.device_count()} CUDA device(s)",
-                             f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            present = "cuda:0" if count == 1 else f"cuda:0 to cuda:{count - 1}"
+            raise TfcliError(f"device `{name}` is not available: this machine has {count} CUDA GPU(s)",
+                             f"use --device {present}, or --device cpu")
     elif device.type == "mps":
         if not torch.backends.mps.is_available():
             raise TfcliError(f"device `{name}` is not available on this machine", "use --device cpu or auto")
@@ -121,8 +123,10 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
         else:
             init_weights(model, seed, torch_dtype, torch_device)
             model.weights_description = f"random (seed {seed}), from {source.description}"
-    except RuntimeError as exc:  # torch.OutOfMemoryError on a GPU, a RuntimeError from the CPU allocator
-        if not isinstance(exc, torch.OutOfMemoryError) and "can't allocate memory" not in str(exc):
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError on a GPU; from the CPU allocator a
+        # RuntimeError, or a MemoryError where a CUDA build of torch runs under an address-space limit
+        if isinstance(exc, RuntimeError) and not isinstance(exc, torch.OutOfMemoryError) \
+                and "can't allocate memory" not in str(exc):
             raise
         raise TfcliError(f"{source.config.name} does not fit in the free memory of {torch_device} in "
                          f"{str(torch_dtype).removeprefix('torch.')}",

@@ -55,6 +55,8 @@ class _ErrorReportingGroup(TyperGroup):
             raise typer.Exit(0) from None
         except (TyperException, typer.Exit, typer.Abort):
             raise  # typer handles these: usage errors, exits, Ctrl-C (130)
+        except MemoryError:  # e.g. importing torch under an address-space limit (ulimit -v)
+            fail("out of memory", "close other programs, or raise the memory limit (ulimit -v)", 1)
         except Exception as e:
             if os.environ.get("TFCLI_DEBUG") == "1":
                 raise
@@ -633,6 +635,7 @@ def generate(
         check_report_path(report, force, prompts_in.count or 1)
     sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
     source = resolve_source(model or core.DEFAULT_MODEL, revision)
+    sampling.check(source.config.vocab_size)  # before the model is built
     tokenizer = tokenizer_of(source)
     batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
                for batch in prompts_in.batches(1))

@@ -180,7 +180,7 @@ class CaptureCost:
     attention: int  # softmax weights of the selected layers and heads: heads x L^2 x layers
     other: int  # hidden states, sublayer outputs and the head's logits
     heads: int
-    layers: int
+    maps: str  # the attention maps each head holds, as people read them: "512^2 positions x 12 layers"
 
     @property
     def total(self) -> int:
@@ -200,15 +200,19 @@ def capture_cost(model: "TransformerModel", options: EncodeOptions, length: int,
     else:
         stacks.append((len(model.encoder.blocks), length, length, 0))
         stacks.append((len(model.decoder.blocks), target_length or 1, target_length or 1, length))
-    attention = other = layers = 0
+    attention = other = 0
+    maps = []
     for blocks, queries, keys, cross_keys in stacks:
         kept = blocks if options.layers is None else len([i for i in options.layers if i < blocks])
-        layers += kept
         attention += kept * heads * queries * (keys + cross_keys) * size
         other += (4 * blocks + 2) * queries * c.hidden_size * size  # hidden states + stage outputs
+        positions = f"{queries}^2" if not cross_keys else f"{queries} x ({keys} + {cross_keys})"  # self (+ cross)
+        maps.append(f"{positions} positions x {kept} layer{'s' if kept != 1 else ''}")
     if c.head in ("mlm", "lm"):
         other += stacks[-1][1] * c.vocab_size * size * 2  # logits, and the lens's softmax of one block
-    return CaptureCost(attention, other, heads, layers)
+    if len(maps) == 2:
+        maps = [f"{maps[0]} in the encoder", f"{maps[1]} in the decoder"]
+    return CaptureCost(attention, other, heads, ", ".join(maps))
 
 
 def capture_for(options: EncodeOptions):
@@ -380,7 +384,7 @@ def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodi
     length = max(len(e.ids) for e in encodings)
     cost = capture_cost(model, options, length, len(decoder_input.ids) if decoder_input else None)
     mb = human_size
-    what = f"{mb(cost.attention)} of attention ({cost.heads} heads x {length}^2 positions x {cost.layers} layers)"
+    what = f"{mb(cost.attention)} of attention ({cost.heads} heads x {cost.maps})"
     hint = ("capture fewer layers with --layers (e.g. --layers -1) or heads with --heads, "
             "use shorter texts, or raise --max-capture-mb")
     if cost.attention > limit:

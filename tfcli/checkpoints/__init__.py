@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.checkpoints import (albert, bart, bert, deberta_v2, distilbert, electra, falcon, gemma, gpt2, gpt_neox,
                                gptj, llama, marian, mbart, modernbert, mpnet, olmo2, opt, phi, phi3, roberta, t5)
-from tfcli.checkpoints.family import Family, grouped_qkv_rows
+from tfcli.checkpoints.family import Family, grouped_qkv_rows, with_defaults
 from tfcli.config import ModelConfig, from_dict
 from tfcli.errors import TfcliError
 
@@ -58,11 +58,13 @@ def family(model_type: str, origin: str = "config") -> Family:
 
 
 def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
-    """HF config.json values -> ModelConfig values, by the family named in `model_type`."""
+    """HF config.json values -> ModelConfig values, by the family named in `model_type`; a key the file leaves
+    out takes transformers' default for that model_type (the family's `defaults`)."""
     model_type = values.get("model_type")
     if not isinstance(model_type, str):
         raise TfcliError(f"{origin}: no `model_type`", "a Hugging Face config.json names its model_type")
-    return family(model_type, origin).translate(values)
+    fam = family(model_type, origin)
+    return fam.translate(with_defaults(values, fam.defaults.get(model_type, {})))
 
 
 # what transformers' generate takes from generation_config.json, beside config.json, rather than from config.json

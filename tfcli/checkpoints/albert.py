@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.bert import EMBEDDING_RULES
+from tfcli.checkpoints.bert import BERT_DEFAULTS, EMBEDDING_RULES
 from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, weight_bias
 from tfcli.config import ModelConfig
 
@@ -21,9 +21,8 @@ HEADS = {"ForMaskedLM": "mlm", "ForPreTraining": "mlm", "ForSequenceClassificati
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     refuse(hf, "ALBERT", {"inner_group_num": 1})
-    return common(hf, model_type="albert", architecture="encoder", vocab_size=hf.get("vocab_size", 30000),
-                  embedding_size=hf.get("embedding_size", 128), num_hidden_groups=hf.get("num_hidden_groups", 1),
-                  hidden_act=hf.get("hidden_act", "gelu_new"), type_vocab_size=hf.get("type_vocab_size", 2),
+    return common(hf, model_type="albert", architecture="encoder", embedding_size=hf["embedding_size"],
+                  num_hidden_groups=hf["num_hidden_groups"], type_vocab_size=hf["type_vocab_size"],
                   norm_position="post", position="learned", embedding_norm=True, head=architecture_head(hf, HEADS),
                   lm_head_bias=True, classifier_pooler="tanh")
 
@@ -66,4 +65,8 @@ FAMILY = Family(
         *weight_bias("classifier", "head.out"),
     ),
     config_rules=layer_rules,
+    defaults={"albert": {**BERT_DEFAULTS, "vocab_size": 30000, "embedding_size": 128, "hidden_size": 4096,
+                         "num_hidden_groups": 1, "inner_group_num": 1, "num_attention_heads": 64,
+                         "intermediate_size": 16384, "hidden_act": "gelu_new", "bos_token_id": 2,
+                         "eos_token_id": 3}},
 )

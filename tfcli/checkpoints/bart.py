@@ -17,29 +17,31 @@ from tfcli.checkpoints.family import Family, Rule, architecture_head, common, re
 from tfcli.config import ModelConfig
 
 HEADS = {"ForConditionalGeneration": "lm", "MTModel": "lm"}
+SEQ2SEQ_DEFAULTS = {  # transformers' BartConfig; mBART's and Marian's differ where they say
+    "vocab_size": 50265, "max_position_embeddings": 1024, "encoder_layers": 12, "encoder_ffn_dim": 4096,
+    "encoder_attention_heads": 16, "decoder_layers": 12, "decoder_ffn_dim": 4096, "decoder_attention_heads": 16,
+    "activation_function": "gelu", "d_model": 1024, "scale_embedding": False, "is_decoder": False,
+    "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 2, "forced_eos_token_id": 2,
+    "tie_word_embeddings": True,
+}
 
 
 def translate_seq2seq(hf: dict[str, Any], family: str, **overrides: Any) -> dict[str, Any]:
     """The config fields BART, mBART and Marian share; `overrides` set what differs (norms, positions)."""
     refuse(hf, family, {"is_decoder": False})
-    for a, b, default in (("encoder_attention_heads", "decoder_attention_heads", 16),
-                          ("encoder_ffn_dim", "decoder_ffn_dim", 4096)):
-        if hf.get(a, default) != hf.get(b, default):
+    for a, b in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if hf[a] != hf[b]:
             raise unsupported(family, f"{a} != {b}",
                               "tfcli's encoder and decoder share one head count and feed-forward size")
     head = architecture_head(hf, HEADS)
-    base = dict(architecture="encoder-decoder", hidden_size=hf.get("d_model", 1024),
-                    num_hidden_layers=hf.get("encoder_layers", 12), num_decoder_layers=hf.get("decoder_layers", 12),
-                    num_attention_heads=hf.get("encoder_attention_heads", 16),
-                    intermediate_size=hf.get("encoder_ffn_dim", 4096),
-                    max_position_embeddings=hf.get("max_position_embeddings", 1024),
-                    hidden_act=hf.get("activation_function", "gelu"), layer_norm_eps=1e-5,
-                    hidden_dropout_prob=hf.get("dropout", 0.1),
-                    attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
-                    norm="layernorm", type_vocab_size=0, scale_embedding=bool(hf.get("scale_embedding", False)),
-                    feed_forward="mlp", head=head, lm_head_bias=head == "lm",
-                    tie_word_embeddings=hf.get("tie_word_embeddings", True),
-                    decoder_start_token_id=hf.get("decoder_start_token_id"))
+    base = dict(architecture="encoder-decoder", hidden_size=hf["d_model"], num_hidden_layers=hf["encoder_layers"],
+                num_decoder_layers=hf["decoder_layers"], num_attention_heads=hf["encoder_attention_heads"],
+                intermediate_size=hf["encoder_ffn_dim"], hidden_act=hf["activation_function"], layer_norm_eps=1e-5,
+                hidden_dropout_prob=hf.get("dropout", 0.1),
+                attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
+                norm="layernorm", type_vocab_size=0, scale_embedding=bool(hf["scale_embedding"]),
+                feed_forward="mlp", head=head, lm_head_bias=head == "lm",
+                decoder_start_token_id=hf["decoder_start_token_id"])
     values = common(hf, **{**base, **overrides})
     values.pop("labels", None), values.pop("num_labels", None)  # the default id2label: no head uses it
     return values
@@ -48,10 +50,9 @@ def translate_seq2seq(hf: dict[str, Any], family: str, **overrides: Any) -> dict
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     # fairseq's pre-norm flags: transformers 5 ignores them, so such a checkpoint would compute another model
     refuse(hf, "BART", {"normalize_before": (False, None), "add_final_layer_norm": (False, None)})
-    tied = hf.get("tie_word_embeddings", True)
     return translate_seq2seq(hf, "BART", model_type="bart", norm_position="post", position="learned",
                              position_offset=2, embedding_norm=True, final_norm=False,
-                             share_encoder_decoder_embeddings=tied)
+                             share_encoder_decoder_embeddings=hf["tie_word_embeddings"])
 
 
 def stack_rules(stack: str) -> tuple[Rule, ...]:
@@ -101,4 +102,5 @@ FAMILY = Family(
     rules=RULES,
     config_rules=embedding_rules,
     flattened=("head.bias",),  # final_logits_bias is stored as (1, V)
+    defaults={"bart": SEQ2SEQ_DEFAULTS},
 )

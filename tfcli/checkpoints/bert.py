@@ -9,11 +9,17 @@ from tfcli.config import ModelConfig
 
 HEADS = {"ForMaskedLM": "mlm", "ForPreTraining": "mlm", "ForSequenceClassification": "classifier"}
 DECODER_SETTINGS = {"is_decoder": False, "add_cross_attention": False}  # a causal BERT/RoBERTa: not implemented
+BERT_DEFAULTS = {  # transformers' BertConfig (with DECODER_SETTINGS); its relatives differ where they say
+    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+    "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512, "type_vocab_size": 2,
+    "layer_norm_eps": 1e-12, "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None,
+    "tie_word_embeddings": True,
+}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     refuse(hf, "BERT", DECODER_SETTINGS)
-    return common(hf, model_type="bert", architecture="encoder", type_vocab_size=hf.get("type_vocab_size", 2),
+    return common(hf, model_type="bert", architecture="encoder", type_vocab_size=hf["type_vocab_size"],
                   norm_position="post", position="learned", embedding_norm=True,
                   head=architecture_head(hf, HEADS), lm_head_bias=True, classifier_pooler="tanh")
 
@@ -73,4 +79,5 @@ FAMILY = Family(
         *weight_bias("classifier", "head.out"),
     ),
     config_rules=config_rules,
+    defaults={"bert": {**BERT_DEFAULTS, **DECODER_SETTINGS}},
 )

@@ -30,31 +30,28 @@ HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    hidden, heads = hf.get("hidden_size", 1536), hf.get("num_attention_heads", 24)
+    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     refuse(hf, "DeBERTa-v2", {"conv_kernel_size": (0, None), "embedding_size": (hidden, None),
                               "pooler_hidden_size": (hidden, None), "attention_head_size": (hidden // heads, None)})
-    terms = hf.get("pos_att_type") or []
+    terms = hf["pos_att_type"] or []
     if isinstance(terms, str):
         terms = [term.strip() for term in terms.lower().split("|")]
     unknown = [term for term in terms if term not in ("c2p", "p2c")]
     if unknown:
         raise unsupported("DeBERTa-v2", f"`pos_att_type` {unknown}", "tfcli implements the c2p and p2c terms")
-    positions = hf.get("max_position_embeddings", 512)
-    max_relative = hf.get("max_relative_positions", -1)
+    positions = hf["max_position_embeddings"]
+    max_relative = hf["max_relative_positions"]
     head = architecture_head(hf, HEADS)
-    legacy = hf.get("legacy", True)
-    return common(hf, model_type="deberta-v2", architecture="encoder", vocab_size=hf.get("vocab_size", 128100),
-                  hidden_size=hidden, num_attention_heads=heads, layer_norm_eps=hf.get("layer_norm_eps", 1e-7),
-                  type_vocab_size=hf.get("type_vocab_size", 0), max_position_embeddings=positions,
-                  position="learned" if hf.get("position_biased_input", True) else "none",
-                  norm_position="post", embedding_norm=True, relative_attention=bool(hf.get("relative_attention")),
+    return common(hf, model_type="deberta-v2", architecture="encoder", type_vocab_size=hf["type_vocab_size"],
+                  position="learned" if hf["position_biased_input"] else "none",
+                  norm_position="post", embedding_norm=True, relative_attention=bool(hf["relative_attention"]),
                   pos_att_type=terms, position_buckets=max(hf.get("position_buckets", -1), 0),
                   max_relative_positions=max_relative if max_relative >= 1 else positions,
                   share_att_key=bool(hf.get("share_att_key", False)),
                   norm_rel_ebd="layer_norm" in str(hf.get("norm_rel_ebd", "none")).lower(),
                   query_pre_attn_scalar=float(hidden // heads * (1 + len(terms))),
-                  head=head, lm_head_bias=True, tie_word_embeddings=hf.get("tie_word_embeddings", True) or not legacy,
-                  classifier_pooler=hf.get("pooler_hidden_act", "gelu"))
+                  head=head, lm_head_bias=True, tie_word_embeddings=hf["tie_word_embeddings"] or not hf["legacy"],
+                  classifier_pooler=hf["pooler_hidden_act"])
 
 
 def config_rules(config: ModelConfig) -> tuple[Rule, ...]:
@@ -97,4 +94,11 @@ FAMILY = Family(
         *weight_bias("classifier", "head.out"),
     ),
     config_rules=config_rules,
+    defaults={"deberta-v2": {"vocab_size": 128100, "hidden_size": 1536, "num_hidden_layers": 24,
+                             "num_attention_heads": 24, "intermediate_size": 6144, "hidden_act": "gelu",
+                             "max_position_embeddings": 512, "type_vocab_size": 0, "layer_norm_eps": 1e-7,
+                             "relative_attention": False, "max_relative_positions": -1, "pad_token_id": 0,
+                             "bos_token_id": None, "eos_token_id": None, "position_biased_input": True,
+                             "pos_att_type": None, "pooler_hidden_act": "gelu", "legacy": True,
+                             "tie_word_embeddings": True}},
 )

@@ -49,4 +49,7 @@ FAMILY = Family(
         *weight_bias("pre_classifier", "head.dense"),
         *weight_bias("classifier", "head.out"),
     ),
+    defaults={"distilbert": {"vocab_size": 30522, "max_position_embeddings": 512, "n_layers": 6, "n_heads": 12,
+                             "dim": 768, "hidden_dim": 3072, "activation": "gelu", "pad_token_id": 0,
+                             "bos_token_id": None, "eos_token_id": None, "tie_word_embeddings": True}},
 )

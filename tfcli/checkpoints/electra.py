@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.bert import DECODER_SETTINGS, EMBEDDING_RULES, ENCODER_RULES
+from tfcli.checkpoints.bert import BERT_DEFAULTS, DECODER_SETTINGS, EMBEDDING_RULES, ENCODER_RULES
 from tfcli.checkpoints.family import Family, Rule, architecture_head, common, refuse, weight_bias
 from tfcli.config import ModelConfig
 
@@ -21,9 +21,9 @@ HEADS = {"ForPreTraining": "discriminator", "ForMaskedLM": "mlm", "ForSequenceCl
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     refuse(hf, "ELECTRA", DECODER_SETTINGS)
-    width, hidden = hf.get("embedding_size", 128), hf.get("hidden_size", 256)
+    width, hidden = hf["embedding_size"], hf["hidden_size"]
     return common(hf, model_type="electra", architecture="encoder", hidden_size=hidden,
-                  embedding_size=width if width != hidden else None, type_vocab_size=hf.get("type_vocab_size", 2),
+                  embedding_size=width if width != hidden else None, type_vocab_size=hf["type_vocab_size"],
                   norm_position="post", position="learned", embedding_norm=True, head=architecture_head(hf, HEADS),
                   head_act="gelu", lm_head_bias=True, classifier_pooler="gelu")
 
@@ -51,4 +51,6 @@ FAMILY = Family(
         *ENCODER_RULES,
     ),
     config_rules=head_rules,
+    defaults={"electra": {**BERT_DEFAULTS, **DECODER_SETTINGS, "embedding_size": 128, "hidden_size": 256,
+                          "num_attention_heads": 4, "intermediate_size": 1024}},
 )

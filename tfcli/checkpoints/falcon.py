@@ -23,29 +23,29 @@ HEADS = {"ForCausalLM": "lm"}
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     refuse(hf, "falcon", {"alibi": (None, False)})
-    hidden, heads = hf.get("hidden_size", hf.get("n_embed", 4544)), hf.get("num_attention_heads", 71)
-    new = bool(hf.get("new_decoder_architecture", False))
-    parallel = new or bool(hf.get("parallel_attn", True))
-    if new and not hf.get("parallel_attn", True):
+    hidden = hf.get("n_embed") or hf["hidden_size"]  # n_embed: the old name, which transformers still reads
+    heads = hf["num_attention_heads"]
+    new = bool(hf["new_decoder_architecture"])
+    parallel = new or bool(hf["parallel_attn"])
+    if new and not hf["parallel_attn"]:
         raise unsupported("falcon", "new_decoder_architecture and parallel_attn: false",
                           "transformers cannot run it either")
-    norms = hf.get("num_ln_in_parallel_attn") or (2 if new else 1)
+    norms = hf["num_ln_in_parallel_attn"] or (2 if new else 1)
     if new:
-        kv_heads = hf.get("num_kv_heads") or heads
+        kv_heads = hf["num_kv_heads"] or heads
     else:
-        kv_heads = 1 if hf.get("multi_query", True) else heads
+        kv_heads = 1 if hf["multi_query"] else heads
     rope = rope_settings(hf, "falcon")
-    bias = bool(hf.get("bias", False))
+    bias = bool(hf["bias"])
     return common(hf, model_type="falcon", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
-                  num_key_value_heads=kv_heads, intermediate_size=hf.get("ffn_hidden_size") or 4 * hidden,
-                  max_position_embeddings=hf.get("max_position_embeddings", 2048),
-                  layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5), hidden_act=hf.get("activation", "gelu"),
+                  num_key_value_heads=kv_heads, intermediate_size=hf["ffn_hidden_size"] or 4 * hidden,
+                  layer_norm_eps=hf["layer_norm_epsilon"], hidden_act=hf["activation"],
                   hidden_dropout_prob=hf.get("hidden_dropout", 0.0),
                   attention_probs_dropout_prob=hf.get("attention_dropout", 0.0), norm="layernorm",
                   norm_position="pre", parallel_residual=parallel, shared_block_norm=parallel and norms == 1,
                   position="rotary", **rope, type_vocab_size=0, embedding_norm=False, final_norm=True,
                   feed_forward="mlp", attention_bias=bias, attention_out_bias=bias, mlp_bias=bias,
-                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", True))
+                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf["tie_word_embeddings"])
 
 
 def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
@@ -75,4 +75,10 @@ FAMILY = Family(
     ),
     config_rules=config_rules,
     grouped_qkv=True,
+    defaults={"falcon": {"vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+                         "num_kv_heads": None, "num_ln_in_parallel_attn": None, "layer_norm_epsilon": 1e-5,
+                         "multi_query": True, "alibi": False, "new_decoder_architecture": False,
+                         "parallel_attn": True, "bias": False, "max_position_embeddings": 2048, "activation": "gelu",
+                         "ffn_hidden_size": None, "bos_token_id": 11, "eos_token_id": 11, "pad_token_id": None,
+                         "tie_word_embeddings": True}},
 )

@@ -12,13 +12,19 @@ names first (`bert.`), `transposed` tfcli names whose weights HF stores as (in, 
 tfcli names that HF stores with extra dimensions of size 1 (BART's final_logits_bias, (1, V)), and
 `grouped_qkv` for a fused Q/K/V projection stored per key/value head (see `grouped_qkv_rows`). The shared
 loader is in `tfcli/checkpoints/__init__.py`.
+
+`defaults`, per model_type, holds transformers' default for every config.json key `translate` reads (from that
+model_type's config class in transformers 5.23; tests/test_config_defaults.py keeps them true): a key the file
+leaves out takes it before `translate` runs, so an old or hand-written config.json computes what transformers
+computes on it. A default that transformers derives from other keys (num_key_value_heads = num_attention_heads)
+is a function of the values (see `with_defaults`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from tfcli.config import ModelConfig
@@ -41,6 +47,27 @@ class Family:
     transposed: tuple[str, ...] = ()
     flattened: tuple[str, ...] = ()
     grouped_qkv: bool = False  # the fused `attention.qkv` rows are stored per key/value head: see grouped_qkv_rows
+    defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model_type -> {HF key: default}
+
+
+def with_defaults(values: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """config.json `values` over transformers' `defaults`: a constant fills a key the file leaves out; a rule
+    (a function of the values, in order) fills a key left out or null, as transformers derives it then."""
+    merged = {**{key: value for key, value in defaults.items() if not callable(value)}, **values}
+    for key, rule in defaults.items():
+        if callable(rule) and merged.get(key) is None:
+            merged[key] = rule(merged)
+    return merged
+
+
+def kv_heads_of(hf: dict[str, Any]) -> int:
+    """transformers' default num_key_value_heads where it derives it: one per attention head."""
+    return hf["num_attention_heads"]
+
+
+def head_dim_of(hf: dict[str, Any]) -> int:
+    """transformers' default head_dim where it derives it: hidden_size / num_attention_heads."""
+    return hf["hidden_size"] // hf["num_attention_heads"]
 
 
 def grouped_qkv_rows(config: ModelConfig) -> list[int]:

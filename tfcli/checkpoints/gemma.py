@@ -24,6 +24,16 @@ from tfcli.checkpoints.rope import rope_settings
 from tfcli.config import ModelConfig
 
 HEADS = {"ForCausalLM": "lm"}
+GEMMA_DEFAULTS = {  # transformers' GemmaConfig; Gemma 2's and 3's differ where they say
+    "vocab_size": 256000, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6, "attention_bias": False, "use_bidirectional_attention": None, "pad_token_id": 0,
+    "eos_token_id": 1, "bos_token_id": 2, "tie_word_embeddings": True,
+}
+GEMMA2_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 8,
+                   "num_key_value_heads": 4, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+                   "sliding_window": 4096, "layer_types": None, "final_logit_softcapping": 30.0,
+                   "attn_logit_softcapping": 50.0}
 ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 
 
@@ -33,34 +43,33 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
     gemma3 = model_type == "gemma3_text"
     rope = rope_settings(hf, model_type, theta=1e6 if gemma3 else 10000.0, local_theta=10000.0 if gemma3 else None)
     if model_type == "gemma":
-        act = hf.get("hidden_act", "gelu_pytorch_tanh")
+        act = hf["hidden_act"]
         act = "gelu_pytorch_tanh" if act == "gelu" else act  # transformers' conversion of old Gemma configs
     else:
-        act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+        act = hf["hidden_activation"]
     if act not in ACTIVATIONS:
         raise unsupported(model_type, f"activation `{act}`")
-    values = dict(model_type=model_type, architecture="decoder", hidden_size=hf.get("hidden_size", 3072),
-                  head_dim=hf.get("head_dim", 256), max_position_embeddings=hf.get("max_position_embeddings", 8192),
-                  num_key_value_heads=hf.get("num_key_value_heads"), layer_norm_eps=hf.get("rms_norm_eps", 1e-6),
+    values = dict(model_type=model_type, architecture="decoder", head_dim=hf["head_dim"],
+                  num_key_value_heads=hf["num_key_value_heads"], layer_norm_eps=hf["rms_norm_eps"],
                   hidden_act=ACTIVATIONS[act], attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
                   hidden_dropout_prob=0.0, norm="rmsnorm_plus_one", norm_position="pre", position="rotary", **rope,
                   type_vocab_size=0, embedding_norm=False, scale_embedding=True, final_norm=True,
-                  feed_forward="gated", attention_bias=bool(hf.get("attention_bias", False)),
-                  attention_out_bias=bool(hf.get("attention_bias", False)), mlp_bias=False,
-                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", True))
+                  feed_forward="gated", attention_bias=bool(hf["attention_bias"]),
+                  attention_out_bias=bool(hf["attention_bias"]), mlp_bias=False,
+                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf["tie_word_embeddings"])
     if model_type != "gemma":
-        layers = hf.get("num_hidden_layers", 26)
-        pattern = hf.get("sliding_window_pattern", 6) if gemma3 else 2
-        window = hf.get("sliding_window", 4096)
-        types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+        layers = hf["num_hidden_layers"]
+        pattern = hf.get("sliding_window_pattern", 6) if gemma3 else 2  # an old key transformers still reads
+        window = hf["sliding_window"]
+        types = hf["layer_types"] or ["sliding_attention" if (i + 1) % pattern else "full_attention"
                                           for i in range(layers)]
         if window is None and "sliding_attention" in types:
             raise unsupported(model_type, "sliding_attention layers and no sliding_window",
                               "transformers cannot run it either")
-        values.update(norm_position="sandwich", query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256),
+        values.update(norm_position="sandwich", query_pre_attn_scalar=hf["query_pre_attn_scalar"],
                       sliding_window=window, layer_types=list(types),
-                      final_logit_softcapping=hf.get("final_logit_softcapping", None if gemma3 else 30.0),
-                      attn_logit_softcapping=None if gemma3 else hf.get("attn_logit_softcapping", 50.0),
+                      final_logit_softcapping=hf["final_logit_softcapping"],
+                      attn_logit_softcapping=None if gemma3 else hf["attn_logit_softcapping"],
                       qk_norm="head" if gemma3 else "none")
     return common(hf, **values)
 
@@ -98,4 +107,11 @@ FAMILY = Family(
         ("lm_head.weight", "head.unembed.weight"),
     ),
     config_rules=config_rules,
+    defaults={
+        "gemma": {**GEMMA_DEFAULTS, "hidden_act": "gelu_pytorch_tanh"},
+        "gemma2": {**GEMMA_DEFAULTS, **GEMMA2_DEFAULTS},
+        "gemma3_text": {**GEMMA_DEFAULTS, **GEMMA2_DEFAULTS, "vocab_size": 262208, "max_position_embeddings": 131072,
+                        "final_logit_softcapping": None, "attn_logit_softcapping": None,
+                        "use_bidirectional_attention": False},
+    },
 )

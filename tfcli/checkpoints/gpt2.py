@@ -16,19 +16,17 @@ HEADS = {"LMHeadModel": "lm", "ForCausalLM": "lm"}
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     refuse(hf, "GPT-2", {"scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False})
-    hidden = hf.get("n_embd", 768)
+    hidden = hf["n_embd"]
     return common(hf, model_type="gpt2", architecture="decoder", hidden_size=hidden,
-                  num_hidden_layers=hf.get("n_layer", 12), num_attention_heads=hf.get("n_head", 12),
-                  intermediate_size=hf.get("n_inner") or 4 * hidden,
-                  max_position_embeddings=hf.get("n_positions", 1024),
-                  layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                  hidden_act=hf.get("activation_function", "gelu_new"),
-                  query_pre_attn_scalar=None if hf.get("scale_attn_weights", True) else 1.0,  # unscaled: * 1
+                  num_hidden_layers=hf["n_layer"], num_attention_heads=hf["n_head"],
+                  intermediate_size=hf["n_inner"] or 4 * hidden, max_position_embeddings=hf["n_positions"],
+                  layer_norm_eps=hf["layer_norm_epsilon"], hidden_act=hf["activation_function"],
+                  query_pre_attn_scalar=None if hf["scale_attn_weights"] else 1.0,  # unscaled: * 1
                   hidden_dropout_prob=hf.get("resid_pdrop", 0.1),
                   attention_probs_dropout_prob=hf.get("attn_pdrop", 0.1),
                   norm="layernorm", norm_position="pre", position="learned", type_vocab_size=0,
                   embedding_norm=False, final_norm=True, feed_forward="mlp",
-                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", True))
+                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf["tie_word_embeddings"])
 
 
 FAMILY = Family(
@@ -51,4 +49,9 @@ FAMILY = Family(
     ),
     transposed=("decoder.blocks.{}.attention.qkv.weight", "decoder.blocks.{}.attention.out.weight",
                 "decoder.blocks.{}.feed_forward.fc1.weight", "decoder.blocks.{}.feed_forward.fc2.weight"),
+    defaults={"gpt2": {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
+                       "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                       "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                       "add_cross_attention": False, "bos_token_id": 50256, "eos_token_id": 50256,
+                       "pad_token_id": None, "tie_word_embeddings": True}},
 )

@@ -18,17 +18,15 @@ HEADS = {"ForCausalLM": "lm"}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    bias = bool(hf.get("attention_bias", True))
+    bias = bool(hf["attention_bias"])
     rope = rope_settings(hf, "gpt_neox", theta=hf.get("rotary_emb_base", 10000.0), partial=hf.get("rotary_pct", 0.25))
-    return common(hf, model_type="gpt_neox", architecture="decoder", hidden_size=hf.get("hidden_size", 6144),
-                  max_position_embeddings=hf.get("max_position_embeddings", 2048),
-                  layer_norm_eps=hf.get("layer_norm_eps", 1e-5), hidden_act=hf.get("hidden_act", "gelu"),
+    return common(hf, model_type="gpt_neox", architecture="decoder",
                   hidden_dropout_prob=hf.get("hidden_dropout", 0.0),
                   attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
-                  norm="layernorm", norm_position="pre", parallel_residual=hf.get("use_parallel_residual", True),
+                  norm="layernorm", norm_position="pre", parallel_residual=hf["use_parallel_residual"],
                   position="rotary", **rope, type_vocab_size=0, embedding_norm=False, final_norm=True,
                   feed_forward="mlp", attention_bias=bias, attention_out_bias=bias, mlp_bias=True,
-                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", False))
+                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf["tie_word_embeddings"])
 
 
 FAMILY = Family(
@@ -51,4 +49,9 @@ FAMILY = Family(
         ("lm_head.weight", "head.unembed.weight"),
     ),
     grouped_qkv=True,
+    defaults={"gpt_neox": {"vocab_size": 50432, "hidden_size": 6144, "num_hidden_layers": 44,
+                           "num_attention_heads": 64, "intermediate_size": 24576, "hidden_act": "gelu",
+                           "max_position_embeddings": 2048, "layer_norm_eps": 1e-5, "use_parallel_residual": True,
+                           "attention_bias": True, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": None,
+                           "tie_word_embeddings": False}},
 )

@@ -15,25 +15,24 @@ HEADS = {"ForCausalLM": "lm"}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    hidden, heads = hf.get("n_embd", 4096), hf.get("n_head", 16)
+    hidden, heads = hf["n_embd"], hf["n_head"]
     head_dim = hidden // heads
-    rotary_dim = hf.get("rotary_dim", 64) or head_dim  # null: whole heads
+    rotary_dim = hf["rotary_dim"] or head_dim  # null: whole heads
     partial = rotary_dim / head_dim
     if int(head_dim * partial) != rotary_dim or rotary_dim > head_dim:
         raise unsupported("gptj", f"rotary_dim {rotary_dim} (head size {head_dim})",
                           "rotary_dim must be at most the head size")
     return common(hf, model_type="gptj", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
-                  num_hidden_layers=hf.get("n_layer", 28), intermediate_size=hf.get("n_inner") or 4 * hidden,
-                  max_position_embeddings=hf.get("n_positions", 2048),
-                  layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                  hidden_act=hf.get("activation_function", "gelu_new"),
+                  num_hidden_layers=hf["n_layer"], intermediate_size=hf["n_inner"] or 4 * hidden,
+                  max_position_embeddings=hf["n_positions"], layer_norm_eps=hf["layer_norm_epsilon"],
+                  hidden_act=hf["activation_function"],
                   hidden_dropout_prob=hf.get("resid_pdrop", 0.0),
                   attention_probs_dropout_prob=hf.get("attn_pdrop", 0.0),
                   norm="layernorm", norm_position="pre", parallel_residual=True, shared_block_norm=True,
                   position="rotary", partial_rotary_factor=partial, rotary_interleaved=True, rope_theta=10000.0,
                   type_vocab_size=0, embedding_norm=False, final_norm=True, feed_forward="mlp",
                   attention_bias=False, attention_out_bias=False, mlp_bias=True, head=architecture_head(hf, HEADS),
-                  tie_word_embeddings=hf.get("tie_word_embeddings", False), lm_head_bias=True)
+                  tie_word_embeddings=hf["tie_word_embeddings"], lm_head_bias=True)
 
 
 FAMILY = Family(
@@ -55,4 +54,8 @@ FAMILY = Family(
         ("lm_head.weight", "head.unembed.weight"),
         ("lm_head.bias", "head.bias"),
     ),
+    defaults={"gptj": {"vocab_size": 50400, "n_positions": 2048, "n_embd": 4096, "n_layer": 28, "n_head": 16,
+                       "rotary_dim": 64, "n_inner": None, "activation_function": "gelu_new",
+                       "layer_norm_epsilon": 1e-5, "bos_token_id": 50256, "eos_token_id": 50256,
+                       "pad_token_id": None, "tie_word_embeddings": False}},
 )

@@ -17,26 +17,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.family import Family, architecture_head, common, head_dim_of, kv_heads_of, weight_bias
 from tfcli.checkpoints.rope import rope_settings
 from tfcli.config import ModelConfig
 
 HEADS = {"ForCausalLM": "lm"}
+LLAMA_DEFAULTS = {  # transformers' LlamaConfig; Mistral's and Qwen's differ where they say
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": kv_heads_of, "hidden_act": "silu",
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "pad_token_id": None, "bos_token_id": 1,
+    "eos_token_id": 2, "tie_word_embeddings": False,
+}
+QWEN_DEFAULTS = {"vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
+                 "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
+                 "max_window_layers": 28, "layer_types": None, "bos_token_id": None, "eos_token_id": None}
 
 
 def sliding_windows(hf: dict[str, Any], model_type: str) -> dict[str, Any]:
     """sliding_window and layer_types as transformers reads them for Mistral (every layer) and Qwen2/Qwen3
     (use_sliding_window, then layer_types or the layers from max_window_layers on); Llama has none."""
     if model_type == "mistral":
-        return {"sliding_window": hf.get("sliding_window", 4096)}
-    if model_type not in ("qwen2", "qwen3") or not hf.get("use_sliding_window", False):
+        return {"sliding_window": hf["sliding_window"]}
+    if model_type not in ("qwen2", "qwen3") or not hf["use_sliding_window"]:
         return {}
-    window = hf.get("sliding_window", 4096)
+    window = hf["sliding_window"]
     if window is None:
         return {}
-    layers = hf.get("num_hidden_layers", 32)
-    first = hf.get("max_window_layers", 28)
-    types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    first = hf["max_window_layers"]
+    types = hf["layer_types"] or ["sliding_attention" if i >= first else "full_attention"
+                                  for i in range(hf["num_hidden_layers"])]
     return {"sliding_window": window, "layer_types": list(types)}
 
 
@@ -48,20 +57,16 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
     elif model_type == "mistral":
         qkv_bias = out_bias = False
     else:
-        qkv_bias = out_bias = bool(hf.get("attention_bias", False))
-    values = common(hf, model_type=model_type, architecture="decoder", hidden_size=hf.get("hidden_size", 4096),
-                    num_attention_heads=hf.get("num_attention_heads", 32),
-                    head_dim=hf.get("head_dim") or (128 if model_type == "qwen3" else None),
-                    max_position_embeddings=hf.get("max_position_embeddings", 2048),
-                    layer_norm_eps=hf.get("rms_norm_eps", 1e-6), hidden_act=hf.get("hidden_act", "silu"),
-                    num_key_value_heads=hf.get("num_key_value_heads"),
+        qkv_bias = out_bias = bool(hf["attention_bias"])
+    values = common(hf, model_type=model_type, architecture="decoder", head_dim=hf.get("head_dim"),
+                    layer_norm_eps=hf["rms_norm_eps"], num_key_value_heads=hf["num_key_value_heads"],
                     attention_probs_dropout_prob=hf.get("attention_dropout", 0.0), hidden_dropout_prob=0.0,
                     norm="rmsnorm", norm_position="pre", position="rotary", **rope, **sliding_windows(hf, model_type),
                     qk_norm="head" if model_type == "qwen3" else "none",
                     type_vocab_size=0, embedding_norm=False, final_norm=True, feed_forward="gated",
                     attention_bias=qkv_bias, attention_out_bias=out_bias,
-                    mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
-                    head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", False))
+                    mlp_bias=model_type == "llama" and bool(hf["mlp_bias"]),
+                    head=architecture_head(hf, HEADS), tie_word_embeddings=hf["tie_word_embeddings"])
     for key in ("bos_token_id", "pad_token_id"):
         if isinstance(values.get(key), list):  # one id is used; several make sense only for eos
             values[key] = values[key][0] if values[key] else None
@@ -96,4 +101,11 @@ FAMILY = Family(
         ("lm_head.weight", "head.unembed.weight"),
     ),
     config_rules=config_rules,
+    defaults={
+        "llama": {**LLAMA_DEFAULTS, "head_dim": head_dim_of, "attention_bias": False, "mlp_bias": False},
+        "mistral": {**LLAMA_DEFAULTS, "head_dim": head_dim_of, "intermediate_size": 14336, "num_key_value_heads": 8,
+                    "max_position_embeddings": 131072, "sliding_window": 4096},
+        **{model_type: {**LLAMA_DEFAULTS, **QWEN_DEFAULTS, **extra}
+           for model_type, extra in (("qwen2", {}), ("qwen3", {"head_dim": 128, "attention_bias": False}))},
+    },
 )

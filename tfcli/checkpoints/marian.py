@@ -9,20 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.bart import RULES, embedding_rules, translate_seq2seq
+from tfcli.checkpoints.bart import RULES, SEQ2SEQ_DEFAULTS, embedding_rules, translate_seq2seq
 from tfcli.checkpoints.family import Family, unsupported
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    vocab = hf.get("vocab_size", 58101)
-    if hf.get("decoder_vocab_size") not in (None, vocab):
+    vocab = hf["vocab_size"]
+    if hf["decoder_vocab_size"] not in (None, vocab):
         raise unsupported("Marian", f"`decoder_vocab_size: {hf['decoder_vocab_size']}` != vocab_size {vocab}",
                           "tfcli's two stacks share one vocabulary size")
-    pad = hf.get("pad_token_id", 58100)
     return translate_seq2seq(hf, "Marian", model_type="marian", norm_position="post", position="sinusoidal_halves",
                              embedding_norm=False, final_norm=False,
-                             share_encoder_decoder_embeddings=hf.get("share_encoder_decoder_embeddings", True),
-                             pad_token_id=pad, decoder_start_token_id=hf.get("decoder_start_token_id", pad))
+                             share_encoder_decoder_embeddings=hf["share_encoder_decoder_embeddings"])
 
 
 FAMILY = Family(
@@ -32,4 +30,7 @@ FAMILY = Family(
     rules=tuple(rule for rule in RULES if "embed_positions" not in rule[0]),
     config_rules=embedding_rules,
     flattened=("head.bias",),
+    defaults={"marian": {**SEQ2SEQ_DEFAULTS, "vocab_size": 58101, "decoder_vocab_size": None,
+                         "share_encoder_decoder_embeddings": True, "pad_token_id": 58100, "bos_token_id": None,
+                         "eos_token_id": 0, "decoder_start_token_id": 58100, "forced_eos_token_id": 0}},
 )

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.bart import RULES, embedding_rules, translate_seq2seq
+from tfcli.checkpoints.bart import RULES, SEQ2SEQ_DEFAULTS, embedding_rules, translate_seq2seq
 from tfcli.checkpoints.family import Family, weight_bias
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     return translate_seq2seq(hf, "mBART", model_type="mbart", norm_position="pre", position="learned",
                              position_offset=2, embedding_norm=True, final_norm=True,
-                             share_encoder_decoder_embeddings=hf.get("tie_word_embeddings", True))
+                             share_encoder_decoder_embeddings=hf["tie_word_embeddings"])
 
 
 FAMILY = Family(
@@ -28,4 +28,5 @@ FAMILY = Family(
     ),
     config_rules=embedding_rules,
     flattened=("head.bias",),
+    defaults={"mbart": {**SEQ2SEQ_DEFAULTS, "decoder_start_token_id": None}},
 )

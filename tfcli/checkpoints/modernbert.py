@@ -33,25 +33,23 @@ def _rope_thetas(hf: dict[str, Any]) -> tuple[float, float]:
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    layers = hf.get("num_hidden_layers", 22)
-    every = hf.get("global_attn_every_n_layers", 3)
-    layer_types = hf.get("layer_types") or ["sliding_attention" if i % every else "full_attention"
+    layers = hf["num_hidden_layers"]
+    every = hf.get("global_attn_every_n_layers", 3)  # an old key transformers still reads
+    layer_types = hf["layer_types"] or ["sliding_attention" if i % every else "full_attention"
                                              for i in range(layers)]
     global_theta, local_theta = _rope_thetas(hf)
-    activation = hf.get("classifier_activation", "gelu")
-    return common(hf, model_type="modernbert", architecture="encoder", vocab_size=hf.get("vocab_size", 50368),
-                  intermediate_size=hf.get("intermediate_size", 1152), num_hidden_layers=layers,
-                  hidden_act=hf.get("hidden_activation", "gelu"), max_position_embeddings=hf.get(
-                      "max_position_embeddings", 8192), layer_norm_eps=hf.get("norm_eps", 1e-5), norm="layernorm",
-                  norm_bias=bool(hf.get("norm_bias", False)), norm_position="pre", position="rotary",
+    activation = hf["classifier_activation"]
+    return common(hf, model_type="modernbert", architecture="encoder", hidden_act=hf["hidden_activation"],
+                  layer_norm_eps=hf["norm_eps"], norm="layernorm", norm_bias=bool(hf["norm_bias"]),
+                  norm_position="pre", position="rotary",
                   rope_theta=global_theta, local_rope_theta=local_theta, layer_types=layer_types,
-                  sliding_window=hf.get("local_attention", 128) // 2 + 1,  # tfcli counts the query itself
+                  sliding_window=hf["local_attention"] // 2 + 1,  # tfcli counts the query itself
                   type_vocab_size=0, embedding_norm=True, first_block_attention_norm=False, final_norm=True,
-                  feed_forward="gated", attention_bias=bool(hf.get("attention_bias", False)),
-                  attention_out_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
+                  feed_forward="gated", attention_bias=bool(hf["attention_bias"]),
+                  attention_out_bias=bool(hf["attention_bias"]), mlp_bias=bool(hf["mlp_bias"]),
                   head=architecture_head(hf, HEADS), head_act=activation, classifier_pooler=activation,
-                  classifier_pooling=hf.get("classifier_pooling", "cls"), classifier_norm=True,
-                  classifier_bias=bool(hf.get("classifier_bias", False)), lm_head_bias=bool(hf.get("decoder_bias", True)))
+                  classifier_pooling=hf["classifier_pooling"], classifier_norm=True,
+                  classifier_bias=bool(hf["classifier_bias"]), lm_head_bias=bool(hf["decoder_bias"]))
 
 
 FAMILY = Family(
@@ -74,4 +72,11 @@ FAMILY = Family(
         ("decoder.bias", "head.bias"),
         *weight_bias("classifier", "head.out"),
     ),
+    defaults={"modernbert": {"vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152,
+                             "num_hidden_layers": 22, "num_attention_heads": 12, "hidden_activation": "gelu",
+                             "max_position_embeddings": 8192, "norm_eps": 1e-5, "norm_bias": False,
+                             "pad_token_id": 50283, "eos_token_id": 50282, "bos_token_id": 50281,
+                             "attention_bias": False, "layer_types": None, "local_attention": 128, "mlp_bias": False,
+                             "decoder_bias": True, "classifier_pooling": "cls", "classifier_bias": False,
+                             "classifier_activation": "gelu", "tie_word_embeddings": True}},
 )

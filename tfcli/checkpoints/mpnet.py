@@ -21,9 +21,9 @@ PADDING_INDEX = 1  # transformers' MPNet positions skip it, whatever pad_token_i
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     refuse(hf, "MPNet", {"relative_attention_num_buckets": 32})
     offset = PADDING_INDEX + 1
-    return common(hf, model_type="mpnet", architecture="encoder", vocab_size=hf.get("vocab_size", 30527),
-                  type_vocab_size=0, norm_position="post", position="learned", position_offset=offset,
-                  max_position_embeddings=hf.get("max_position_embeddings", 512) - offset, embedding_norm=True,
+    return common(hf, model_type="mpnet", architecture="encoder", type_vocab_size=0,
+                  norm_position="post", position="learned", position_offset=offset,
+                  max_position_embeddings=hf["max_position_embeddings"] - offset, embedding_norm=True,
                   relative_attention_num_buckets=32, relative_attention_max_distance=128,
                   head=architecture_head(hf, HEADS), head_act="gelu", lm_head_bias=True, classifier_pooler="tanh")
 
@@ -51,4 +51,8 @@ FAMILY = Family(
         *weight_bias("classifier.out_proj", "head.out"),
     ),
     config_rules=lambda config: mlm_rules("lm_head", config),
+    defaults={"mpnet": {"vocab_size": 30527, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                        "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512,
+                        "layer_norm_eps": 1e-12, "relative_attention_num_buckets": 32, "pad_token_id": 1,
+                        "bos_token_id": 0, "eos_token_id": 2, "tie_word_embeddings": True}},
 )

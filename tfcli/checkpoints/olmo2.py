@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
+from tfcli.checkpoints.family import Family, architecture_head, common, kv_heads_of, weight_bias
 from tfcli.checkpoints.rope import rope_settings
 
 HEADS = {"ForCausalLM": "lm"}
@@ -19,17 +19,14 @@ HEADS = {"ForCausalLM": "lm"}
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     rope = rope_settings(hf, "olmo2")
-    bias = bool(hf.get("attention_bias", False))
-    return common(hf, model_type="olmo2", architecture="decoder", hidden_size=hf.get("hidden_size", 4096),
-                  num_attention_heads=hf.get("num_attention_heads", 32), head_dim=hf.get("head_dim"),
-                  num_key_value_heads=hf.get("num_key_value_heads"),
-                  max_position_embeddings=hf.get("max_position_embeddings", 2048),
-                  layer_norm_eps=hf.get("rms_norm_eps", 1e-5), hidden_act=hf.get("hidden_act", "silu"),
+    bias = bool(hf["attention_bias"])
+    return common(hf, model_type="olmo2", architecture="decoder", head_dim=hf.get("head_dim"),
+                  num_key_value_heads=hf["num_key_value_heads"], layer_norm_eps=hf["rms_norm_eps"],
                   attention_probs_dropout_prob=hf.get("attention_dropout", 0.0), hidden_dropout_prob=0.0,
                   norm="rmsnorm", norm_position="sublayer_output", qk_norm="projection", position="rotary", **rope,
                   type_vocab_size=0, embedding_norm=False, final_norm=True, feed_forward="gated",
                   attention_bias=bias, attention_out_bias=bias, mlp_bias=False, head=architecture_head(hf, HEADS),
-                  tie_word_embeddings=hf.get("tie_word_embeddings", False))
+                  tie_word_embeddings=hf["tie_word_embeddings"])
 
 
 FAMILY = Family(
@@ -52,4 +49,9 @@ FAMILY = Family(
         ("norm.weight", "decoder.final_norm.weight"),
         ("lm_head.weight", "head.unembed.weight"),
     ),
+    defaults={"olmo2": {"vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                        "num_attention_heads": 32, "num_key_value_heads": kv_heads_of, "hidden_act": "silu",
+                        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "attention_bias": False,
+                        "bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1,
+                        "tie_word_embeddings": False}},
 )

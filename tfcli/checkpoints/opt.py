@@ -17,21 +17,20 @@ HEADS = {"ForCausalLM": "lm"}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    hidden = hf.get("hidden_size", 768)
+    hidden = hf["hidden_size"]
     refuse(hf, "opt", {"layer_norm_elementwise_affine": True})
-    width = hf.get("word_embed_proj_dim")
-    pre_norm = hf.get("do_layer_norm_before", True)
-    bias = bool(hf.get("enable_bias", True))
+    width = hf["word_embed_proj_dim"]
+    pre_norm = hf["do_layer_norm_before"]
+    bias = bool(hf["enable_bias"])
     return common(hf, model_type="opt", architecture="decoder", hidden_size=hidden,
-                  intermediate_size=hf.get("ffn_dim", 3072),
-                  max_position_embeddings=hf.get("max_position_embeddings", 2048), layer_norm_eps=1e-5,
-                  hidden_act=hf.get("activation_function", "relu"), hidden_dropout_prob=hf.get("dropout", 0.1),
+                  intermediate_size=hf["ffn_dim"], layer_norm_eps=1e-5,
+                  hidden_act=hf["activation_function"], hidden_dropout_prob=hf.get("dropout", 0.1),
                   attention_probs_dropout_prob=hf.get("attention_dropout", 0.0), norm="layernorm",
                   norm_position="pre" if pre_norm else "post", position="learned", position_offset=2,
                   type_vocab_size=0, embedding_norm=False, word_embed_proj_dim=width if width != hidden else None,
-                  final_norm=pre_norm and not hf.get("_remove_final_layer_norm", False), feed_forward="mlp",
+                  final_norm=pre_norm and not hf["_remove_final_layer_norm"], feed_forward="mlp",
                   attention_bias=bias, attention_out_bias=bias, mlp_bias=bias, head=architecture_head(hf, HEADS),
-                  tie_word_embeddings=hf.get("tie_word_embeddings", True))
+                  tie_word_embeddings=hf["tie_word_embeddings"])
 
 
 FAMILY = Family(
@@ -54,4 +53,9 @@ FAMILY = Family(
         ("project_out.weight", "decoder.project_out.weight"),
         ("lm_head.weight", "head.unembed.weight"),
     ),
+    defaults={"opt": {"vocab_size": 50272, "hidden_size": 768, "num_hidden_layers": 12, "ffn_dim": 3072,
+                      "max_position_embeddings": 2048, "do_layer_norm_before": True,
+                      "_remove_final_layer_norm": False, "word_embed_proj_dim": None, "num_attention_heads": 12,
+                      "activation_function": "relu", "layer_norm_elementwise_affine": True, "enable_bias": True,
+                      "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1, "tie_word_embeddings": True}},
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common, unsupported, weight_bias
+from tfcli.checkpoints.family import Family, architecture_head, common, kv_heads_of, unsupported, weight_bias
 from tfcli.checkpoints.rope import rope_settings
 from tfcli.config import ModelConfig
 
@@ -18,22 +18,20 @@ HEADS = {"ForCausalLM": "lm"}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
-    hidden, heads = hf.get("hidden_size", 2048), hf.get("num_attention_heads", 32)
+    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hidden // heads
-    if hf.get("qk_layernorm") and head_dim != hidden // heads:  # transformers sizes those norms hidden / heads
+    if hf["qk_layernorm"] and head_dim != hidden // heads:  # transformers sizes those norms hidden / heads
         raise unsupported("phi", f"qk_layernorm and head_dim {head_dim} != hidden_size / num_attention_heads",
                           "transformers cannot run it either")
     return common(hf, model_type="phi", architecture="decoder", hidden_size=hidden, num_attention_heads=heads,
-                  head_dim=head_dim, num_key_value_heads=hf.get("num_key_value_heads"),
-                  max_position_embeddings=hf.get("max_position_embeddings", 2048),
-                  layer_norm_eps=hf.get("layer_norm_eps", 1e-5), hidden_act=hf.get("hidden_act", "gelu_new"),
+                  head_dim=head_dim, num_key_value_heads=hf["num_key_value_heads"],
                   hidden_dropout_prob=hf.get("resid_pdrop", 0.0),
                   attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
                   norm="layernorm", norm_position="pre", parallel_residual=True, shared_block_norm=True,
                   position="rotary", **rope_settings(hf, "phi", partial=0.5),
-                  qk_norm="head" if hf.get("qk_layernorm") else "none", type_vocab_size=0, embedding_norm=False,
+                  qk_norm="head" if hf["qk_layernorm"] else "none", type_vocab_size=0, embedding_norm=False,
                   final_norm=True, feed_forward="mlp", attention_bias=True, attention_out_bias=True, mlp_bias=True,
-                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf.get("tie_word_embeddings", False),
+                  head=architecture_head(hf, HEADS), tie_word_embeddings=hf["tie_word_embeddings"],
                   lm_head_bias=True)
 
 
@@ -62,4 +60,8 @@ FAMILY = Family(
         ("lm_head.bias", "head.bias"),
     ),
     config_rules=config_rules,
+    defaults={"phi": {"vocab_size": 51200, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
+                      "num_attention_heads": 32, "num_key_value_heads": kv_heads_of, "hidden_act": "gelu_new",
+                      "max_position_embeddings": 2048, "layer_norm_eps": 1e-5, "qk_layernorm": False,
+                      "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None, "tie_word_embeddings": False}},
 )

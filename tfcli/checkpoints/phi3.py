@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.family import Family, architecture_head, common
+from tfcli.checkpoints.family import Family, architecture_head, common, kv_heads_of
 from tfcli.checkpoints.rope import rope_settings
 
 HEADS = {"ForCausalLM": "lm"}
@@ -23,19 +23,16 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
         params = hf.get(key)
         if isinstance(params, dict) and (params.get("rope_type") or params.get("type")) in ("su", "yarn"):
             hf = {**hf, key: {**params, "rope_type": "longrope"}}
-    return common(hf, model_type="phi3", architecture="decoder", hidden_size=hf.get("hidden_size", 3072),
-                  num_attention_heads=hf.get("num_attention_heads", 32), head_dim=hf.get("head_dim"),
-                  num_key_value_heads=hf.get("num_key_value_heads"),
-                  max_position_embeddings=hf.get("max_position_embeddings", 4096),
-                  layer_norm_eps=hf.get("rms_norm_eps", 1e-5), hidden_act=hf.get("hidden_act", "silu"),
+    return common(hf, model_type="phi3", architecture="decoder", head_dim=hf.get("head_dim"),
+                  num_key_value_heads=hf["num_key_value_heads"], layer_norm_eps=hf["rms_norm_eps"],
                   hidden_dropout_prob=hf.get("resid_pdrop", 0.0),
                   attention_probs_dropout_prob=hf.get("attention_dropout", 0.0),
                   norm="rmsnorm", norm_position="pre", position="rotary",
                   **rope_settings(hf, "phi3", partial=1.0, longrope=True),
-                  sliding_window=hf.get("sliding_window"), type_vocab_size=0, embedding_norm=False,
+                  sliding_window=hf["sliding_window"], type_vocab_size=0, embedding_norm=False,
                   final_norm=True, feed_forward="gated", attention_bias=False, attention_out_bias=False,
                   mlp_bias=False, head=architecture_head(hf, HEADS),
-                  tie_word_embeddings=hf.get("tie_word_embeddings", False))
+                  tie_word_embeddings=hf["tie_word_embeddings"])
 
 
 FAMILY = Family(
@@ -53,4 +50,9 @@ FAMILY = Family(
         ("norm.weight", "decoder.final_norm.weight"),
         ("lm_head.weight", "head.unembed.weight"),
     ),
+    defaults={"phi3": {"vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "num_key_value_heads": kv_heads_of, "hidden_act": "silu",
+                       "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None,
+                       "bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000,
+                       "tie_word_embeddings": False}},
 )

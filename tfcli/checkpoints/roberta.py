@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfcli.checkpoints.bert import DECODER_SETTINGS, EMBEDDING_RULES, ENCODER_RULES, mlm_rules
+from tfcli.checkpoints.bert import BERT_DEFAULTS, DECODER_SETTINGS, EMBEDDING_RULES, ENCODER_RULES, mlm_rules
 from tfcli.checkpoints.family import Family, architecture_head, common, refuse, weight_bias
 
 HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
@@ -18,10 +18,10 @@ HEADS = {"ForMaskedLM": "mlm", "ForSequenceClassification": "classifier"}
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     refuse(hf, "RoBERTa", DECODER_SETTINGS)
-    pad = hf.get("pad_token_id")
+    pad = hf["pad_token_id"]
     offset = (pad if pad is not None else 1) + 1
-    positions = hf.get("max_position_embeddings", 514) - offset
-    return common(hf, model_type=hf["model_type"], architecture="encoder", type_vocab_size=hf.get("type_vocab_size", 1),
+    positions = hf["max_position_embeddings"] - offset
+    return common(hf, model_type=hf["model_type"], architecture="encoder", type_vocab_size=hf["type_vocab_size"],
                   norm_position="post", position="learned", position_offset=offset,
                   max_position_embeddings=positions, embedding_norm=True,
                   head=architecture_head(hf, HEADS), head_act="gelu", lm_head_bias=True, classifier_pooler="tanh")
@@ -39,4 +39,7 @@ FAMILY = Family(
         *weight_bias("classifier.out_proj", "head.out"),
     ),
     config_rules=lambda config: mlm_rules("lm_head", config),
+    defaults={model_type: {**BERT_DEFAULTS, **DECODER_SETTINGS, "pad_token_id": 1, "bos_token_id": 0,
+                           "eos_token_id": 2, "vocab_size": 50265 if model_type == "roberta" else 30522}
+              for model_type in ("roberta", "xlm-roberta")},
 )

@@ -22,27 +22,34 @@ from tfcli.checkpoints.family import Family, Rule, architecture_head, common, re
 from tfcli.config import ModelConfig
 
 HEADS = {"ForConditionalGeneration": "lm"}
+T5_DEFAULTS = {  # transformers' T5Config; MT5Config's differ where they say
+    "vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
+    "num_decoder_layers": lambda hf: hf["num_layers"], "num_heads": 8,
+    "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128, "layer_norm_epsilon": 1e-6,
+    "feed_forward_proj": "relu", "is_decoder": False, "pad_token_id": 0, "eos_token_id": 1,
+    "tie_word_embeddings": True,
+}
 
 
 def translate(hf: dict[str, Any]) -> dict[str, Any]:
     family = "mT5" if hf.get("model_type") == "mt5" else "T5"
     refuse(hf, family, {"is_decoder": False})
-    projection = str(hf.get("feed_forward_proj", "gated-gelu" if family == "mT5" else "relu"))
+    projection = str(hf["feed_forward_proj"])
     gated = projection.startswith("gated-")
     act = "gelu_new" if projection == "gated-gelu" else projection.split("-")[-1]
-    tied = hf.get("tie_word_embeddings", True) is not False
-    pad = hf.get("pad_token_id", 0)
+    tied = hf["tie_word_embeddings"] is not False
+    pad = hf["pad_token_id"]
     encoder_only = any(str(name).endswith("T5EncoderModel") for name in hf.get("architectures") or [])
     return common(hf, model_type=hf["model_type"], architecture="encoder" if encoder_only else "encoder-decoder",
-                  vocab_size=hf.get("vocab_size", 250112 if family == "mT5" else 32128), hidden_size=hf.get("d_model", 512), num_hidden_layers=hf.get("num_layers", 6),
-                  num_decoder_layers=hf.get("num_decoder_layers"), num_attention_heads=hf.get("num_heads", 8),
-                  head_dim=hf.get("d_kv", 64), intermediate_size=hf.get("d_ff", 2048),
-                  max_position_embeddings=hf.get("n_positions", 512), hidden_act=act,
-                  layer_norm_eps=hf.get("layer_norm_epsilon", 1e-6), hidden_dropout_prob=hf.get("dropout_rate", 0.1),
+                  hidden_size=hf["d_model"], num_hidden_layers=hf["num_layers"],
+                  num_decoder_layers=hf["num_decoder_layers"], num_attention_heads=hf["num_heads"],
+                  head_dim=hf["d_kv"], intermediate_size=hf["d_ff"], hidden_act=act,
+                  max_position_embeddings=hf.get("n_positions", 512), layer_norm_eps=hf["layer_norm_epsilon"],
+                  hidden_dropout_prob=hf.get("dropout_rate", 0.1),
                   attention_probs_dropout_prob=hf.get("dropout_rate", 0.1), norm="rmsnorm", norm_position="pre",
                   position="none", type_vocab_size=0, embedding_norm=False, final_norm=True,
-                  relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
-                  relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
+                  relative_attention_num_buckets=hf["relative_attention_num_buckets"],
+                  relative_attention_max_distance=hf["relative_attention_max_distance"],
                   query_pre_attn_scalar=1.0,  # scores are q k^T, unscaled
                   feed_forward="gated" if gated else "mlp", attention_bias=False, attention_out_bias=False,
                   mlp_bias=False, head=architecture_head(hf, HEADS), tie_word_embeddings=tied,
@@ -90,4 +97,9 @@ FAMILY = Family(
         ("lm_head.weight", "head.unembed.weight"),
     ),
     config_rules=output_rules,
+    defaults={
+        "t5": T5_DEFAULTS,
+        "mt5": {**T5_DEFAULTS, "vocab_size": 250112, "d_ff": 1024, "num_layers": 8, "num_heads": 6,
+                "feed_forward_proj": "gated-gelu", "decoder_start_token_id": 0},
+    },
 )

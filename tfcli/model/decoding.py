@@ -39,13 +39,17 @@ class Sampling:
     top_p: float | None = None
     seed: int | None = None
 
-    def check(self) -> None:
+    def check(self, vocab_size: int | None = None) -> None:
+        """A usage error for a setting out of range (top_k larger than `vocab_size`, when given)."""
         if not self.temperature > 0:
             raise usage_error(f"temperature must be > 0, got {self.temperature}",
                               "use a value such as 0.7 or 1.0; for deterministic output use do_sample=False",
                               parameter="temperature")
         if self.top_k is not None and self.top_k < 1:
             raise usage_error(f"top_k must be >= 1, got {self.top_k}", "use None to keep every token", parameter="top_k")
+        if self.top_k is not None and vocab_size is not None and self.top_k > vocab_size:
+            raise usage_error(f"top_k {self.top_k} is larger than the vocabulary ({vocab_size})",
+                              "use None (or the vocabulary size) to keep every token", parameter="top_k")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise usage_error(f"top_p must be in (0, 1], got {self.top_p}", "for example 0.9; 1 keeps every token",
                               parameter="top_p")
@@ -130,7 +134,7 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
     each later step feeds only the newest token; without it, every step re-runs the whole sequence.
     """
     sampling = sampling or Sampling()
-    sampling.check()
+    sampling.check(model.config.vocab_size)
     if max_new_tokens > 1:  # every weight is used once per step
         pack_for_repeated_use(model)
     config = model.config

@@ -302,7 +302,8 @@ class TransformerModel(nn.Module):
             out = self.decoder(self.embed(input_ids, self.decoder), attention_mask, cache=cache, capture=capture)
         else:
             if encoder_output is None:
-                encoder_output = self.encoder(self.embed(input_ids, self.encoder), attention_mask, capture=capture)
+                encoder_output = self.encoder(self.embed(input_ids, self.encoder), attention_mask, token_type_ids,
+                                              capture=capture)
             if decoder_input_ids is None:
                 decoder_input_ids = self.start_tokens(input_ids.shape[0], input_ids.device)
             out = self.decoder(self.embed(decoder_input_ids, self.decoder), decoder_attention_mask,

@@ -1,0 +1,106 @@
+"""A config.json that leaves a key out computes what transformers computes on the same files: tfcli's fallback
+for every key a family reads is that family's default in transformers' config class (each family's `defaults`,
+tfcli/checkpoints). Config translation only: no weights, no model but meta-device ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+
+import pytest
+import transformers
+
+from tfcli.checkpoints import FAMILIES, translate_hf_config
+from tfcli.config import from_dict, parameter_count
+from tfcli.errors import TfcliError
+
+# the labels (id2label) and dropout rates: no forward pass tfcli runs depends on them
+IGNORED = ("labels", "num_labels", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
+
+
+def translated(values: dict) -> dict:
+    """tfcli's config for config.json `values`, as a plain dict, without the IGNORED fields."""
+    config = dataclasses.asdict(from_dict(translate_hf_config(values, "config.json"), origin="config.json"))
+    return {key: value for key, value in config.items() if key not in IGNORED}
+
+
+def transformers_defaults(model_type: str) -> dict:
+    """Every key transformers' config class for `model_type` writes, with its default value."""
+    return json.loads(transformers.AutoConfig.for_model(model_type).to_json_string(use_diff=False))
+
+
+def differences(model_type: str) -> list[str]:
+    """Each key whose absence from transformers' default config.json changes tfcli's config, and how; a clear
+    one-line refusal (TfcliError) is not a difference."""
+    full = transformers_defaults(model_type)
+    expected = translated(full)
+    found = []
+    for key in full:
+        if key in ("model_type", "transformers_version"):
+            continue
+        try:
+            got = translated({k: v for k, v in full.items() if k != key})
+        except TfcliError as exc:
+            assert "\n" not in exc.message, exc.message
+            continue
+        changed = {field: (expected[field], got[field]) for field in expected if expected[field] != got[field]}
+        if changed:
+            found.append(f"{model_type} without `{key}`: " + ", ".join(
+                f"{field} {want!r} (transformers) != {have!r} (tfcli)" for field, (want, have) in changed.items()))
+    return found
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_a_missing_key_takes_transformers_default(model_type):
+    assert differences(model_type) == []
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_each_default_is_transformers_class_default(model_type):
+    """Each family's `defaults` are data: a constant equals the default of transformers' config class (None where
+    the class derives the value from other keys, as tfcli then does); a rule gives the value transformers
+    derives on its default config."""
+    hf_class = type(transformers.AutoConfig.for_model(model_type))
+    declared = inspect.signature(hf_class.__init__).parameters
+    full = transformers_defaults(model_type)
+    defaults = FAMILIES[model_type].defaults[model_type]
+    for key, default in defaults.items():
+        assert key in full or key in declared, f"{model_type}: transformers' config has no `{key}`"
+        if callable(default):
+            assert default(full) == full[key], key
+        elif key in declared:
+            assert default == declared[key].default, key
+        else:
+            assert default == full[key], key
+
+
+def test_the_check_sees_a_wrong_default(monkeypatch):
+    """The drop-one-key check can fail: a family whose fallback for pad_token_id is not transformers' is caught."""
+    roberta = FAMILIES["roberta"]
+    wrong = {**roberta.defaults, "roberta": {**roberta.defaults["roberta"], "pad_token_id": 0}}
+    monkeypatch.setitem(FAMILIES, "roberta", dataclasses.replace(roberta, defaults=wrong))
+    assert any("without `pad_token_id`" in line for line in differences("roberta"))
+
+
+# a few families of each kind of stack (built on the meta device: well under a second each), and the transformers
+# class that matches tfcli's head for that architecture
+SIZED = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "gpt2": "GPT2LMHeadModel",
+         "t5": "T5ForConditionalGeneration", "mbart": "MBartModel", "distilbert": "DistilBertModel",
+         "albert": "AlbertModel", "electra": "ElectraModel", "opt": "OPTForCausalLM", "mpnet": "MPNetModel",
+         "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+
+
+@pytest.mark.parametrize("model_type", sorted(SIZED))
+def test_a_config_with_only_model_type_builds_transformers_default_model(model_type):
+    """config.json with only model_type and architectures: tfcli's parameter count (its arithmetic, checked
+    against its built models in test_model_size.py) equals the count of transformers' default model."""
+    import torch
+
+    architecture = SIZED[model_type]
+    config = from_dict(translate_hf_config({"model_type": model_type, "architectures": [architecture]}, "config.json"))
+    hf_config = transformers.AutoConfig.for_model(model_type)
+    with torch.device("meta"):
+        model = getattr(transformers, architecture)(hf_config)
+    pooler = sum(p.numel() for name, p in model.named_parameters() if "pooler" in name.split("."))
+    assert parameter_count(config) == sum(p.numel() for p in model.parameters()) - pooler
