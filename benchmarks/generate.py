@@ -9,8 +9,9 @@ float32 logits of the same weights; then milliseconds per new token at 64 and 25
 cache it stays flat as the output grows).
 
 Run: python benchmarks/generate.py [--dtype float32|bfloat16] [--runs N] [--prompt-length T] [--device cpu|cuda]
-[--uncached] [--cpu-time] [--floor]   (about a minute on a quiet 2-core machine; the runs take turns). On a busy machine,
-two threads wait for each other at every small operation; OMP_NUM_THREADS=1 ... --cpu-time gives steady figures.
+[--uncached] [--cpu-time] [--floor] [--tiny]   (about a minute on a quiet 2-core machine; the runs take turns). On a
+busy machine, two threads wait for each other at every small operation; OMP_NUM_THREADS=1 ... --cpu-time gives
+steady figures.
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def main() -> None:
     parser.add_argument("--uncached", action="store_true", help="also time tfcli without its KV cache")
     parser.add_argument("--floor", action="store_true",
                         help="also time only the weight products of 64 steps (every linear layer and the head on one "
-                        "row, as tfcli's decoding makes them): what no decoding loop with these kernels can go under")
+                        "row, as tfcli's decoding makes them): what no decoding loop with these kernels can go under; "
+                        "and those products with the step's other operations in one flat loop (GPT-2 only)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="GPT-2 small's 12 layers and 12 heads, but 96 wide with 1000 tokens: the products are "
+                        "cheap, so what is timed is mostly the rest of the step, steady even on a busy machine")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time by this process's CPU time: with OMP_NUM_THREADS=1, what other processes on a "
                         "busy machine do not disturb")
@@ -65,14 +70,16 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as directory:
-        GPT2LMHeadModel(GPT2Config()).to(dtype).save_pretrained(directory)
+        config = GPT2Config(n_embd=96, vocab_size=1000, bos_token_id=0, eos_token_id=0) if args.tiny else GPT2Config()
+        GPT2LMHeadModel(config).to(dtype).save_pretrained(directory)
         hf = GPT2LMHeadModel.from_pretrained(directory, dtype=dtype).to(args.device).eval()
         ours = tfcli.load_model(directory, device=args.device, dtype=args.dtype)
     # no end-of-sequence token, so both always make every token asked for
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     ours.config.eos_token_id = None
-    prompt = torch.randint(0, 50257, (1, args.prompt_length), generator=torch.Generator().manual_seed(1)).to(args.device)
+    prompt = torch.randint(0, hf.config.vocab_size, (1, args.prompt_length),
+                           generator=torch.Generator().manual_seed(1)).to(args.device)
     mask = torch.ones_like(prompt)
 
     def theirs(n: int):
@@ -83,7 +90,8 @@ def main() -> None:
         return ours.generate(prompt, max_new_tokens=n)
 
     target = {"float32": 0.8, "bfloat16": 0.6}.get(args.dtype)
-    print(f"GPT-2 small ({sum(p.numel() for p in ours.parameters()) / 1e6:.0f}M parameters, random weights), "
+    print(f"GPT-2 {'small, tiny widths' if args.tiny else 'small'} "
+          f"({sum(p.numel() for p in ours.parameters()) / 1e6:.0f}M parameters, random weights), "
           f"{args.dtype}, prompt {args.prompt_length} tokens, greedy, {args.device}, torch threads: "
           f"{torch.get_num_threads()}, transformers attention: {hf.config._attn_implementation}, "
           f"{'CPU' if args.cpu_time else 'wall'} time, load average {os.getloadavg()[0]:.1f}")
@@ -115,7 +123,7 @@ def main() -> None:
     print(f"ratio tfcli / transformers at 256 new tokens (best runs): "
           f"{min(t256['tfcli']) / min(t256['transformers']):.2f}")
     if args.floor:
-        floor(ours, t64, clock, max(1, args.runs - 1))
+        floor(ours, prompt, ids["tfcli"], t64, clock, max(1, args.runs - 1))
     if not args.uncached:
         return
     uncached, _ = timed({"tfcli": lambda: ours.generate(prompt, max_new_tokens=64, use_cache=False)}, 1, clock)
@@ -123,9 +131,15 @@ def main() -> None:
           f"({uncached['tfcli'][0] / min(t64['tfcli']):.1f} x the cached time)")
 
 
-def floor(model, t64: dict[str, list[float]], clock, runs: int) -> None:
+def floor(model, prompt: torch.Tensor, ids: torch.Tensor, t64: dict[str, list[float]], clock, runs: int) -> None:
     """Time the weight products alone: one single-row product per linear layer (the head included) per step,
-    64 steps, with the kernels tfcli's decoding uses (packed where they are packed)."""
+    64 steps, with the kernels tfcli's decoding uses (packed where they are packed). Then the same products with
+    every other operation of a GPT-2 decoding step (embeddings, norms, attention over a preallocated cache, GELU,
+    residual adds, the greedy choice) in one flat loop, no modules between them: what is left of a step once
+    tfcli's structure (modules, options, bookkeeping) is gone, the floor for these kernels unfused."""
+    import torch.nn.functional as F
+
+    from tfcli.model.attention import KVCache
     from tfcli.model.linear import Linear, pack_for_repeated_use
 
     pack_for_repeated_use(model)
@@ -140,12 +154,40 @@ def floor(model, t64: dict[str, list[float]], clock, runs: int) -> None:
                 for layer in layers:
                     layer(rows[layer.in_features])
 
+    stack, heads, length = model.decoder, model.config.num_attention_heads, prompt.shape[1]
+
+    def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
+        return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+    def flat() -> torch.Tensor:
+        with torch.inference_mode():
+            cache = KVCache(length + 64)
+            tokens = [model(prompt, cache=cache, logits_to_keep=1).logits[:, -1].float().argmax(-1, keepdim=True)]
+            for position in range(length, length + 63):
+                x = model.embed_tokens(tokens[-1]) + stack.embeddings.positions(torch.tensor([[position]]))
+                for i, block in enumerate(stack.blocks):
+                    attention, feed_forward = block.attention, block.feed_forward
+                    qkv = attention.qkv(layer_norm(x, block.attention_norm))
+                    q, k, v = qkv.view(1, 1, 3 * heads, -1).transpose(1, 2).split(heads, dim=1)
+                    cache.keys[i][:, :, position:position + 1].copy_(k)
+                    cache.values[i][:, :, position:position + 1].copy_(v)
+                    out = F.scaled_dot_product_attention(q, cache.keys[i][:, :, :position + 1],
+                                                         cache.values[i][:, :, :position + 1])
+                    x = x + attention.out(out.transpose(1, 2).reshape(1, 1, -1))
+                    h = F.gelu(feed_forward.fc1(layer_norm(x, block.feed_forward_norm)), approximate="tanh")
+                    x = x + feed_forward.fc2(h)
+                logits = model.head.unembed(layer_norm(x, stack.final_norm))
+                tokens.append(logits[:, -1].float().argmax(-1, keepdim=True))
+            return torch.cat(tokens, dim=1)
+
     products()  # packs what is packed
-    seconds, _ = timed({"products": products}, runs, clock)
-    best = min(seconds["products"])
-    print(f"weight products alone ({len(layers)} linear layers, head included), 64 steps: {best:.3f} s (best run), "
-          f"{best / min(t64['tfcli']):.2f} of tfcli's generation, {best / min(t64['transformers']):.2f} of "
-          f"transformers' (a floor for the ratio)")
+    seconds, results = timed({"products": products, "flat": flat}, runs, clock)
+    for name, what in (("products", f"weight products alone ({len(layers)} linear layers, head included)"),
+                       ("flat", "a flat GPT-2 decoding loop with the same kernels")):
+        best = min(seconds[name])
+        print(f"{what}, 64 steps: {best:.3f} s (best run), {best / min(t64['tfcli']):.2f} of tfcli's generation, "
+              f"{best / min(t64['transformers']):.2f} of transformers' (a floor for the ratio)")
+    print(f"the flat loop made tfcli's tokens: {results['flat'].tolist() == ids[:, length:].tolist()}")
 
 
 if __name__ == "__main__":

@@ -120,12 +120,13 @@ class Attention(nn.Module):
                 if cache is not None:
                     cache.cross[layer] = (k, v)
         else:
-            q_size = self.heads * self.head_dim
-            kv_size = self.kv_heads * self.head_dim
-            q, k, v = self.qkv(x).split((q_size, kv_size, kv_size), dim=-1)
-            if self.qk_norm == "projection":
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k, v = self._split(q, self.heads), self._split(k, self.kv_heads), self._split(v, self.kv_heads)
+            qkv = self.qkv(x)
+            if self.qk_norm == "projection":  # over the whole query and key projections, before the heads split
+                q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+                q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+                qkv = torch.cat([self.q_norm(q), self.k_norm(k), v], dim=-1)
+            heads = (self.heads, self.kv_heads, self.kv_heads)
+            q, k, v = self._split(qkv, sum(heads)).split(heads, dim=1)  # (B, H + 2G, T, D): views, few operations
             if self.qk_norm == "head":
                 q, k = self.q_norm(q), self.k_norm(k)
             if rotary is not None:

@@ -60,7 +60,7 @@ class Embeddings(nn.Module):
         """(B, T, width) token embeddings, (B, T) positions and segments -> (B, T, hidden_size)."""
         x = token_embeddings
         if self.kind == "learned":
-            x = x + self.positions(position_ids + self.offset)
+            x = x + self.positions(position_ids + self.offset if self.offset else position_ids)
         elif self.kind in ("sinusoidal", "sinusoidal_halves"):
             x = x + self.table[position_ids].to(x.dtype)
         if self.segments is not None:

@@ -69,6 +69,8 @@ class Block(nn.Module):
         """attention_norm=False: the attention reads the block's input as it is (ModernBERT's first block)."""
         super().__init__()
         self.norm_position = config.norm_position
+        self.input_norms = config.norm_position in ("pre", "sandwich")
+        self.output_norms = config.norm_position in ("sandwich", "sublayer_output")
         self.parallel = config.parallel_residual
         attention = DisentangledAttention(config) if config.relative_attention else Attention(config)
         sublayers = {"attention": attention, "cross_attention": Attention(config, cross=True) if cross else None,
@@ -79,26 +81,23 @@ class Block(nn.Module):
             setattr(self, name, sublayer)
             if config.norm_position != "sublayer_output" and not (name == "feed_forward" and config.shared_block_norm):
                 setattr(self, f"{name}_norm", norm(config))
-            if config.norm_position in ("sandwich", "sublayer_output"):
+            if self.output_norms:
                 setattr(self, f"{name}_output_norm", norm(config))
         if not attention_norm:
             self.attention_norm = nn.Identity()
 
+    # The norms are read from self._modules by name: nn.Module's attribute lookup (and hasattr, which fails
+    # through it) costs more than the norm itself in a decoding step.
     def _input(self, name: str, x: Tensor) -> Tensor:
         """What sublayer `name` reads: x through its input norm, when the block has one."""
-        if self.norm_position in ("pre", "sandwich"):
-            return getattr(self, f"{name}_norm")(x)
-        return x
-
-    def _output(self, name: str, out: Tensor) -> Tensor:
-        """What sublayer `name` adds to the residual stream: its output, through its output norm if any."""
-        return getattr(self, f"{name}_output_norm")(out) if hasattr(self, f"{name}_output_norm") else out
+        return self._modules[f"{name}_norm"](x) if self.input_norms else x
 
     def _residual(self, name: str, x: Tensor, sublayer, **kwargs) -> tuple[Tensor, Tensor, Tensor | None]:
         """Apply one sublayer with its residual and norms; returns new x, what it added, weights."""
         out, weights = sublayer(self._input(name, x), **kwargs)
-        out = self._output(name, out)
-        x = getattr(self, f"{name}_norm")(x + out) if self.norm_position == "post" else x + out
+        if self.output_norms:  # what the sublayer adds to the residual stream goes through its output norm
+            out = self._modules[f"{name}_output_norm"](out)
+        x = self._modules[f"{name}_norm"](x + out) if self.norm_position == "post" else x + out
         return x, out, weights
 
     def forward(self, x: Tensor, mask: Tensor | None, rotary=None, memory: Tensor | None = None,

@@ -55,17 +55,18 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., in_features) -> (..., out_features)."""
-        dtype = x.dtype
-        # float32 single rows first: they are the hot path of float32 generation, one call per layer and token
+        # one call per layer and token in generation: each attribute of a module read here costs time
+        weight, bias, dtype = self.weight, self.bias, x.dtype
+        # float32 single rows first: they are the hot path of float32 generation, as fast plain
         if ((dtype is torch.float32 and x.numel() == x.shape[-1]) or not self.repeated or dtype not in PACKABLE
-                or not x.is_cpu or torch.is_grad_enabled() or self.weight.dtype is not dtype):
-            return F.linear(x, self.weight, self.bias)
-        state = (self.weight.data_ptr(), self.weight._version)
+                or not x.is_cpu or torch.is_grad_enabled() or weight.dtype is not dtype):
+            return F.linear(x, weight, bias)
+        state = (weight.data_ptr(), weight._version)
         if self._packed_for != state:
             try:
-                self._packed = pack(self.weight.detach(), max(1, x.numel() // x.shape[-1]))
+                self._packed = pack(weight.detach(), max(1, x.numel() // x.shape[-1]))
             except RuntimeError:  # oneDNN cannot pack this dtype after all: plain products from now on
                 PACKABLE.discard(dtype)
-                return F.linear(x, self.weight, self.bias)
+                return F.linear(x, weight, bias)
             self._packed_for = state
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
