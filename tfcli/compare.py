@@ -70,9 +70,7 @@ def load(source: str, device: str = "cpu") -> Models:
     _require_weights(resolved)
     tokenizer = load_tokenizer_for(resolved)
     model = build_model(resolved, device=device)
-    reference = transformers_model(resolved).to(device=model.embed_tokens.weight.device,
-                                                dtype=model.embed_tokens.weight.dtype)
-    return Models(source, resolved, model, reference, tokenizer)
+    return Models(source, resolved, model, transformers_model(resolved, model), tokenizer)
 
 
 def run(models: Models, encoding: Encoding, tolerance: float = 1e-4) -> Comparison:
@@ -89,8 +87,9 @@ def _require_weights(source: Source) -> None:
                          "pass a directory written by save_pretrained (config.json + model.safetensors)")
 
 
-def transformers_model(source: "Source"):
-    """transformers' class named in config.json `architectures` (eager attention, so it returns weights)."""
+def transformers_model(source: "Source", like: "TransformerModel"):
+    """transformers' class named in config.json `architectures` (eager attention, so it returns weights), on the
+    device and in the dtype of tfcli's model `like`."""
     import transformers
 
     transformers.logging.disable_progress_bar()
@@ -100,14 +99,13 @@ def transformers_model(source: "Source"):
     cls = getattr(transformers, names[0], None)
     if cls is None:
         raise TfcliError(f"transformers has no class `{names[0]}`", "compare supports transformers' own models only")
-    loader = cls.from_pretrained if names[0] != "AutoModel" else transformers.AutoModel.from_pretrained
-    return loader(str(source.weights.parent), attn_implementation="eager").eval()
+    reference = cls.from_pretrained(str(source.weights.parent), attn_implementation="eager").eval()
+    return reference.to(device=like.embed_tokens.weight.device, dtype=like.embed_tokens.weight.dtype)
 
 
 def compare(model: "TransformerModel", source: Source, input_ids: "Tensor") -> list[Difference]:
     """`compare_with` transformers' own model of the checkpoint `source`, built for this one comparison."""
-    reference = transformers_model(source).to(device=input_ids.device, dtype=model.embed_tokens.weight.dtype)
-    return compare_with(model, reference, input_ids)
+    return compare_with(model, transformers_model(source, model), input_ids)
 
 
 def compare_with(model: "TransformerModel", reference: Any, input_ids: "Tensor") -> list[Difference]:

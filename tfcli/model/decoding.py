@@ -211,7 +211,7 @@ def generate(model: TransformerModel, input_ids: Tensor, max_new_tokens: int, do
         input_ids = input_ids[None]
     sequence = model.start_tokens(input_ids.shape[0], input_ids.device) if seq2seq else input_ids
     new = [step.tokens for step in decode(model, input_ids, attention_mask, max_new_tokens, sampling, use_cache)]
-    return torch.cat([sequence, torch.stack(new, dim=1)], dim=1) if new else sequence
+    return torch.cat([sequence, torch.stack(new, dim=1)], dim=1)  # max_new_tokens >= 1: never empty
 
 
 @torch.no_grad()
