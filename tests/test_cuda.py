@@ -79,6 +79,17 @@ def test_compare_runs_both_models_on_the_gpu(tmp_path, save_hf_model):
            == {"cuda"}
 
 
+def test_an_encoder_decoder_generates_on_the_gpu_as_transformers_does(tmp_path, save_hf_model):
+    path = encoder_checkpoints(tmp_path, save_hf_model)["t5"]
+    from transformers import T5ForConditionalGeneration
+
+    theirs = T5ForConditionalGeneration.from_pretrained(path).to(CUDA).eval()
+    ids = torch.tensor([[101, 2051, 10029, 2066, 2019, 8612, 102]], device=CUDA)
+    with torch.no_grad():
+        expected = theirs.generate(ids, max_new_tokens=6, do_sample=False, num_beams=1)
+    assert torch.equal(tfcli.load_model(str(path), device="cuda").generate(ids, max_new_tokens=6), expected)
+
+
 def test_compare_passes_on_the_gpu_for_encoders_and_encoder_decoders(cli, tmp_path, save_hf_model):
     for name, path in encoder_checkpoints(tmp_path, save_hf_model).items():
         (comparison,) = records(cli("compare", str(path), TEXT, "--device", "cuda", "--json"))
