@@ -82,3 +82,19 @@ def test_top_p_keeps_the_tokens_transformers_keeps_at_the_boundary(tmp_path):
     drawn = {int(model.generate(torch.tensor([[1, 2]]), max_new_tokens=1, do_sample=True, top_p=0.75, seed=seed)[0, -1])
              for seed in range(80)}
     assert drawn == set(kept)
+
+
+def test_sampling_with_a_temperature_draws_what_transformers_draws(peaked_gpt2):
+    """Scores divided by the temperature, then sampled: with the same seed, the same tokens as transformers'
+    generate (top-k and top-p switched off on both sides), for a temperature below and above 1."""
+    path, hf = peaked_gpt2
+    model = tfcli.load_model(str(path))
+    prompt = torch.tensor([[101, 2051, 10029, 2066]])
+    for temperature in (0.5, 1.7):
+        for seed in range(3):
+            ours = model.generate(prompt, max_new_tokens=12, do_sample=True, temperature=temperature, seed=seed)
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                theirs = hf.generate(prompt, max_new_tokens=12, do_sample=True, temperature=temperature, top_k=0,
+                                     top_p=1.0, eos_token_id=None, pad_token_id=0)
+            assert ours.tolist() == theirs.tolist(), (temperature, seed)
