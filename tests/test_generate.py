@@ -48,6 +48,21 @@ def invoke(*args: str):
     return result
 
 
+def forced_gpt2(path, vocab_size: int, token: int, eos_token_id: int | None) -> None:
+    """Save a one-layer GPT-2 that always predicts `token`: every final hidden state is all ones (a zero LayerNorm
+    weight, a bias of ones) and `token`'s embedding, tied to the head, points there."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=1, n_head=4, n_positions=32,
+                                       eos_token_id=eos_token_id))
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.transformer.wte.weight[token] = 10.0
+    model.save_pretrained(path)
+
+
 # ---------------------------------------------------------------- the decoding loop
 
 
@@ -313,17 +328,8 @@ def test_cli_stops_at_the_end_of_the_position_table(configs):
 def test_wordpiece_continuation_joins_the_prompt_and_the_text_shows_once(tmp_path):
     """A continuation that starts inside a word (`##beau`) is decoded after the prompt: `text` is `beau...`,
     not `##beau ...`; and the text is on stdout once, whether it streamed there (a terminal) or not."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     beau = tfcli.load_tokenizer().token_to_id("##beau")
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=30522, n_embd=32, n_layer=1, n_head=4, n_positions=32,
-                                       eos_token_id=102))
-    with torch.no_grad():  # every position's final hidden state is all ones, and ##beau's embedding points there
-        model.transformer.ln_f.weight.zero_()
-        model.transformer.ln_f.bias.fill_(1.0)
-        model.transformer.wte.weight[beau] = 10.0
-    model.save_pretrained(tmp_path)
+    forced_gpt2(tmp_path, 30522, beau, 102)
     record = json.loads(invoke("generate", "time flies like", "-m", str(tmp_path), "-n", "3", "--json").stdout)
     assert record["generated_ids"] == [beau] * 3 and record["text"] == "beaubeaubeau"
     for terminal in ([], ["--color"]):  # --color: stdout is treated as a terminal, the text streams there
@@ -344,7 +350,6 @@ def test_an_encoder_decoders_text_is_its_new_tokens_decoded(configs):
 def test_a_byte_level_token_is_shown_as_the_text_it_decodes_to(tmp_path):
     """GPT-2-style byte-level BPE: the step's token is ` world`, as it reads, not the vocabulary entry `Ġworld`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -354,14 +359,7 @@ def test_a_byte_level_token_is_shown_as_the_text_it_decodes_to(tmp_path):
                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     world = tokenizer.token_to_id("Ġworld")
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_embd=32, n_layer=1, n_head=4,
-                                       n_positions=32, eos_token_id=None))
-    with torch.no_grad():  # every position's final hidden state is all ones, and Ġworld's embedding points there
-        model.transformer.ln_f.weight.zero_()
-        model.transformer.ln_f.bias.fill_(1.0)
-        model.transformer.wte.weight[world] = 10.0
-    model.save_pretrained(tmp_path)
+    forced_gpt2(tmp_path, tokenizer.get_vocab_size(), world, None)
     record = json.loads(invoke("generate", "hello", "-m", str(tmp_path), "-n", "2", "--json").stdout)
     assert record["generated_ids"] == [world, world]
     assert [step["token"] for step in record["steps"]] == [" world", " world"]
@@ -393,3 +391,29 @@ def test_the_python_api_generates_greedily_twenty_tokens_by_default(models, peak
             for t in (1.0, 2.0)}
     assert all(torch.equal(a, b) for a, b in zip(default, runs[1.0]))
     assert not all(torch.equal(a, b) for a, b in zip(default, runs[2.0]))
+
+
+def test_a_token_that_is_part_of_a_character_shows_its_vocabulary_entry(tmp_path):
+    """A byte-level token holding half of `é` decodes to U+FFFD; the step shows its vocabulary entry instead."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(["hello world"] * 10, trainers.BpeTrainer(
+        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    half = tokenizer.token_to_id("Ã")  # the byte 0xC3, which starts é
+    assert tokenizer.decode([half]) == "\ufffd"
+    forced_gpt2(tmp_path, tokenizer.get_vocab_size(), half, None)
+    record = json.loads(invoke("generate", "hello", "-m", str(tmp_path), "-n", "1", "--json").stdout)
+    assert [(step["id"], step["token"]) for step in record["steps"]] == [(half, "Ã")]
+
+
+def test_the_table_says_when_generation_stopped_at_the_end_of_sequence(tmp_path):
+    forced_gpt2(tmp_path, 30522, 102, 102)  # always [SEP], the end of sequence
+    result = invoke("generate", "time flies", "-m", str(tmp_path), "-n", "5", "--width", "200")
+    assert result.exit_code == 0, result.stderr
+    assert "stopped at end of sequence" in result.stdout
+    forced_gpt2(tmp_path, 30522, 2051, 102)  # always `time`: it runs to -n
+    assert "5 new tokens" in invoke("generate", "time flies", "-m", str(tmp_path), "-n", "5", "--width", "200").stdout
