@@ -417,3 +417,16 @@ def test_the_table_says_when_generation_stopped_at_the_end_of_sequence(tmp_path)
     assert "stopped at end of sequence" in result.stdout
     forced_gpt2(tmp_path, 30522, 2051, 102)  # always `time`: it runs to -n
     assert "5 new tokens" in invoke("generate", "time flies", "-m", str(tmp_path), "-n", "5", "--width", "200").stdout
+
+
+def test_a_prompt_that_fills_the_position_table_is_refused_and_one_short_of_it_makes_one_token(configs):
+    """The tiny decoder has 24 positions: a 24-token prompt leaves no room for a new token (a usage error that
+    says so, before anything runs); a 23-token prompt makes exactly one, with a warning."""
+    words = lambda n: " ".join(["word"] * n)  # [CLS] + n words ([SEP] is dropped from a decoder's prompt)
+    result = invoke("generate", words(23), "-m", str(configs["decoder"]), "-n", "3")
+    assert result.exit_code == 2
+    assert "the prompt has 24 tokens, which fill the model's 24 positions: no room for a new token" in result.stderr
+    result = invoke("generate", words(22), "-m", str(configs["decoder"]), "-n", "3", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert "only 1 new token fit in the model's 24 positions" in result.stderr
+    assert len(json.loads(result.stdout)["generated_ids"]) == 1

@@ -653,8 +653,8 @@ def generate(
     for (prompt,) in batches:
         number += 1
         if prompt.budget < max_new_tokens:
-            warn(f"prompt {number}: only {prompt.budget} new tokens fit in the model's "
-                 f"{loaded.config.max_position_embeddings} positions")
+            tokens = f"{prompt.budget} new token{'s' if prompt.budget != 1 else ''}"
+            warn(f"prompt {number}: only {tokens} fit in the model's {loaded.config.max_position_embeddings} positions")
         result = core.run(loaded, tokenizer, prompt, sampling, lens=lens, on_text=show_text if live else None)
         if live:
             show_text("\n")

@@ -110,6 +110,9 @@ def check_can_generate(config: ModelConfig, prompt_length: int | None = None, ma
     if prompt_length is not None and prompt_length > positions:
         raise usage_error(f"the prompt has {prompt_length} tokens, more than the model's {positions} positions",
                           "shorten the prompt")
+    if prompt_length == positions and config.architecture == "decoder":  # a decoder continues it in that table
+        raise usage_error(f"the prompt has {prompt_length} tokens, which fill the model's {positions} positions: "
+                          "no room for a new token", "shorten the prompt")
 
 
 def force(tokens: Tensor, config: ModelConfig, length: int, last: bool) -> Tensor:
