@@ -98,3 +98,12 @@ def test_sampling_with_a_temperature_draws_what_transformers_draws(peaked_gpt2):
                 theirs = hf.generate(prompt, max_new_tokens=12, do_sample=True, temperature=temperature, top_k=0,
                                      top_p=1.0, eos_token_id=None, pad_token_id=0)
             assert ours.tolist() == theirs.tolist(), (temperature, seed)
+
+
+def test_sampling_from_one_kept_token_is_greedy(peaked_gpt2):
+    """--top-k 1 leaves one token to draw: sampling must make the greedy tokens, whatever the seed."""
+    model = tfcli.load_model(str(peaked_gpt2[0]))
+    prompt = torch.tensor([[101, 2051, 10029, 2066]])
+    greedy = model.generate(prompt, max_new_tokens=6)
+    for seed in range(3):
+        assert torch.equal(model.generate(prompt, max_new_tokens=6, do_sample=True, top_k=1, seed=seed), greedy)
