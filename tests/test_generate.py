@@ -430,3 +430,6 @@ def test_a_prompt_that_fills_the_position_table_is_refused_and_one_short_of_it_m
     assert result.exit_code == 0, result.stderr
     assert "only 1 new token fit in the model's 24 positions" in result.stderr
     assert len(json.loads(result.stdout)["generated_ids"]) == 1
+    result = invoke("generate", words(22), "-m", str(configs["seq2seq"]), "-n", "2", "--json")  # 24 with [SEP]
+    assert result.exit_code == 0, result.stderr  # an encoder-decoder's prompt may fill its encoder's table
+    assert len(json.loads(result.stdout)["prompt_ids"]) == 24
