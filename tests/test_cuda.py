@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tfcli
-from test_families import FAMILIES, IDS, MASK, PROMPTS, build
+from test_families import FAMILIES, IDS, MASK, PROMPTS, assert_greedy_steps_match, build
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run where one is present)")
 CUDA = torch.device("cuda")
@@ -29,21 +29,12 @@ def records(result) -> list[dict]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decoder_families_match_transformers_on_the_gpu(family, tmp_path, save_hf_model, compare_decoder,
                                                         assert_close):
-    from tfcli.model.decoding import decode
-
     path, hf = build(tmp_path, save_hf_model, family)
     hf = hf.to(CUDA)
     ours = tfcli.load_model(str(path), device="cuda")
     assert {p.device.type for p in ours.parameters()} == {"cuda"}
     compare_decoder(ours, hf, IDS.to(CUDA), MASK.to(CUDA))
-    prompts = PROMPTS.to(CUDA)
-    mask = (prompts != 0).long()
-    with torch.no_grad():
-        theirs = hf.generate(prompts, attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=1,
-                             output_logits=True, return_dict_in_generate=True)
-    steps = list(decode(ours, prompts, mask, max_new_tokens=8))
-    assert torch.cat([prompts, torch.stack([s.tokens for s in steps], 1)], 1).tolist() == theirs.sequences.tolist()
-    assert_close("step logits", torch.stack([s.logits for s in steps], 1), torch.stack(theirs.logits, 1))
+    assert_greedy_steps_match(ours, hf, PROMPTS.to(CUDA), 8, assert_close)
 
 
 def encoder_checkpoints(tmp_path, save_hf_model) -> dict[str, object]:

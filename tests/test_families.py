@@ -167,16 +167,22 @@ def test_parity_and_greedy_generation(family, checkpoint, compare_decoder, asser
     """Every tensor of a forward pass; then greedy generation with the KV cache, past the sliding windows and
     LongRoPE's switch: the same tokens, and each step's logits within 1e-4 (the tokens alone could hide a
     cache that drifted)."""
-    from tfcli.model.decoding import decode
-
     _, hf, ours = checkpoint(family)
     compare_decoder(ours, hf, IDS, MASK)
-    mask = (PROMPTS != 0).long()
+    assert_greedy_steps_match(ours, hf, PROMPTS, 12, assert_close)
+
+
+def assert_greedy_steps_match(ours, hf, prompts, new: int, assert_close) -> None:
+    """Greedy generation from left-padded `prompts` (B, T): tfcli's tokens equal transformers' generate, and each
+    step's logits are within 1e-4 (the tokens alone could hide a cache that drifted)."""
+    from tfcli.model.decoding import decode
+
+    mask = (prompts != 0).long()
     with torch.no_grad():
-        theirs = hf.generate(PROMPTS, attention_mask=mask, max_new_tokens=12, do_sample=False, num_beams=1,
+        theirs = hf.generate(prompts, attention_mask=mask, max_new_tokens=new, do_sample=False, num_beams=1,
                              output_logits=True, return_dict_in_generate=True)
-    steps = list(decode(ours, PROMPTS, mask, max_new_tokens=12))
-    assert torch.cat([PROMPTS, torch.stack([s.tokens for s in steps], 1)], 1).tolist() == theirs.sequences.tolist()
+    steps = list(decode(ours, prompts, mask, max_new_tokens=new))
+    assert torch.cat([prompts, torch.stack([s.tokens for s in steps], 1)], 1).tolist() == theirs.sequences.tolist()
     assert_close("step logits", torch.stack([s.logits for s in steps], 1), torch.stack(theirs.logits, 1))
 
 
