@@ -49,7 +49,7 @@ class Sampling:
             raise usage_error(f"top_k must be >= 1, got {self.top_k}", "use None to keep every token", parameter="top_k")
         if self.top_k is not None and vocab_size is not None and self.top_k > vocab_size:
             raise usage_error(f"top_k {self.top_k} is larger than the vocabulary ({vocab_size})",
-                              "use None (or the vocabulary size) to keep every token", parameter="top_k")
+                              f"at most {vocab_size}, which keeps every token", parameter="top_k")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise usage_error(f"top_p must be in (0, 1], got {self.top_p}", "for example 0.9; 1 keeps every token",
                               parameter="top_p")
