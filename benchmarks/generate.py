@@ -53,7 +53,8 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true",
                         help="also time only the weight products of 64 steps (every linear layer and the head on one "
                         "row, as tfcli's decoding makes them): what no decoding loop with these kernels can go under; "
-                        "and those products with the step's other operations in one flat loop (GPT-2 only)")
+                        "and those products with the step's other operations in one flat loop, unfused and (bfloat16) "
+                        "with oneDNN's fused post-ops (GPT-2 only)")
     parser.add_argument("--tiny", action="store_true",
                         help="GPT-2 small's 12 layers and 12 heads, but 96 wide with 1000 tokens: the products are "
                         "cheap, so what is timed is mostly the rest of the step, steady even on a busy machine")
@@ -136,7 +137,9 @@ def floor(model, prompt: torch.Tensor, ids: torch.Tensor, t64: dict[str, list[fl
     64 steps, with the kernels tfcli's decoding uses (packed where they are packed). Then the same products with
     every other operation of a GPT-2 decoding step (embeddings, norms, attention over a preallocated cache, GELU,
     residual adds, the greedy choice) in one flat loop, no modules between them: what is left of a step once
-    tfcli's structure (modules, options, bookkeeping) is gone, the floor for these kernels unfused."""
+    tfcli's structure (modules, options, bookkeeping) is gone, the floor for these kernels unfused. Where the
+    products are oneDNN-packed (bfloat16), also that loop with oneDNN's fused post-ops: GELU inside the first MLP
+    product, the residual adds inside the output products, the greedy choice on the bfloat16 logits."""
     import torch.nn.functional as F
 
     from tfcli.model.attention import KVCache
@@ -159,7 +162,9 @@ def floor(model, prompt: torch.Tensor, ids: torch.Tensor, t64: dict[str, list[fl
     def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
         return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
-    def flat() -> torch.Tensor:
+    linear = torch.ops.mkldnn._linear_pointwise
+
+    def flat(fused: bool = False) -> torch.Tensor:
         with torch.inference_mode():
             cache = KVCache(length + 64)
             tokens = [model(prompt, cache=cache, logits_to_keep=1).logits[:, -1].float().argmax(-1, keepdim=True)]
@@ -173,21 +178,40 @@ def floor(model, prompt: torch.Tensor, ids: torch.Tensor, t64: dict[str, list[fl
                     cache.values[i][:, :, position:position + 1].copy_(v)
                     out = F.scaled_dot_product_attention(q, cache.keys[i][:, :, :position + 1],
                                                          cache.values[i][:, :, :position + 1])
-                    x = x + attention.out(out.transpose(1, 2).reshape(1, 1, -1))
-                    h = F.gelu(feed_forward.fc1(layer_norm(x, block.feed_forward_norm)), approximate="tanh")
-                    x = x + feed_forward.fc2(h)
+                    out = out.transpose(1, 2).reshape(1, 1, -1)
+                    fc1, fc2 = feed_forward.fc1, feed_forward.fc2
+                    if fused:
+                        x = linear.binary(out, x, attention.out._packed, attention.out.bias, "add")
+                        h = linear(layer_norm(x, block.feed_forward_norm), fc1._packed, fc1.bias, "gelu", [], "tanh")
+                        x = linear.binary(h, x, fc2._packed, fc2.bias, "add")
+                    else:
+                        x = x + attention.out(out)
+                        x = x + fc2(F.gelu(fc1(layer_norm(x, block.feed_forward_norm)), approximate="tanh"))
                 logits = model.head.unembed(layer_norm(x, stack.final_norm))
-                tokens.append(logits[:, -1].float().argmax(-1, keepdim=True))
+                tokens.append((logits[:, -1] if fused else logits[:, -1].float()).argmax(-1, keepdim=True))
             return torch.cat(tokens, dim=1)
 
     products()  # packs what is packed
-    seconds, results = timed({"products": products, "flat": flat}, runs, clock)
+    loops = {"products": products, "flat": flat}
+    if all(layer._packed is not None for layer in layers):
+        loops["fused"] = lambda: flat(fused=True)
+    seconds, results = timed(loops, runs, clock)
     for name, what in (("products", f"weight products alone ({len(layers)} linear layers, head included)"),
-                       ("flat", "a flat GPT-2 decoding loop with the same kernels")):
+                       ("flat", "a flat GPT-2 decoding loop with the same kernels"),
+                       ("fused", "that loop with oneDNN's fused post-ops (GELU, residual adds)"))[:len(loops)]:
         best = min(seconds[name])
         print(f"{what}, 64 steps: {best:.3f} s (best run), {best / min(t64['tfcli']):.2f} of tfcli's generation, "
               f"{best / min(t64['transformers']):.2f} of transformers' (a floor for the ratio)")
-    print(f"the flat loop made tfcli's tokens: {results['flat'].tolist() == ids[:, length:].tolist()}")
+    tiny = Linear(64, 64, dtype=parameter.dtype, device=parameter.device)
+    tiny.repeated, tiny_row = True, torch.ones(1, 1, 64, dtype=parameter.dtype, device=parameter.device)
+    with torch.inference_mode():
+        tiny(tiny_row)
+        call = min(timed({"tiny": lambda: [tiny(tiny_row) for _ in range(1000)]}, 3, clock)[0]["tiny"]) / 1000
+    print(f"the fixed cost of one product call (a 64 x 64 weight, {'packed' if tiny._packed is not None else 'plain'}):"
+          f" {call * 1e6:.0f} us; {len(layers)} calls a step, 64 steps: {call * len(layers) * 64 / min(t64['tfcli']):.2f}"
+          f" of tfcli's generation")
+    for name in list(loops)[1:]:
+        print(f"the {name} loop made tfcli's tokens: {results[name].tolist() == ids[:, length:].tolist()}")
 
 
 if __name__ == "__main__":
