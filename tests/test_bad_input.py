@@ -335,12 +335,12 @@ def test_bogus_dtype(cli, tiny_config, dtype):
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["--layers", "1"], ["--layers: 1 is out of range", "1 layers"]),
+    (["--layers", "1"], ["--layers: 1 is out of range", "1 layers", "hint: for example 0,-1", "(0 to 0)"]),
     (["--layers", "-2"], ["--layers: -2 is out of range"]),
     (["--layers", "x"], ["--layers: `x` is not an index or a range"]),
     (["--layers", "0,,1"], ["is not an index or a range"]),
     (["--layers", "0-1"], ["--layers: 1 is out of range"]),
-    (["--heads", "2"], ["--heads: 2 is out of range", "2 heads"]),
+    (["--heads", "2"], ["--heads: 2 is out of range", "2 heads", "(0 to 1)"]),
     (["--heads", "-3"], ["--heads: -3 is out of range"]),
     (["--top-k", "-4"], ["--top-k must be at least 0"]),
     (["--width", "20"], ["--width must be at least 40"]),

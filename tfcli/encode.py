@@ -252,8 +252,7 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
 
     last = len(hidden_states) - 2
     blocks = list(range(last + 1)) if layers is None else layers
-    own = (logits is not None and isinstance(model.head, LMHead) and logits.dim() == 3
-           and logits.shape[1] == hidden_states[-1].shape[1])
+    own = logits is not None and isinstance(model.head, LMHead)
     per_product = max(1, LENS_VALUES // (length * model.config.vocab_size))
     rows = []
     for start in range(0, len(blocks), per_product):
