@@ -18,29 +18,32 @@ def records(result) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
-def assert_lens_matches(lens: list[dict], expected_logits: list[torch.Tensor]) -> None:
+def assert_lens_matches(lens: list[dict], expected_logits: list[torch.Tensor], top_k: int = TOP_K) -> None:
     """lens: the JSON `lens` rows, one per layer; expected_logits: per layer, (T, V) by hand."""
     assert [row["layer"] for row in lens] == list(range(len(expected_logits)))
     for row, logits in zip(lens, expected_logits):
-        probs, ids = logits.softmax(-1).topk(TOP_K, dim=-1)
+        probs, ids = logits.softmax(-1).topk(top_k, dim=-1)
         assert [[t["id"] for t in top] for top in row["top"]] == ids.tolist(), f"layer {row['layer']}"
         got = torch.tensor([[t["prob"] for t in top] for top in row["top"]], dtype=torch.float64)
         assert torch.allclose(got, probs.double(), atol=2e-6), f"layer {row['layer']}"
 
 
-def test_lens_through_the_final_layernorm_at_every_layer(cli, peaked_gpt2):
+# a text shorter than --top-k still shows --top-k tokens per position
+@pytest.mark.parametrize("text, top_k", [(TEXT, TOP_K), ("hi", 7)])
+def test_lens_through_the_final_layernorm_at_every_layer(cli, peaked_gpt2, text, top_k):
     path, hf = peaked_gpt2
-    (record,) = records(cli("encode", TEXT, "--model", str(path), "--json", "--top-k", str(TOP_K)))
+    (record,) = records(cli("encode", text, "--model", str(path), "--json", "--top-k", str(top_k)))
+    assert text == TEXT or len(record["ids"]) < top_k  # the short text is shorter than top_k
     with torch.no_grad():
         out = hf(input_ids=torch.tensor([record["ids"]]), output_hidden_states=True)
         # transformers' hidden_states: the embeddings, each block's output, the last one after ln_f
         blocks = out.hidden_states[1:-1] + (None,)
         expected = [hf.lm_head(hf.transformer.ln_f(h))[0] if h is not None else out.logits[0] for h in blocks]
     assert len(expected) == hf.config.n_layer
-    assert_lens_matches(record["lens"], expected)
+    assert_lens_matches(record["lens"], expected, top_k)
     # the final norm matters here: without it, the first layer's top tokens would be others
     with torch.no_grad():
-        unnormed = hf.lm_head(out.hidden_states[1])[0].topk(TOP_K, dim=-1).indices
+        unnormed = hf.lm_head(out.hidden_states[1])[0].topk(top_k, dim=-1).indices
     assert [[t["id"] for t in top] for top in record["lens"][0]["top"]] != unnormed.tolist()
 
 
