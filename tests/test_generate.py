@@ -136,18 +136,22 @@ def test_stream_reports_probabilities_and_the_lens(models):
         assert step.lens[-1][0] == step.token_id  # the last layer's lens is the model's own prediction
 
 
-@pytest.mark.parametrize("options,message", [
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(do_sample=True, temperature=0.0), "temperature"),
-    (dict(do_sample=True, top_k=0), "top_k"),
-    (dict(do_sample=True, top_p=0.0), "top_p"),
-    (dict(do_sample=True, top_p=1.5), "top_p"),
-    (dict(max_new_tokens=100), "do not fit"),
+@pytest.mark.parametrize("options, message, parameter", [
+    (dict(max_new_tokens=0), "max_new_tokens", "max_new_tokens"),
+    (dict(do_sample=True, temperature=0.0), "temperature", "temperature"),
+    (dict(do_sample=True, top_k=0), "top_k", "top_k"),
+    (dict(do_sample=True, top_k=10**6), "larger than the vocabulary", "top_k"),
+    (dict(do_sample=True, top_p=0.0), "top_p", "top_p"),
+    (dict(do_sample=True, top_p=1.5), "top_p", "top_p"),
+    (dict(max_new_tokens=100), "do not fit", None),
 ])
-def test_bad_generation_options_are_usage_errors(models, options, message):
+def test_bad_generation_options_are_usage_errors(models, options, message, parameter):
+    """A usage error (exit 2) naming the Python parameter (the CLI says it as its option) with a hint."""
     with pytest.raises(TfcliError, match=message) as info:
         models["decoder"].generate(PROMPT, **{"max_new_tokens": 3, **options})
     assert info.value.exit_code == 2
+    assert info.value.parameter == parameter
+    assert info.value.hint or parameter == "max_new_tokens"
 
 
 def test_model_without_lm_head_cannot_generate(configs):

@@ -86,13 +86,15 @@ def test_top_p_keeps_the_tokens_transformers_keeps_at_the_boundary(tmp_path):
 
 def test_sampling_with_a_temperature_draws_what_transformers_draws(peaked_gpt2):
     """Scores divided by the temperature, then sampled: with the same seed, the same tokens as transformers'
-    generate (top-k and top-p switched off on both sides), for a temperature below and above 1."""
+    generate (top-k and top-p switched off on both sides), for a temperature below and above 1. top_p=1 is
+    accepted and keeps every token, as no top_p does."""
     path, hf = peaked_gpt2
     model = tfcli.load_model(str(path))
     prompt = torch.tensor([[101, 2051, 10029, 2066]])
-    for temperature in (0.5, 1.7):
+    for temperature, top_p in ((0.5, None), (1.7, None), (1.7, 1.0)):
         for seed in range(3):
-            ours = model.generate(prompt, max_new_tokens=12, do_sample=True, temperature=temperature, seed=seed)
+            ours = model.generate(prompt, max_new_tokens=12, do_sample=True, temperature=temperature, top_p=top_p,
+                                  seed=seed)
             torch.manual_seed(seed)
             with torch.no_grad():
                 theirs = hf.generate(prompt, max_new_tokens=12, do_sample=True, temperature=temperature, top_k=0,
