@@ -91,6 +91,7 @@ def test_memory_check_at_its_boundary(cli, encoder_yaml, monkeypatch, dtype, siz
     monkeypatch.setattr(tfcli.api, "memory_size", lambda device=None: parameters * size)
     fits = cli("encode", "time flies", "--model", encoder_yaml, "--dtype", dtype, "--json")
     assert fits.exit_code == 0, fits.stderr
+    assert {stage["dtype"] for stage in json.loads(fits.stdout)["shapes"]} == {dtype}  # each stage's, as --dtype says
     monkeypatch.setattr(tfcli.api, "memory_size", lambda device=None: parameters * size - 1)
     refused = cli("encode", "time flies", "--model", encoder_yaml, "--dtype", dtype, "--json")
     assert refused.exit_code == 1 and refused.stdout == ""
