@@ -335,7 +335,7 @@ def test_bogus_dtype(cli, tiny_config, dtype):
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["--layers", "1"], ["--layers: 1 is out of range", "1 layers", "hint: for example 0,-1", "(0 to 0)"]),
+    (["--layers", "1"], ["--layers: 1 is out of range: the model has 1 layer\n", "hint: for example 0,-1", "has 1 layer (0 to 0)"]),
     (["--layers", "-2"], ["--layers: -2 is out of range"]),
     (["--layers", "x"], ["--layers: `x` is not an index or a range"]),
     (["--layers", "0,,1"], ["is not an index or a range"]),

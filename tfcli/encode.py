@@ -35,7 +35,8 @@ def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
     '8-11', '-3-' (the last three), '2-' (from 2 on), '-4--2', 'all'."""
     if spec is None or spec.strip() == "all":
         return None
-    hint = f"for example 0,-1 or 8-11 or -3- (the last three) or all; the model has {count} {what} (0 to {count - 1})"
+    hint = f"for example 0,-1 or 8-11 or -3- (the last three) or all; the model has {_counted(count, what)} " \
+           f"(0 to {count - 1})"
     indices: set[int] = set()
     for part in spec.replace(" ", "").split(","):
         match = RANGE.fullmatch(part)
@@ -59,8 +60,14 @@ def _index(text: str | None, default: int, count: int, what: str, hint: str) -> 
         return default
     index = int(text)
     if not -count <= index < count:
-        raise usage_error(f"{what}: {index} is out of range: the model has {count} {what}", hint, parameter=what)
+        raise usage_error(f"{what}: {index} is out of range: the model has {_counted(count, what)}", hint,
+                          parameter=what)
     return index % count
+
+
+def _counted(count: int, what: str) -> str:
+    """'12 layers', '1 layer'."""
+    return f"{count} {what.removesuffix('s') if count == 1 else what}"
 
 
 @dataclass
