@@ -334,19 +334,23 @@ def test_bogus_dtype(cli, tiny_config, dtype):
 # ---------------------------------------------------------------- options
 
 
+EXAMPLES = "for example 0,-1 or 8-11 or -3- (the last three) or all"
+
+
 @pytest.mark.parametrize("args, needles", [
     (["--layers", "1"], ["--layers: 1 is out of range: the model has 1 layer\n", "hint: for example 0,-1", "has 1 layer (0 to 0)"]),
     (["--layers", "-2"], ["--layers: -2 is out of range"]),
-    (["--layers", "x"], ["--layers: `x` is not an index or a range"]),
+    (["--layers", "x"], ["--layers: `x` is not an index or a range\n", f"hint: {EXAMPLES}; the model has 1 layer (0 to 0)"]),
     (["--layers", "0,,1"], ["is not an index or a range"]),
-    (["--layers", "0-1"], ["--layers: 1 is out of range"]),
+    (["--layers", "0-1"], ["--layers: 1 is out of range", f"hint: {EXAMPLES}; the model has 1 layer (0 to 0)"]),
     (["--heads", "2"], ["--heads: 2 is out of range", "2 heads", "(0 to 1)"]),
-    (["--heads", "-3"], ["--heads: -3 is out of range"]),
+    (["--heads", "-3"], ["--heads: -3 is out of range: the model has 2 heads\n", f"hint: {EXAMPLES}; the model has 2 heads (0 to 1)"]),
+    (["--heads", "1-0"], ["--heads: the range `1-0` is empty (1 comes after 0)\n", f"hint: {EXAMPLES}"]),
     (["--top-k", "-4"], ["--top-k must be at least 0"]),
     (["--width", "20"], ["--width must be at least 40"]),
     (["--max-length", "17"], ["--max-length 17 is more than the model's 16 positions"]),
     (["--top-k", "40000"], ["--top-k 40000 is larger than the vocabulary (30522)"]),
-    (["--target", "x"], ["--target is for encoder-decoder models"]),
+    (["--target", "x"], ["--target is for encoder-decoder models\n", "hint: tiny is an encoder"]),
     (["--seed", "-1"], ["--seed must be between 0"]),
     (["--seed", str(2**70)], ["--seed must be between 0"]),
     (["--max-capture-mb", "0"], ["--max-capture-mb must be positive"]),

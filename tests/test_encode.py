@@ -197,9 +197,11 @@ def test_top_k_as_large_as_the_vocabulary_lists_every_token():
 
 
 @pytest.mark.parametrize("spec, layers", [("0-1", [0, 1]), ("-1-", [1]), ("1-", [1]), ("-2--1", [0, 1]),
-                                          ("all", [0, 1]), ("1,0", [0, 1]), ("0", [0])])
+                                          ("all", [0, 1]), ("1,0", [0, 1]), ("0", [0]), (" 1, 0 ", [0, 1]),
+                                          ("--2", [0]), ("--1", [0, 1])])
 def test_layers_take_ranges(spec, layers):
-    (record,) = records(run("encode", "hi", "--model", "tiny", "--layers", spec, "--json"))
+    """Spaces are ignored; an open start (`--2`: up to the second-last) starts at 0."""
+    (record,) = records(run("encode", "hi", "--model", "tiny", f"--layers={spec}", "--json"))
     assert sorted({a["layer"] for a in record["attention"]}) == layers == [row["layer"] for row in record["lens"]]
 
 
@@ -210,7 +212,9 @@ def test_heads_take_ranges():
 
 def test_reversed_range_is_a_usage_error():
     result = run("encode", "hi", "--model", "tiny", "--layers", "1-0")
-    assert result.exit_code == 2 and "--layers: the range `1-0` is empty" in result.stderr
+    assert result.exit_code == 2 and "--layers: the range `1-0` is empty (1 comes after 0)" in result.stderr
+    assert "hint: for example 0,-1 or 8-11 or -3- (the last three) or all; the model has 2 layers (0 to 1)" \
+        in result.stderr
 
 
 def test_pair_and_max_length():

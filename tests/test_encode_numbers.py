@@ -84,6 +84,16 @@ def test_target_is_the_start_token_then_the_target_tokens(cli, tmp_path):
     assert [len(row["top"]) for row in record["lens"]] == [queries]
 
 
+def test_a_start_token_outside_the_tokenizer_shows_its_id(cli, tmp_path):
+    """A model may have more ids than its tokenizer has tokens: the decoder input then names the start token
+    by its id, as the lens and generate name such ids."""
+    config = tmp_path / "seq2seq.yaml"
+    config.write_text(SEQ2SEQ.replace("decoder_start_token_id: 101", "decoder_start_token_id: 30600")
+                      + "vocab_size: 30601\n", encoding="utf-8")
+    (record,) = records(cli("encode", "time flies", "--model", str(config), "--target", "le temps", "--json"))
+    assert record["target_ids"][0] == 30600 and record["target_tokens"][0] == "<30600>"
+
+
 @pytest.mark.parametrize("dtype,size", [("float32", 4), ("bfloat16", 2)])
 def test_memory_check_at_its_boundary(cli, encoder_yaml, monkeypatch, dtype, size):
     """Weights need parameters x bytes per parameter: exactly that much memory is enough, a byte less is not."""
@@ -226,6 +236,92 @@ def test_the_capture_estimate_at_its_boundary(cli, tmp_path, architecture):
     refused = cli(*args, "--max-capture-mb", repr((attention - 1) / 2**20))
     assert refused.exit_code == 1 and refused.stdout == ""
     assert f"of {text} tokens would capture {attention / 1024:.1f} KB of attention ({maps})" in refused.stderr
+
+
+HINT = "hint: capture fewer layers with --layers (e.g. --layers -1) or heads with --heads, use shorter texts, " \
+       "or raise --max-capture-mb"
+
+
+@pytest.mark.parametrize("heads,layers,length,args,size,maps", [
+    (1, 1, 15, [], "900 bytes", "1 head x 15^2 positions x 1 layer"),  # 15 x 15 x 4 bytes
+    (1, 1, 16, [], "1.0 KB", "1 head x 16^2 positions x 1 layer"),  # 1024 bytes
+    (1, 1, 512, [], "1.0 MB", "1 head x 512^2 positions x 1 layer"),  # 2**20 bytes
+    (16, 4, 4096, [], "4.0 GB", "16 heads x 4096^2 positions x 4 layers"),
+    (16, 4, 65536, [], "1,024.0 GB", "16 heads x 65536^2 positions x 4 layers"),  # no unit above GB
+    (16, 4, 4096, ["--heads", "3", "--layers", "-1"], "64.0 MB", "1 head x 4096^2 positions x 1 layer"),
+])
+def test_a_refused_capture_says_its_size_as_people_read_it(cli, tmp_path, heads, layers, length, args, size, maps):
+    """The refusal comes before the model runs, so even a terabyte of attention is only arithmetic: heads x
+    L^2 x layers x 4 bytes, counting only the heads and layers asked for, in the largest unit under 1024."""
+    path = tmp_path / "model.yaml"
+    path.write_text(f"hidden_size: 32\nnum_hidden_layers: {layers}\nnum_attention_heads: {heads}\n"
+                    f"intermediate_size: 64\nmax_position_embeddings: {length}\nhead: mlm\n", encoding="utf-8")
+    text = " ".join(["word"] * (length - 2))  # and [CLS], [SEP]
+    result = cli("encode", text, "--model", str(path), "--max-capture-mb", "0.0001", *args)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.splitlines()[-2:] == [
+        f"error: one text of {length} tokens would capture {size} of attention ({maps}): more than "
+        "--max-capture-mb 0.0001", HINT]
+
+
+def capture_per_text(blocks: int, heads: int, length: int, target: int = 0) -> tuple[int, int, str]:
+    """What the README says one text of `length` tokens costs to capture (32 wide, float32, an MLM or LM head,
+    every block and head): attention heads x L^2 per block (an encoder-decoder's decoder blocks: T x (T + L)
+    for a target of T tokens); besides it, per stack 4 x blocks + 2 tensors of its queries x 32, and the logits
+    twice (queries x 30522). Returns (attention bytes, other bytes, the maps as the messages say them)."""
+    if not target:
+        maps = f"{length}^2 positions x {blocks} layers"
+        return 4 * heads * blocks * length * length, 4 * ((4 * blocks + 2) * length * 32 + 2 * length * 30522), maps
+    maps = (f"{length}^2 positions x {blocks} layer in the encoder, "
+            f"{target} x ({target} + {length}) positions x {blocks} layer in the decoder")
+    attention = 4 * heads * blocks * (length * length + target * (target + length))
+    other = 4 * ((4 * blocks + 2) * (length + target) * 32 + 2 * target * 30522)
+    return attention, other, maps
+
+
+@pytest.mark.parametrize("architecture", ["encoder", "decoder", "encoder-decoder"])
+def test_texts_per_batch_are_the_limit_over_the_cost_of_one(cli, tmp_path, architecture):
+    """Three texts of 7 tokens: a limit of exactly three texts' cost runs them together, silently; a byte less
+    runs two at a time, and the note says what three would have held."""
+    path = tmp_path / "model.yaml"
+    path.write_text({"encoder": ENCODER, "decoder": DECODER, "encoder-decoder": SEQ2SEQ}[architecture],
+                    encoding="utf-8")
+    texts = ["time flies like an arrow"] * 3  # [CLS] time flies like an arrow [SEP]
+    if architecture == "encoder-decoder":  # 1 block each side, 2 heads
+        target, heads, shown = ["--target", "fruit flies"], "2 heads", ("632 bytes", "722.9 KB")
+        attention, other, maps = capture_per_text(1, 2, 7, target=3)  # [start] fruit flies
+    else:  # 2 blocks, 4 heads
+        target, heads, shown = [], "4 heads", ("1.5 KB", "1.6 MB")
+        attention, other, maps = capture_per_text(2, 4, 7)
+    total = attention + other
+    args = ("encode", *texts, "--model", str(path), *target, "--json", "--max-capture-mb")
+    together = cli(*args, repr(3 * total / 2**20))
+    assert together.exit_code == 0 and together.stderr.startswith("model: ")
+    assert len(together.stderr.splitlines()) == 1, together.stderr
+    limit = (3 * total - 1) / 2**20
+    split = cli(*args, repr(limit))
+    assert split.exit_code == 0 and split.stdout == together.stdout
+    assert split.stderr.splitlines()[1:] == [
+        f"warning: capturing 3 texts at once would hold {3 * total / 2**20:.1f} MB (per text: {shown[0]} of "
+        f"attention ({heads} x {maps}), {shown[1]} of hidden states and logits); running 2 at a "
+        f"time to stay under --max-capture-mb {limit:g}"]
+
+
+def test_save_must_fit_all_its_texts_at_once(cli, encoder_yaml, tmp_path):
+    """--save keeps every text in one batch: their attention together must fit (exactly is enough)."""
+    saved = tmp_path / "run.safetensors"
+    texts = ["time flies like an arrow"] * 3
+    attention, _, _ = capture_per_text(2, 4, 7)
+    fits = cli("encode", *texts, "--model", encoder_yaml, "--save", str(saved), "--max-capture-mb",
+               repr(3 * attention / 2**20))
+    assert fits.exit_code == 0 and saved.exists(), fits.stderr
+    saved.unlink()
+    limit = (3 * attention - 1) / 2**20
+    refused = cli("encode", *texts, "--model", encoder_yaml, "--save", str(saved), "--max-capture-mb", repr(limit))
+    assert refused.exit_code == 1 and not saved.exists()
+    assert refused.stderr.splitlines()[-2:] == [
+        f"error: --save keeps all 3 texts in one batch: {3 * attention / 1024:.1f} KB of attention to capture, more "
+        f"than --max-capture-mb {limit:g}", HINT.replace("hint: ", "hint: save fewer texts per run, or ")]
 
 
 def test_an_encoder_decoder_counts_its_layers_by_the_decoder(cli, tmp_path):

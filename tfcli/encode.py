@@ -74,7 +74,7 @@ def _counted(count: int, what: str) -> str:
 class EncodeOptions:
     layers: list[int] | None = None  # blocks to show (attention, lens); None = all
     heads: list[int] | None = None  # heads to show; None = the mean over all heads
-    top_k: int = 3  # 0: no logit lens
+    top_k: int = DEFAULT_TOP_K  # 0: no logit lens
     keep_heads: bool = False  # with the mean, also keep each head's map (for --report's head selector)
 
 
@@ -83,8 +83,7 @@ def block_count(config: "ModelConfig") -> int:
     return config.decoder_layers if config.architecture == "encoder-decoder" else config.num_hidden_layers
 
 
-def check_options(config: "ModelConfig", layers: str | None = None, heads: str | None = None,
-            top_k: int = 3) -> EncodeOptions:
+def check_options(config: "ModelConfig", layers: str | None, heads: str | None, top_k: int) -> EncodeOptions:
     """Options checked against a config, before any model is built. `layers` and `heads` are specs such
     as '0,-1' or 'all'; without `heads`, the report shows the mean over heads."""
     if top_k < 0:
@@ -118,7 +117,7 @@ def decoder_input(config: "ModelConfig", tokenizer: "Tokenizer", target: str | N
     ids = [start_token_id(config)]
     if target:
         ids += tokenizer.target_ids(target)
-    return DecoderInput(ids, [tokenizer.id_to_token(i) or "?" for i in ids])
+    return DecoderInput(ids, [tokenizer.id_to_token(i) or f"<{i}>" for i in ids])
 
 
 @dataclass
@@ -384,13 +383,11 @@ def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodi
     that of all texts): that is what --layers and --heads reduce. Hidden states and logits (linear in
     the length) count towards the batch size only. Returns the batch size and, when it had to shrink,
     a note saying why."""
-    if not limit_mb > 0:
-        raise usage_error(f"max_capture_mb must be > 0, got {limit_mb:g}", parameter="max_capture_mb")
     limit = limit_mb * 2**20
     length = max(len(e.ids) for e in encodings)
     cost = capture_cost(model, options, length, len(decoder_input.ids) if decoder_input else None)
     mb = human_size
-    what = f"{mb(cost.attention)} of attention ({cost.heads} heads x {cost.maps})"
+    what = f"{mb(cost.attention)} of attention ({_counted(cost.heads, 'heads')} x {cost.maps})"
     hint = ("capture fewer layers with --layers (e.g. --layers -1) or heads with --heads, "
             "use shorter texts, or raise --max-capture-mb")
     if cost.attention > limit:
