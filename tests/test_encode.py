@@ -71,7 +71,8 @@ def test_save_writes_design_names_and_never_overwrites(tmp_path):
     assert {"input_ids", "hidden.0", "hidden.2", "attention.0", "attention.1", "logits"} <= set(tensors)
     assert tensors["attention.1"].shape == (1, 4, 5, 5)
     again = run("encode", "a b c", "--model", "tiny", "--save", str(path))
-    assert again.exit_code == 1 and "already exists" in again.stderr
+    assert again.exit_code == 1 and again.stderr.splitlines()[-2:] == [
+        f"error: {path} already exists", "hint: pass --force to overwrite it, or choose another name"]
     assert run("encode", "x", "--model", "tiny", "--save", str(path), "--force").exit_code == 0
     assert load_file(str(path))["input_ids"].shape == (1, 3)
 
@@ -243,9 +244,29 @@ def test_save_stores_where_its_tensors_came_from(tmp_path):
     assert set(metadata) == {"tfcli_version", "model", "weights", "texts", "tokens"}  # no pairs, no target here
 
 
+def test_save_stores_the_pairs_as_written(tmp_path):
+    """With --pair, `pairs` holds each row's second text; the header keeps non-ASCII text as UTF-8, so that
+    it reads as typed in the file itself (`head -c`), not as \\u escapes."""
+    from safetensors import safe_open
+
+    path = tmp_path / "run.safetensors"
+    args = ("encode", "café au lait", "東京", "--pair", "crème brûlée", "--model", "tiny", "--save", str(path))
+    assert run(*args).exit_code == 0
+    with safe_open(str(path), "pt") as saved:
+        metadata = saved.metadata()
+    assert json.loads(metadata["pairs"]) == ["crème brûlée", "crème brûlée"]
+    assert json.loads(metadata["tokens"])[1][:3] == ["[CLS]", "東", "京"]
+    raw = path.read_bytes()
+    header = raw[8:8 + int.from_bytes(raw[:8], "little")].decode("utf-8")  # safetensors: length, then JSON
+    for written in ("café au lait", "crème brûlée", '\\"東\\"'):
+        assert written in header, header
+    assert "\\u" not in header
+
+
 def test_save_name_must_be_safetensors_a_usage_error(tmp_path):
     result = run("encode", "hi", "--model", "tiny", "--save", str(tmp_path / "out.npz"))
     assert result.exit_code == 2 and "must end in .safetensors" in result.stderr
+    assert result.stderr.splitlines()[-1] == "hint: for example --save out.safetensors"
 
 
 def test_compare_reads_texts_from_stdin_and_takes_model_as_an_option(tmp_path, save_hf_model):

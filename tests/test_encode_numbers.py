@@ -67,15 +67,17 @@ def test_statistics_and_attention_are_those_of_the_saved_tensors(cli, encoder_ya
 def test_target_is_the_start_token_then_the_target_tokens(cli, tmp_path):
     config = tmp_path / "seq2seq.yaml"
     config.write_text(SEQ2SEQ, encoding="utf-8")
-    (target,) = records(cli("tokenize", "--no-special", "--json", "le temps passe"))
+    (target,) = records(cli("tokenize", "--no-special", "--json", "le temps passe à 東京"))
     saved = tmp_path / "run.safetensors"
-    (record,) = records(cli("encode", "time flies", "--model", str(config), "--target", "le temps passe",
+    (record,) = records(cli("encode", "time flies", "--model", str(config), "--target", "le temps passe à 東京",
                             "--json", "--save", str(saved)))
     assert record["target_ids"] == [101] + target["ids"]
     assert record["target_tokens"] == ["[CLS]"] + target["tokens"]
     assert load_file(str(saved))["decoder.input_ids"].tolist() == [record["target_ids"]]
     with safe_open(str(saved), "pt") as file:  # the README's --save metadata: the decoder input's tokens
         assert json.loads(file.metadata()["target_tokens"]) == record["target_tokens"]
+    raw = saved.read_bytes()
+    assert "東".encode() in raw[8:8 + int.from_bytes(raw[:8], "little")]  # the header, as written: not \\u escaped
     queries = len(record["target_ids"])
     for amap in record["attention"]:
         keys = len(record["ids"]) if amap["kind"] in ("encoder", "cross") else queries

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 SENTENCE = "The animal didn't cross the street because it was too tired"
 
 
-WIDE = ("--width", "200")  # every table on one page, so that a row is one line
+WIDE = ("--width", "200")
+ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")  # every table on one page, so that a row is one line
 
 
 def cells(line: str) -> list[str]:
@@ -197,3 +198,167 @@ def test_an_encoder_decoder_labels_lens_and_summary_rows_with_its_decoder_input(
     assert lens[0] == ["position", "layer 1"]
     assert [row[0] for row in lens[1:]] == target
     assert [row[1].split()[0] for row in lens[1:]] == [top[0]["token"] for top in last]
+
+
+def lens_section(text: str) -> list[str]:
+    """The lines of the logit lens table(s): from the first `logit lens` title to the next section."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("logit lens"))
+    end = next((i for i, line in enumerate(lines) if i > start and line.startswith("every layer")), len(lines))
+    return lines[start:end]
+
+
+def test_the_lens_table_says_what_it_holds_and_keeps_a_cell_on_one_line_when_it_fits(cli, minilm_dir):
+    """Its title says how many tokens a cell holds; when its layers take several pages, each page says which
+    layers it holds. A cell's tokens share one line exactly when the whole table fits the width."""
+    args = ("encode", "time flies like an arrow", "--model", str(minilm_dir), "--layers", "all", "--no-color")
+    wide = lens_section(run(cli, *args, "--top-k", "3", "--width", "1000").stdout)
+    assert wide[0] == "logit lens: the top 3 tokens each layer predicts"
+    assert [cells(line)[0] for line in wide[3:10]] == ["0 [CLS]", "1 time", "2 flies", "3 like", "4 an", "5 arrow",
+                                                       "6 [SEP]"]  # a position a line, 3 tokens x 6 layers
+    assert all(len(cells(line)) == 1 + 3 * 6 for line in wide[3:10])
+    fits = max(len(line) for line in wide)
+    assert lens_section(run(cli, *args, "--top-k", "3", "--width", str(fits)).stdout) == wide
+    narrower = lens_section(run(cli, *args, "--top-k", "3", "--width", str(fits - 1)).stdout)
+    assert narrower[0] == wide[0]  # still one page, but a token per line: each position takes 3 lines
+    assert [len(cells(line)) for line in narrower[3:6]] == [1 + 6, 6, 6]
+    paged = run(cli, *args, "--top-k", "3", "--width", "40").stdout
+    notes = re.findall(r"\(page (\d) of (\d): (layers? [\d-]+)\)", paged.replace("\n", " "))
+    assert [note for _, _, note in notes] == ["layer 0", "layers 1-2", "layer 3", "layer 4", "layer 5"]
+    assert [(int(page), int(pages)) for page, pages, _ in notes] == [(page, 5) for page in range(1, 6)]
+    one = lens_section(run(cli, *args, "--top-k", "1", "--width", "120").stdout)
+    assert one[0] == "logit lens: the top token each layer predicts"
+
+
+def sliced_rows(lines: list[str]) -> list[list[str]]:
+    """A table's rows (header first, from `lines[0]`), cut into cells at the columns of the rule under the
+    header, so that a cell with several runs (two spaces apart) stays one cell."""
+    starts = [m.start() for m in re.finditer("─+", lines[1])] + [None]
+    rows = []
+    for line in [lines[0], *lines[2:]]:
+        if not line.strip():
+            break
+        rows.append([line[a:b].strip() for a, b in zip(starts, starts[1:])])
+    return rows
+
+
+def summary_runs(cell: str) -> dict[int, str]:
+    """`0-1: 0 [CLS]  2: 1 le` -> {0: '0 [CLS]', 1: '0 [CLS]', 2: '1 le'}: what each layer's run says."""
+    said = {}
+    for run_text in re.split(r"\s{2,}", cell):
+        layers, what = run_text.split(": ", 1)
+        first, _, last = layers.partition("-")
+        for layer in range(int(first), int(last or first) + 1):
+            said[layer] = what
+    return said
+
+
+def test_the_summary_names_each_kind_and_head_and_says_each_layers_most_attended_key(cli, tmp_path, minilm_dir):
+    """The summary of every layer: a table per token sequence (an encoder-decoder's source, then its decoder
+    input), a column per kind of attention and head; each run of layers names the key they attend to most,
+    as the JSON's max_key says for each layer."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ, encoding="utf-8")
+    args = ("encode", "time flies like an arrow", "--model", str(path), "--target", "le temps", "--heads", "0,1",
+            *WIDE)
+    (record,) = [json.loads(line) for line in run(cli, *args, "--json").stdout.splitlines()]
+    lines = run(cli, *args, "--no-color").stdout.splitlines()
+    titles = [i for i, line in enumerate(lines) if line.startswith("every layer")]
+    assert lines[titles[0]] == ("every layer, a line per position: runs of layers that agree merged (`1-5: 0 "
+                                "[CLS]`: layers 1 to 5 attend most to key 0, [CLS])")
+    tables = [sliced_rows(lines[i + 1:]) for i in titles]
+    heads = ["(head 0)", "(head 1)"]
+    assert [rows[0] for rows in tables] == [
+        ["position"] + [f"encoder: attends most to {head}" for head in heads],
+        ["position"] + [f"{kind}: attends most to {head}" for kind in ("decoder", "cross") for head in heads]
+        + ["predicts"]]
+    for rows, tokens in zip(tables, (record["tokens"], record["target_tokens"])):
+        assert [row[0] for row in rows[1:]] == [f"{i} {token}" for i, token in enumerate(tokens)]
+        for column, header in enumerate(rows[0]):
+            if header == "predicts":  # the lens's top token of each layer, at each decoder position
+                assert [summary_runs(row[column]) for row in rows[1:]] == [
+                    {lens["layer"]: lens["top"][position][0]["token"] for lens in record["lens"]}
+                    for position in range(len(tokens))]
+            if ": attends most to" not in header:
+                continue
+            kind, head = header.split(":")[0], int(header[-2])
+            maps = {a["layer"]: a["max_key"] for a in record["attention"] if a["kind"] == kind and a["head"] == head}
+            keys = record["tokens"] if kind in ("encoder", "cross") else record["target_tokens"]
+            assert len(maps) == 2
+            for query, row in enumerate(rows[1:]):
+                said = summary_runs(row[column])
+                assert said == {layer: f"{most[query]} {keys[most[query]]}" for layer, most in maps.items()}, \
+                    (header, row)
+    plain = table_rows(run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--no-color", *WIDE).stdout,
+                       "every layer")
+    assert plain[0] == ["position", "attends most to", "predicts"]  # the mean over heads: no head named
+
+
+@pytest.mark.parametrize("layers,note", [([], "; sublayers of the last block only"),
+                                         (["--layers", "3,1"], "; sublayers of block 1, 3 only"),
+                                         (["--layers", "all"], "")])
+def test_the_stages_table_says_which_sublayers_it_shows_and_aligns_its_numbers(cli, minilm_dir, layers, note):
+    lines = run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--no-color", *WIDE, *layers).stdout.splitlines()
+    start = lines.index(f"stages (float32{note})")
+    rows = sliced_rows(lines[start + 1:])
+    assert rows[0] == ["stage", "shape", "params", "mean", "std", "norm"]
+    shown = [row[0] for row in rows[1:]]
+    blocks = {"": range(6), "; sublayers of the last block only": [5], "; sublayers of block 1, 3 only": [1, 3]}[note]
+    assert [stage for stage in shown if "output" not in stage and stage.startswith("block")] == \
+        [f"block {block} {sublayer}" for block in blocks for sublayer in ("attention", "feed_forward")]
+    body = lines[start + 3:start + 1 + len(rows)]
+    for column, name in enumerate(rows[0][1:], start=1):  # numbers right-aligned: under their header's end
+        end = re.search(rf"\b{name}\b", lines[start + 1]).end()
+        assert all(line[:end].endswith(row[column]) for line, row in zip(body, rows[1:])), name
+
+
+ONE_LAYER = ("hidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\nintermediate_size: 64\n"
+             "max_position_embeddings: 32\nhead: mlm\n")
+
+
+@pytest.mark.parametrize("model,args,lens,summary", [
+    ("minilm", [], False, True),  # the first-run view: the last layer in full, every layer in the summary
+    ("minilm", ["--top-k", "2"], True, True),  # --top-k asks for the lens table
+    ("minilm", ["--top-k", "0"], False, True),  # no lens at all: the summary of the attention alone
+    ("minilm", ["--layers", "3"], True, False),  # only layer 3 is captured, and shown in full: no summary
+    ("minilm", ["--layers", "all"], True, False),  # every layer in full: nothing left to summarize
+    ("minilm", ["--layers", "all", "--heads", "0"], True, False),
+    ("one layer", [], True, False),  # one layer, shown in full: its lens instead of a summary
+])
+def test_the_view_opens_with_the_text_and_shows_the_lens_or_the_summary(cli, minilm_dir, tmp_path, model, args, lens,
+                                                                       summary):
+    """A text's view: its title (bold), its pair, its tokens; then stages and maps; the summary when some
+    captured layer is not shown in full; the lens table when asked for (--top-k) or when there is no summary
+    (whose `predicts` column says the same)."""
+    path = tmp_path / "one.yaml"
+    path.write_text(ONE_LAYER, encoding="utf-8")
+    source = str(minilm_dir) if model == "minilm" else str(path)
+    result = run(cli, "encode", "time flies", "--pair", "fruit flies", "--model", source, "--no-color", *WIDE, *args)
+    lines = result.stdout.splitlines()
+    assert lines[:3] == ["text 1: 'time flies'", "pair: 'fruit flies'",
+                         "tokens: 0 [CLS]  1 time  2 flies  3 [SEP]  4 fruit  5 flies  6 [SEP]"]
+    assert any(line.startswith("logit lens") for line in lines) == lens
+    assert any(line.startswith("every layer") for line in lines) == summary
+    assert lines[-1].strip() and not lines[0].startswith(" ")  # no blank line at the end
+    coloured = run(cli, "encode", "time flies", "--model", source, "--color", *WIDE, *args).stdout
+    assert coloured.startswith("\x1b[1mtext 1: 'time flies'\x1b[0m\n")
+    plain = ANSI_CODE.sub("", coloured).splitlines()
+    heat = plain.index(next(line for line in plain if line.startswith("query "))) + 1
+    assert "\x1b[38;5;" in coloured.splitlines()[heat]  # the map's first row: its heat cells in colour
+
+
+def test_an_encoder_decoder_view_lists_the_source_then_the_decoder_input(cli, tmp_path):
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ, encoding="utf-8")
+    lines = run(cli, "encode", "time flies", "--model", str(path), "--target", "le temps", "--no-color",
+                *WIDE).stdout.splitlines()
+    assert lines[:3] == ["text 1: 'time flies'", "tokens: 0 [CLS]  1 time  2 flies  3 [SEP]",
+                         "decoder input: 0 [CLS]  1 le  2 temps"]
+
+
+def test_attn_top_sets_the_keys_named_beside_each_map(cli, minilm_dir):
+    """--attn-top 1: one key per query beside the map, however many would fit."""
+    lines = run(cli, "encode", "time flies", "--model", str(minilm_dir), "--no-color", "--attn-top", "1",
+                *WIDE).stdout.splitlines()
+    rows = [line for line in lines if re.match(r"\d \S+ .*\d\.\d\d", line)]
+    assert rows and all(len(re.findall(r"\d \S+ \d\.\d\d", line)) == 1 for line in rows), rows

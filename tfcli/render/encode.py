@@ -51,7 +51,7 @@ def report_lines(report: TextReport, number: int, width: int, view: View = View(
         if _in_detail(amap.layer, [a.layer for a in report.attention if a.kind == amap.kind], view.detail):
             lines += [Text()] + heatmap_lines(amap, width, view.attention_top, view.color)
     summary = summary_lines(report, width) if _some_layer_not_in_detail(report, view.detail) else []
-    if report.lens and (view.lens or view.detail is not None or not summary):
+    if report.lens and (view.lens or not summary):  # asked for, or no summary to say what it predicts
         lines += [Text()] + lens_lines(report, width, view.detail, view.lens_top)
     return lines + ([Text()] + summary if summary else [])
 
@@ -73,7 +73,7 @@ def token_lines(label: str, tokens: list[str], width: int) -> list[Text]:
     return wrap([Text(f"{label}: ") + items[0], *items[1:]], width)
 
 
-def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None = None) -> list[Text]:
+def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None) -> list[Text]:
     """The stages table: every stage's shape, parameters and statistics. Sublayer rows (attention,
     feed-forward) only for the blocks in detail (by default each stack's last block)."""
     def stack_blocks(row: StageRow) -> list[int]:  # the blocks of the row's stack (encoder, decoder)
@@ -93,7 +93,7 @@ def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None = N
     if len(rows) < len(stages):
         blocks = sorted({r.block for r in rows if r.block is not None})
         notes.append("sublayers of the last block only" if detail is None else
-                     "sublayers of block " + ", ".join(map(str, blocks)) + " only" if blocks else "no sublayers")
+                     "sublayers of block " + ", ".join(map(str, blocks)) + " only")
     return table(columns, width, title="stages" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
@@ -146,7 +146,7 @@ def _most_attended(amap: AttentionMap, top: int) -> Column:
                                       for ks, ws in zip(keys, weights)])
 
 
-def lens_lines(report: TextReport, width: int, detail: list[int] | None = None, top: int = 1) -> list[Text]:
+def lens_lines(report: TextReport, width: int, detail: list[int] | None, top: int) -> list[Text]:
     """The logit lens of the layers in detail: a row per position, a column per layer, the top tokens
     with their probabilities (a long text grows downwards; more layers go on further pages)."""
     positions = report.target_tokens if report.target_tokens is not None else report.tokens
@@ -157,11 +157,15 @@ def lens_lines(report: TextReport, width: int, detail: list[int] | None = None, 
     if sum(GAP + c.natural_width() for c in columns) - GAP > width:  # not on one page so: a token per line
         for column in columns[1:]:
             column.sep = "\n"
-    count = min(top, len(rows[0].top[0])) if rows and rows[0].top else 0
-    title = f"logit lens: the top {count if count > 1 else ''} token{'s' if count > 1 else ''} each layer predicts"
+    count = min(top, len(rows[0].top[0]))  # tokens per cell
+    title = f"logit lens: the top {f'{count} tokens' if count > 1 else 'token'} each layer predicts"
     layer_of = {id(column): row.layer for column, row in zip(columns[1:], rows)}
-    return table(columns, width, title=title.replace("top  ", "top "),
-                 page_note=lambda page: "layers " + _layers(layer_of[id(page[0])], layer_of[id(page[-1])]))
+
+    def page_note(page: list[Column]) -> str:  # 'layer 3', 'layers 1-2'
+        first, last = layer_of[id(page[0])], layer_of[id(page[-1])]
+        return ("layer " if first == last else "layers ") + _layers(first, last)
+
+    return table(columns, width, title=title, page_note=page_note)
 
 
 def summary_lines(report: TextReport, width: int) -> list[Text]:
