@@ -78,6 +78,11 @@ def test_attends_most_to_names_the_most_attended_key(cli, minilm_dir, tmp_path):
         assert float(weight) == pytest.approx(float(weights[query, best]), abs=0.005)
         # and every cell of the row shows its weight's level on the README's scale, key by key
         assert glyphs == [_level(w) for w in weights[query].tolist()]
+        # beside it the three keys it attends to most, the first always, the others from 0.005 (0.01 as shown)
+        values, keys = weights[query].topk(3)
+        assert most == [f"{k} {tokens[k]} {w:.2f}" for rank, (w, k) in enumerate(zip(values.tolist(), keys.tolist()))
+                        if rank == 0 or w >= 0.005]
+    assert any(len(most) < 3 for _, _, most in rows)  # some query has a weight under 0.005 in its top 3
     assert {tokens[int(weights[q].argmax())] for q in range(len(tokens))} != {tokens[0]}  # not one answer for all
 
 
@@ -362,3 +367,52 @@ def test_attn_top_sets_the_keys_named_beside_each_map(cli, minilm_dir):
                 *WIDE).stdout.splitlines()
     rows = [line for line in lines if re.match(r"\d \S+ .*\d\.\d\d", line)]
     assert rows and all(len(re.findall(r"\d \S+ \d\.\d\d", line)) == 1 for line in rows), rows
+
+
+def test_an_encoder_decoder_stages_table_details_each_stacks_last_block(cli, tmp_path):
+    """By default each stack's own last block shows its sublayers: the encoder's block 2, the decoder's 1."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ.replace("num_hidden_layers: 2", "num_hidden_layers: 3"), encoding="utf-8")
+    lines = run(cli, "encode", "time flies", "--model", str(path), "--target", "le temps", "--no-color",
+                *WIDE).stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("stages"))
+    stages = [row[0] for row in sliced_rows(lines[start + 1:])[1:]]
+    assert [stage for stage in stages if "output" not in stage and "block" in stage] == [
+        "encoder block 2 attention", "encoder block 2 feed_forward", "decoder block 1 attention",
+        "decoder block 1 cross_attention", "decoder block 1 feed_forward"]
+
+
+LONG = ("the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat near the door and the bird "
+        "sings in the tall green tree as the sun rises over the quiet hills")  # 39 tokens
+
+
+def map_pages(lines: list[str], title: str) -> list[tuple[str, list[str]]]:
+    """Each page of the map whose title starts with `title`: (its title, unwrapped; the header lines, down to
+    the `query` line, which holds the keys' units digits)."""
+    pages = []
+    for start in [i for i, line in enumerate(lines) if line.startswith(title)]:
+        end = next(i for i in range(start, len(lines)) if lines[i].startswith(("query", " ")))
+        query = next(i for i in range(end, len(lines)) if lines[i].startswith("query"))
+        pages.append((" ".join(lines[start:end]), lines[end:query + 1]))
+    return pages
+
+
+@pytest.mark.parametrize("width", ["40", "50", "120"])
+def test_each_page_of_a_map_numbers_its_keys_above_their_cells(cli, minilm_dir, width):
+    """A map too wide for the terminal goes on pages; each page's title says which keys it holds (or that it
+    holds the keys attended to most), and reading down the header above a cell gives that cell's key."""
+    lines = run(cli, "encode", LONG, "--model", str(minilm_dir), "--no-color", "--width", width).stdout.splitlines()
+    pages = map_pages(lines, "attention: layer 5")
+    seen, most = [], []
+    for title, header in pages:
+        most.append(title.endswith("attends most to)") if len(pages) > 1 else header[-1].endswith("attends most to"))
+        keys = re.search(r"keys (\d+)-(\d+)\b", title)
+        if len(pages) > 1 and not keys:
+            continue  # the page of the keys attended to most
+        low, high = (int(keys[1]), int(keys[2])) if keys else (0, 38)
+        first = header[-1].index(str(low % 10), len("query"))  # under the first key's units digit
+        step = 2 if header[-1][first + 1] == " " else 1
+        for j, key in enumerate(range(low, high + 1)):
+            assert "".join(line.ljust(200)[first + step * j] for line in header) == str(key).rjust(2), (key, header)
+        seen += range(low, high + 1)
+    assert seen == list(range(39)) and most.count(True) == 1, (width, [title for title, _ in pages])
