@@ -150,6 +150,8 @@ def test_malformed_yaml(cli, tmp_path, text, needles):
     ("rope_theta: .inf", ["`rope_theta` must be a number"]),
     ("hidden_act: [gelu]", ["`hidden_act` must be a string"]),
     ("labels: {a: 1}", ["`labels` must be a list"]),
+    ("labels: [no, maybe, yes]", ["`labels` must be a list of names, got [False, 'maybe', True]",
+                                  "hint: YAML reads yes, no, on, off, true and false as booleans: quote them"]),
     ("norm: batchnorm", ["unsupported norm `batchnorm`", "layernorm, rmsnorm"]),
     ("position: rotry", ["unsupported position", "did you mean `rotary`"]),
 ])

@@ -29,7 +29,7 @@ SIZES = "hidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\nintermed
         "max_position_embeddings: 32\n"
 CONFIGS = {
     "encoder": "architecture: encoder\nhead: mlm\n",
-    "classifier": "architecture: encoder\nhead: classifier\nlabels: [no, maybe, yes]\n",
+    "classifier": "architecture: encoder\nhead: classifier\nlabels: ['no', maybe, 'yes']\n",
     "decoder": "architecture: decoder\nnorm_position: pre\nfinal_norm: true\ntype_vocab_size: 0\nhead: lm\n",
     "seq2seq": "architecture: encoder-decoder\ntype_vocab_size: 0\nhead: lm\ndecoder_start_token_id: 101\n",
 }
@@ -68,6 +68,13 @@ def check_encode_parts(record: dict, top_k: int) -> None:
         assert set(row) == LENS
         for position in row["top"]:
             assert len(position) == top_k and all(set(token) == LENS_TOKEN for token in position)
+    stages, maps = record["shapes"], record["attention"]  # the README's rounding of each kind of number
+    for values, decimals in [([s["mean"] for s in stages] + [s["std"] for s in stages], 6),
+                             ([s["norm"] for s in stages], 4), ([w for a in maps for w in a["max_weight"]], 6),
+                             ([w for a in maps for row in a["weights"] for w in row], 4),
+                             ([t["prob"] for row in record["lens"] for p in row["top"] for t in p], 6)]:
+        assert all(round(value, decimals) == value for value in values), decimals
+        assert any(round(value, decimals - 1) != value for value in values), decimals  # not fewer either
 
 
 def test_encode_record(cli, models):
@@ -90,7 +97,7 @@ def test_encode_record_of_an_encoder_decoder(cli, models):
 
 def test_classify_record(cli, models):
     (record,) = records(cli("classify", "time flies", "--model", models["classifier"], "--json"))
-    assert set(record) == CLASSIFY
+    assert set(record) == CLASSIFY and record["labels"] == ["no", "maybe", "yes"]
     (paired,) = records(cli("classify", "time flies", "--pair", "an arrow", "--model", models["classifier"], "--json"))
     assert set(paired) == CLASSIFY | {"pair"}
     (explained,) = records(cli("classify", "time flies", "--model", models["classifier"], "--json", "--explain"))

@@ -229,7 +229,7 @@ def _attention_record(amap: AttentionMap) -> dict[str, Any]:
     scale = 10 ** ATTENTION_DECIMALS
     return {"kind": amap.kind, "layer": amap.layer, "head": amap.head,
             "max_key": [k[0] for k in keys], "max_weight": [round(v[0], 6) for v in values],
-            "weights": ((amap.weights * scale).round() / scale).tolist()}
+            "weights": ((amap.weights.double() * scale).round() / scale).tolist()}  # float64: 0.251, not 0.25099998
 
 
 def check_save_path(path: Path, overwrite: bool) -> None:
