@@ -416,3 +416,15 @@ def test_each_page_of_a_map_numbers_its_keys_above_their_cells(cli, minilm_dir, 
             assert "".join(line.ljust(200)[first + step * j] for line in header) == str(key).rjust(2), (key, header)
         seen += range(low, high + 1)
     assert seen == list(range(39)) and most.count(True) == 1, (width, [title for title, _ in pages])
+
+
+def test_a_cross_attention_map_names_three_keys_even_for_fewer_queries(cli, tmp_path):
+    """Cross-attention maps are not square: 2 decoder queries over 7 source keys still get the 3 keys they
+    attend to most (a random model spreads its weight, so all three are over 0.005)."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ, encoding="utf-8")
+    shown = run(cli, "encode", "time flies like an arrow", "--model", str(path), "--target", "le", "--no-color",
+                *WIDE).stdout
+    rows = heatmap(shown, "cross-attention (decoder query -> encoder key): layer 1", 7)
+    assert [label for label, _, _ in rows] == ["0 [CLS]", "1 le"]
+    assert [len(most) for _, _, most in rows] == [3, 3]
