@@ -385,3 +385,13 @@ def test_random_weights_make_every_norm_a_unit_scale_rmsnorm(cli, tmp_path, norm
     (final,) = [stage for stage in record["shapes"] if stage["stage"] == "final norm"]
     tokens, hidden = final["shape"]
     assert final["norm"] == pytest.approx((tokens * hidden) ** 0.5, rel=1e-4)
+
+
+def test_a_classifiers_head_stage_is_its_label_scores(cli, tmp_path):
+    """A classifier's head row holds one score per label, however short the text: 5 labels, 3 tokens."""
+    path = tmp_path / "classifier.yaml"
+    path.write_text(ENCODER.replace("head: mlm", "head: classifier") + "labels: [a, b, c, d, e]\n", encoding="utf-8")
+    (record,) = records(cli("encode", "hi", "--model", str(path), "--json"))
+    assert len(record["ids"]) == 3
+    (head,) = [stage for stage in record["shapes"] if stage["stage"] == "head"]
+    assert head["shape"] == [5] and head["params"] == 32 * 32 + 32 + 32 * 5 + 5  # tanh pooler, then the labels
