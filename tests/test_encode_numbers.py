@@ -400,10 +400,12 @@ def test_a_classifiers_head_stage_is_its_label_scores(cli, tmp_path):
 @pytest.mark.parametrize("extra,expected", [
     ("", 30522 * 32 + 32 * 32 + 2 * 32 + 2 * 32),  # words, positions, segments, LayerNorm weight and bias
     ("embedding_size: 16\n", 30522 * 16 + 32 * 16 + 2 * 16 + 2 * 16 + 16 * 32 + 32),  # ALBERT: narrow, projected
-    ("word_embed_proj_dim: 16\n", 30522 * 16 + 16 * 32 + 32 * 32 + 2 * 32),  # a decoder, words projected in (OPT)
+    ("word_embed_proj_dim: 16\nfinal_norm: true\n", 30522 * 16 + 16 * 32 + 32 * 32 + 2 * 32),  # a decoder, words projected in (OPT)
 ])
 def test_the_embeddings_stage_counts_every_embedding_parameter(cli, tmp_path, extra, expected):
     path = tmp_path / "model.yaml"
     path.write_text((DECODER if "word_embed" in extra else ENCODER) + extra, encoding="utf-8")
     (record,) = records(cli("encode", "hi", "--model", str(path), "--json"))
     assert record["shapes"][0]["stage"] == "embeddings" and record["shapes"][0]["params"] == expected
+    final = [stage["params"] for stage in record["shapes"] if stage["stage"] == "final norm"]
+    assert final == ([2 * 32] if "word_embed" in extra else [])  # the pre-norm decoder's last LayerNorm
