@@ -231,8 +231,9 @@ def test_the_lens_table_says_what_it_holds_and_keeps_a_cell_on_one_line_when_it_
     notes = re.findall(r"\(page (\d) of (\d): (layers? [\d-]+)\)", paged.replace("\n", " "))
     assert [note for _, _, note in notes] == ["layer 0", "layers 1-2", "layer 3", "layer 4", "layer 5"]
     assert [(int(page), int(pages)) for page, pages, _ in notes] == [(page, 5) for page in range(1, 6)]
-    one = lens_section(run(cli, *args, "--top-k", "1", "--width", "120").stdout)
-    assert one[0] == "logit lens: the top token each layer predicts"
+    for top_k, title in (("1", "the top token"), ("2", "the top 2 tokens")):
+        lens = lens_section(run(cli, *args, "--top-k", top_k, "--width", "120").stdout)
+        assert lens[0] == f"logit lens: {title} each layer predicts"
 
 
 def sliced_rows(lines: list[str]) -> list[list[str]]:
@@ -345,6 +346,7 @@ def test_the_view_opens_with_the_text_and_shows_the_lens_or_the_summary(cli, min
     assert any(line.startswith("logit lens") for line in lines) == lens
     assert any(line.startswith("every layer") for line in lines) == summary
     assert lines[-1].strip() and not lines[0].startswith(" ")  # no blank line at the end
+    assert not any(line == after == "" for line, after in zip(lines, lines[1:]))  # nor two in a row
     coloured = run(cli, "encode", "time flies", "--model", source, "--color", *WIDE, *args).stdout
     assert coloured.startswith("\x1b[1mtext 1: 'time flies'\x1b[0m\n")
     plain = ANSI_CODE.sub("", coloured).splitlines()
@@ -397,14 +399,17 @@ def map_pages(lines: list[str], title: str) -> list[tuple[str, list[str]]]:
     return pages
 
 
-@pytest.mark.parametrize("width", ["40", "50", "120"])
-def test_each_page_of_a_map_numbers_its_keys_above_their_cells(cli, minilm_dir, width):
-    """A map too wide for the terminal goes on pages; each page's title says which keys it holds (or that it
-    holds the keys attended to most), and reading down the header above a cell gives that cell's key."""
-    lines = run(cli, "encode", LONG, "--model", str(minilm_dir), "--no-color", "--width", width).stdout.splitlines()
+@pytest.mark.parametrize("width,top", [("40", []), ("50", []), ("120", []), ("40", ["--attn-top", "1"])])
+def test_each_page_of_a_map_numbers_its_keys_above_their_cells(cli, minilm_dir, width, top):
+    """A map too wide for the terminal goes on pages; each page's title says which keys it holds and whether
+    it holds the keys attended to most, and reading down the header above a cell gives that cell's key."""
+    lines = run(cli, "encode", LONG, "--model", str(minilm_dir), "--no-color", "--width", width,
+                *top).stdout.splitlines()
     pages = map_pages(lines, "attention: layer 5")
     seen, most = [], []
     for title, header in pages:
+        assert len(pages) == 1 or re.search(r": (keys \d+-\d+|keys \d+-\d+, attends most to|attends most to)\)$",
+                                            title), title
         most.append(title.endswith("attends most to)") if len(pages) > 1 else header[-1].endswith("attends most to"))
         keys = re.search(r"keys (\d+)-(\d+)\b", title)
         if len(pages) > 1 and not keys:
