@@ -409,3 +409,43 @@ def test_the_embeddings_stage_counts_every_embedding_parameter(cli, tmp_path, ex
     assert record["shapes"][0]["stage"] == "embeddings" and record["shapes"][0]["params"] == expected
     final = [stage["params"] for stage in record["shapes"] if stage["stage"] == "final norm"]
     assert final == ([2 * 32] if "word_embed" in extra else [])  # the pre-norm decoder's last LayerNorm
+
+
+def test_each_hidden_state_row_has_the_statistics_of_that_hidden_state(cli, minilm_dir, tmp_path):
+    """A trained model (a random post-norm one gives every hidden state mean 0 and std 1, whichever is read):
+    the embeddings row is `hidden.0`, block i's output row `hidden.{i + 1}`."""
+    saved = tmp_path / "run.safetensors"
+    (record,) = records(cli("encode", "time flies like an arrow", "--model", str(minilm_dir), "--json",
+                            "--save", str(saved)))
+    tensors = load_file(str(saved))
+    rows = {stage["stage"]: stage for stage in record["shapes"]}
+    names = ["embeddings"] + [f"block {i} output" for i in range(6)]
+    for i, name in enumerate(names):
+        values = tensors[f"hidden.{i}"][0].double()
+        assert rows[name]["mean"] == pytest.approx(values.mean().item(), abs=1e-6), name
+        assert rows[name]["std"] == pytest.approx(values.std(correction=0).item(), abs=1e-6), name
+    assert len({rows[name]["std"] for name in names}) == len(names)  # each hidden state is told apart
+
+
+def test_an_encoder_decoder_reports_each_text_of_a_padded_batch_as_alone(cli, tmp_path):
+    """Two sources of different lengths share a padded batch: each one's record (stages, every map, the lens)
+    is what it gets alone, sized to its own tokens, with none of the other's padding."""
+    path = tmp_path / "seq2seq.yaml"
+    path.write_text(SEQ2SEQ, encoding="utf-8")
+    texts = ["time flies", "the animal did not cross the street because it was too tired"]
+    args = ("--model", str(path), "--target", "le temps", "--json", "--top-k", "2")
+    together = records(cli("encode", *texts, *args))
+    for text, batched in zip(texts, together):
+        (alone,) = records(cli("encode", text, *args))
+        n = len(alone["ids"])
+        assert [stage["shape"] for stage in batched["shapes"]] == [stage["shape"] for stage in alone["shapes"]]
+        assert [stage["shape"][0] for stage in alone["shapes"] if stage["stage"].startswith("encoder")] == \
+            [n] * sum(stage["stage"].startswith("encoder") for stage in alone["shapes"])
+        for a, b in zip(batched["shapes"], alone["shapes"]):
+            assert a["std"] == pytest.approx(b["std"], abs=1e-5), a["stage"]
+        for a, b in zip(batched["attention"], alone["attention"]):
+            assert (a["kind"], a["layer"], a["head"]) == (b["kind"], b["layer"], b["head"])
+            assert torch.tensor(a["weights"]).shape == torch.tensor(b["weights"]).shape
+            assert torch.allclose(torch.tensor(a["weights"]), torch.tensor(b["weights"]), atol=2e-4), a["kind"]
+        assert [[t["id"] for t in p] for row in batched["lens"] for p in row["top"]] == \
+            [[t["id"] for t in p] for row in alone["lens"] for p in row["top"]]

@@ -280,7 +280,7 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
 
 
 def stage_rows(model: "TransformerModel", stack: "Stack", out: "ModelOutput", row: int, length: int,
-               prefix: str = "") -> list[StageRow]:
+               prefix: str) -> list[StageRow]:
     """One stack's stages for row `row` of a batch: the embeddings, each block's sublayers and output,
     the final norm. Labels and parameter counts come from the module that produced each tensor."""
     from tfcli.model.transformer import count_parameters
