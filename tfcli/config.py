@@ -242,9 +242,9 @@ def _check_type(key: str, value: Any, origin: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
             raise wrong
         if any(isinstance(v, bool) for v in value):  # YAML 1.1 reads yes/no/on/off as true/false
-            raise TfcliError(f"{origin}: `{key}` must be {_describe(kind)}, got {value!r}",
-                             "YAML reads yes, no, on, off, true and false as booleans: quote them, e.g. "
-                             f"`{key}: ['no', 'yes']`")
+            wrong.hint = ("YAML reads yes, no, on, off, true and false as booleans: quote them, "
+                          f"e.g. `{key}: ['no', 'yes']`")
+            raise wrong
         value = [str(v) for v in value]
     elif kind.startswith("dict"):
         if not isinstance(value, dict):
