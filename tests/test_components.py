@@ -115,12 +115,35 @@ def test_decoder_block_matches_torch_transformer_decoder_layer(norm_first, asser
 
 
 def test_sinusoidal_table_is_the_papers_formula():
-    table = sinusoidal_table(50, 16)
-    for pos in (0, 1, 17, 49):
+    # far positions too: an angle computed in float32 there is already off by about 3e-5
+    table = sinusoidal_table(512, 16)
+    for pos in (0, 1, 17, 49, 300, 511):
         for i in range(8):
             angle = pos / 10000 ** (2 * i / 16)
-            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
-            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_sinusoidal_halves_table_matches_marians(assert_close):
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    theirs = MarianSinusoidalPositionalEmbedding(512, 64).create_weight()
+    assert_close("sinusoidal halves", sinusoidal_table(512, 64, halves=True), theirs, 1e-6)
+
+
+def test_a_sinusoidal_config_adds_the_table_to_the_token_embeddings(tmp_path, assert_close):
+    import tfcli
+    from tfcli.model import Capture
+
+    path = tmp_path / "sinusoidal.yaml"
+    path.write_text("architecture: encoder\nhidden_size: 16\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
+                    "position: sinusoidal\nembedding_norm: false\ntype_vocab_size: 0\n", encoding="utf-8")
+    model = tfcli.load_model(str(path))
+    ids = torch.tensor([[5, 17, 42, 8, 77]])
+    with torch.no_grad():
+        embeddings = model(ids, capture=Capture()).hidden_states[0]
+        tokens = model.embed(ids, model.encoder)
+    assert_close("embeddings - tokens", embeddings - tokens, sinusoidal_table(5, 16)[None], 1e-6)
 
 
 def test_rotary_matches_transformers(assert_close):
