@@ -104,3 +104,22 @@ def test_bfloat16_greedy_generation_matches_transformers_to_bfloat16_precision(b
         our_error = float((our_logits.float() - exact_logits).abs().max())
         their_error = float((their_logits.float() - exact_logits).abs().max())
         assert our_error <= 2 * their_error, (our_error, their_error)
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "sinusoidal_halves"])
+def test_fixed_positions_in_bfloat16_stay_bfloat16(tmp_path, position):
+    """The float32 table of fixed positions is cast to the model's dtype where it is added: the bfloat16
+    model runs in bfloat16 throughout and stays within bfloat16 steps of the same weights in float32."""
+    from tfcli.model import Capture
+
+    path = tmp_path / "fixed.yaml"
+    path.write_text("architecture: encoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\n"
+                    f"position: {position}\nhead: mlm\n", encoding="utf-8")
+    exact, ours = tfcli.load_model(str(path)), tfcli.load_model(str(path), dtype="bfloat16")
+    ids = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11]])
+    with torch.no_grad():
+        mine = ours(ids, capture=Capture())
+        theirs = exact(ids, capture=Capture())
+    assert {h.dtype for h in mine.hidden_states} == {torch.bfloat16}
+    assert_bfloat16_close(mine.hidden_states[0], theirs.hidden_states[0])
+    assert_bfloat16_close(mine.logits, theirs.logits, steps=4)
