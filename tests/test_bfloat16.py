@@ -106,15 +106,24 @@ def test_bfloat16_greedy_generation_matches_transformers_to_bfloat16_precision(b
         assert our_error <= 2 * their_error, (our_error, their_error)
 
 
-@pytest.mark.parametrize("position", ["sinusoidal", "sinusoidal_halves"])
-def test_fixed_positions_in_bfloat16_stay_bfloat16(tmp_path, position):
-    """The float32 table of fixed positions is cast to the model's dtype where it is added: the bfloat16
-    model runs in bfloat16 throughout and stays within bfloat16 steps of the same weights in float32."""
+POSITIONS = {  # YAML lines: each kind of position that tfcli computes in float32 and casts where it is used
+    "sinusoidal": "position: sinusoidal\n",
+    "sinusoidal halves": "position: sinusoidal_halves\n",
+    "relative bias": "position: none\nrelative_attention_num_buckets: 8\n",
+    "rotary with a local base for sliding layers": "position: rotary\nlocal_rope_theta: 100.0\nsliding_window: 4\n"
+                                                   "layer_types: [sliding_attention, full_attention]\n",
+}
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_positions_in_bfloat16_stay_bfloat16(tmp_path, position):
+    """The float32 tables of positions are cast to the model's dtype where they are used: the bfloat16 model
+    runs in bfloat16 throughout and stays within bfloat16 steps of the same weights in float32."""
     from tfcli.model import Capture
 
-    path = tmp_path / "fixed.yaml"
+    path = tmp_path / "positions.yaml"
     path.write_text("architecture: encoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\n"
-                    f"position: {position}\nhead: mlm\n", encoding="utf-8")
+                    "head: mlm\n" + POSITIONS[position], encoding="utf-8")
     exact, ours = tfcli.load_model(str(path)), tfcli.load_model(str(path), dtype="bfloat16")
     ids = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11]])
     with torch.no_grad():

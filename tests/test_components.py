@@ -186,3 +186,24 @@ def test_packed_linear_matches_plain_and_follows_weight_changes(assert_close):
         assert_close("after change", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)
         assert_close("one row", layer(x[:1, :1]), F.linear(x[:1, :1], layer.weight, layer.bias), 1e-5)
     assert layer(x).requires_grad  # training keeps autograd's plain path
+
+
+def test_sliding_window_with_relative_position_bias_sees_only_the_window(tmp_path, assert_close):
+    """A one-block causal decoder whose positions are only a relative bias: with a sliding window of 3, the
+    last token's logits are those of the same weights without a window, fed only the last 3 tokens (the bias
+    depends on distances alone, so both runs add the same bias to the keys the window keeps)."""
+    import tfcli
+
+    common = ("architecture: decoder\nhidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\nhead: lm\n"
+              "norm_position: pre\nposition: none\ntype_vocab_size: 0\nrelative_attention_num_buckets: 8\n"
+              "relative_attention_max_distance: 16\n")
+    (tmp_path / "window.yaml").write_text(common + "sliding_window: 3\n", encoding="utf-8")
+    (tmp_path / "full.yaml").write_text(common, encoding="utf-8")
+    windowed, full = (tfcli.load_model(str(tmp_path / name)) for name in ("window.yaml", "full.yaml"))
+    ids = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11]])
+    with torch.no_grad():
+        got = windowed(ids).logits[:, -1]
+        expected = full(ids[:, -3:]).logits[:, -1]
+        unwindowed = full(ids).logits[:, -1]
+    assert_close("last token's logits", got, expected, 1e-5)
+    assert not torch.allclose(got, unwindowed, atol=1e-4)  # the window changes what the last token sees
