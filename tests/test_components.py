@@ -207,3 +207,17 @@ def test_sliding_window_with_relative_position_bias_sees_only_the_window(tmp_pat
         unwindowed = full(ids).logits[:, -1]
     assert_close("last token's logits", got, expected, 1e-5)
     assert not torch.allclose(got, unwindowed, atol=1e-4)  # the window changes what the last token sees
+
+
+def test_a_decoders_outputs_depend_only_on_their_prefix(tiny_decoder, assert_close):
+    """Causality at every length, the shortest included: the logits at position i of a text of 1 to 5
+    tokens are those of the text cut after position i."""
+    import tfcli
+
+    model = tfcli.load_model(str(tiny_decoder))
+    ids = torch.tensor([[5, 17, 42, 8, 77]])
+    with torch.no_grad():
+        for length in range(1, 6):
+            logits = model(ids[:, :length]).logits
+            for i in range(length):
+                assert_close(f"position {i} of {length}", logits[:, i], model(ids[:, :i + 1]).logits[:, -1], 1e-5)
