@@ -42,6 +42,8 @@ CASES = {  # config class, model class, settings
     "marian": ("MarianConfig", "MarianMTModel", MARIAN),
     "marian, separate embeddings": ("MarianConfig", "MarianMTModel", dict(
         MARIAN, share_encoder_decoder_embeddings=False, tie_word_embeddings=False)),
+    "marian, separate embeddings, head tied to the decoder's": ("MarianConfig", "MarianMTModel", dict(
+        MARIAN, share_encoder_decoder_embeddings=False)),
 }
 
 
