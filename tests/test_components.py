@@ -158,6 +158,52 @@ def test_rotary_matches_transformers(assert_close):
     assert_close("k", apply_rotary(k, cos, sin), theirs_k, 1e-6)
 
 
+PHI3_FACTORS = dict(short_factor=[1.0 + i / 16 for i in range(48)], long_factor=[1.0 + i / 2 for i in range(48)])
+# name: (head size, rope_theta, max_position_embeddings, rope_parameters): the real models' settings, and the
+# optional keys each changed once
+ROPE_SCALINGS = {
+    "linear": (64, 10000.0, 4096, dict(rope_type="linear", factor=4.0)),
+    "llama3 (Llama 3.1)": (128, 500000.0, 131072, dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                     high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "llama3, other band": (64, 10000.0, 4096, dict(rope_type="llama3", factor=4.0, low_freq_factor=2.0,
+                                                   high_freq_factor=8.0, original_max_position_embeddings=1024)),
+    "yarn (Qwen3: its factor, not the lengths' ratio)": (128, 1e6, 40960, dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=32768)),
+    "yarn, mscale and betas (DeepSeek)": (64, 10000.0, 163840, dict(
+        rope_type="yarn", factor=40.0, original_max_position_embeddings=4096, mscale=1.0, mscale_all_dim=0.5,
+        beta_fast=16.0, beta_slow=2.0)),
+    "yarn, attention factor given, not truncated": (128, 1e6, 65536, dict(
+        rope_type="yarn", factor=2.0, original_max_position_embeddings=32768, attention_factor=1.3, truncate=False)),
+    "yarn, factor from the lengths": (64, 10000.0, 8192, dict(
+        rope_type="yarn", factor=None, original_max_position_embeddings=2048)),
+    "longrope (Phi-3 128k)": (96, 10000.0, 131072, dict(
+        rope_type="longrope", original_max_position_embeddings=4096, **PHI3_FACTORS)),
+    "longrope, 1.5x the original length": (96, 10000.0, 6144, dict(
+        rope_type="longrope", original_max_position_embeddings=4096, **PHI3_FACTORS)),
+    "longrope, factor and attention factor given": (96, 10000.0, 131072, dict(
+        rope_type="longrope", original_max_position_embeddings=4096, factor=2.0, attention_factor=1.2,
+        **PHI3_FACTORS)),
+}
+
+
+@pytest.mark.parametrize("name", ROPE_SCALINGS)
+def test_rope_scaling_frequencies_match_transformers(name, assert_close):
+    """Each RoPE scaling's inverse frequencies and cos/sin factor against transformers' own functions, at the
+    real models' head sizes and lengths (where the ramps and bands fall between frequencies)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tfcli.model.rotary import scaled_frequencies
+
+    head, theta, max_positions, scaling = ROPE_SCALINGS[name]
+    config = LlamaConfig(hidden_size=4 * head, num_attention_heads=4, head_dim=head,
+                         max_position_embeddings=max_positions, rope_parameters={**scaling, "rope_theta": theta})
+    theirs, their_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+    ours, our_factor = scaled_frequencies(head, theta, scaling, max_positions)
+    assert_close("inverse frequencies", ours, theirs, 1e-7)
+    assert our_factor == pytest.approx(their_factor, rel=1e-12)
+
+
 def test_attention_module_matches_torch_multihead_attention(assert_close):
     torch.manual_seed(0)
     theirs = nn.MultiheadAttention(WIDTH, HEADS, batch_first=True).eval()
