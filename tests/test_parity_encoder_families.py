@@ -53,6 +53,8 @@ CASES = {  # config class, model class, settings, tfcli head
                                                         type_vocab_size=2, legacy=False), "mlm"),
     "deberta-v2 c2p only": ("DebertaV2Config", "DebertaV2Model", dict(DEBERTA_V3, pos_att_type=["c2p"],
                                                                       share_att_key=False), "none"),
+    "deberta-v2 p2c only": ("DebertaV2Config", "DebertaV2Model", dict(DEBERTA_V3, pos_att_type=["p2c"],
+                                                                      share_att_key=False), "none"),
     "modernbert masked lm": ("ModernBertConfig", "ModernBertForMaskedLM", MODERNBERT, "mlm"),
     "modernbert classifier, mean pooling": ("ModernBertConfig", "ModernBertForSequenceClassification", dict(
         MODERNBERT, classifier_pooling="mean", id2label=LABELS), "classifier"),
