@@ -176,9 +176,13 @@ ROPE_SCALINGS = {
         rope_type="yarn", factor=2.0, original_max_position_embeddings=32768, attention_factor=1.3, truncate=False)),
     "yarn, factor from the lengths": (64, 10000.0, 8192, dict(
         rope_type="yarn", factor=None, original_max_position_embeddings=2048)),
+    "yarn, a ramp ending past the head (a small theta)": (64, 10.0, 4096, dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=1024)),
     "longrope (Phi-3 128k)": (96, 10000.0, 131072, dict(
         rope_type="longrope", original_max_position_embeddings=4096, **PHI3_FACTORS)),
     "longrope, 1.5x the original length": (96, 10000.0, 6144, dict(
+        rope_type="longrope", original_max_position_embeddings=4096, **PHI3_FACTORS)),
+    "longrope, no longer than the original": (96, 10000.0, 4096, dict(
         rope_type="longrope", original_max_position_embeddings=4096, **PHI3_FACTORS)),
     "longrope, factor and attention factor given": (96, 10000.0, 131072, dict(
         rope_type="longrope", original_max_position_embeddings=4096, factor=2.0, attention_factor=1.2,
@@ -202,6 +206,17 @@ def test_rope_scaling_frequencies_match_transformers(name, assert_close):
     ours, our_factor = scaled_frequencies(head, theta, scaling, max_positions)
     assert_close("inverse frequencies", ours, theirs, 1e-7)
     assert our_factor == pytest.approx(their_factor, rel=1e-12)
+
+
+@pytest.mark.parametrize("buckets, max_position", [(256, 512), (8, 16)])  # deberta-v3's, and the tests' small ones
+def test_deberta_log_buckets_match_transformers(buckets, max_position):
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    from tfcli.model.disentangled import log_bucket_position
+
+    relative = torch.arange(-3 * max_position, 3 * max_position + 1)  # far beyond the exact and the log buckets
+    theirs = make_log_bucket_position(relative, buckets, max_position)
+    assert torch.equal(log_bucket_position(relative, buckets, max_position), theirs.long())
 
 
 def test_attention_module_matches_torch_multihead_attention(assert_close):

@@ -49,6 +49,9 @@ CASES = {
         share_att_key=True, norm_rel_ebd=True, position="none", type_vocab_size=0, head="mlm"),
     "encoder, DeBERTa-v2: own position projections for c2p only, exact distances": dict(
         relative_attention=True, pos_att_type=["c2p"], max_relative_positions=16, head="classifier"),
+    "encoder, disentangled attention without biases": dict(
+        relative_attention=True, pos_att_type=["c2p", "p2c"], max_relative_positions=16, attention_bias=False,
+        attention_out_bias=False, head="none"),
     "encoder, ModernBERT: no biases, first block without attention norm, GeGLU, mean-pooled normed classifier": dict(
         norm_bias=False, first_block_attention_norm=False, norm_position="pre", final_norm=True, feed_forward="gated",
         attention_bias=False, attention_out_bias=False, mlp_bias=False, position="rotary", type_vocab_size=0,
