@@ -74,7 +74,8 @@ CASES = {
         architecture="decoder", head="lm", norm="rmsnorm", norm_position="sublayer_output", qk_norm="projection",
         num_key_value_heads=2, final_norm=True),
     "encoder-decoder, q/k norms (self-attention only, not the cross-attention)": dict(
-        architecture="encoder-decoder", head="lm", norm="rmsnorm", norm_position="pre", qk_norm="head", final_norm=True),
+        architecture="encoder-decoder", head="lm", norm="rmsnorm", norm_position="pre", qk_norm="head",
+        final_norm=True),
     "decoder, parallel block with one shared norm (GPT-J)": dict(
         architecture="decoder", head="lm", norm_position="pre", parallel_residual=True, shared_block_norm=True,
         lm_head_bias=True, tie_word_embeddings=False),
