@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -74,6 +75,22 @@ def tiny_config(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_CONFIG, encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def yaml_model(tmp_path):
+    """yaml_model(text, **options) -> the model `tfcli.load_model` builds from a YAML config of `text` (written
+    to tmp_path; options such as dtype pass through)."""
+    import tfcli
+
+    numbers = itertools.count()
+
+    def load(text: str, **options):
+        path = tmp_path / f"config{next(numbers)}.yaml"
+        path.write_text(text, encoding="utf-8")
+        return tfcli.load_model(str(path), **options)
+
+    return load
 
 
 @pytest.fixture(scope="session")

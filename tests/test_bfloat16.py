@@ -116,15 +116,14 @@ POSITIONS = {  # YAML lines: each kind of position that tfcli computes in float3
 
 
 @pytest.mark.parametrize("position", POSITIONS)
-def test_positions_in_bfloat16_stay_bfloat16(tmp_path, position):
+def test_positions_in_bfloat16_stay_bfloat16(yaml_model, position):
     """The float32 tables of positions are cast to the model's dtype where they are used: the bfloat16 model
     runs in bfloat16 throughout and stays within bfloat16 steps of the same weights in float32."""
     from tfcli.model import Capture
 
-    path = tmp_path / "positions.yaml"
-    path.write_text("architecture: encoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\n"
-                    "head: mlm\n" + POSITIONS[position], encoding="utf-8")
-    exact, ours = tfcli.load_model(str(path)), tfcli.load_model(str(path), dtype="bfloat16")
+    text = ("architecture: encoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\nhead: mlm\n"
+            + POSITIONS[position])
+    exact, ours = yaml_model(text), yaml_model(text, dtype="bfloat16")
     ids = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11]])
     with torch.no_grad():
         mine = ours(ids, capture=Capture())

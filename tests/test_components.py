@@ -10,6 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import tfcli
+from tfcli.model import Capture
+
 from tfcli.config import ModelConfig
 from tfcli.model.attention import Attention, scaled_dot_product_attention
 from tfcli.model.rotary import Rotary, apply_rotary
@@ -131,14 +134,9 @@ def test_sinusoidal_halves_table_matches_marians(assert_close):
     assert_close("sinusoidal halves", sinusoidal_table(512, 16, halves=True), theirs, 1e-6)
 
 
-def test_a_sinusoidal_config_adds_the_table_to_the_token_embeddings(tmp_path, assert_close):
-    import tfcli
-    from tfcli.model import Capture
-
-    path = tmp_path / "sinusoidal.yaml"
-    path.write_text("architecture: encoder\nhidden_size: 16\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
-                    "position: sinusoidal\nembedding_norm: false\ntype_vocab_size: 0\n", encoding="utf-8")
-    model = tfcli.load_model(str(path))
+def test_a_sinusoidal_config_adds_the_table_to_the_token_embeddings(yaml_model, assert_close):
+    model = yaml_model("architecture: encoder\nhidden_size: 16\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
+                       "position: sinusoidal\nembedding_norm: false\ntype_vocab_size: 0\n")
     ids = torch.tensor([[5, 17, 42, 8, 77]])
     with torch.no_grad():
         embeddings = model(ids, capture=Capture()).hidden_states[0]
@@ -249,18 +247,14 @@ def test_packed_linear_matches_plain_and_follows_weight_changes(assert_close):
     assert layer(x).requires_grad  # training keeps autograd's plain path
 
 
-def test_sliding_window_with_relative_position_bias_sees_only_the_window(tmp_path, assert_close):
+def test_sliding_window_with_relative_position_bias_sees_only_the_window(yaml_model, assert_close):
     """A one-block causal decoder whose positions are only a relative bias: with a sliding window of 3, the
     last token's logits are those of the same weights without a window, fed only the last 3 tokens (the bias
     depends on distances alone, so both runs add the same bias to the keys the window keeps)."""
-    import tfcli
-
     common = ("architecture: decoder\nhidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\nhead: lm\n"
               "norm_position: pre\nposition: none\ntype_vocab_size: 0\nrelative_attention_num_buckets: 8\n"
               "relative_attention_max_distance: 16\n")
-    (tmp_path / "window.yaml").write_text(common + "sliding_window: 3\n", encoding="utf-8")
-    (tmp_path / "full.yaml").write_text(common, encoding="utf-8")
-    windowed, full = (tfcli.load_model(str(tmp_path / name)) for name in ("window.yaml", "full.yaml"))
+    windowed, full = yaml_model(common + "sliding_window: 3\n"), yaml_model(common)
     ids = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11]])
     with torch.no_grad():
         got = windowed(ids).logits[:, -1]
@@ -273,12 +267,11 @@ def test_sliding_window_with_relative_position_bias_sees_only_the_window(tmp_pat
 def test_a_decoders_outputs_depend_only_on_their_prefix(tiny_decoder, assert_close):
     """Causality at every length, the shortest included: the logits at position i of a text of 1 to 5
     tokens are those of the text cut after position i."""
-    import tfcli
-
     model = tfcli.load_model(str(tiny_decoder))
     ids = torch.tensor([[5, 17, 42, 8, 77]])
     with torch.no_grad():
+        last = [model(ids[:, :length]).logits[:, -1] for length in range(1, 6)]  # each prefix's last position
         for length in range(1, 6):
             logits = model(ids[:, :length]).logits
             for i in range(length):
-                assert_close(f"position {i} of {length}", logits[:, i], model(ids[:, :i + 1]).logits[:, -1], 1e-5)
+                assert_close(f"position {i} of {length}", logits[:, i], last[i], 1e-5)

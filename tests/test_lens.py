@@ -91,16 +91,13 @@ def test_generate_lens_and_probabilities_at_every_step(cli, peaked_gpt2):
         ids = ids + [step["id"]]
 
 
-def test_lens_of_an_encoder_decoder_without_head_unembeds_with_the_decoders_own_embeddings(tmp_path):
+def test_lens_of_an_encoder_decoder_without_head_unembeds_with_the_decoders_own_embeddings(yaml_model):
     """No LM head and separate decoder token embeddings: the lens reads the decoder's states through the
     decoder's embeddings (the ones its output stack was fed by), not the encoder's."""
-    import tfcli
     from tfcli.model import Capture
 
-    path = tmp_path / "seq2seq.yaml"
-    path.write_text("architecture: encoder-decoder\nhidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
-                    "head: none\nshare_encoder_decoder_embeddings: false\n", encoding="utf-8")
-    model = tfcli.load_model(str(path))
+    model = yaml_model("architecture: encoder-decoder\nhidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
+                       "head: none\nshare_encoder_decoder_embeddings: false\n")
     with torch.no_grad():
         out = model(torch.tensor([[5, 17, 42]]), decoder_input_ids=torch.tensor([[101, 7, 9]]), capture=Capture())
         state = out.hidden_states[-1]
