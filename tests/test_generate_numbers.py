@@ -63,18 +63,16 @@ def test_a_row_that_ended_is_padded_while_the_others_go_on(tmp_path, peaked_gpt2
     assert together == theirs
 
 
-def test_top_p_keeps_the_tokens_transformers_keeps_at_the_boundary(tmp_path):
+def test_top_p_keeps_the_tokens_transformers_keeps_at_the_boundary(yaml_model):
     """Eight equally likely tokens (an LM head of zeros): cumulative probabilities 1/8, 2/8, ... are exact, so
     top_p 0.75 lands on a boundary. transformers drops the tokens whose cumulative probability is <= 1 - top_p
     (two of them) and samples among the other six; so must tfcli."""
     from transformers.generation.logits_process import TopPLogitsWarper
 
-    path = tmp_path / "uniform.yaml"
-    path.write_text("architecture: decoder\nvocab_size: 8\nhidden_size: 16\nnum_hidden_layers: 1\n"
-                    "num_attention_heads: 2\nintermediate_size: 32\nmax_position_embeddings: 8\nnorm_position: pre\n"
-                    "type_vocab_size: 0\nembedding_norm: false\nfinal_norm: true\nhead: lm\n"
-                    "tie_word_embeddings: false\n", encoding="utf-8")
-    model = tfcli.load_model(str(path))
+    model = yaml_model("architecture: decoder\nvocab_size: 8\nhidden_size: 16\nnum_hidden_layers: 1\n"
+                       "num_attention_heads: 2\nintermediate_size: 32\nmax_position_embeddings: 8\n"
+                       "norm_position: pre\ntype_vocab_size: 0\nembedding_norm: false\nfinal_norm: true\nhead: lm\n"
+                       "tie_word_embeddings: false\n")
     with torch.no_grad():
         model.head.unembed.weight.zero_()
     kept = TopPLogitsWarper(top_p=0.75)(None, torch.zeros(1, 8)).isfinite()[0].nonzero()[:, 0].tolist()
