@@ -220,6 +220,9 @@ def test_settings_away_from_the_defaults(family, overrides, refusal, tmp_path, s
         with pytest.raises(TfcliError, match=refusal) as refused:
             tfcli.load_model(str(tmp_path))
         assert "\n" not in str(refused.value)
+        # the one line names the family, and a hint says what tfcli implements instead
+        assert f"config.json: {hf_config(family).model_type} with " in refused.value.message
+        assert refused.value.hint
         return
     path, hf = build(tmp_path, save_hf_model, family, **overrides)
     compare_decoder(tfcli.load_model(str(path)), hf, IDS, MASK)
@@ -362,6 +365,20 @@ PUBLISHED = {
         dict(rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                                                     high_freq_factor=4.0, original_max_position_embeddings=8192),
              eos_token_id=[128001, 128008, 128009], head_dim=64, tie_word_embeddings=True)),
+    "lmsys/vicuna-7b-v1.5-16k": (  # Llama 2 with the oldest rope_scaling form ("type") and no head_dim
+        dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, num_attention_heads=32,
+             num_key_value_heads=32, num_hidden_layers=32, intermediate_size=11008, vocab_size=32000,
+             max_position_embeddings=4096, rms_norm_eps=1e-5, rope_scaling=dict(factor=4.0, type="linear"),
+             pad_token_id=0, tie_word_embeddings=False),
+        dict(rope_theta=10000.0, rope_scaling=dict(rope_type="linear", factor=4.0), head_dim=128, pad_token_id=0)),
+    "microsoft/Phi-3-mini-128k-instruct": (  # original_max_position_embeddings at the top level, not in the mapping
+        dict(model_type="phi3", architectures=["Phi3ForCausalLM"], hidden_size=3072, num_attention_heads=32,
+             num_key_value_heads=32, num_hidden_layers=32, intermediate_size=8192, vocab_size=32064,
+             max_position_embeddings=131072, original_max_position_embeddings=4096, rope_theta=10000.0,
+             rope_scaling=dict(type="longrope", short_factor=[1.0] * 48, long_factor=[2.0] * 48),
+             sliding_window=262144, bos_token_id=1, eos_token_id=32000, pad_token_id=32000),
+        dict(rope_scaling=dict(rope_type="longrope", short_factor=[1.0] * 48, long_factor=[2.0] * 48,
+                               original_max_position_embeddings=4096), sliding_window=262144)),
     "google/gemma-3-1b-pt": (
         dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152, head_dim=256,
              num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=26, intermediate_size=6912,
