@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -272,7 +273,22 @@ def test_truncated_bin(cli, checkpoint, tmp_path):
     torch.save({"x": torch.zeros(1000)}, broken / "pytorch_model.bin")
     data = (broken / "pytorch_model.bin").read_bytes()
     (broken / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
-    assert_error(cli("encode", "--model", str(broken), "hi"), 1, "pytorch_model.bin", "cannot read")
+    message = assert_error(cli("encode", "--model", str(broken), "hi"), 1, "pytorch_model.bin", "cannot read",
+                           "download or save it again")
+    reason = re.search(r"cannot read the checkpoint \((\w+Error): (.+)\)", message)  # torch's own words, cut short
+    assert reason and "zip archive" in reason.group(2), message
+
+
+def test_a_training_checkpoint_is_not_a_state_dict(cli, checkpoint, tmp_path):
+    """{"model": state_dict, "epoch": 3}, as training loops save it: weights_only reads it, tfcli refuses it."""
+    import torch
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    torch.save({"model": {"embeddings.weight": torch.zeros(4, 2)}, "epoch": 3}, saved / "pytorch_model.bin")
+    assert_error(cli("encode", "--model", str(saved), "hi"), 1, "pytorch_model.bin: does not hold a dictionary of "
+                 "tensors", "state_dict()")
 
 
 def test_unsupported_model_type_lists_supported(cli, tmp_path):

@@ -210,7 +210,9 @@ def _read_bin(file: Path) -> dict[str, StoredTensor]:
         raise TfcliError(f"{file}: cannot read the checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
                          "the file is truncated or corrupted: download or save it again") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise TfcliError(f"{file}: does not hold a dictionary of tensors")
+        raise TfcliError(f"{file}: does not hold a dictionary of tensors",
+                         "tfcli reads a model's weights as save_pretrained writes them; save a training checkpoint's "
+                         "model.state_dict() on its own")
     return {name: StoredTensor(tuple(t.shape), t.dtype, functools.partial(_copy_into, t)) for name, t in state.items()}
 
 
