@@ -299,7 +299,8 @@ def test_unsupported_model_type_lists_supported(cli, tmp_path):
 
 
 @pytest.mark.parametrize("content, needle", [("{\"hidden_size\": 32}", "no `model_type`"), ("[1", "not valid JSON"),
-                                             ("[1, 2]", "expected a JSON object")])
+                                             ("[1, 2]", "expected a JSON object"),
+                                             ('{"model_type": "llama", "rope_scaling": "linear"}', "must be mappings")])
 def test_bad_config_json(cli, tmp_path, content, needle):
     (tmp_path / "m").mkdir()
     write(tmp_path / "m" / "config.json", content)

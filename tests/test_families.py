@@ -92,6 +92,11 @@ VARIANTS = [
     ("gemma-3-1b", dict(rope_parameters={"full_attention": dict(rope_type="default", rope_theta=100.0),
                                          "sliding_attention": dict(rope_type="linear", rope_theta=10.0, factor=2.0)}),
      "RoPE scaling `linear` on sliding-window layers"),
+    ("gemma-3-1b", dict(rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1e6),
+                                         "sliding_attention": dict(rope_type="default", rope_theta=100.0)}), None),
+    ("gemma-3-1b", dict(rope_parameters={"full_attention": dict(rope_type="default", rope_theta=100.0),
+                                         "sliding_attention": dict(rope_type="yarn", rope_theta=10.0, factor=2.0)}),
+     "RoPE scaling `yarn` on sliding-window layers"),
     ("gemma-3-1b", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
     ("phi-2", dict(qk_layernorm=True, num_key_value_heads=2, partial_rotary_factor=0.25, hidden_act="gelu"), None),
     ("phi-2", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0, partial_rotary_factor=0.5)),
@@ -379,6 +384,19 @@ PUBLISHED = {
              sliding_window=262144, bos_token_id=1, eos_token_id=32000, pad_token_id=32000),
         dict(rope_scaling=dict(rope_type="longrope", short_factor=[1.0] * 48, long_factor=[2.0] * 48,
                                original_max_position_embeddings=4096), sliding_window=262144)),
+    "Qwen/Qwen3-8B with YaRN": (  # as its model card says to turn YaRN on: a factor of its own, not 40960 / 32768
+        dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=4096, num_attention_heads=32,
+             num_key_value_heads=8, head_dim=128, num_hidden_layers=36, intermediate_size=12288, vocab_size=151936,
+             max_position_embeddings=40960, rope_theta=1000000, tie_word_embeddings=False,
+             rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32768)),
+        dict(rope_theta=1e6, rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=32768))),
+    "microsoft/phi-2": (  # partial_rotary_factor at the top level
+        dict(model_type="phi", architectures=["PhiForCausalLM"], hidden_size=2560, num_attention_heads=32,
+             num_hidden_layers=32, intermediate_size=10240, vocab_size=51200, max_position_embeddings=2048,
+             partial_rotary_factor=0.4, rope_theta=10000.0, rope_scaling=None, hidden_act="gelu_new",
+             layer_norm_eps=1e-5, qk_layernorm=False, tie_word_embeddings=False, bos_token_id=50256,
+             eos_token_id=50256),
+        dict(partial_rotary_factor=0.4, rope_theta=10000.0, rope_scaling=None)),
     "google/gemma-3-1b-pt": (
         dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152, head_dim=256,
              num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=26, intermediate_size=6912,
@@ -411,3 +429,15 @@ def test_published_configs_translate_as_transformers_reads_them(name, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(hf))
     config = read_hf_config(tmp_path / "config.json")
     assert {key: getattr(config, key) for key in expected} == expected
+
+
+def test_yarn_without_a_factor_takes_the_ratio_of_the_lengths(tmp_path):
+    """As transformers' YaRN does: factor = max_position_embeddings / original_max_position_embeddings."""
+    from tfcli.checkpoints import read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        model_type="llama", hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=8,
+        vocab_size=10, max_position_embeddings=65536,
+        rope_scaling=dict(rope_type="yarn", original_max_position_embeddings=16384))))
+    assert read_hf_config(tmp_path / "config.json").rope_scaling == dict(
+        rope_type="yarn", original_max_position_embeddings=16384, factor=4.0)
