@@ -225,6 +225,20 @@ def test_weights_that_do_not_fit_the_config(cli, checkpoint, tmp_path):
                  "model wants")
 
 
+def test_a_key_weight_of_the_wrong_width_is_named(cli, checkpoint, tmp_path):
+    """Q, K and V are read into one fused projection: each piece's shape is checked, not only their rows' sum."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    misfit = copy_checkpoint(checkpoint, tmp_path / "misfit")
+    tensors = load_file(str(misfit / "model.safetensors"))
+    name = next(name for name in tensors if name.endswith("attention.self.key.weight"))
+    tensors[name] = torch.zeros(32, 33)
+    save_file(tensors, str(misfit / "model.safetensors"))
+    assert_error(cli("encode", "--model", str(misfit), "hi"), 1, "1 of the wrong shape",
+                 "encoder.blocks.0.attention.qkv.weight (32, 32) + (32, 33) + (32, 32) (model wants (96, 32))")
+
+
 def test_weights_with_missing_tensors(cli, checkpoint, tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -289,6 +303,13 @@ def test_a_training_checkpoint_is_not_a_state_dict(cli, checkpoint, tmp_path):
     torch.save({"model": {"embeddings.weight": torch.zeros(4, 2)}, "epoch": 3}, saved / "pytorch_model.bin")
     assert_error(cli("encode", "--model", str(saved), "hi"), 1, "pytorch_model.bin: does not hold a dictionary of "
                  "tensors", "state_dict()")
+
+
+def test_a_setting_tfcli_does_not_implement_is_named_with_what_it_implements(cli, tmp_path):
+    (tmp_path / "falcon").mkdir()
+    write(tmp_path / "falcon" / "config.json", json.dumps({"model_type": "falcon", "alibi": True}))
+    assert_error(cli("encode", "--model", str(tmp_path / "falcon"), "hi"), 1,
+                 "config.json: falcon with `alibi: true` is not supported by tfcli", "tfcli implements alibi = null or false")
 
 
 def test_unsupported_model_type_lists_supported(cli, tmp_path):

@@ -431,6 +431,20 @@ def test_published_configs_translate_as_transformers_reads_them(name, tmp_path):
     assert {key: getattr(config, key) for key in expected} == expected
 
 
+def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
+    """Gemma 3 configs written before rope_parameters: rope_theta for full attention, rope_local_base_freq for the
+    sliding-window layers."""
+    import transformers
+
+    from tfcli.checkpoints import read_hf_config
+
+    values = dict(rope_theta=1e6, rope_local_base_freq=100.0)
+    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="gemma3_text", **values)))
+    ours, theirs = read_hf_config(tmp_path / "config.json"), transformers.Gemma3TextConfig(**values).rope_parameters
+    assert (ours.rope_theta, ours.local_rope_theta) == (theirs["full_attention"]["rope_theta"],
+                                                        theirs["sliding_attention"]["rope_theta"]) == (1e6, 100.0)
+
+
 def test_yarn_without_a_factor_takes_the_ratio_of_the_lengths(tmp_path):
     """As transformers' YaRN does: factor = max_position_embeddings / original_max_position_embeddings."""
     from tfcli.checkpoints import read_hf_config
