@@ -47,6 +47,25 @@ CASES = {  # config class, model class, settings
 }
 
 
+def untie_t5(path, model_class):
+    """Make a saved T5 checkpoint untied as T5 v1.1, Flan-T5 and mT5 files are (config.json says
+    `tie_word_embeddings: false` and model.safetensors holds an `lm_head` of its own), and load it with
+    transformers: transformers 5 builds every T5 tied, whatever the config says, and saves no head."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["lm_head.weight"] = torch.randn(tensors["shared.weight"].shape, generator=torch.Generator().manual_seed(3))
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config.pop("scale_decoder_outputs", None)  # as the published files: no such key, the head's tie decides
+    (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    hf = model_class.from_pretrained(path, attn_implementation="eager").eval()
+    assert torch.equal(hf.lm_head.weight, tensors["lm_head.weight"]) and not getattr(hf.config, "scale_decoder_outputs", False)
+    return hf
+
+
 @pytest.fixture
 def pair(tmp_path, save_hf_model):
     """pair(case) -> (transformers model, tfcli model) for a CASES entry."""
@@ -56,6 +75,8 @@ def pair(tmp_path, save_hf_model):
         config_class, model_class, settings = CASES[case]
         config = getattr(transformers, config_class)(**settings)
         hf = save_hf_model(getattr(transformers, model_class), config, tmp_path, perturb=True)
+        if config_class in ("T5Config", "MT5Config") and settings.get("tie_word_embeddings") is False:
+            hf = untie_t5(tmp_path, getattr(transformers, model_class))
         if case == "mbart":  # mBART-50 forces the target language code first: generation_config.json says so
             hf.generation_config.forced_bos_token_id = 7
             hf.save_pretrained(tmp_path)
