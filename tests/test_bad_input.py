@@ -209,11 +209,38 @@ def test_truncated_safetensors(cli, checkpoint, tmp_path):
     assert_error(cli("encode", "--model", str(broken), "hi"), 1, "model.safetensors", "cannot read", "truncated")
 
 
-@pytest.mark.parametrize("content", [b"", b"\x00" * 7, os.urandom(4096), (10**15).to_bytes(8, "little") + b"{}"])
-def test_corrupted_safetensors(cli, checkpoint, tmp_path, content):
+def safetensors_file(header: dict, data: bytes) -> bytes:
+    """A safetensors file: the header's size (8 bytes, little-endian), the header (JSON), the data."""
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data
+
+
+F32_X = {"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}  # its header is 62 bytes: data from byte 70
+
+
+@pytest.mark.parametrize("content, detail", [
+    (b"", "its header claims 0 bytes, the file has 0"),
+    (b"\x00" * 7, "its header claims 0 bytes, the file has 7"),
+    (b"\x00" * 8, "its header is not valid JSON"),
+    (os.urandom(4096), "cannot read the safetensors file"),
+    ((10**15).to_bytes(8, "little") + b"{}", f"its header claims {10**15} bytes, the file has 10"),
+    ((13).to_bytes(8, "little") + b"{}" + b" " * 10, "its header claims 13 bytes, the file has 20"),
+    (safetensors_file({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}}, bytes(16)),
+     "tensor x: 16 bytes for shape [2] in F32"),
+    (safetensors_file(F32_X, bytes(8)), "tensor x ends at byte 86, after the end of the file (78 bytes)"),
+])
+def test_corrupted_safetensors(cli, checkpoint, tmp_path, content, detail):
     broken = copy_checkpoint(checkpoint, tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(content)
-    assert_error(cli("encode", "--model", str(broken), "hi"), 1, "model.safetensors", "cannot read")
+    assert_error(cli("encode", "--model", str(broken), "hi"), 1, "model.safetensors: cannot read the safetensors file",
+                 detail, "hint: the file is truncated or corrupted: download or save it again")
+
+
+def test_a_header_that_fills_the_file_is_read(cli, checkpoint, tmp_path):
+    """The header may end where the file ends: no tensors (the weights are then missing, not unreadable)."""
+    empty = copy_checkpoint(checkpoint, tmp_path / "empty")
+    (empty / "model.safetensors").write_bytes(safetensors_file({}, b""))
+    assert_error(cli("encode", "--model", str(empty), "hi"), 1, "weights do not fit the config", "missing")
 
 
 def test_weights_that_do_not_fit_the_config(cli, checkpoint, tmp_path):
