@@ -263,21 +263,24 @@ def test_a_key_weight_of_the_wrong_width_is_named(cli, checkpoint, tmp_path):
     tensors[name] = torch.zeros(32, 33)
     save_file(tensors, str(misfit / "model.safetensors"))
     assert_error(cli("encode", "--model", str(misfit), "hi"), 1, "1 of the wrong shape",
-                 "encoder.blocks.0.attention.qkv.weight (32, 32) + (32, 33) + (32, 32) (model wants (96, 32))")
+                 "encoder.blocks.0.attention.qkv.weight (32, 32) + (32, 33) + (32, 32) (model wants (96, 32))\n")
 
 
-def test_weights_with_missing_tensors(cli, checkpoint, tmp_path):
+@pytest.mark.parametrize("count, more", [(4, ""), (5, " and 1 more")])
+def test_weights_with_missing_tensors(cli, checkpoint, tmp_path, count, more):
+    """The error names the first four missing weights and counts the others."""
     from safetensors.torch import load_file, save_file
 
     partial = copy_checkpoint(checkpoint, tmp_path / "partial")
     tensors = load_file(str(partial / "model.safetensors"))
     for name in ("embeddings.LayerNorm.weight", "attention.self.query.weight", "attention.output.dense.weight",
-                 "intermediate.dense.weight", "layer.0.output.dense.weight"):
+                 "intermediate.dense.weight", "layer.0.output.dense.weight")[:count]:
         del tensors[next(full for full in tensors if full.endswith(name))]
     save_file(tensors, str(partial / "model.safetensors"))
-    assert_error(cli("encode", "--model", str(partial), "hi"), 1, "weights do not fit the config: 5 missing: "
+    assert_error(cli("encode", "--model", str(partial), "hi"), 1, f"weights do not fit the config: {count} missing: "
                  "encoder.embeddings.norm.weight, encoder.blocks.0.attention.qkv.weight, "
-                 "encoder.blocks.0.attention.out.weight, encoder.blocks.0.feed_forward.fc1.weight and 1 more\n")
+                 f"encoder.blocks.0.attention.out.weight, encoder.blocks.0.feed_forward.fc1.weight{more}\n"
+                 "hint: the weights and config.json must come from the same model")
 
 
 class Payload:

@@ -156,8 +156,9 @@ def test_a_tied_head_stored_apart_must_equal_the_embeddings(checkpoint):
     tensors = load_file(path / "model.safetensors")
     tensors["lm_head.weight"] = tensors["transformer.wte.weight"] * 2
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(TfcliError, match="lm_head.weight` differs from `transformer.wte.weight"):
+    with pytest.raises(TfcliError, match="lm_head.weight` differs from `transformer.wte.weight") as refused:
         parity(path)
+    assert "check tie_word_embeddings" in refused.value.hint
 
 
 def test_an_unknown_tensor_is_named(checkpoint):
