@@ -346,10 +346,26 @@ def test_a_setting_tfcli_does_not_implement_is_named_with_what_it_implements(cli
                  "config.json: falcon with `alibi: true` is not supported by tfcli", "tfcli implements alibi = null or false")
 
 
+@pytest.mark.parametrize("values, needles", [
+    ({"hidden_size": "wide"}, ['`hidden_size` must be a number, got "wide"', "transformers' default for it is 4096"]),
+    ({"hidden_act": {}}, ["`hidden_act` must be a string, got {}"]),
+    ({"hidden_size": 32.5, "head_dim": 8}, ["`hidden_size` must be an integer, got 32.5"]),
+    ({"num_attention_heads": 0}, ["cannot read it as a llama config (integer division or modulo by zero)",
+                                  "a value has the wrong type or is out of range"]),
+])
+def test_a_config_json_value_tfcli_cannot_compute_with_names_the_file(cli, tmp_path, values, needles):
+    """Each says which file, and which key where one is to blame: never a crash while translating."""
+    (tmp_path / "m").mkdir()
+    write(tmp_path / "m" / "config.json", json.dumps({"model_type": "llama", **values}))
+    assert_error(cli("encode", "--model", str(tmp_path / "m"), "hi"), 1,
+                 f"error: {tmp_path / 'm' / 'config.json'}: {needles[0]}", *needles[1:])
+
+
 def test_unsupported_model_type_lists_supported(cli, tmp_path):
     (tmp_path / "xlnet").mkdir()
     write(tmp_path / "xlnet" / "config.json", json.dumps({"model_type": "xlnet", "d_model": 32}))
-    message = assert_error(cli("encode", "--model", str(tmp_path / "xlnet"), "hi"), 1, "unsupported model_type `xlnet`")
+    message = assert_error(cli("encode", "--model", str(tmp_path / "xlnet"), "hi"), 1,
+                           f"{tmp_path / 'xlnet' / 'config.json'}: unsupported model_type `xlnet`")
     assert "supported model types:" in message and "bert" in message
 
 

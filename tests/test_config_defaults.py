@@ -104,3 +104,15 @@ def test_a_config_with_only_model_type_builds_transformers_default_model(model_t
         model = getattr(transformers, architecture)(hf_config)
     pooler = sum(p.numel() for name, p in model.named_parameters() if "pooler" in name.split("."))
     assert parameter_count(config) == sum(p.numel() for p in model.parameters()) - pooler
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_any_value_of_any_key_translates_or_is_refused_in_one_line(model_type):
+    """config.json is input: whatever one key holds (zero, a negative, a string, a list, a mapping, a boolean, a
+    fraction), translating it gives a config or one TfcliError line naming the file, never a crash."""
+    for key in FAMILIES[model_type].defaults[model_type]:
+        for value in (0, -1, "x", [1], {}, True, 1.5):
+            try:
+                translated({"model_type": model_type, key: value})
+            except TfcliError as exc:
+                assert exc.message.startswith("config.json: ") and "\n" not in exc.message, (key, value, exc.message)

@@ -64,7 +64,34 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
     if not isinstance(model_type, str):
         raise TfcliError(f"{origin}: no `model_type`", "a Hugging Face config.json names its model_type")
     fam = family(model_type, origin)
-    return fam.translate(with_defaults(values, fam.defaults.get(model_type, {})))
+    defaults = fam.defaults.get(model_type, {})
+    _check_kinds(values, defaults, origin)
+    try:
+        return fam.translate(with_defaults(values, defaults))
+    except (TypeError, ValueError, ArithmeticError) as exc:  # e.g. zero heads, or a list where a layer count goes
+        raise TfcliError(f"{origin}: cannot read it as a {model_type} config ({exc})",
+                         "a value has the wrong type or is out of range: compare it with the model's published "
+                         "config.json") from None
+
+
+def _check_kinds(values: dict[str, Any], defaults: dict[str, Any], origin: str) -> None:
+    """Each key whose transformers default is a number or a string holds one (or null): `translate` computes with
+    them. (A list of ids is a token id too: Llama 3 ends on several.)"""
+    for key, default in defaults.items():
+        value = values.get(key)
+        if value is None or callable(default) or isinstance(default, bool):
+            continue
+        if isinstance(default, (int, float)):
+            kind = "a number"
+            fits = isinstance(value, (int, float)) and not isinstance(value, bool) or (
+                key.endswith("token_id") and isinstance(value, list))
+        elif isinstance(default, str):
+            kind, fits = "a string", isinstance(value, str)
+        else:
+            continue
+        if not fits:
+            raise TfcliError(f"{origin}: `{key}` must be {kind}, got {json.dumps(value)}",
+                             f"transformers' default for it is {json.dumps(default)}")
 
 
 # what transformers' generate takes from generation_config.json, beside config.json, rather than from config.json
