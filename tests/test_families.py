@@ -431,6 +431,26 @@ def test_published_configs_translate_as_transformers_reads_them(name, tmp_path):
     assert {key: getattr(config, key) for key in expected} == expected
 
 
+@pytest.mark.parametrize("id2label, labels", [
+    ({str(i): f"l{i}" for i in (10, 2, 0, 11, 1, 3, 4, 5, 6, 7, 8, 9)}, [f"l{i}" for i in range(12)]),  # not 0, 1, 10
+    ({}, []),  # no labels: the default head size stands
+])
+def test_labels_are_read_in_the_order_of_their_numbers(tmp_path, id2label, labels):
+    from tfcli.checkpoints import read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="bert", id2label=id2label)))
+    config = read_hf_config(tmp_path / "config.json")
+    assert (config.labels, config.num_labels) == (labels, len(labels) or 2)
+
+
+def test_a_pad_id_outside_the_vocabulary_is_dropped_as_transformers_tolerates(tmp_path):
+    """transformers only warns about a pad_token_id >= vocab_size; such a token can never be read or produced."""
+    from tfcli.checkpoints import read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="bert", vocab_size=100, pad_token_id=100)))
+    assert read_hf_config(tmp_path / "config.json").pad_token_id is None
+
+
 def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
     """Gemma 3 configs written before rope_parameters: rope_theta for full attention, rope_local_base_freq for the
     sliding-window layers."""

@@ -115,3 +115,19 @@ def test_ids_beyond_the_tokenizer_show_as_their_number(cli, tiny_config):
     assert all(top["token"] != f"<{top['id']}>" for top in tops if top["id"] < 30522)
     table = cli("encode", "--model", str(padded), "time flies")
     assert table.exit_code == 0, table.stderr
+
+
+def test_the_model_line_names_the_checkpoint(cli, minilm_dir, tmp_path):
+    """stderr's first line names the model as its config.json does (`_name_or_path`, which the real MiniLM's has),
+    or by its model_type when config.json has no name (transformers 5 writes none)."""
+    from pathlib import Path
+
+    named = cli("encode", "--model", str(minilm_dir), "hi")
+    assert named.stderr.startswith("model: nreimers/MiniLM-L6-H384-uncased (encoder); weights: loaded from "), named.stderr
+    for file in Path(minilm_dir).iterdir():
+        (tmp_path / file.name).symlink_to(file)
+    (tmp_path / "config.json").unlink()
+    config = json.loads((Path(minilm_dir) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "_name_or_path"}))
+    unnamed = cli("encode", "--model", str(tmp_path), "hi")
+    assert unnamed.stderr.startswith("model: bert (encoder); weights: loaded from "), unnamed.stderr
