@@ -443,12 +443,14 @@ def test_labels_are_read_in_the_order_of_their_numbers(tmp_path, id2label, label
     assert (config.labels, config.num_labels) == (labels, len(labels) or 2)
 
 
-def test_a_pad_id_outside_the_vocabulary_is_dropped_as_transformers_tolerates(tmp_path):
-    """transformers only warns about a pad_token_id >= vocab_size; such a token can never be read or produced."""
+@pytest.mark.parametrize("model_type, key", [("bert", "pad_token_id"), ("bart", "decoder_start_token_id"),
+                                             ("bart", "forced_bos_token_id"), ("bart", "forced_eos_token_id")])
+def test_a_special_id_outside_the_vocabulary_is_dropped_as_transformers_tolerates(tmp_path, model_type, key):
+    """transformers only warns about a special token id >= vocab_size; such a token can never be read or produced."""
     from tfcli.checkpoints import read_hf_config
 
-    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="bert", vocab_size=100, pad_token_id=100)))
-    assert read_hf_config(tmp_path / "config.json").pad_token_id is None
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "vocab_size": 100, key: 100}))
+    assert getattr(read_hf_config(tmp_path / "config.json"), key) is None
 
 
 def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
