@@ -443,14 +443,19 @@ def test_labels_are_read_in_the_order_of_their_numbers(tmp_path, id2label, label
     assert (config.labels, config.num_labels) == (labels, len(labels) or 2)
 
 
-@pytest.mark.parametrize("model_type, key", [("bert", "pad_token_id"), ("bart", "decoder_start_token_id"),
-                                             ("bart", "forced_bos_token_id"), ("bart", "forced_eos_token_id")])
-def test_a_special_id_outside_the_vocabulary_is_dropped_as_transformers_tolerates(tmp_path, model_type, key):
-    """transformers only warns about a special token id >= vocab_size; such a token can never be read or produced."""
+@pytest.mark.parametrize("model_type, key, value, kept", [
+    ("bert", "pad_token_id", 100, None), ("bart", "decoder_start_token_id", 100, None),
+    ("bart", "forced_bos_token_id", 100, None), ("bart", "forced_eos_token_id", 100, None),
+    ("llama", "eos_token_id", [-1, 0, 99, 100], [0, 99]), ("llama", "eos_token_id", [100, 101], None),
+])
+def test_a_special_id_outside_the_vocabulary_is_dropped_as_transformers_tolerates(tmp_path, model_type, key, value,
+                                                                                  kept):
+    """transformers only warns about a special token id outside 0 .. vocab_size - 1; such a token can never be read
+    or produced. Of several end-of-sequence ids (Llama 3), those inside stay."""
     from tfcli.checkpoints import read_hf_config
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "vocab_size": 100, key: 100}))
-    assert getattr(read_hf_config(tmp_path / "config.json"), key) is None
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "vocab_size": 100, key: value}))
+    assert getattr(read_hf_config(tmp_path / "config.json"), key) == kept
 
 
 def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
