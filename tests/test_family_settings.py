@@ -127,8 +127,10 @@ def test_settings_tfcli_does_not_implement_are_refused_by_name(tmp_path, case):
     config_class, architecture, settings, refusal = REFUSED[case]
     config = getattr(transformers, config_class)(architectures=[architecture], **copy.deepcopy(settings))
     config.save_pretrained(tmp_path)  # the refusal comes from config.json, before any weight is read
-    with pytest.raises(TfcliError, match=refusal.replace("`", ".")):
+    with pytest.raises(TfcliError, match=refusal.replace("`", ".")) as refused:
         resolve_source(str(tmp_path))
+    if refusal == architecture:  # a head tfcli does not run: the hint lists those it runs
+        assert refused.value.hint.startswith("tfcli runs the bare model and the heads "), refused.value.hint
 
 
 def test_a_stored_copy_that_differs_is_refused_not_dropped(checkpoint, tmp_path):
