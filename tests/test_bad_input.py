@@ -369,9 +369,12 @@ def test_unsupported_model_type_lists_supported(cli, tmp_path):
     assert "supported model types:" in message and "bert" in message
 
 
-@pytest.mark.parametrize("content, needle", [("{\"hidden_size\": 32}", "no `model_type`"), ("[1", "not valid JSON"),
-                                             ("[1, 2]", "expected a JSON object"),
-                                             ('{"model_type": "llama", "rope_scaling": "linear"}', "must be mappings")])
+@pytest.mark.parametrize("content, needle", [
+    ('{"hidden_size": 32}', "no `model_type`\nhint: a Hugging Face config.json names its model_type"),
+    ("[1", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"model_type": "llama", "rope_scaling": "linear"}', "must be mappings"),
+])
 def test_bad_config_json(cli, tmp_path, content, needle):
     (tmp_path / "m").mkdir()
     write(tmp_path / "m" / "config.json", content)
