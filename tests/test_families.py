@@ -458,6 +458,18 @@ def test_a_special_id_outside_the_vocabulary_is_dropped_as_transformers_tolerate
     assert getattr(read_hf_config(tmp_path / "config.json"), key) == kept
 
 
+@pytest.mark.parametrize("kind", ["su", "yarn"])
+@pytest.mark.parametrize("form", ["type", "rope_type"])
+def test_phi3s_older_scaling_names_read_as_longrope(tmp_path, kind, form):
+    """The first Phi-3 128k files said `su` (and some `yarn`) for what transformers' Phi-3 runs as LongRoPE."""
+    from tfcli.checkpoints import read_hf_config
+
+    hf, expected = copy.deepcopy(PUBLISHED["microsoft/Phi-3-mini-128k-instruct"])
+    hf["rope_scaling"] = {form: kind, "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert read_hf_config(tmp_path / "config.json").rope_scaling == expected["rope_scaling"]
+
+
 def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
     """Gemma 3 configs written before rope_parameters: rope_theta for full attention, rope_local_base_freq for the
     sliding-window layers."""

@@ -72,6 +72,13 @@ REFUSED = {
     "marian, a decoder vocabulary of its own size": ("MarianConfig", "MarianMTModel", dict(
         share_encoder_decoder_embeddings=False, decoder_vocab_size=500), "decoder_vocab_size: 500"),
     "t5 question answering": ("T5Config", "T5ForQuestionAnswering", {}, "T5ForQuestionAnswering"),
+    "t5 is_decoder": ("T5Config", "T5Model", dict(is_decoder=True), "is_decoder: true"),
+    "bart pre-norm": ("BartConfig", "BartModel", dict(normalize_before=True), "normalize_before: true"),
+    "bart final norm": ("BartConfig", "BartModel", dict(add_final_layer_norm=True), "add_final_layer_norm: true"),
+    "deberta-v2 embeddings of another width": ("DebertaV2Config", "DebertaV2Model", dict(
+        hidden_size=32, num_attention_heads=4, embedding_size=16), "embedding_size: 16"),
+    "deberta-v2 heads of another size": ("DebertaV2Config", "DebertaV2Model", dict(
+        hidden_size=32, num_attention_heads=4, attention_head_size=4), "attention_head_size: 4"),
     "albert, two layers per group": ("AlbertConfig", "AlbertModel", dict(inner_group_num=2), "inner_group_num: 2"),
     "electra is_decoder": ("ElectraConfig", "ElectraModel", dict(is_decoder=True), "is_decoder: true"),
     "mpnet, 64 buckets": ("MPNetConfig", "MPNetModel", dict(relative_attention_num_buckets=64),
