@@ -397,6 +397,19 @@ PUBLISHED = {
              layer_norm_eps=1e-5, qk_layernorm=False, tie_word_embeddings=False, bos_token_id=50256,
              eos_token_id=50256),
         dict(partial_rotary_factor=0.4, rope_theta=10000.0, rope_scaling=None)),
+    "google-t5/t5-small": (  # the first T5: ReLU, a tied head scaled by d_model ** -0.5
+        dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=512, d_ff=2048, d_kv=64,
+             num_heads=8, num_layers=6, layer_norm_epsilon=1e-6, n_positions=512, relative_attention_num_buckets=32,
+             vocab_size=32128, feed_forward_proj="relu", decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+        dict(layer_norm_eps=1e-6, head_dim=64, hidden_act="relu", feed_forward="mlp", tie_word_embeddings=True,
+             scale_decoder_outputs=True, max_position_embeddings=512, relative_attention_num_buckets=32)),
+    "google/flan-t5-small": (  # T5 v1.1: gated GELU, 6 heads of 64 in 512, its own head, not scaled
+        dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=512, d_ff=1024, d_kv=64,
+             num_heads=6, num_layers=8, num_decoder_layers=8, layer_norm_epsilon=1e-6, n_positions=512,
+             relative_attention_num_buckets=32, vocab_size=32128, feed_forward_proj="gated-gelu",
+             tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+        dict(layer_norm_eps=1e-6, head_dim=64, num_attention_heads=6, hidden_act="gelu_new", feed_forward="gated",
+             tie_word_embeddings=False, scale_decoder_outputs=False, num_decoder_layers=8)),
     "google/gemma-3-1b-pt": (
         dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152, head_dim=256,
              num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=26, intermediate_size=6912,
