@@ -410,6 +410,12 @@ PUBLISHED = {
              tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
         dict(layer_norm_eps=1e-6, head_dim=64, num_attention_heads=6, hidden_act="gelu_new", feed_forward="gated",
              tie_word_embeddings=False, scale_decoder_outputs=False, num_decoder_layers=8)),
+    "tiiuae/falcon-40b": (  # no num_ln_in_parallel_attn or ffn_hidden_size: two norms per block, 4x the width
+        dict(model_type="falcon", architectures=["FalconForCausalLM"], hidden_size=8192, num_attention_heads=128,
+             num_hidden_layers=60, num_kv_heads=8, new_decoder_architecture=True, multi_query=True,
+             parallel_attn=True, bias=False, alibi=False, vocab_size=65024, layer_norm_epsilon=1e-5,
+             bos_token_id=11, eos_token_id=11),
+        dict(hidden_size=8192, shared_block_norm=False, intermediate_size=32768, num_key_value_heads=8)),
     "google/gemma-3-1b-pt": (
         dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152, head_dim=256,
              num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=26, intermediate_size=6912,
@@ -434,11 +440,15 @@ PUBLISHED = {
 }
 
 
-@pytest.mark.parametrize("name", PUBLISHED)
+@pytest.mark.parametrize("name", [*PUBLISHED, "tiiuae/falcon-40b with n_embed"])
 def test_published_configs_translate_as_transformers_reads_them(name, tmp_path):
     from tfcli.checkpoints import read_hf_config
 
-    hf, expected = PUBLISHED[name]
+    if name == "tiiuae/falcon-40b with n_embed":  # the older name of hidden_size, which transformers still reads
+        hf, expected = copy.deepcopy(PUBLISHED["tiiuae/falcon-40b"])
+        hf["n_embed"] = hf.pop("hidden_size")
+    else:
+        hf, expected = PUBLISHED[name]
     (tmp_path / "config.json").write_text(json.dumps(hf))
     config = read_hf_config(tmp_path / "config.json")
     assert {key: getattr(config, key) for key in expected} == expected
