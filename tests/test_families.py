@@ -416,6 +416,13 @@ PUBLISHED = {
              parallel_attn=True, bias=False, alibi=False, vocab_size=65024, layer_norm_epsilon=1e-5,
              bos_token_id=11, eos_token_id=11),
         dict(hidden_size=8192, shared_block_norm=False, intermediate_size=32768, num_key_value_heads=8)),
+    "answerdotai/ModernBERT-base": (  # written before layer_types: every third layer global
+        dict(model_type="modernbert", architectures=["ModernBertForMaskedLM"], hidden_size=768, num_hidden_layers=22,
+             num_attention_heads=12, intermediate_size=1152, global_attn_every_n_layers=3, local_attention=128,
+             global_rope_theta=160000.0, local_rope_theta=10000.0, vocab_size=50368, max_position_embeddings=8192,
+             hidden_activation="gelu", norm_eps=1e-5, pad_token_id=50283, bos_token_id=50281, eos_token_id=50282),
+        dict(layer_types=["sliding_attention" if i % 3 else "full_attention" for i in range(22)],
+             rope_theta=160000.0, local_rope_theta=10000.0)),
     "google/gemma-3-1b-pt": (
         dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], hidden_size=1152, head_dim=256,
              num_attention_heads=4, num_key_value_heads=1, num_hidden_layers=26, intermediate_size=6912,
@@ -505,6 +512,17 @@ def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
     ours, theirs = read_hf_config(tmp_path / "config.json"), transformers.Gemma3TextConfig(**values).rope_parameters
     assert (ours.rope_theta, ours.local_rope_theta) == (theirs["full_attention"]["rope_theta"],
                                                         theirs["sliding_attention"]["rope_theta"]) == (1e6, 100.0)
+
+
+@pytest.mark.parametrize("projection", ["relu", "gated-gelu", "gated-silu", "silu"])
+def test_t5s_feed_forward_reads_as_transformers_reads_it(tmp_path, projection):
+    import transformers
+
+    from tfcli.checkpoints import read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="t5", feed_forward_proj=projection)))
+    ours, theirs = read_hf_config(tmp_path / "config.json"), transformers.T5Config(feed_forward_proj=projection)
+    assert (ours.hidden_act, ours.feed_forward == "gated") == (theirs.dense_act_fn, theirs.is_gated_act)
 
 
 def test_yarn_without_a_factor_takes_the_ratio_of_the_lengths(tmp_path):
