@@ -116,3 +116,11 @@ def test_any_value_of_any_key_translates_or_is_refused_in_one_line(model_type):
                 translated({"model_type": model_type, key: value})
             except TfcliError as exc:
                 assert exc.message.startswith("config.json: ") and "\n" not in exc.message, (key, value, exc.message)
+
+
+def test_a_decoders_config_shows_no_segment_embeddings():
+    """A causal stack builds no segment (token type) table, and `tfcli config` says so: type_vocab_size 0."""
+    decoders = {model_type: translated(transformers_defaults(model_type)) for model_type in FAMILIES}
+    decoders = {model_type: config for model_type, config in decoders.items() if config["architecture"] == "decoder"}
+    assert len(decoders) >= 12 and {model_type: config["type_vocab_size"] for model_type, config in decoders.items()} \
+        == dict.fromkeys(decoders, 0)
