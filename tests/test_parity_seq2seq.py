@@ -39,6 +39,8 @@ CASES = {  # config class, model class, settings
     "mt5": ("MT5Config", "MT5ForConditionalGeneration", dict(T5, tie_word_embeddings=False)),
     "bart (scaled embeddings, forced end of sequence)": ("BartConfig", "BartForConditionalGeneration", BART),
     "mbart": ("MBartConfig", "MBartForConditionalGeneration", MBART),
+    "mbart, untied (each stack's embeddings and the head apart)": (
+        "MBartConfig", "MBartForConditionalGeneration", dict(MBART, tie_word_embeddings=False)),
     "marian": ("MarianConfig", "MarianMTModel", MARIAN),
     "marian, separate embeddings": ("MarianConfig", "MarianMTModel", dict(
         MARIAN, share_encoder_decoder_embeddings=False, tie_word_embeddings=False)),
