@@ -125,6 +125,14 @@ VARIANTS = [
 ]
 
 
+def read_config_json(path, values: dict):
+    """tfcli's config for a config.json holding `values`, written into the directory `path`."""
+    from tfcli.checkpoints import read_hf_config
+
+    (path / "config.json").write_text(json.dumps(values))
+    return read_hf_config(path / "config.json")
+
+
 def hf_config(family: str, **overrides):
     """transformers' config of `family` with `overrides`. A deep copy of the settings: transformers writes into
     nested dicts it is given (rope_parameters gains partial_rotary_factor), which would leak into later tests."""
@@ -449,15 +457,12 @@ PUBLISHED = {
 
 @pytest.mark.parametrize("name", [*PUBLISHED, "tiiuae/falcon-40b with n_embed"])
 def test_published_configs_translate_as_transformers_reads_them(name, tmp_path):
-    from tfcli.checkpoints import read_hf_config
-
     if name == "tiiuae/falcon-40b with n_embed":  # the older name of hidden_size, which transformers still reads
         hf, expected = copy.deepcopy(PUBLISHED["tiiuae/falcon-40b"])
         hf["n_embed"] = hf.pop("hidden_size")
     else:
         hf, expected = PUBLISHED[name]
-    (tmp_path / "config.json").write_text(json.dumps(hf))
-    config = read_hf_config(tmp_path / "config.json")
+    config = read_config_json(tmp_path, hf)
     assert {key: getattr(config, key) for key in expected} == expected
 
 
@@ -466,10 +471,7 @@ def test_published_configs_translate_as_transformers_reads_them(name, tmp_path):
     ({}, []),  # no labels: the default head size stands
 ])
 def test_labels_are_read_in_the_order_of_their_numbers(tmp_path, id2label, labels):
-    from tfcli.checkpoints import read_hf_config
-
-    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="bert", id2label=id2label)))
-    config = read_hf_config(tmp_path / "config.json")
+    config = read_config_json(tmp_path, dict(model_type="bert", id2label=id2label))
     assert (config.labels, config.num_labels) == (labels, len(labels) or 2)
 
 
@@ -482,22 +484,16 @@ def test_a_special_id_outside_the_vocabulary_is_dropped_as_transformers_tolerate
                                                                                   kept):
     """transformers only warns about a special token id outside 0 .. vocab_size - 1; such a token can never be read
     or produced. Of several end-of-sequence ids (Llama 3), those inside stay."""
-    from tfcli.checkpoints import read_hf_config
-
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "vocab_size": 100, key: value}))
-    assert getattr(read_hf_config(tmp_path / "config.json"), key) == kept
+    assert getattr(read_config_json(tmp_path, {"model_type": model_type, "vocab_size": 100, key: value}), key) == kept
 
 
 @pytest.mark.parametrize("kind", ["su", "yarn"])
 @pytest.mark.parametrize("form", ["type", "rope_type"])
 def test_phi3s_older_scaling_names_read_as_longrope(tmp_path, kind, form):
     """The first Phi-3 128k files said `su` (and some `yarn`) for what transformers' Phi-3 runs as LongRoPE."""
-    from tfcli.checkpoints import read_hf_config
-
     hf, expected = copy.deepcopy(PUBLISHED["microsoft/Phi-3-mini-128k-instruct"])
     hf["rope_scaling"] = {form: kind, "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
-    (tmp_path / "config.json").write_text(json.dumps(hf))
-    assert read_hf_config(tmp_path / "config.json").rope_scaling == expected["rope_scaling"]
+    assert read_config_json(tmp_path, hf).rope_scaling == expected["rope_scaling"]
 
 
 def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
@@ -505,11 +501,9 @@ def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
     sliding-window layers."""
     import transformers
 
-    from tfcli.checkpoints import read_hf_config
-
     values = dict(rope_theta=1e6, rope_local_base_freq=100.0)
-    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="gemma3_text", **values)))
-    ours, theirs = read_hf_config(tmp_path / "config.json"), transformers.Gemma3TextConfig(**values).rope_parameters
+    ours = read_config_json(tmp_path, dict(model_type="gemma3_text", **values))
+    theirs = transformers.Gemma3TextConfig(**values).rope_parameters
     assert (ours.rope_theta, ours.local_rope_theta) == (theirs["full_attention"]["rope_theta"],
                                                         theirs["sliding_attention"]["rope_theta"]) == (1e6, 100.0)
 
@@ -518,20 +512,16 @@ def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
 def test_t5s_feed_forward_reads_as_transformers_reads_it(tmp_path, projection):
     import transformers
 
-    from tfcli.checkpoints import read_hf_config
-
-    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="t5", feed_forward_proj=projection)))
-    ours, theirs = read_hf_config(tmp_path / "config.json"), transformers.T5Config(feed_forward_proj=projection)
+    ours = read_config_json(tmp_path, dict(model_type="t5", feed_forward_proj=projection))
+    theirs = transformers.T5Config(feed_forward_proj=projection)
     assert (ours.hidden_act, ours.feed_forward == "gated") == (theirs.dense_act_fn, theirs.is_gated_act)
 
 
 def test_yarn_without_a_factor_takes_the_ratio_of_the_lengths(tmp_path):
     """As transformers' YaRN does: factor = max_position_embeddings / original_max_position_embeddings."""
-    from tfcli.checkpoints import read_hf_config
-
-    (tmp_path / "config.json").write_text(json.dumps(dict(
+    config = read_config_json(tmp_path, dict(
         model_type="llama", hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=8,
         vocab_size=10, max_position_embeddings=65536,
-        rope_scaling=dict(rope_type="yarn", original_max_position_embeddings=16384))))
-    assert read_hf_config(tmp_path / "config.json").rope_scaling == dict(
+        rope_scaling=dict(rope_type="yarn", original_max_position_embeddings=16384)))
+    assert config.rope_scaling == dict(
         rope_type="yarn", original_max_position_embeddings=16384, factor=4.0)
