@@ -59,6 +59,13 @@ def checkpoint(tmp_path_factory, save_hf_model) -> Path:
     return path
 
 
+def config_folder(path: Path, config: str) -> Path:
+    """A model folder at `path` that holds only a config.json of text `config`."""
+    path.mkdir()
+    write(path / "config.json", config)
+    return path
+
+
 def copy_checkpoint(source: Path, target: Path) -> Path:
     target.mkdir()
     for file in source.iterdir():
@@ -297,9 +304,7 @@ class Payload:
 def test_pickle_with_code_is_refused_and_not_run(cli, checkpoint, tmp_path, writer):
     import torch
 
-    evil = tmp_path / "evil"
-    evil.mkdir()
-    (evil / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    evil = config_folder(tmp_path / "evil", (checkpoint / "config.json").read_text())
     marker = tmp_path / "pwned"
     state = {"bert.embeddings.word_embeddings.weight": Payload(marker)}
     with open(evil / "pytorch_model.bin", "wb") as f:
@@ -315,9 +320,7 @@ def test_pickle_with_code_is_refused_and_not_run(cli, checkpoint, tmp_path, writ
 def test_truncated_bin(cli, checkpoint, tmp_path):
     import torch
 
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    broken = config_folder(tmp_path / "broken", (checkpoint / "config.json").read_text())
     torch.save({"x": torch.zeros(1000)}, broken / "pytorch_model.bin")
     data = (broken / "pytorch_model.bin").read_bytes()
     (broken / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
@@ -331,19 +334,17 @@ def test_a_training_checkpoint_is_not_a_state_dict(cli, checkpoint, tmp_path):
     """{"model": state_dict, "epoch": 3}, as training loops save it: weights_only reads it, tfcli refuses it."""
     import torch
 
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    (saved / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    saved = config_folder(tmp_path / "saved", (checkpoint / "config.json").read_text())
     torch.save({"model": {"embeddings.weight": torch.zeros(4, 2)}, "epoch": 3}, saved / "pytorch_model.bin")
     assert_error(cli("encode", "--model", str(saved), "hi"), 1, "pytorch_model.bin: does not hold a dictionary of "
                  "tensors", "state_dict()")
 
 
 def test_a_setting_tfcli_does_not_implement_is_named_with_what_it_implements(cli, tmp_path):
-    (tmp_path / "falcon").mkdir()
-    write(tmp_path / "falcon" / "config.json", json.dumps({"model_type": "falcon", "alibi": True}))
-    assert_error(cli("encode", "--model", str(tmp_path / "falcon"), "hi"), 1,
-                 "config.json: falcon with `alibi: true` is not supported by tfcli", "tfcli implements alibi = null or false")
+    falcon = config_folder(tmp_path / "falcon", json.dumps({"model_type": "falcon", "alibi": True}))
+    assert_error(cli("encode", "--model", str(falcon), "hi"), 1,
+                 "config.json: falcon with `alibi: true` is not supported by tfcli",
+                 "tfcli implements alibi = null or false")
 
 
 @pytest.mark.parametrize("values, needles", [
@@ -355,17 +356,15 @@ def test_a_setting_tfcli_does_not_implement_is_named_with_what_it_implements(cli
 ])
 def test_a_config_json_value_tfcli_cannot_compute_with_names_the_file(cli, tmp_path, values, needles):
     """Each says which file, and which key where one is to blame: never a crash while translating."""
-    (tmp_path / "m").mkdir()
-    write(tmp_path / "m" / "config.json", json.dumps({"model_type": "llama", **values}))
-    assert_error(cli("encode", "--model", str(tmp_path / "m"), "hi"), 1,
-                 f"error: {tmp_path / 'm' / 'config.json'}: {needles[0]}", *needles[1:])
+    folder = config_folder(tmp_path / "m", json.dumps({"model_type": "llama", **values}))
+    assert_error(cli("encode", "--model", str(folder), "hi"), 1, f"error: {folder / 'config.json'}: {needles[0]}",
+                 *needles[1:])
 
 
 def test_unsupported_model_type_lists_supported(cli, tmp_path):
-    (tmp_path / "xlnet").mkdir()
-    write(tmp_path / "xlnet" / "config.json", json.dumps({"model_type": "xlnet", "d_model": 32}))
-    message = assert_error(cli("encode", "--model", str(tmp_path / "xlnet"), "hi"), 1,
-                           f"{tmp_path / 'xlnet' / 'config.json'}: unsupported model_type `xlnet`")
+    xlnet = config_folder(tmp_path / "xlnet", json.dumps({"model_type": "xlnet", "d_model": 32}))
+    message = assert_error(cli("encode", "--model", str(xlnet), "hi"), 1,
+                           f"{xlnet / 'config.json'}: unsupported model_type `xlnet`")
     assert "supported model types:" in message and "bert" in message
 
 
@@ -376,9 +375,7 @@ def test_unsupported_model_type_lists_supported(cli, tmp_path):
     ('{"model_type": "llama", "rope_scaling": "linear"}', "must be mappings"),
 ])
 def test_bad_config_json(cli, tmp_path, content, needle):
-    (tmp_path / "m").mkdir()
-    write(tmp_path / "m" / "config.json", content)
-    assert_error(cli("encode", "--model", str(tmp_path / "m"), "hi"), 1, needle)
+    assert_error(cli("encode", "--model", str(config_folder(tmp_path / "m", content)), "hi"), 1, needle)
 
 
 # ---------------------------------------------------------------- devices and dtypes

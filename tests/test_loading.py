@@ -123,7 +123,8 @@ def test_the_model_line_names_the_checkpoint(cli, minilm_dir, tmp_path):
     from pathlib import Path
 
     named = cli("encode", "--model", str(minilm_dir), "hi")
-    assert named.stderr.startswith("model: nreimers/MiniLM-L6-H384-uncased (encoder); weights: loaded from "), named.stderr
+    assert named.stderr.startswith("model: nreimers/MiniLM-L6-H384-uncased (encoder); weights: loaded from "), \
+        named.stderr
     for file in Path(minilm_dir).iterdir():
         (tmp_path / file.name).symlink_to(file)
     (tmp_path / "config.json").unlink()

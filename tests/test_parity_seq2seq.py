@@ -64,7 +64,8 @@ def untie_t5(path, model_class):
     config.pop("scale_decoder_outputs", None)  # as the published files: no such key, the head's tie decides
     (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
     hf = model_class.from_pretrained(path, attn_implementation="eager").eval()
-    assert torch.equal(hf.lm_head.weight, tensors["lm_head.weight"]) and not getattr(hf.config, "scale_decoder_outputs", False)
+    assert torch.equal(hf.lm_head.weight, tensors["lm_head.weight"])
+    assert not getattr(hf.config, "scale_decoder_outputs", False)
     return hf
 
 
