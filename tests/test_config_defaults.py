@@ -124,3 +124,48 @@ def test_a_decoders_config_shows_no_segment_embeddings():
     decoders = {model_type: config for model_type, config in decoders.items() if config["architecture"] == "decoder"}
     assert len(decoders) >= 12 and {model_type: config["type_vocab_size"] for model_type, config in decoders.items()} \
         == dict.fromkeys(decoders, 0)
+
+
+# settings of transformers' config classes that change nothing tfcli computes, and why
+UNREAD = {
+    **dict.fromkeys(("chunk_size_feed_forward", "use_cache", "output_attentions", "output_hidden_states",
+                     "return_dict", "is_encoder_decoder"), "how transformers runs, not what it computes"),
+    **dict.fromkeys(("initializer_range", "init_std", "initializer_factor", "initializer_cutoff_factor"),
+                    "how new weights are drawn: tfcli reads stored ones"),
+    **dict.fromkeys(("summary_use_proj", "summary_proj_to_labels"), "GPT-2's double-heads model, not loaded"),
+    "sparse_prediction": "MLM training only: the head runs on the masked positions of labels",
+    "sparse_pred_ignore_index": "MLM training only",
+    "deterministic_flash_attn": "flash attention only",
+    "reorder_and_upcast_attn": "float16 precision only",
+    "pretraining_tp": "not read by transformers 5's Llama",
+    "is_decoder": "GPT-NeoX is causal either way",
+    "sinusoidal_pos_embds": "how DistilBERT's position table is drawn: tfcli reads the stored one",
+    "legacy": "DeBERTa-v2's MLM head layout, read from the weights; no head here",
+    "max_relative_positions": "DeBERTa-v2: -1 and -2 both mean max_position_embeddings",
+    "num_kv_heads": "Falcon's first architecture has one key/value head whatever it says",
+    "_sliding_window_pattern": "Gemma 3's layer_types, written beside it, win",
+    "original_max_position_embeddings": "Phi-3: read by LongRoPE only; no rope scaling here",
+    "max_window_layers": "Qwen: layer_types, written beside it, win",
+    "use_sliding_window": "Qwen: layer_types, written beside it, win",
+    "is_gated_act": "T5: derived from feed_forward_proj",
+    "cls_token_id": "ModernBERT's tokenizer's, not the model's", "sep_token_id": "ModernBERT's tokenizer's",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_every_setting_transformers_writes_reaches_tfcli(model_type):
+    """Each number or switch in transformers' default config.json, set to another value, changes tfcli's
+    config or is refused: a key read under a wrong name or dropped on the way shows here (unless UNREAD says why
+    it changes nothing). Dropout rates (`drop` in their names: training only) are not tried."""
+    full = transformers_defaults(model_type)
+    expected = translated(full)
+    unseen = []
+    for key, value in full.items():
+        if key in UNREAD or isinstance(value, (str, list, dict)) or value is None or "drop" in key:
+            continue
+        changed = (not value) if isinstance(value, bool) else value * 2 if value else type(value)(1)
+        try:
+            unseen += [f"{key}: {value!r} -> {changed!r}"] if translated({**full, key: changed}) == expected else []
+        except TfcliError:
+            pass  # refused: seen
+    assert unseen == [], f"{model_type}: these settings change nothing tfcli computes"
