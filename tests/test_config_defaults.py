@@ -169,3 +169,26 @@ def test_every_setting_transformers_writes_reaches_tfcli(model_type):
         except TfcliError:
             pass  # refused: seen
     assert unseen == [], f"{model_type}: these settings change nothing tfcli computes"
+
+
+# config.json keys older than transformers 5 that it still reads, at values other than its defaults
+OLDER_KEYS = {
+    "gpt_neox": dict(rotary_emb_base=25000.0, rotary_pct=0.5),
+    "gemma3_text": dict(sliding_window_pattern=3, rope_local_base_freq=5000.0),
+    "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=64, share_att_key=True,
+                       norm_rel_ebd="layer_norm"),
+    "modernbert": dict(global_attn_every_n_layers=2),
+    "falcon": dict(n_embed=284),
+    "llama": dict(rope_theta=20000.0, rope_scaling={"type": "linear", "factor": 2.0}),
+    "phi": dict(partial_rotary_factor=0.25, rope_theta=20000.0),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(OLDER_KEYS))
+def test_older_keys_read_as_transformers_reads_them(model_type):
+    """A config.json written before transformers 5 gives tfcli the config that transformers' own reading of it
+    (re-written in today's keys) gives."""
+    older = {"model_type": model_type, **OLDER_KEYS[model_type]}
+    rewritten = json.loads(transformers.AutoConfig.for_model(**older).to_json_string(use_diff=False))
+    assert translated(older) == translated(rewritten)
+    assert translated(older) != translated({"model_type": model_type})  # the older keys were not all ignored
