@@ -84,6 +84,9 @@ VARIANTS = [
                                         original_max_position_embeddings=16)), None),
     ("gemma", dict(attention_bias=True, hidden_act="gelu_new", tie_word_embeddings=False), None),
     ("gemma", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("gemma", dict(hidden_act="relu"), None),  # only "gelu" is read as its tanh approximation
+    ("gemma", dict(hidden_act="mish"), "activation `mish`"),
+    ("gemma-2", dict(rope_parameters=dict(rope_type="default", rope_theta=100.0)), None),  # sliding layers too
     ("gemma-2", dict(hidden_activation="gelu", final_logit_softcapping=None, attn_logit_softcapping=None,
                      layer_types=["full_attention", "sliding_attention"], query_pre_attn_scalar=7), None),
     ("gemma-2", dict(sliding_window=None), "no sliding_window"),
@@ -112,6 +115,9 @@ VARIANTS = [
     ("pythia", dict(use_parallel_residual=False, attention_bias=False, rotary_pct=1.0, rotary_emb_base=100), None),
     ("pythia", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0, partial_rotary_factor=0.5),
                     tie_word_embeddings=True), None),
+    ("pythia", dict(rope_parameters=dict(rope_type="longrope", rope_theta=100.0, short_factor=[1.0] * 2,
+                                         long_factor=[2.0] * 2, original_max_position_embeddings=16)),
+     "RoPE scaling `longrope`"),
     ("gpt-j", dict(rotary_dim=16, activation_function="gelu", n_inner=40), None),  # whole heads
     ("falcon-7b", dict(multi_query=False, bias=True, parallel_attn=False, tie_word_embeddings=False), None),
     ("falcon-7b", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0)), None),
