@@ -181,6 +181,7 @@ OLDER_KEYS = {
     "falcon": dict(n_embed=284),
     "llama": dict(rope_theta=20000.0, rope_scaling={"type": "linear", "factor": 2.0}),
     "phi": dict(partial_rotary_factor=0.25, rope_theta=20000.0),
+    "qwen2": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),  # no layer_types yet
 }
 
 
