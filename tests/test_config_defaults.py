@@ -182,7 +182,14 @@ OLDER_KEYS = {
     "llama": dict(rope_theta=20000.0, rope_scaling={"type": "linear", "factor": 2.0}),
     "phi": dict(partial_rotary_factor=0.25, rope_theta=20000.0),
     "qwen2": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),  # no layer_types yet
+    "t5": dict(n_positions=1024),  # T5 has no position table: tfcli's cap on the input's length
 }
+
+
+def test_t5_written_by_transformers_5_reads_512_tokens():
+    """transformers 5 writes no n_positions; tfcli then caps a T5 input at the 512 tokens T5 was trained on
+    (transformers 4's default n_positions)."""
+    assert translated(transformers_defaults("t5"))["max_position_embeddings"] == 512
 
 
 @pytest.mark.parametrize("model_type", sorted(OLDER_KEYS))

@@ -37,6 +37,8 @@ CASES = {  # config class, model class, settings
     "flan-t5 (gated gelu, untied, 6 heads of 8 in 32)": ("T5Config", "T5ForConditionalGeneration", dict(
         T5, feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_heads=6)),
     "mt5": ("MT5Config", "MT5ForConditionalGeneration", dict(T5, tie_word_embeddings=False)),
+    "mt5, tied as transformers 5 writes it (the head not rescaled, unlike T5's)": (
+        "MT5Config", "MT5ForConditionalGeneration", T5),
     "bart (scaled embeddings, forced end of sequence)": ("BartConfig", "BartForConditionalGeneration", BART),
     "mbart": ("MBartConfig", "MBartForConditionalGeneration", MBART),
     "mbart, untied (each stack's embeddings and the head apart)": (
