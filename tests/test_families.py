@@ -493,6 +493,14 @@ def test_a_special_id_outside_the_vocabulary_is_dropped_as_transformers_tolerate
     assert getattr(read_config_json(tmp_path, {"model_type": model_type, "vocab_size": 100, key: value}), key) == kept
 
 
+@pytest.mark.parametrize("key", ["bos_token_id", "pad_token_id"])
+@pytest.mark.parametrize("value, kept", [([5, 6], 5), ([], None)])
+def test_a_list_of_start_or_padding_ids_reads_as_its_first(tmp_path, key, value, kept):
+    """transformers 4 wrote a list where a config.json gave one (transformers 5 refuses it); only end-of-sequence
+    ids mean something in a list, so tfcli takes the first (none of an empty list)."""
+    assert getattr(read_config_json(tmp_path, {"model_type": "llama", "vocab_size": 100, key: value}), key) == kept
+
+
 @pytest.mark.parametrize("kind", ["su", "yarn"])
 @pytest.mark.parametrize("form", ["type", "rope_type"])
 def test_phi3s_older_scaling_names_read_as_longrope(tmp_path, kind, form):
