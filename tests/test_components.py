@@ -172,6 +172,15 @@ ROPE_SCALINGS = {
         beta_fast=16.0, beta_slow=2.0)),
     "yarn, attention factor given, not truncated": (128, 1e6, 65536, dict(
         rope_type="yarn", factor=2.0, original_max_position_embeddings=32768, attention_factor=1.3, truncate=False)),
+    "yarn, factor 2 (no attention factor given)": (128, 1e6, 65536, dict(
+        rope_type="yarn", factor=2.0, original_max_position_embeddings=32768)),
+    "yarn, factor 1": (64, 10000.0, 4096, dict(rope_type="yarn", factor=1.0, original_max_position_embeddings=4096)),
+    "yarn, factor below 1": (64, 10000.0, 4096, dict(rope_type="yarn", factor=0.5,
+                                                     original_max_position_embeddings=4096)),
+    "yarn, an mscale other than 1": (64, 10000.0, 163840, dict(
+        rope_type="yarn", factor=40.0, original_max_position_embeddings=4096, mscale=0.707, mscale_all_dim=1.0)),
+    "yarn, mscale alone (not used)": (64, 10000.0, 163840, dict(
+        rope_type="yarn", factor=40.0, original_max_position_embeddings=4096, mscale=0.707)),
     "yarn, factor from the lengths": (64, 10000.0, 8192, dict(
         rope_type="yarn", factor=None, original_max_position_embeddings=2048)),
     "yarn, a ramp ending past the head (a small theta)": (64, 10.0, 4096, dict(
@@ -182,6 +191,10 @@ ROPE_SCALINGS = {
         rope_type="longrope", original_max_position_embeddings=4096, **PHI3_FACTORS)),
     "longrope, no longer than the original": (96, 10000.0, 4096, dict(
         rope_type="longrope", original_max_position_embeddings=4096, **PHI3_FACTORS)),
+    "longrope, factor given": (96, 10000.0, 131072, dict(
+        rope_type="longrope", original_max_position_embeddings=4096, factor=2.0, **PHI3_FACTORS)),
+    "longrope, factor below 1": (96, 10000.0, 131072, dict(
+        rope_type="longrope", original_max_position_embeddings=4096, factor=0.5, **PHI3_FACTORS)),
     "longrope, factor and attention factor given": (96, 10000.0, 131072, dict(
         rope_type="longrope", original_max_position_embeddings=4096, factor=2.0, attention_factor=1.2,
         **PHI3_FACTORS)),
