@@ -4,6 +4,7 @@ tfcli/checkpoints). Config translation only: no weights, no model but meta-devic
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import json
@@ -171,19 +172,28 @@ def test_every_setting_transformers_writes_reaches_tfcli(model_type):
     assert unseen == [], f"{model_type}: these settings change nothing tfcli computes"
 
 
-# config.json keys older than transformers 5 that it still reads, at values other than its defaults
-OLDER_KEYS = {
-    "gpt_neox": dict(rotary_emb_base=25000.0, rotary_pct=0.5),
-    "gemma3_text": dict(sliding_window_pattern=3, rope_local_base_freq=5000.0),
-    "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=64, share_att_key=True,
-                       norm_rel_ebd="layer_norm"),
-    "modernbert": dict(global_attn_every_n_layers=2),
-    "falcon": dict(n_embed=284),
-    "llama": dict(rope_theta=20000.0, rope_scaling={"type": "linear", "factor": 2.0}),
-    "phi": dict(partial_rotary_factor=0.25, rope_theta=20000.0),
-    "qwen2": dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),  # no layer_types yet
-    "t5": dict(n_positions=1024),  # T5 has no position table: tfcli's cap on the input's length
-}
+# config.json keys that transformers 5 reads but does not write (older names, optional keys), at values other than
+# its defaults; keys that act together are set together
+UNWRITTEN_KEYS = [
+    ("gpt_neox", dict(rotary_emb_base=25000.0)),
+    ("gpt_neox", dict(rotary_pct=0.5)),
+    ("gemma3_text", dict(sliding_window_pattern=3)),
+    ("gemma3_text", dict(rope_local_base_freq=5000.0)),
+    ("deberta-v2", dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=64, share_att_key=True,
+                        norm_rel_ebd="layer_norm")),
+    ("modernbert", dict(global_attn_every_n_layers=2)),
+    ("falcon", dict(n_embed=284)),
+    ("llama", dict(rope_theta=20000.0)),
+    ("llama", dict(rope_scaling={"type": "linear", "factor": 2.0})),
+    ("phi", dict(partial_rotary_factor=0.25)),
+    ("phi", dict(head_dim=32)),  # transformers' Phi, Phi-3 and OLMo 2 read it where config.json has it
+    ("phi3", dict(head_dim=48)),
+    ("phi3", dict(rope_parameters=dict(rope_type="su", rope_theta=10000.0, short_factor=[1.0] * 48,
+                                       long_factor=[2.0] * 48, original_max_position_embeddings=4096))),
+    ("olmo2", dict(head_dim=64)),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),  # no layer_types yet
+    ("t5", dict(n_positions=1024)),  # T5 has no position table: tfcli's cap on the input's length
+]
 
 
 def test_t5_written_by_transformers_5_reads_512_tokens():
@@ -192,11 +202,12 @@ def test_t5_written_by_transformers_5_reads_512_tokens():
     assert translated(transformers_defaults("t5"))["max_position_embeddings"] == 512
 
 
-@pytest.mark.parametrize("model_type", sorted(OLDER_KEYS))
-def test_older_keys_read_as_transformers_reads_them(model_type):
-    """A config.json written before transformers 5 gives tfcli the config that transformers' own reading of it
-    (re-written in today's keys) gives."""
-    older = {"model_type": model_type, **OLDER_KEYS[model_type]}
-    rewritten = json.loads(transformers.AutoConfig.for_model(**older).to_json_string(use_diff=False))
-    assert translated(older) == translated(rewritten)
-    assert translated(older) != translated({"model_type": model_type})  # the older keys were not all ignored
+@pytest.mark.parametrize("model_type, keys", UNWRITTEN_KEYS, ids=[f"{t}:{','.join(k)}" for t, k in UNWRITTEN_KEYS])
+def test_keys_transformers_reads_but_does_not_write(model_type, keys):
+    """A config.json holding keys that transformers 5 no longer writes (files written before it) gives tfcli the
+    config that transformers' own reading of it (written back in today's keys) gives, and not the default one."""
+    values = {"model_type": model_type, **keys}
+    rewritten = json.loads(transformers.AutoConfig.for_model(**copy.deepcopy(values)).to_json_string(use_diff=False))
+    # (a copy: transformers' Phi-3 renames the rope type inside the mapping it is given)
+    assert translated(values) == translated(rewritten)
+    assert translated(values) != translated({"model_type": model_type})
