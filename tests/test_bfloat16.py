@@ -111,7 +111,8 @@ POSITIONS = {  # YAML lines: each kind of position that tfcli computes in float3
     "sinusoidal halves": "position: sinusoidal_halves\n",
     "relative bias": "position: none\nrelative_attention_num_buckets: 8\n",
     "disentangled (DeBERTa)": "position: none\nrelative_attention: true\npos_att_type: [c2p, p2c]\n"
-                              "position_buckets: 8\nmax_relative_positions: 16\nshare_att_key: true\nnorm_rel_ebd: true\n",
+                              "position_buckets: 8\nmax_relative_positions: 16\n"
+                              "share_att_key: true\nnorm_rel_ebd: true\n",
     "rotary with a local base for sliding layers": "position: rotary\nlocal_rope_theta: 100.0\nsliding_window: 4\n"
                                                    "layer_types: [sliding_attention, full_attention]\n",
 }

@@ -122,6 +122,7 @@ VARIANTS = [
                                          long_factor=[2.0] * 2, original_max_position_embeddings=16)),
      "RoPE scaling `longrope`"),
     ("gpt-j", dict(rotary_dim=16, activation_function="gelu", n_inner=40), None),  # whole heads
+    ("gpt-j", dict(rotary_dim=32), "rotary_dim 32 .head size 16."),
     ("falcon-7b", dict(multi_query=False, bias=True, parallel_attn=False, tie_word_embeddings=False), None),
     ("falcon-7b", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0)), None),
     ("falcon-7b", dict(alibi=True), "alibi: true"),
@@ -129,6 +130,7 @@ VARIANTS = [
                                             long_factor=[2.0] * 2, original_max_position_embeddings=16)),
      "RoPE scaling `longrope`"),
     ("falcon-40b", dict(num_ln_in_parallel_attn=1, num_kv_heads=1, ffn_hidden_size=40), None),
+    ("falcon-40b", dict(activation="relu"), None),
     ("falcon-40b", dict(parallel_attn=False), "parallel_attn: false"),
     ("opt-125m", dict(do_layer_norm_before=False, enable_bias=False, activation_function="gelu"), None),
     ("opt-125m", dict(_remove_final_layer_norm=True), None),
