@@ -42,6 +42,8 @@ CASES = {  # config class, model class, settings, tfcli head
                                                                    dict(ELECTRA, embedding_size=32, id2label=LABELS),
                                                                    "classifier"),
     "mpnet masked lm": ("MPNetConfig", "MPNetForMaskedLM", MPNET, "mlm"),
+    "mpnet masked lm, relu (its head still GELU)": ("MPNetConfig", "MPNetForMaskedLM", dict(MPNET, hidden_act="relu"),
+                                                    "mlm"),
     "mpnet classifier, relu": ("MPNetConfig", "MPNetForSequenceClassification", dict(MPNET, hidden_act="relu",
                                                                                      id2label=LABELS), "classifier"),
     "deberta-v3 classifier": ("DebertaV2Config", "DebertaV2ForSequenceClassification", dict(
@@ -99,6 +101,21 @@ def test_parity(tmp_path, save_hf_model, assert_close, compare_passes, case):
         logits = theirs.prediction_logits  # AlbertForPreTraining
     assert_close("logits", mine.logits if head == "classifier" else mine.logits[real],
                  logits if head == "classifier" else logits[real])
+
+
+def test_mpnet_far_distances_share_its_log_buckets(tmp_path, save_hf_model, assert_close):
+    """MPNet's relative position buckets at distances up to 99: past 8 they grow with the log of the distance,
+    up to transformers' fixed max_distance of 128, where a short input never reaches."""
+    from transformers import MPNetConfig, MPNetModel
+
+    config = MPNetConfig(**dict(MPNET, max_position_embeddings=130, initializer_range=1.0))  # buckets that differ
+    hf = save_hf_model(MPNetModel, config, tmp_path, perturb=True)
+    ours = tfcli.load_model(str(tmp_path))
+    ids = torch.randint(3, 96, (1, 100), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).last_hidden_state
+        mine = ours(ids).last_hidden_state
+    assert_close("last hidden state", mine, theirs)
 
 
 def test_albert_runs_one_block_at_every_depth(tmp_path, save_hf_model):
