@@ -38,6 +38,8 @@ CASES = {  # config class, model class, settings, tfcli head
     "electra discriminator": ("ElectraConfig", "ElectraForPreTraining", ELECTRA, "discriminator"),
     "electra generator (relu, its head still GELU)": ("ElectraConfig", "ElectraForMaskedLM", dict(
         ELECTRA, hidden_act="relu"), "mlm"),
+    "electra generator, untied": ("ElectraConfig", "ElectraForMaskedLM", dict(ELECTRA, tie_word_embeddings=False),
+                                  "mlm"),
     "electra classifier, embeddings as wide as the hidden state": ("ElectraConfig", "ElectraForSequenceClassification",
                                                                    dict(ELECTRA, embedding_size=32, id2label=LABELS),
                                                                    "classifier"),
