@@ -182,6 +182,8 @@ UNWRITTEN_KEYS = [
     ("deberta-v2", dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=64, share_att_key=True,
                         norm_rel_ebd="layer_norm")),
     ("modernbert", dict(global_attn_every_n_layers=2)),
+    ("modernbert", dict(global_rope_theta=20000.0)),
+    ("modernbert", dict(local_rope_theta=500.0)),
     ("falcon", dict(n_embed=284)),
     ("llama", dict(rope_theta=20000.0)),
     ("llama", dict(rope_scaling={"type": "linear", "factor": 2.0})),

@@ -68,6 +68,7 @@ REFUSED = {
     "bart feed-forward sizes differ": ("BartConfig", "BartModel", dict(decoder_ffn_dim=40),
                                        "encoder_ffn_dim != decoder_ffn_dim"),
     "bart is_decoder": ("BartConfig", "BartModel", dict(is_decoder=True), "is_decoder: true"),
+    "mbart is_decoder": ("MBartConfig", "MBartModel", dict(is_decoder=True), "is_decoder: true"),
     "bart sequence classification": ("BartConfig", "BartForSequenceClassification", {},
                                      "BartForSequenceClassification"),
     "marian, a decoder vocabulary of its own size": ("MarianConfig", "MarianMTModel", dict(
