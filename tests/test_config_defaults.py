@@ -181,6 +181,7 @@ UNWRITTEN_KEYS = [
     ("gemma3_text", dict(rope_local_base_freq=5000.0)),
     ("deberta-v2", dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=64, share_att_key=True,
                         norm_rel_ebd="layer_norm")),
+    ("deberta-v2", dict(relative_attention=True, pos_att_type="p2c|c2p")),  # deberta-v3-base's string form
     ("modernbert", dict(global_attn_every_n_layers=2)),
     ("modernbert", dict(global_rope_theta=20000.0)),
     ("modernbert", dict(local_rope_theta=500.0)),

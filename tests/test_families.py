@@ -518,6 +518,13 @@ def test_phi3s_older_scaling_names_read_as_longrope(tmp_path, kind, form):
     assert read_config_json(tmp_path, hf).rope_scaling == expected["rope_scaling"]
 
 
+def test_an_older_modernbert_configs_rope_scaling_is_refused(tmp_path):
+    """tfcli runs ModernBERT's plain rotary positions: a scaling in the older top-level key is refused too."""
+    with pytest.raises(TfcliError, match="ModernBERT with RoPE scaling") as refused:
+        read_config_json(tmp_path, dict(model_type="modernbert", rope_scaling=dict(rope_type="linear", factor=2.0)))
+    assert refused.value.hint
+
+
 def test_gemma3s_older_rope_keys_read_as_transformers_reads_them(tmp_path):
     """Gemma 3 configs written before rope_parameters: rope_theta for full attention, rope_local_base_freq for the
     sliding-window layers."""

@@ -86,6 +86,11 @@ REFUSED = {
     "mpnet, 64 buckets": ("MPNetConfig", "MPNetModel", dict(relative_attention_num_buckets=64),
                           "relative_attention_num_buckets: 64"),
     "deberta-v2 convolution": ("DebertaV2Config", "DebertaV2Model", dict(conv_kernel_size=3), "conv_kernel_size: 3"),
+    "deberta-v2 convolution of width 1": ("DebertaV2Config", "DebertaV2Model", dict(conv_kernel_size=1),
+                                          "conv_kernel_size: 1"),
+    "deberta-v2 position-to-position term": ("DebertaV2Config", "DebertaV2Model", dict(
+        relative_attention=True, pos_att_type=["c2p", "p2p"]), "pos_att_type. \\['p2p'\\]"),
+    "marian is_decoder": ("MarianConfig", "MarianModel", dict(is_decoder=True), "is_decoder: true"),
     "deberta-v2 pooler of another size": ("DebertaV2Config", "DebertaV2ForSequenceClassification", dict(
         hidden_size=32, num_attention_heads=4, pooler_hidden_size=16), "pooler_hidden_size: 16"),
     "deberta-v2 token classification": ("DebertaV2Config", "DebertaV2ForTokenClassification", {},
@@ -144,6 +149,7 @@ def test_settings_tfcli_does_not_implement_are_refused_by_name(tmp_path, case):
         # a setting the family refuses: the line names the family, however it spells it
         family = refused.value.message.split(" with ")[0].removeprefix("config.json: ")
         assert re.sub("[^a-z0-9]", "", family.lower()) == re.sub("[^a-z0-9]", "", config.model_type), family
+        assert refused.value.hint
 
 
 def test_a_stored_copy_that_differs_is_refused_not_dropped(checkpoint, tmp_path):

@@ -60,6 +60,8 @@ CASES = {  # config class, model class, settings, tfcli head
     "deberta-v2 p2c only": ("DebertaV2Config", "DebertaV2Model", dict(DEBERTA_V3, pos_att_type=["p2c"],
                                                                       share_att_key=False), "none"),
     "modernbert masked lm": ("ModernBertConfig", "ModernBertForMaskedLM", MODERNBERT, "mlm"),
+    "modernbert masked lm, relu": ("ModernBertConfig", "ModernBertForMaskedLM", dict(
+        MODERNBERT, hidden_activation="relu"), "mlm"),
     "modernbert classifier, mean pooling": ("ModernBertConfig", "ModernBertForSequenceClassification", dict(
         MODERNBERT, classifier_pooling="mean", id2label=LABELS), "classifier"),
     "modernbert with biases everywhere, cls pooling": ("ModernBertConfig", "ModernBertForSequenceClassification", dict(
