@@ -518,6 +518,14 @@ def test_phi3s_older_scaling_names_read_as_longrope(tmp_path, kind, form):
     assert read_config_json(tmp_path, hf).rope_scaling == expected["rope_scaling"]
 
 
+def test_a_deberta_span_of_one_distance_stays_one(tmp_path):
+    """DeBERTa's max_relative_positions below 1 means the position table's length; 1 itself is kept, as
+    transformers keeps it."""
+    values = dict(model_type="deberta-v2", relative_attention=True, max_position_embeddings=64)
+    assert read_config_json(tmp_path, {**values, "max_relative_positions": 1}).max_relative_positions == 1
+    assert read_config_json(tmp_path, {**values, "max_relative_positions": 0}).max_relative_positions == 64
+
+
 def test_an_older_modernbert_configs_rope_scaling_is_refused(tmp_path):
     """tfcli runs ModernBERT's plain rotary positions: a scaling in the older top-level key is refused too."""
     with pytest.raises(TfcliError, match="ModernBERT with RoPE scaling") as refused:

@@ -51,6 +51,10 @@ CASES = {  # config class, model class, settings, tfcli head
     "deberta-v3 classifier": ("DebertaV2Config", "DebertaV2ForSequenceClassification", dict(
         DEBERTA_V3, id2label=LABELS), "classifier"),
     "deberta-v3 masked lm": ("DebertaV2Config", "DebertaV2ForMaskedLM", DEBERTA_V3, "mlm"),
+    "deberta-v3 masked lm, untied": ("DebertaV2Config", "DebertaV2ForMaskedLM", dict(
+        DEBERTA_V3, tie_word_embeddings=False), "mlm"),
+    "deberta-v3 masked lm, the newer head (tied to the embeddings whatever the config says)": (
+        "DebertaV2Config", "DebertaV2ForMaskedLM", dict(DEBERTA_V3, tie_word_embeddings=False, legacy=False), "mlm"),
     "deberta-v2 masked lm (own position projections, exact distances, absolute positions, segments)": (
         "DebertaV2Config", "DebertaV2ForMaskedLM", dict(DEBERTA_V3, share_att_key=False, position_buckets=-1,
                                                         norm_rel_ebd="none", position_biased_input=True,
