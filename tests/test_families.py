@@ -63,6 +63,8 @@ FAMILIES = {
 }
 
 # (family, settings away from its defaults, None for parity or the words of the refusal)
+LONGROPE = dict(rope_type="longrope", rope_theta=100.0, short_factor=[1.0] * 2, long_factor=[2.0] * 2,
+                original_max_position_embeddings=16)  # refused by the families whose transformers class lacks it
 VARIANTS = [
     ("llama-3.2", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)), None),
     ("llama-3.2", dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=False), None),
@@ -72,9 +74,7 @@ VARIANTS = [
                        max_position_embeddings=6), None),  # 9 tokens: past the table, where dynamic turns on
     ("llama-3.2", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                                             original_max_position_embeddings=16, beta_fast=16.0)), None),
-    ("llama-3.2", dict(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 2,
-                                            long_factor=[2.0] * 2, original_max_position_embeddings=16)),
-     "RoPE scaling `longrope`"),
+    ("llama-3.2", dict(rope_parameters=LONGROPE), "RoPE scaling `longrope`"),
     ("llama-3.2", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
     ("mistral-7b-v0.1", dict(sliding_window=None, head_dim=16), None),
     ("qwen2-windows", dict(use_sliding_window=False), None),
@@ -104,9 +104,7 @@ VARIANTS = [
     ("phi-2", dict(qk_layernorm=True, num_key_value_heads=2, partial_rotary_factor=0.25, hidden_act="gelu"), None),
     ("phi-2", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0, partial_rotary_factor=0.5)),
      None),
-    ("phi-2", dict(rope_parameters=dict(rope_type="longrope", rope_theta=100.0, short_factor=[1.0] * 2,
-                                        long_factor=[2.0] * 2, original_max_position_embeddings=16)),
-     "RoPE scaling `longrope`"),
+    ("phi-2", dict(rope_parameters=LONGROPE), "RoPE scaling `longrope`"),
     ("phi-3-mini-4k", dict(partial_rotary_factor=0.5, num_key_value_heads=1, tie_word_embeddings=True,
                            sliding_window=None), None),
     ("phi-3-mini-128k", dict(rope_parameters=dict(rope_type="longrope", rope_theta=100.0, short_factor=[1.0] * 4,
@@ -118,17 +116,13 @@ VARIANTS = [
     ("pythia", dict(use_parallel_residual=False, attention_bias=False, rotary_pct=1.0, rotary_emb_base=100), None),
     ("pythia", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0, partial_rotary_factor=0.5),
                     tie_word_embeddings=True), None),
-    ("pythia", dict(rope_parameters=dict(rope_type="longrope", rope_theta=100.0, short_factor=[1.0] * 2,
-                                         long_factor=[2.0] * 2, original_max_position_embeddings=16)),
-     "RoPE scaling `longrope`"),
+    ("pythia", dict(rope_parameters=LONGROPE), "RoPE scaling `longrope`"),
     ("gpt-j", dict(rotary_dim=16, activation_function="gelu", n_inner=40), None),  # whole heads
     ("gpt-j", dict(rotary_dim=32), "rotary_dim 32 .head size 16."),
     ("falcon-7b", dict(multi_query=False, bias=True, parallel_attn=False, tie_word_embeddings=False), None),
     ("falcon-7b", dict(rope_parameters=dict(rope_type="linear", rope_theta=100.0, factor=2.0)), None),
     ("falcon-7b", dict(alibi=True), "alibi: true"),
-    ("falcon-7b", dict(rope_parameters=dict(rope_type="longrope", rope_theta=100.0, short_factor=[1.0] * 2,
-                                            long_factor=[2.0] * 2, original_max_position_embeddings=16)),
-     "RoPE scaling `longrope`"),
+    ("falcon-7b", dict(rope_parameters=LONGROPE), "RoPE scaling `longrope`"),
     ("falcon-40b", dict(num_ln_in_parallel_attn=1, num_kv_heads=1, ffn_hidden_size=40), None),
     ("falcon-40b", dict(activation="relu"), None),
     ("falcon-40b", dict(parallel_attn=False), "parallel_attn: false"),
