@@ -132,11 +132,12 @@ def test_deberta_mlm_weights_without_architectures_load_as_the_bare_model(tmp_pa
 
 
 def test_mpnet_far_distances_share_its_log_buckets(tmp_path, save_hf_model, assert_close):
-    """MPNet's relative position buckets at distances up to 99: past 8 they grow with the log of the distance,
-    up to transformers' fixed max_distance of 128, where a short input never reaches."""
+    """MPNet's relative position buckets at distances up to 99: beyond 8 they widen with the log of the distance,
+    up to transformers' fixed max_distance of 128, which a short input never reaches. A bias table of unit scale
+    makes a bucket off by one show."""
     from transformers import MPNetConfig, MPNetModel
 
-    config = MPNetConfig(**dict(MPNET, max_position_embeddings=130, initializer_range=1.0))  # buckets that differ
+    config = MPNetConfig(**dict(MPNET, max_position_embeddings=130, initializer_range=1.0))
     hf = save_hf_model(MPNetModel, config, tmp_path, perturb=True)
     ours = tfcli.load_model(str(tmp_path))
     ids = torch.randint(3, 96, (1, 100), generator=torch.Generator().manual_seed(0))
