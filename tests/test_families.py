@@ -512,6 +512,14 @@ def test_phi3s_older_scaling_names_read_as_longrope(tmp_path, kind, form):
     assert read_config_json(tmp_path, hf).rope_scaling == expected["rope_scaling"]
 
 
+@pytest.mark.parametrize("value, kept", [([7, 5, 9], 5), ([], None)])
+def test_several_forced_end_ids_read_as_the_lowest(tmp_path, value, kept):
+    """A list of forced_eos_token_id: transformers' generate gives each of them the same score, so greedy decoding
+    ends on the lowest."""
+    config = read_config_json(tmp_path, {"model_type": "bart", "vocab_size": 100, "forced_eos_token_id": value})
+    assert config.forced_eos_token_id == kept
+
+
 def test_a_deberta_span_of_one_distance_stays_one(tmp_path):
     """DeBERTa's max_relative_positions below 1 means the position table's length; 1 itself is kept, as
     transformers keeps it."""
