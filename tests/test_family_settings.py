@@ -193,21 +193,41 @@ def test_an_unknown_tensor_is_named(checkpoint):
         parity(path)
 
 
-def test_a_checkpoint_without_architectures_loads_as_the_bare_model(checkpoint):
+DEBERTA_V3 = dict(BERT, relative_attention=True, pos_att_type="p2c|c2p", position_buckets=4, max_relative_positions=6,
+                  share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0)
+BARE = {  # config class, model class saved, settings, architectures config.json then names (None: the key left out)
+    "deberta-v3-base: no architecture, its pretraining heads stored": (
+        "DebertaV2Config", "DebertaV2ForMaskedLM", dict(DEBERTA_V3, legacy=False), None),
+    "deberta-v2: no architecture, the older MLM head stored": (
+        "DebertaV2Config", "DebertaV2ForMaskedLM", dict(DEBERTA_V3, legacy=True), None),
+    "bart-large: BartModel, the generation head's final_logits_bias stored": (
+        "BartConfig", "BartForConditionalGeneration", BART, ["BartModel"]),
+}
+
+
+@pytest.mark.parametrize("case", BARE)
+def test_head_weights_under_a_bare_architecture_load_as_the_bare_model(checkpoint, case):
     """microsoft/deberta-v3-base names no architecture and stores its pretraining heads (lm_predictions,
-    mask_predictions): the bare model uses none of them, in tfcli or transformers."""
+    mask_predictions); facebook/bart-large names BartModel and stores final_logits_bias: the bare model uses none
+    of them, in tfcli or transformers."""
     import json
 
     from safetensors.torch import load_file, save_file
 
-    path = checkpoint("DebertaV2Config", "DebertaV2ForMaskedLM", dict(
-        BERT, relative_attention=True, pos_att_type="p2c|c2p", position_buckets=4, max_relative_positions=6,
-        share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0, legacy=False))
-    tensors = load_file(path / "model.safetensors")
-    tensors |= {"mask_predictions.dense.weight": torch.zeros(32, 32), "mask_predictions.classifier.bias": torch.zeros(1)}
-    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    from tfcli.sources import resolve_source
+
+    config_class, model_class, settings, architectures = BARE[case]
+    path = checkpoint(config_class, model_class, settings)
+    if config_class == "DebertaV2Config":
+        tensors = load_file(path / "model.safetensors")
+        tensors |= {"mask_predictions.dense.weight": torch.zeros(32, 32),
+                    "mask_predictions.classifier.bias": torch.zeros(1)}
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((path / "config.json").read_text())
-    del config["architectures"]
+    config.pop("architectures")
+    if architectures is not None:
+        config["architectures"] = architectures
     (path / "config.json").write_text(json.dumps(config))
+    assert resolve_source(str(path)).config.head == "none"
     differences = parity(path)
     assert "logits" not in differences and max(differences.values()) <= 1e-4

@@ -111,26 +111,6 @@ def test_parity(tmp_path, save_hf_model, assert_close, compare_passes, case):
                  logits if head == "classifier" else logits[real])
 
 
-def test_deberta_mlm_weights_without_architectures_load_as_the_bare_model(tmp_path, save_hf_model, assert_close):
-    """microsoft/deberta-v3-base's config.json names no architecture, yet its weights hold an MLM head: tfcli runs
-    the bare model, as transformers' DebertaV2Model does, leaving the head's weights unread."""
-    import json
-
-    import transformers
-
-    save_hf_model(transformers.DebertaV2ForMaskedLM, transformers.DebertaV2Config(**DEBERTA_V3), tmp_path,
-                  perturb=True)
-    config = json.loads((tmp_path / "config.json").read_text())
-    del config["architectures"]
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    hf = transformers.DebertaV2Model.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    ours = tfcli.load_model(str(tmp_path))
-    assert ours.config.head == "none"
-    with torch.no_grad():
-        assert_close("last hidden state", ours(IDS, attention_mask=MASK).last_hidden_state[MASK.bool()],
-                     hf(input_ids=IDS, attention_mask=MASK).last_hidden_state[MASK.bool()])
-
-
 def test_mpnet_far_distances_share_its_log_buckets(tmp_path, save_hf_model, assert_close):
     """MPNet's relative position buckets at distances up to 99: beyond 8 they widen with the log of the distance,
     up to transformers' fixed max_distance of 128, which a short input never reaches. A bias table of unit scale

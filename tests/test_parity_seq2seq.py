@@ -141,24 +141,3 @@ def test_t5_encoder_model_is_an_encoder(tmp_path, save_hf_model, assert_close):
         theirs = hf(input_ids=IDS, attention_mask=MASK, output_hidden_states=True)
         mine = ours(IDS, attention_mask=MASK, capture=Capture())
     assert_close("last_hidden_state", mine.last_hidden_state[MASK.bool()], theirs.last_hidden_state[MASK.bool()])
-
-
-def test_bart_generation_weights_under_a_bare_architecture_run_the_bare_model(tmp_path, save_hf_model, assert_close):
-    """facebook/bart-large's config.json says BartModel while its weights hold the generation head's
-    final_logits_bias: tfcli runs the bare model, as transformers' BartModel does, leaving that bias unread."""
-    import json
-
-    import transformers
-
-    save_hf_model(transformers.BartForConditionalGeneration, transformers.BartConfig(**BART), tmp_path, perturb=True)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["BartModel"]}))
-    hf = transformers.BartModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    ours = tfcli.load_model(str(tmp_path))
-    assert ours.config.head == "none"
-    with torch.no_grad():
-        theirs = hf(input_ids=IDS, attention_mask=MASK, decoder_input_ids=DECODER_IDS,
-                    decoder_attention_mask=DECODER_MASK).last_hidden_state
-        mine = ours(IDS, attention_mask=MASK, decoder_input_ids=DECODER_IDS,
-                    decoder_attention_mask=DECODER_MASK).last_hidden_state
-    assert_close("last_hidden_state", mine[DECODER_MASK.bool()], theirs[DECODER_MASK.bool()])
