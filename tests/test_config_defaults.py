@@ -111,7 +111,7 @@ def test_a_config_with_only_model_type_builds_transformers_default_model(model_t
 def test_any_value_of_any_key_translates_or_is_refused_in_one_line(model_type):
     """config.json is input: whatever one key holds (zero, a negative, a string, a list, a mapping, a boolean, a
     fraction), translating it gives a config or one TfcliError line naming the file, never a crash."""
-    for key in FAMILIES[model_type].defaults[model_type]:
+    for key in (*FAMILIES[model_type].defaults[model_type], *FAMILIES[model_type].older_numbers):
         for value in (0, -1, "x", [1], {}, True, 1.5):
             try:
                 translated({"model_type": model_type, key: value})
@@ -199,6 +199,17 @@ UNWRITTEN_KEYS = [
     ("t5", dict(n_positions=1024)),  # T5 has no position table: tfcli's cap on the input's length
 ]
 CONTEXT = {"deberta-v2": dict(relative_attention=True)}  # what makes those keys count
+
+
+@pytest.mark.parametrize("model_type, keys", UNWRITTEN_KEYS, ids=[f"{t}:{','.join(k)}" for t, k in UNWRITTEN_KEYS])
+def test_an_older_number_of_the_wrong_kind_is_refused_by_its_name(model_type, keys):
+    """An older key that holds a number, given a string (`"rotary_emb_base": "ten thousand"`), is refused in one
+    line that names the key, not in the fallback's words about the whole file."""
+    for key, value in keys.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            wrong = {"model_type": model_type, **CONTEXT.get(model_type, {}), **keys, key: "ten thousand"}
+            with pytest.raises(TfcliError, match=f"^config.json: `{key}` must be "):
+                translated(wrong)
 
 
 def test_t5_written_by_transformers_5_reads_512_tokens():

@@ -65,7 +65,7 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
         raise TfcliError(f"{origin}: no `model_type`", "a Hugging Face config.json names its model_type")
     fam = family(model_type, origin)
     defaults = fam.defaults.get(model_type, {})
-    _check_kinds(values, defaults, origin)
+    _check_kinds(values, defaults, fam.older_numbers, origin)
     try:
         return fam.translate(with_defaults(values, defaults))
     except (TypeError, ValueError, ArithmeticError) as exc:  # e.g. zero heads, or a list where a layer count goes
@@ -74,10 +74,13 @@ def translate_hf_config(values: dict[str, Any], origin: str) -> dict[str, Any]:
                          "config.json") from None
 
 
-def _check_kinds(values: dict[str, Any], defaults: dict[str, Any], origin: str) -> None:
-    """Each key whose transformers default is a number or a string holds one (or null): `translate` computes with
-    them. (A list of ids is a token id too: Llama 3 ends on several.)"""
-    for key, default in defaults.items():
+def _check_kinds(values: dict[str, Any], defaults: dict[str, Any], older_numbers: tuple[str, ...],
+                 origin: str) -> None:
+    """Each key whose transformers default is a number or a string holds one (or null), and so does each of the
+    family's older keys that hold a number: `translate` computes with them. (A list of ids is a token id too:
+    Llama 3 ends on several.)"""
+    older = {key: 0.0 for key in older_numbers if key not in defaults}  # 0.0: any number, for its kind
+    for key, default in {**older, **defaults}.items():
         value = values.get(key)
         if value is None or callable(default) or isinstance(default, bool):
             continue
@@ -90,8 +93,9 @@ def _check_kinds(values: dict[str, Any], defaults: dict[str, Any], origin: str) 
         else:
             continue
         if not fits:
-            raise TfcliError(f"{origin}: `{key}` must be {kind}, got {json.dumps(value)}",
-                             f"transformers' default for it is {json.dumps(default)}")
+            hint = ("a key of config.json files written before transformers 5" if key in older else
+                    f"transformers' default for it is {json.dumps(default)}")
+            raise TfcliError(f"{origin}: `{key}` must be {kind}, got {json.dumps(value)}", hint)
 
 
 # what transformers' generate takes from generation_config.json, beside config.json, rather than from config.json

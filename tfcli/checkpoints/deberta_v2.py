@@ -68,6 +68,7 @@ def config_rules(config: ModelConfig) -> tuple[Rule, ...]:
 LAYER, BLOCK = "encoder.layer.{}", "encoder.blocks.{}"
 FAMILY = Family(
     model_types=("deberta-v2",),
+    older_numbers=("position_buckets",),
     translate=translate,
     prefixes=("deberta.",),
     rules=(

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common, refuse, unsupported, weight_bias
-from tfcli.checkpoints.rope import rope_settings
+from tfcli.checkpoints.rope import OLDER_NUMBERS, rope_settings
 from tfcli.config import ModelConfig
 
 HEADS = {"ForCausalLM": "lm"}
@@ -62,6 +62,7 @@ def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
 
 FAMILY = Family(
     model_types=("falcon",),
+    older_numbers=(*OLDER_NUMBERS, "n_embed"),
     translate=translate,
     prefixes=("transformer.",),
     rules=(

@@ -17,7 +17,9 @@ loader is in `tfcli/checkpoints/__init__.py`.
 model_type's config class in transformers 5.23; tests/test_config_defaults.py keeps them true): a key the file
 leaves out takes it before `translate` runs, so an old or hand-written config.json computes what transformers
 computes on it. A default that transformers derives from other keys (num_key_value_heads = num_attention_heads)
-is a function of the values (see `with_defaults`).
+is a function of the values (see `with_defaults`). `older_numbers` names the keys, each a number, that files
+written before transformers 5 hold and that `translate` reads where they are (GPT-NeoX's `rotary_emb_base`): the
+loader checks their kind as it checks the kinds of the keys in `defaults`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Family:
     flattened: tuple[str, ...] = ()
     grouped_qkv: bool = False  # the fused `attention.qkv` rows are stored per key/value head: see grouped_qkv_rows
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model_type -> {HF key: default}
+    older_numbers: tuple[str, ...] = ()  # keys of files written before transformers 5 that translate reads
 
 
 def with_defaults(values: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:

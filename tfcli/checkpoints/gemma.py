@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common, refuse, unsupported, weight_bias
-from tfcli.checkpoints.rope import rope_settings
+from tfcli.checkpoints.rope import OLDER_NUMBERS, rope_settings
 from tfcli.config import ModelConfig
 
 HEADS = {"ForCausalLM": "lm"}
@@ -91,6 +91,7 @@ def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
 
 FAMILY = Family(
     model_types=("gemma", "gemma2", "gemma3_text"),
+    older_numbers=(*OLDER_NUMBERS, "sliding_window_pattern"),
     translate=translate,
     prefixes=("model.",),
     rules=(

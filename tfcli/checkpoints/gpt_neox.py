@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common, weight_bias
-from tfcli.checkpoints.rope import rope_settings
+from tfcli.checkpoints.rope import OLDER_NUMBERS, rope_settings
 
 HEADS = {"ForCausalLM": "lm"}
 
@@ -31,6 +31,7 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
 
 FAMILY = Family(
     model_types=("gpt_neox",),
+    older_numbers=(*OLDER_NUMBERS, "rotary_emb_base", "rotary_pct"),
     translate=translate,
     prefixes=("gpt_neox.",),
     rules=(

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common, head_dim_of, kv_heads_of, weight_bias
-from tfcli.checkpoints.rope import rope_settings
+from tfcli.checkpoints.rope import OLDER_NUMBERS, rope_settings
 from tfcli.config import ModelConfig
 
 HEADS = {"ForCausalLM": "lm"}
@@ -82,6 +82,7 @@ def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
 
 FAMILY = Family(
     model_types=("llama", "qwen2", "qwen3", "mistral"),
+    older_numbers=OLDER_NUMBERS,
     translate=translate,
     prefixes=("model.",),
     rules=(

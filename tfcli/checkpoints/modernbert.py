@@ -54,6 +54,7 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
 
 FAMILY = Family(
     model_types=("modernbert",),
+    older_numbers=("global_attn_every_n_layers", "global_rope_theta", "local_rope_theta"),
     translate=translate,
     prefixes=("model.",),
     rules=(

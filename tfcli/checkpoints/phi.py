@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common, kv_heads_of, unsupported, weight_bias
-from tfcli.checkpoints.rope import rope_settings
+from tfcli.checkpoints.rope import OLDER_NUMBERS, rope_settings
 from tfcli.config import ModelConfig
 
 HEADS = {"ForCausalLM": "lm"}
@@ -44,6 +44,7 @@ def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
 
 FAMILY = Family(
     model_types=("phi",),
+    older_numbers=OLDER_NUMBERS,
     translate=translate,
     prefixes=("model.",),
     rules=(

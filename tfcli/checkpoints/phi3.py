@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfcli.checkpoints.family import Family, architecture_head, common, kv_heads_of
-from tfcli.checkpoints.rope import rope_settings
+from tfcli.checkpoints.rope import OLDER_NUMBERS, rope_settings
 
 HEADS = {"ForCausalLM": "lm"}
 
@@ -37,6 +37,7 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
 
 FAMILY = Family(
     model_types=("phi3",),
+    older_numbers=OLDER_NUMBERS,
     translate=translate,
     prefixes=("model.",),
     rules=(

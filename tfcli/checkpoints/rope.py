@@ -39,6 +39,10 @@ def _scaling(params: dict[str, Any], hf: dict[str, Any], model_type: str,
     return scaling
 
 
+# top-level keys of files written before transformers 5's rope_parameters, which it still reads
+OLDER_NUMBERS = ("rope_theta", "partial_rotary_factor", "rope_local_base_freq")
+
+
 def rope_settings(hf: dict[str, Any], model_type: str, theta: float = 10000.0, local_theta: float | None = None,
                   partial: float | None = None, longrope: bool = False) -> dict[str, Any]:
     """ModelConfig values rope_theta, rope_scaling, partial_rotary_factor (and local_rope_theta when the config

@@ -89,6 +89,7 @@ def output_rules(config: ModelConfig) -> tuple[Rule, ...]:
 
 FAMILY = Family(
     model_types=("t5", "mt5"),
+    older_numbers=("n_positions",),
     translate=translate,
     rules=(
         ("shared.weight", "embed_tokens.weight"),
