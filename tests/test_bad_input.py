@@ -350,6 +350,8 @@ def test_a_setting_tfcli_does_not_implement_is_named_with_what_it_implements(cli
 @pytest.mark.parametrize("values, needles", [
     ({"hidden_size": "wide"}, ['`hidden_size` must be a number, got "wide"', "transformers' default for it is 4096"]),
     ({"hidden_act": {}}, ["`hidden_act` must be a string, got {}"]),
+    ({"rope_theta": "ten thousand"}, ['`rope_theta` must be a number, got "ten thousand"',  # before transformers 5
+                                      "give it a number or leave it out"]),
     ({"hidden_size": 32.5, "head_dim": 8}, ["`hidden_size` must be an integer, got 32.5"]),
     ({"num_attention_heads": 0}, ["cannot read it as a llama config (integer division or modulo by zero)",
                                   "a value has the wrong type or is out of range"]),

@@ -208,8 +208,9 @@ def test_an_older_number_of_the_wrong_kind_is_refused_by_its_name(model_type, ke
     for key, value in keys.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             wrong = {"model_type": model_type, **CONTEXT.get(model_type, {}), **keys, key: "ten thousand"}
-            with pytest.raises(TfcliError, match=f"^config.json: `{key}` must be "):
+            with pytest.raises(TfcliError, match=f"^config.json: `{key}` must be ") as refused:
                 translated(wrong)
+            assert refused.value.hint  # what to write instead: transformers' default, or a number
 
 
 def test_t5_written_by_transformers_5_reads_512_tokens():
