@@ -119,6 +119,29 @@ def test_any_value_of_any_key_translates_or_is_refused_in_one_line(model_type):
                 assert exc.message.startswith("config.json: ") and "\n" not in exc.message, (key, value, exc.message)
 
 
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_a_value_of_the_wrong_kind_is_refused_by_its_key(model_type):
+    """Where transformers' default is a number, a string, a mapping or a list is refused in a line that names the
+    key (the fallback's words name only the file); where it is a string, a number or a list is. Each in a file that
+    holds every key, as transformers writes it. A list of end-of-sequence ids is no wrong kind: Llama 3 ends on
+    several."""
+    written = transformers_defaults(model_type)
+    for key, default in FAMILIES[model_type].defaults[model_type].items():
+        if isinstance(default, bool) or callable(default):
+            continue
+        if isinstance(default, (int, float)):
+            wrong = ["x", {}] if key.endswith("token_id") else ["x", {}, [1]]
+        elif isinstance(default, str):
+            wrong = [0, [1]]
+        else:
+            continue
+        for value in wrong:
+            with pytest.raises(TfcliError, match=f"^config.json: `{key}` must be "):
+                translated({**written, key: value})
+    if isinstance(FAMILIES[model_type].defaults[model_type].get("eos_token_id"), int):
+        assert translated({"model_type": model_type, "eos_token_id": [1, 2]})["eos_token_id"] == [1, 2]
+
+
 def test_a_decoders_config_shows_no_segment_embeddings():
     """A causal stack builds no segment (token type) table, and `tfcli config` says so: type_vocab_size 0."""
     decoders = {model_type: translated(transformers_defaults(model_type)) for model_type in FAMILIES}
