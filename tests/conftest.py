@@ -78,6 +78,18 @@ def tiny_config(tmp_path):
 
 
 @pytest.fixture
+def no_model_built(monkeypatch):
+    """Building a TransformerModel fails the test (the CLI would report it as an unexpected error): for refusals
+    that must come before a model (of any size) is built."""
+    from tfcli.model import transformer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(transformer.TransformerModel, "__init__", refuse)
+
+
+@pytest.fixture
 def yaml_model(tmp_path):
     """yaml_model(text, **options) -> the model `tfcli.load_model` builds from a YAML config of `text` (written
     to tmp_path; options such as dtype pass through)."""

@@ -30,17 +30,6 @@ def assert_error(result, exit_code: int, *needles: str) -> str:
     return message
 
 
-@pytest.fixture
-def no_model_built(monkeypatch):
-    """Building a TransformerModel fails the test (the CLI would report it as an unexpected error)."""
-    from tfcli.model import transformer
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was built")
-
-    monkeypatch.setattr(transformer.TransformerModel, "__init__", refuse)
-
-
 def write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
@@ -133,7 +122,8 @@ def test_compare_needs_weights(cli, checkpoint, tmp_path):
     config_only = tmp_path / "config-only"
     config_only.mkdir()
     (config_only / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
-    assert_error(cli("compare", str(config_only), "hi"), 1, "weights")
+    assert_error(cli("compare", str(config_only), "hi"), 1, "compare needs a checkpoint with weights",
+                 "hint: pass a directory written by save_pretrained")
 
 
 # ---------------------------------------------------------------- YAML

@@ -92,7 +92,7 @@ def test_the_python_api_judges_with_the_documented_default_tolerance(bert_dir, p
 
 @pytest.mark.parametrize("architectures,exit_code,says", [
     (None, 0, "ok"),  # no `architectures`: transformers' AutoModel
-    (["NoSuchModel"], 1, "transformers has no class `NoSuchModel`"),
+    (["NoSuchModel"], 1, "transformers has no class `NoSuchModel`\nhint: compare supports transformers' own models"),
 ])
 def test_the_reference_class_comes_from_config_architectures(cli, tmp_path, save_hf_model, architectures, exit_code,
                                                               says):
