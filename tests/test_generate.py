@@ -301,7 +301,6 @@ def test_cli_checkpoint_without_and_with_tokenizer_files(tmp_path, save_hf_model
     (["generate", "hi", "--top-p", "0"], "top-p"),
     (["generate", "hi", "--top-p", "1.5"], "top-p"),
     (["generate", "hi", "--greedy", "--temperature", "0.5"], "--greedy"),
-    (["generate", " ".join(["word"] * 40)], "positions"),
 ])
 def test_cli_bad_input_is_a_usage_error(configs, args, message):
     result = invoke(*args, "-m", str(configs["decoder"]))
@@ -320,6 +319,7 @@ def test_cli_model_that_cannot_generate(tmp_path, model, says):
     (tmp_path / "model.yaml").write_text(SIZES + model)
     result = invoke("generate", "hi", "-m", str(tmp_path / "model.yaml"))
     assert result.exit_code == 2 and says in result.stderr, result.stderr
+    assert "hint: use a decoder or encoder-decoder with `head: lm`" in result.stderr
 
 
 def test_cli_stops_at_the_end_of_the_position_table(configs):
@@ -423,13 +423,27 @@ def test_the_table_says_when_generation_stopped_at_the_end_of_sequence(tmp_path)
     assert "5 new tokens" in invoke("generate", "time flies", "-m", str(tmp_path), "-n", "5", "--width", "200").stdout
 
 
-def test_a_prompt_that_fills_the_position_table_is_refused_and_one_short_of_it_makes_one_token(configs):
-    """The tiny decoder has 24 positions: a 24-token prompt leaves no room for a new token (a usage error that
-    says so, before anything runs); a 23-token prompt makes exactly one, with a warning."""
-    words = lambda n: " ".join(["word"] * n)  # [CLS] + n words ([SEP] is dropped from a decoder's prompt)
-    result = invoke("generate", words(23), "-m", str(configs["decoder"]), "-n", "3")
-    assert result.exit_code == 2
-    assert "the prompt has 24 tokens, which fill the model's 24 positions: no room for a new token" in result.stderr
+def words(count: int) -> str:
+    """A prompt of [CLS] + `count` tokens ([SEP] is dropped from a decoder's prompt)."""
+    return " ".join(["word"] * count)
+
+
+@pytest.mark.parametrize("count, says", [
+    (23, "the prompt has 24 tokens, which fill the model's 24 positions: no room for a new token"),
+    (40, "the prompt has 41 tokens, more than the model's 24 positions"),
+])
+def test_a_prompt_that_fills_the_position_table_is_refused_before_a_model_is_built(configs, no_model_built, count,
+                                                                                   says):
+    """The tiny decoder has 24 positions: a prompt of 24 tokens or more leaves no room for a new token, a usage
+    error that says so before any model is built (of a real size, that would be a long wait for a refusal)."""
+    result = invoke("generate", words(count), "-m", str(configs["decoder"]), "-n", "3")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert f"error: {says}\nhint: shorten the prompt\n" in result.stderr
+
+
+def test_a_prompt_one_short_of_the_position_table_makes_one_token(configs):
+    """A 23-token prompt in the tiny decoder's 24 positions makes exactly one new token, with a warning; an
+    encoder-decoder's prompt may fill its encoder's table (its decoder starts from one token)."""
     result = invoke("generate", words(22), "-m", str(configs["decoder"]), "-n", "3", "--json")
     assert result.exit_code == 0, result.stderr
     assert "only 1 new token fit in the model's 24 positions" in result.stderr
