@@ -48,6 +48,11 @@ def invoke(*args: str):
     return result
 
 
+def words(count: int) -> str:
+    """A prompt of [CLS] + `count` tokens ([SEP] is dropped from a decoder's prompt)."""
+    return " ".join(["word"] * count)
+
+
 def forced_gpt2(path, vocab_size: int, token: int, eos_token_id: int | None) -> None:
     """Save a one-layer GPT-2 that always predicts `token`: every final hidden state is all ones (a zero LayerNorm
     weight, a bias of ones) and `token`'s embedding, tied to the head, points there."""
@@ -323,7 +328,7 @@ def test_cli_model_that_cannot_generate(tmp_path, model, says):
 
 
 def test_cli_stops_at_the_end_of_the_position_table(configs):
-    result = invoke("generate", " ".join(["word"] * 18), "-m", str(configs["decoder"]), "-n", "20", "--json")
+    result = invoke("generate", words(18), "-m", str(configs["decoder"]), "-n", "20", "--json")
     assert result.exit_code == 0, result.stderr
     assert "only 5 new tokens fit" in result.stderr
     assert len(json.loads(result.stdout)["generated_ids"]) <= 5
@@ -421,11 +426,6 @@ def test_the_table_says_when_generation_stopped_at_the_end_of_sequence(tmp_path)
     assert "stopped at end of sequence" in result.stdout
     forced_gpt2(tmp_path, 30522, 2051, 102)  # always `time`: it runs to -n
     assert "5 new tokens" in invoke("generate", "time flies", "-m", str(tmp_path), "-n", "5", "--width", "200").stdout
-
-
-def words(count: int) -> str:
-    """A prompt of [CLS] + `count` tokens ([SEP] is dropped from a decoder's prompt)."""
-    return " ".join(["word"] * count)
 
 
 @pytest.mark.parametrize("count, says", [

@@ -93,8 +93,8 @@ def _check_kinds(values: dict[str, Any], defaults: dict[str, Any], older_numbers
         else:
             continue
         if not fits:
-            hint = (f"`{key}` is an older key (config.json before transformers 5): give it a number or leave it out"
-                    if key in older else f"transformers' default for it is {json.dumps(default)}")
+            hint = ("an older key (config.json before transformers 5): give it a number or leave it out" if key in older
+                    else f"transformers' default for it is {json.dumps(default)}")
             raise TfcliError(f"{origin}: `{key}` must be {kind}, got {json.dumps(value)}", hint)
 
 
