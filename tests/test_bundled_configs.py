@@ -1,6 +1,6 @@
-"""Each bundled config is the stack the README's model table says it is (the seed notebooks' stacks): its
-defining settings, as `tfcli config NAME --json` reports them. A config that drifted (post-norm switched to
-pre-norm, ReLU to GELU, learned positions to sinusoidal, a label lost) fails here by name."""
+"""Each bundled config is the stack docs/models.md's table of bundled configs says it is (the seed notebooks'
+stacks): its defining settings, as `tfcli config NAME --json` reports them. A config that drifted (post-norm
+switched to pre-norm, ReLU to GELU, learned positions to sinusoidal, a label lost) fails here by name."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tfcli.sources import bundled_names
 
 BERT_SIZES = dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072)
 
-# name -> the settings that define it (README, "Models"; the comment at the top of each configs/NAME.yaml)
+# name -> the settings that define it (docs/models.md, "Bundled configs"; the comment atop each configs/NAME.yaml)
 DEFINING = {
     "bert-base": dict(BERT_SIZES, architecture="encoder", num_hidden_layers=12, norm_position="post", norm="layernorm",
                       hidden_act="gelu", position="learned", type_vocab_size=2, embedding_norm=True, head="mlm",

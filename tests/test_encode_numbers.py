@@ -56,7 +56,7 @@ def test_statistics_and_attention_are_those_of_the_saved_tensors(cli, encoder_ya
             best, where = weights.max(-1)
             assert amap["max_key"] == where.tolist()
             assert amap["max_weight"] == pytest.approx(best.tolist(), abs=1e-6)
-            # every weight, rounded to 4 decimals (README: "weights: query x key, rounded")
+            # every weight, rounded to 4 decimals (docs/commands.md, encode: "the query x key weights rounded")
             assert torch.tensor(amap["weights"], dtype=torch.float64).sub(weights).abs().max() <= 5e-5 + 1e-7
             assert all(round(w, 4) == w for row_weights in amap["weights"] for w in row_weights)  # as printed
         last = record["lens"][-1]
@@ -73,7 +73,7 @@ def test_target_is_the_start_token_then_the_target_tokens(cli, tmp_path):
     assert record["target_ids"] == [101] + target["ids"]
     assert record["target_tokens"] == ["[CLS]"] + target["tokens"]
     assert load_file(str(saved))["decoder.input_ids"].tolist() == [record["target_ids"]]
-    with safe_open(str(saved), "pt") as file:  # the README's --save metadata: the decoder input's tokens
+    with safe_open(str(saved), "pt") as file:  # docs/commands.md's --save metadata: the decoder input's tokens
         assert json.loads(file.metadata()["target_tokens"]) == record["target_tokens"]
     raw = saved.read_bytes()
     assert "東".encode() in raw[8:8 + int.from_bytes(raw[:8], "little")]  # the header, as written: not \\u escaped
@@ -266,10 +266,11 @@ def test_a_refused_capture_says_its_size_as_people_read_it(cli, tmp_path, heads,
 
 
 def capture_per_text(blocks: int, heads: int, length: int, target: int = 0) -> tuple[int, int, str]:
-    """What the README says one text of `length` tokens costs to capture (32 wide, float32, an MLM or LM head,
-    every block and head): attention heads x L^2 per block (an encoder-decoder's decoder blocks: T x (T + L)
-    for a target of T tokens); besides it, per stack 4 x blocks + 2 tensors of its queries x 32, and the logits
-    twice (queries x 30522). Returns (attention bytes, other bytes, the maps as the messages say them)."""
+    """What docs/errors.md ("Memory") says one text of `length` tokens costs to capture (32 wide, float32, an
+    MLM or LM head, every block and head): attention heads x L^2 per block (an encoder-decoder's decoder blocks:
+    T x (T + L) for a target of T tokens); besides it, per stack 4 x blocks + 2 tensors of its queries x 32, and
+    the logits twice (queries x 30522). Returns (attention bytes, other bytes, the maps as the messages say
+    them)."""
     if not target:
         maps = f"{length}^2 positions x {blocks} layers"
         return 4 * heads * blocks * length * length, 4 * ((4 * blocks + 2) * length * 32 + 2 * length * 30522), maps

@@ -389,7 +389,8 @@ def test_an_encoder_decoders_budget_is_its_decoders_positions_whatever_the_promp
 
 
 def test_the_python_api_generates_greedily_twenty_tokens_by_default(models, peaked_gpt2):
-    """`model.generate(ids)` as the README shows it: greedy, 20 new tokens; with do_sample, temperature 1."""
+    """`model.generate(ids)` as docs/python-api.md describes it: greedy, 20 new tokens; with do_sample,
+    temperature 1."""
     model, prompt = models["rotary"], PROMPT[:, :4]  # 4 + 20 tokens fill its 24 positions
     greedy = model.generate(prompt)
     assert greedy.shape == (1, 4 + 20) or greedy[0, -1].item() == 102

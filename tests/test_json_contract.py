@@ -1,6 +1,6 @@
-"""The JSON Lines records are a contract (README, "Commands"): scripts read these keys, at every level. Each
+"""The JSON Lines records are a contract (docs/commands.md): scripts read these keys, at every level. Each
 record type's full key set, including the keys of the objects nested in it, is written out here; changing
-one is a deliberate change of the README and of this file together."""
+one is a deliberate change of docs/commands.md and of this file together."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def check_encode_parts(record: dict, top_k: int) -> None:
         assert set(row) == LENS
         for position in row["top"]:
             assert len(position) == top_k and all(set(token) == LENS_TOKEN for token in position)
-    stages, maps = record["shapes"], record["attention"]  # the README's rounding of each kind of number
+    stages, maps = record["shapes"], record["attention"]  # docs/commands.md's rounding of each kind of number
     for values, decimals in [([s["mean"] for s in stages] + [s["std"] for s in stages], 6),
                              ([s["norm"] for s in stages], 4), ([w for a in maps for w in a["max_weight"]], 6),
                              ([w for a in maps for row in a["weights"] for w in row], 4),

@@ -1,4 +1,5 @@
-"""The README's promises: its Python example runs as written and CI runs its test command."""
+"""The documentation's promises: the README's Python example runs as written, CI runs its test command, and
+the encode example in docs/commands.md is real output."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+COMMANDS = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
 
 
 def test_python_api_example_runs_as_written():
@@ -38,8 +40,8 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_encode_example_is_what_minilm_prints_at_80_columns(cli, minilm_dir):
-    """The README's encode example is real output: all-MiniLM-L6-v2 on its sentence, 80 columns wide."""
-    section = README[README.index("### encode"):README.index("### compare")]
+    """docs/commands.md's encode example is real output: all-MiniLM-L6-v2 on its sentence, 80 columns wide."""
+    section = COMMANDS[COMMANDS.index("### encode"):COMMANDS.index("### compare")]
     block = re.search(r"```console\n\$ (tfcli encode .*?)\n(.*?)```", section, re.S)
     command, shown = block.group(1), block.group(2)
     text = re.search(r'"(.*)"', command).group(1)

@@ -1,4 +1,4 @@
-"""--model resolution: every kind of source the README lists, in its order."""
+"""--model resolution: every kind of source docs/commands.md ("Model resolution") lists, in its order."""
 
 from __future__ import annotations
 

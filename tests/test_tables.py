@@ -76,7 +76,7 @@ def test_attends_most_to_names_the_most_attended_key(cli, minilm_dir, tmp_path):
         assert (int(index), named) == (best, tokens[best]), \
             f"query {query} ({tokens[query]}): table says {named}, weights say {tokens[best]}"
         assert float(weight) == pytest.approx(float(weights[query, best]), abs=0.005)
-        # and every cell of the row shows its weight's level on the README's scale, key by key
+        # and every cell of the row shows its weight's level on docs/commands.md's scale ("Terminal views"), key by key
         assert glyphs == [_level(w) for w in weights[query].tolist()]
         # beside it the three keys it attends to most, the first always, the others from 0.005 (0.01 as shown)
         values, keys = weights[query].topk(3)
@@ -149,7 +149,7 @@ def _as_probability(cell: str) -> float | None:
 
 
 def _level(weight: float) -> str:
-    """A weight's glyph on the absolute scale the README gives (blank below 0.005)."""
+    """A weight's glyph on the absolute scale docs/commands.md gives ("Terminal views"; blank below 0.005)."""
     for lowest, glyph in ((0.5, "█"), (0.3, "▓"), (0.15, "▒"), (0.05, "░"), (0.005, "·")):
         if weight >= lowest:
             return glyph

@@ -106,7 +106,7 @@ def test_non_utf8_file(cli, tmp_path):
 
 def test_missing_file_is_an_error(cli, tmp_path):
     result = cli("tokenize", "--file", str(tmp_path / "absent.txt"))
-    assert result.exit_code == 1  # a missing file, not a bad option (README, "Errors and limits")
+    assert result.exit_code == 1  # a missing file, not a bad option (docs/errors.md, "Errors and exit codes")
     assert "cannot read" in result.stderr
 
 

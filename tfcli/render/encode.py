@@ -204,7 +204,7 @@ def _layers(first: int, last: int) -> str:
 
 
 def record(report: TextReport, trained: bool) -> dict[str, Any]:
-    """The encode JSON Lines record (README, "encode"): text, (pair,) tokens, ids, shapes, attention, lens,
+    """The encode JSON Lines record (docs/commands.md, "encode"): text, (pair,) tokens, ids, shapes, attention, lens,
     weights (`trained`: loaded from a checkpoint; `random`: drawn from the seed)."""
     record: dict[str, Any] = {"text": report.text}
     if report.pair is not None:
@@ -245,7 +245,7 @@ def check_save_path(path: Path, overwrite: bool) -> None:
 
 
 def save_metadata(reports: list[TextReport], model: str, weights: str, version: str) -> dict[str, str]:
-    """The --save file's header metadata (README, "encode"): where its tensors came from. safetensors
+    """The --save file's header metadata (docs/commands.md, "encode"): where its tensors came from. safetensors
     metadata values are strings: lists are JSON."""
     metadata = {"tfcli_version": version, "model": model, "weights": weights,
                 "texts": json.dumps([r.text for r in reports], ensure_ascii=False),
