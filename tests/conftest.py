@@ -48,6 +48,40 @@ labels: [negative, neutral, positive]
 """
 
 
+def captured_pass(model, input_ids, **inputs):
+    """A forward pass read as `--save` names it, through the model's sites (run_with_cache's mechanism): .logits,
+    .last_hidden_state, .hidden_states (hidden.{i}: blocks.0.resid_pre, then each blocks.{i}.resid_post),
+    .attentions and .cross_attentions ({layer: (B, H, T, S)}: blocks.{i}.attn.pattern, .cross_attn.pattern) and,
+    for an encoder-decoder, .encoder (its stack's, likewise)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tfcli.model import Sites
+    from tfcli.model.sites import hidden_site, name_filter
+
+    sites = Sites(keep=name_filter(["*blocks.0.resid_pre", "*.resid_post", "*attn.pattern"]))
+    with torch.no_grad():
+        out = model(input_ids, sites=sites, **inputs)
+
+    def stack(prefix, stack_out, stack_module):
+        layers = range(len(stack_module.blocks))
+        return SimpleNamespace(
+            last_hidden_state=stack_out.last_hidden_state,
+            hidden_states=[sites.cache[prefix + hidden_site(i)] for i in range(len(layers) + 1)],
+            attentions={i: sites.cache[f"{prefix}blocks.{i}.attn.pattern"] for i in layers},
+            cross_attentions={i: sites.cache[f"{prefix}blocks.{i}.cross_attn.pattern"] for i in layers
+                              if f"{prefix}blocks.{i}.cross_attn.pattern" in sites.cache})
+
+    if model.encoder is not None and model.decoder is not None:
+        result = stack("decoder.", out, model.decoder)
+        result.encoder = stack("encoder.", out.encoder, model.encoder)
+    else:
+        result = stack("", out, model.output_stack)
+    result.logits = out.logits
+    return result
+
+
 @pytest.fixture
 def cli():
     """cli(*args, input=None, env=None) -> Result with .exit_code, .stdout, .stderr (in-process CliRunner)."""
@@ -200,12 +234,10 @@ def compare_decoder(assert_close):
     tokens, and the logits, for right-padded ids (B, T)."""
     import torch
 
-    from tfcli.model import Capture
-
     def compare(ours_model, hf_model, ids, mask):
         with torch.no_grad():
             theirs = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-            ours = ours_model(ids, attention_mask=mask, capture=Capture())
+        ours = captured_pass(ours_model, ids, attention_mask=mask)
         real = mask.bool()
         # transformers' last hidden state is after the final norm; ours are all before it
         assert len(ours.hidden_states) == len(theirs.hidden_states)

@@ -260,7 +260,7 @@ def test_a_key_weight_of_the_wrong_width_is_named(cli, checkpoint, tmp_path):
     tensors[name] = torch.zeros(32, 33)
     save_file(tensors, str(misfit / "model.safetensors"))
     assert_error(cli("encode", "--model", str(misfit), "hi"), 1, "1 of the wrong shape",
-                 "encoder.blocks.0.attention.qkv.weight (32, 32) + (32, 33) + (32, 32) (model wants (96, 32))\n")
+                 "encoder.blocks.0.attn.qkv.weight (32, 32) + (32, 33) + (32, 32) (model wants (96, 32))\n")
 
 
 @pytest.mark.parametrize("count, more", [(4, ""), (5, " and 1 more")])
@@ -275,8 +275,8 @@ def test_weights_with_missing_tensors(cli, checkpoint, tmp_path, count, more):
         del tensors[next(full for full in tensors if full.endswith(name))]
     save_file(tensors, str(partial / "model.safetensors"))
     assert_error(cli("encode", "--model", str(partial), "hi"), 1, f"weights do not fit the config: {count} missing: "
-                 "encoder.embeddings.norm.weight, encoder.blocks.0.attention.qkv.weight, "
-                 f"encoder.blocks.0.attention.out.weight, encoder.blocks.0.feed_forward.fc1.weight{more}\n"
+                 "encoder.embeddings.norm.weight, encoder.blocks.0.attn.qkv.weight, "
+                 f"encoder.blocks.0.attn.out.weight, encoder.blocks.0.mlp.fc1.weight{more}\n"
                  "hint: the weights and config.json must come from the same model")
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import tfcli
 import tfcli.model.linear as linear
 from tfcli.model.linear import Linear
+from conftest import captured_pass
 
 EPS = torch.finfo(torch.bfloat16).eps  # 2**-7
 
@@ -28,10 +29,9 @@ def assert_bfloat16_close(ours, theirs, steps: int = 1):
 def test_packed_bfloat16_linear_matches_pytorch(rows):
     torch.manual_seed(0)
     layer = Linear(96, 40).to(torch.bfloat16)
-    linear.pack_for_repeated_use(layer)
     x = torch.randn(2, rows, 96, dtype=torch.bfloat16)
     with torch.no_grad():
-        results = [layer(x) for _ in range(2)]  # packed where the CPU can
+        results = [layer(x) for _ in range(2)]  # the second packed where the CPU can
         if torch.bfloat16 in linear.PACKABLE:
             assert layer._packed is not None  # the packed kernel really ran
         for result in results:
@@ -52,7 +52,6 @@ def test_falls_back_to_pytorch_where_packing_fails(monkeypatch):
     monkeypatch.setattr(linear, "pack", refuse)
     torch.manual_seed(0)
     layer = Linear(32, 16).to(torch.bfloat16)
-    linear.pack_for_repeated_use(layer)
     x = torch.randn(3, 32, dtype=torch.bfloat16)
     with torch.no_grad():
         for _ in range(2):
@@ -122,15 +121,14 @@ POSITIONS = {  # YAML lines: each kind of position that tfcli computes in float3
 def test_positions_in_bfloat16_stay_bfloat16(yaml_model, position):
     """The float32 tables of positions are cast to the model's dtype where they are used: the bfloat16 model
     runs in bfloat16 throughout and stays within bfloat16 steps of the same weights in float32."""
-    from tfcli.model import Capture
 
     text = ("architecture: encoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\nhead: mlm\n"
             + POSITIONS[position])
     exact, ours = yaml_model(text), yaml_model(text, dtype="bfloat16")
     ids = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11]])
     with torch.no_grad():
-        mine = ours(ids, capture=Capture())
-        theirs = exact(ids, capture=Capture())
+        mine = captured_pass(ours, ids)
+        theirs = captured_pass(exact, ids)
     assert {h.dtype for h in mine.hidden_states} == {torch.bfloat16}
     assert_bfloat16_close(mine.hidden_states[0], theirs.hidden_states[0])
     assert_bfloat16_close(mine.logits, theirs.logits, steps=4)

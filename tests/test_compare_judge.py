@@ -42,7 +42,7 @@ def perturbed(monkeypatch):
     def build_model(*args, **kwargs):
         model = original(*args, **kwargs)
         with torch.no_grad():
-            model.encoder.blocks[-1].feed_forward_norm.bias[0] += SHIFT
+            model.encoder.blocks[-1].mlp_norm.bias[0] += SHIFT
         built.append(model)
         return model
 

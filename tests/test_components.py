@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import tfcli
-from tfcli.model import Capture
 
 from tfcli.config import ModelConfig
+from tfcli.model import Sites
 from tfcli.model.attention import Attention, scaled_dot_product_attention
 from tfcli.model.rotary import Rotary, apply_rotary
 from tfcli.model.embeddings import sinusoidal_table
@@ -21,6 +21,7 @@ from tfcli.model.layers import Block
 import tfcli.model.linear as linear
 from tfcli.model.linear import Linear
 from tfcli.model.transformer import attention_mask_bias
+from conftest import captured_pass
 
 WIDTH, HEADS = 32, 4
 
@@ -45,9 +46,10 @@ def test_scaled_dot_product_attention_fast_and_explicit_paths_match_the_formula(
     causal = torch.tril(torch.ones(5, 5))
     bias = attention_mask_bias(None, 5, True, torch.float32, torch.device("cpu"))
     expected = seeds_attention(q, k, v, causal)
-    fast, no_weights = scaled_dot_product_attention(q, k, v, bias, need_weights=False)
-    explicit, weights = scaled_dot_product_attention(q, k, v, bias, need_weights=True)
-    assert no_weights is None
+    fast = scaled_dot_product_attention(q, k, v, bias)
+    seen = []
+    explicit = scaled_dot_product_attention(q, k, v, bias, pattern=lambda w: seen.append(w) or w)
+    (weights,) = seen
     assert_close("fast", fast, expected, 1e-5)
     assert_close("explicit", explicit, expected, 1e-5)
     assert_close("rows sum to 1", weights.sum(-1), torch.ones(2, HEADS, 5), 1e-6)
@@ -58,28 +60,28 @@ def test_grouped_query_attention_equals_repeated_key_value_heads(assert_close):
     q = torch.randn(1, 4, 6, 8)
     k, v = torch.randn(2, 1, 2, 6, 8).unbind(0)
     repeated = seeds_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
-    for need_weights in (False, True):
-        assert_close("gqa", scaled_dot_product_attention(q, k, v, None, need_weights)[0], repeated, 1e-5)
+    for pattern in (None, lambda weights: weights):  # the fused path and the explicit one
+        assert_close("gqa", scaled_dot_product_attention(q, k, v, None, pattern=pattern), repeated, 1e-5)
 
 
 def copy_torch_layer(ours: Block, theirs: nn.Module, cross: bool = False) -> None:
     """Load a torch.nn.Transformer{Encoder,Decoder}Layer's weights into a tfcli Block."""
     with torch.no_grad():
-        ours.attention.qkv.weight.copy_(theirs.self_attn.in_proj_weight)
-        ours.attention.qkv.bias.copy_(theirs.self_attn.in_proj_bias)
-        ours.attention.out.load_state_dict(theirs.self_attn.out_proj.state_dict())
-        ours.feed_forward.fc1.load_state_dict(theirs.linear1.state_dict())
-        ours.feed_forward.fc2.load_state_dict(theirs.linear2.state_dict())
-        ours.attention_norm.load_state_dict(theirs.norm1.state_dict())
+        ours.attn.qkv.weight.copy_(theirs.self_attn.in_proj_weight)
+        ours.attn.qkv.bias.copy_(theirs.self_attn.in_proj_bias)
+        ours.attn.out.load_state_dict(theirs.self_attn.out_proj.state_dict())
+        ours.mlp.fc1.load_state_dict(theirs.linear1.state_dict())
+        ours.mlp.fc2.load_state_dict(theirs.linear2.state_dict())
+        ours.attn_norm.load_state_dict(theirs.norm1.state_dict())
         if cross:
             w, b = theirs.multihead_attn.in_proj_weight, theirs.multihead_attn.in_proj_bias
-            ours.cross_attention.q.weight.copy_(w[:WIDTH]), ours.cross_attention.q.bias.copy_(b[:WIDTH])
-            ours.cross_attention.kv.weight.copy_(w[WIDTH:]), ours.cross_attention.kv.bias.copy_(b[WIDTH:])
-            ours.cross_attention.out.load_state_dict(theirs.multihead_attn.out_proj.state_dict())
-            ours.cross_attention_norm.load_state_dict(theirs.norm2.state_dict())
-            ours.feed_forward_norm.load_state_dict(theirs.norm3.state_dict())
+            ours.cross_attn.q.weight.copy_(w[:WIDTH]), ours.cross_attn.q.bias.copy_(b[:WIDTH])
+            ours.cross_attn.kv.weight.copy_(w[WIDTH:]), ours.cross_attn.kv.bias.copy_(b[WIDTH:])
+            ours.cross_attn.out.load_state_dict(theirs.multihead_attn.out_proj.state_dict())
+            ours.cross_attn_norm.load_state_dict(theirs.norm2.state_dict())
+            ours.mlp_norm.load_state_dict(theirs.norm3.state_dict())
         else:
-            ours.feed_forward_norm.load_state_dict(theirs.norm2.state_dict())
+            ours.mlp_norm.load_state_dict(theirs.norm2.state_dict())
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -95,7 +97,7 @@ def test_encoder_block_matches_torch_transformer_encoder_layer(norm_first, activ
     padding = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
     with torch.no_grad():
         expected = theirs(x, src_key_padding_mask=padding == 0)
-        got = ours(x, attention_mask_bias(padding, 7, False, torch.float32, x.device)).hidden
+        got = ours(x, attention_mask_bias(padding, 7, False, torch.float32, x.device))
     assert_close("block", got[0], expected[0], 1e-5)
     assert_close("block, real tokens of the padded text", got[1, :4], expected[1, :4], 1e-5)
 
@@ -113,7 +115,7 @@ def test_decoder_block_matches_torch_transformer_decoder_layer(norm_first, asser
     with torch.no_grad():
         expected = theirs(x, memory, tgt_mask=causal, tgt_is_causal=True)
         mask = attention_mask_bias(None, 5, True, torch.float32, x.device)
-        got = ours(x, mask, memory=memory).hidden
+        got = ours(x, mask, memory=memory)
     assert_close("decoder block", got, expected, 1e-5)
 
 
@@ -139,7 +141,7 @@ def test_a_sinusoidal_config_adds_the_table_to_the_token_embeddings(yaml_model, 
                        "position: sinusoidal\nembedding_norm: false\ntype_vocab_size: 0\n")
     ids = torch.tensor([[5, 17, 42, 8, 77]])
     with torch.no_grad():
-        embeddings = model(ids, capture=Capture()).hidden_states[0]
+        embeddings = captured_pass(model, ids).hidden_states[0]
         tokens = model.embed(ids, model.encoder)
     assert_close("embeddings - tokens", embeddings - tokens, sinusoidal_table(5, 16)[None], 1e-6)
 
@@ -239,7 +241,9 @@ def test_attention_module_matches_torch_multihead_attention(assert_close):
         ours.out.load_state_dict(theirs.out_proj.state_dict())
         x = torch.randn(2, 5, WIDTH)
         expected, expected_weights = theirs(x, x, x, average_attn_weights=False)
-        got, weights = ours(x, None, need_weights=True)
+        sites = Sites(keep=lambda name: name == "pattern")
+        got = ours(x, None, sites=sites)
+        weights = sites.cache["pattern"]
     assert_close("output", got, expected, 1e-5)
     assert_close("weights", weights, expected_weights, 1e-6)
 
@@ -250,9 +254,8 @@ def test_packed_linear_matches_plain_and_follows_weight_changes(assert_close):
     x = torch.randn(3, 5, 48)
     with torch.no_grad():
         assert_close("plain", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)
-        assert layer._packed is None  # a model not marked for repeated use never packs
-        linear.pack_for_repeated_use(layer)
-        assert_close("packed", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)
+        assert layer._packed is None  # a layer used once never packs
+        assert_close("packed", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)  # used again: packs
         assert layer._packed is not None or torch.float32 not in linear.PACKABLE
         layer.weight.mul_(2)  # an in-place change must not leave a stale packed copy behind
         assert_close("after change", layer(x), F.linear(x, layer.weight, layer.bias), 1e-5)

@@ -83,10 +83,12 @@ def test_same_numbers_across_thread_counts(config):
     finally:
         torch.set_num_threads(threads)
     one, two = outputs
-    for h1, h2 in zip(one.hidden_states, two.hidden_states, strict=True):
-        assert (h1 - h2).abs().max().item() <= 1e-5
-    for layer in one.attentions:
-        assert (one.attentions[layer] - two.attentions[layer]).abs().max().item() <= 1e-5
+    assert one.values.keys() == two.values.keys() and any("resid_post" in name for name in one.values)
+    for name in one.values:  # every site the pass kept: hidden states and the stages'
+        assert (one.values[name] - two.values[name]).abs().max().item() <= 1e-5, name
+    assert one.patterns.keys() == two.patterns.keys() and one.patterns
+    for name in one.patterns:
+        assert (one.patterns[name] - two.patterns[name]).abs().max().item() <= 1e-5, name
     assert (one.logits - two.logits).abs().max().item() <= 1e-5
 
 

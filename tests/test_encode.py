@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import tfcli
 from tfcli.cli import app
-from tfcli.model import Capture
+from conftest import captured_pass
 
 SEED_SENTENCE = "I gave the dog a bone because it was hungry"
 TINY_DECODER = "architecture: decoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 4\n" \
@@ -35,7 +35,7 @@ def test_seed_sentence_through_bert_base():
     tokenizer = tfcli.load_tokenizer()
     ids = torch.tensor([tokenizer.encode([SEED_SENTENCE])[0].ids])
     with torch.no_grad():
-        out = model(ids, capture=Capture())
+        out = captured_pass(model, ids)
     assert out.last_hidden_state.shape == (1, 12, 768)
     assert len(out.attentions) == 12
     for weights in out.attentions.values():
@@ -54,7 +54,7 @@ def test_encode_json_keys_and_selection():
     assert [row["layer"] for row in record["lens"]] == [1]
     assert all(len(top) == 2 for top in record["lens"][0]["top"])
     stages = [s["stage"] for s in record["shapes"]]
-    assert stages[0] == "embeddings" and stages[-1] == "head" and "block 1 feed_forward" in stages
+    assert stages[0] == "blocks.0.resid_pre" and stages[-1] == "logits" and "blocks.1.mlp.out" in stages
     assert "random (seed 0)" in result.stderr
 
 

@@ -42,8 +42,8 @@ def test_statistics_and_attention_are_those_of_the_saved_tensors(cli, encoder_ya
         n = int(tensors["attention_mask"][row].sum())
         assert n == len(record["ids"]) and tensors["input_ids"][row, :n].tolist() == record["ids"]
         stages = {stage["stage"]: stage for stage in record["shapes"]}
-        expected = {"embeddings": tensors["hidden.0"], "block 0 output": tensors["hidden.1"],
-                    "block 1 output": tensors["hidden.2"], "head": tensors["logits"]}
+        expected = {"blocks.0.resid_pre": tensors["hidden.0"], "blocks.0.resid_post": tensors["hidden.1"],
+                    "blocks.1.resid_post": tensors["hidden.2"], "logits": tensors["logits"]}
         for name, tensor in expected.items():
             values = tensor[row, :n].double()  # the text's own tokens, not the batch's padding
             stage = stages[name]
@@ -120,9 +120,9 @@ def test_the_sublayer_parameter_counts_add_up_to_the_block(cli, tmp_path, norms)
     path.write_text(ENCODER + norms + "\n", encoding="utf-8")
     (record,) = records(cli("encode", "time flies", "--model", str(path), "--json", "--layers", "all", "--top-k", "0"))
     params = {stage["stage"]: stage["params"] for stage in record["shapes"]}
-    for block in range(2):
-        sublayers = params[f"block {block} attention"] + params[f"block {block} feed_forward"]
-        assert sublayers == params[f"block {block} output"] > 0, params
+    for block in range(2):  # the sublayer rows: their outputs, or their output norms' (sandwich, sublayer_output)
+        sublayers = [name for name in params if name.startswith((f"blocks.{block}.attn", f"blocks.{block}.mlp"))]
+        assert len(sublayers) == 2 and sum(params[name] for name in sublayers) == params[f"blocks.{block}.resid_post"] > 0
 
 
 @pytest.mark.parametrize("architecture,expected", [
@@ -148,12 +148,12 @@ def test_the_stages_table_details_the_sublayers_of_the_chosen_blocks(cli, encode
     output row always."""
     result = cli("encode", "time flies", "--model", encoder_yaml, "--width", "120", "--no-color", *layers)
     assert result.exit_code == 0, result.stderr
-    stages = [line.split("  ")[0] for line in result.stdout.splitlines() if line.startswith("block ")]
+    stages = [line.split("  ")[0] for line in result.stdout.splitlines() if line.startswith("blocks.")]
     for block in range(2):
-        sublayers = [f"block {block} attention", f"block {block} feed_forward"]
+        sublayers = [f"blocks.{block}.attn.out", f"blocks.{block}.mlp.out"]
         shown = [stage for stage in sublayers if stage in stages]
         assert shown == (sublayers if detailed in (block, None) else []), stages
-        assert f"block {block} output" in stages
+        assert f"blocks.{block}.resid_post" in stages
 
 
 def test_an_encoder_decoder_table_names_the_keys_of_each_kind_of_attention(cli, tmp_path):
@@ -383,7 +383,7 @@ def test_random_weights_make_every_norm_a_unit_scale_rmsnorm(cli, tmp_path, norm
         for module in norms:
             assert (module(x) - unit).abs().max() <= 1e-5, module
     (record,) = records(cli("encode", "time flies like an arrow", "--model", str(path), "--json", "--top-k", "0"))
-    (final,) = [stage for stage in record["shapes"] if stage["stage"] == "final norm"]
+    (final,) = [stage for stage in record["shapes"] if stage["stage"] == "final_norm.out"]
     tokens, hidden = final["shape"]
     assert final["norm"] == pytest.approx((tokens * hidden) ** 0.5, rel=1e-4)
 
@@ -394,7 +394,7 @@ def test_a_classifiers_head_stage_is_its_label_scores(cli, tmp_path):
     path.write_text(ENCODER.replace("head: mlm", "head: classifier") + "labels: [a, b, c, d, e]\n", encoding="utf-8")
     (record,) = records(cli("encode", "hi", "--model", str(path), "--json"))
     assert len(record["ids"]) == 3
-    (head,) = [stage for stage in record["shapes"] if stage["stage"] == "head"]
+    (head,) = [stage for stage in record["shapes"] if stage["stage"] == "logits"]
     assert head["shape"] == [5] and head["params"] == 32 * 32 + 32 + 32 * 5 + 5  # tanh pooler, then the labels
 
 
@@ -407,8 +407,8 @@ def test_the_embeddings_stage_counts_every_embedding_parameter(cli, tmp_path, ex
     path = tmp_path / "model.yaml"
     path.write_text((DECODER if "word_embed" in extra else ENCODER) + extra, encoding="utf-8")
     (record,) = records(cli("encode", "hi", "--model", str(path), "--json"))
-    assert record["shapes"][0]["stage"] == "embeddings" and record["shapes"][0]["params"] == expected
-    final = [stage["params"] for stage in record["shapes"] if stage["stage"] == "final norm"]
+    assert record["shapes"][0]["stage"] == "blocks.0.resid_pre" and record["shapes"][0]["params"] == expected
+    final = [stage["params"] for stage in record["shapes"] if stage["stage"] == "final_norm.out"]
     assert final == ([2 * 32] if "word_embed" in extra else [])  # the pre-norm decoder's last LayerNorm
 
 
@@ -420,7 +420,7 @@ def test_each_hidden_state_row_has_the_statistics_of_that_hidden_state(cli, mini
                             "--save", str(saved)))
     tensors = load_file(str(saved))
     rows = {stage["stage"]: stage for stage in record["shapes"]}
-    names = ["embeddings"] + [f"block {i} output" for i in range(6)]
+    names = ["blocks.0.resid_pre"] + [f"blocks.{i}.resid_post" for i in range(6)]
     for i, name in enumerate(names):
         values = tensors[f"hidden.{i}"][0].double()
         assert rows[name]["mean"] == pytest.approx(values.mean().item(), abs=1e-6), name

@@ -14,6 +14,7 @@ import torch
 
 import tfcli
 from tfcli.errors import TfcliError
+from conftest import captured_pass
 
 VOCAB = 128
 IDS = torch.tensor([[5, 17, 42, 8, 77, 3, 60, 11, 23], [9, 31, 12, 50, 44, 21, 0, 0, 0]])  # longer than the windows
@@ -216,7 +217,10 @@ def test_encode_generate_and_compare_through_the_cli(family, checkpoint, cli):
     record = json.loads(encoded.stdout)
     assert [a["layer"] for a in record["attention"]] == list(range(layers))
     assert [row["layer"] for row in record["lens"]] == list(range(layers))
-    assert {f"block {layers - 1} attention", "final norm", "head"} <= {s["stage"] for s in record["shapes"]}
+    stages = {s["stage"] for s in record["shapes"]}
+    # what the last block's attention adds to the residual stream: its output, or its output norm's (sandwich blocks)
+    assert stages & {f"blocks.{layers - 1}.attn.out", f"blocks.{layers - 1}.attn_output_norm.out"}
+    assert {f"blocks.{layers - 1}.resid_post", "final_norm.out", "logits"} <= stages
 
     generated = cli("generate", "time flies like", "-m", str(path), "-n", "4", "--lens", "--json")
     assert generated.exit_code == 0, generated.stderr
@@ -331,17 +335,17 @@ def test_the_new_settings_work_from_a_yaml_config(tmp_path, cli):
 def test_sliding_window_weights_leave_out_far_keys(tmp_path):
     """A query of a sliding layer attends to the `sliding_window` most recent positions only, itself included;
     the full layer sees everything before it. In prefill and, with the KV cache, step by step."""
-    from tfcli.model import Capture, KVCache
+    from tfcli.model import KVCache
 
     path = tmp_path / "gemma-like.yaml"
     path.write_text(YAML_DECODER)
     model = tfcli.load_model(str(path))
     ids = torch.tensor([[101, 2051, 10029, 2066, 2019, 8612]])
     with torch.no_grad():
-        full = model(ids, capture=Capture()).attentions
+        full = captured_pass(model, ids).attentions
         cache, steps = KVCache(ids.shape[1]), []
         for t in range(ids.shape[1]):
-            steps.append(model(ids[:, t:t + 1], cache=cache, capture=Capture()).attentions)
+            steps.append(captured_pass(model, ids[:, t:t + 1], cache=cache).attentions)
     reach = torch.arange(6)[:, None] - torch.arange(6)[None, :]
     assert bool((full[0][0, :, reach >= 3] == 0).all()) and bool((full[0][0, :, (reach >= 0) & (reach < 3)] > 0).all())
     assert bool((full[2][0, :, reach >= 0] > 0).all())

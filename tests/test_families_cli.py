@@ -42,7 +42,7 @@ def test_t5_encode_shows_every_kind_of_attention_and_the_lens(cli, t5_dir):
     assert [row["layer"] for row in record["lens"]] == [0, 1]
     assert all(len(position) == 2 for row in record["lens"] for position in row["top"])
     stages = [s["stage"] for s in record["shapes"]]
-    assert "encoder final norm" in stages and "decoder final norm" in stages and stages[-1] == "decoder head"
+    assert "encoder.final_norm.out" in stages and "decoder.final_norm.out" in stages and stages[-1] == "logits"
 
 
 def test_t5_generate_equals_transformers_and_compare_passes(cli, t5_dir):
@@ -78,7 +78,7 @@ def test_electra_discriminator_encode_has_a_score_per_token_and_no_lens(cli, tmp
     save_hf_model(ElectraForPreTraining, config, tmp_path)
     (record,) = records(cli("encode", "time flies like an arrow", "--model", str(tmp_path), "--json"))
     head = record["shapes"][-1]
-    assert head["stage"] == "head" and head["shape"] == [len(record["ids"])]
+    assert head["stage"] == "logits" and head["shape"] == [len(record["ids"])]
     assert record["shapes"][0]["shape"] == [len(record["ids"]), 32]  # hidden.0: projected to the hidden size
     assert record["lens"] == [] and len(record["attention"]) == 2
 

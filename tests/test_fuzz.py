@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfcli.errors import TfcliError
+from conftest import captured_pass
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.function_scoped_fixture])
@@ -81,7 +82,6 @@ def test_random_configs_run_or_fail_cleanly(values, length, seed):
 
     from tfcli.api import build_model
     from tfcli.config import from_dict
-    from tfcli.model import Capture
     from tfcli.sources import Source
 
     try:
@@ -96,7 +96,7 @@ def test_random_configs_run_or_fail_cleanly(values, length, seed):
     mask[1, length - 1:] = 0 if length > 1 else 1  # a padded row too
     kwargs = {"decoder_input_ids": ids[:, :1]} if config.architecture == "encoder-decoder" else {}
     with torch.no_grad():
-        out = model(ids, attention_mask=mask, capture=Capture(stages=True), **kwargs)
+        out = captured_pass(model, ids, attention_mask=mask, **kwargs)
     queries = 1 if config.architecture == "encoder-decoder" else length
     assert out.last_hidden_state.shape == (2, queries, config.hidden_size)
     assert torch.isfinite(out.last_hidden_state).all()

@@ -16,7 +16,6 @@ from tfcli.config import load_yaml, parameter_count
 
 PEAK = """
 import sys, torch, tfcli
-from tfcli.model import Capture
 
 def rss(key):
     return int(next(line for line in open("/proc/self/status") if line.startswith(key)).split()[1]) * 1024
@@ -24,9 +23,9 @@ def rss(key):
 before = rss("VmRSS")
 model = tfcli.load_model(sys.argv[1], dtype=sys.argv[2])
 weights = sum(p.numel() * p.element_size() for p in model.parameters())
+_, cache = model.run_with_cache(torch.randint(0, 1000, (1, 16)), ["blocks.*.resid_post"])
 with torch.no_grad():
-    out = model(torch.randint(0, 1000, (1, 16)), capture=Capture())
-    model.unembed(torch.stack(out.hidden_states[1:-1])[:, 0])  # the logit lens, as encode runs it
+    model.unembed(torch.stack(list(cache.values())[:-1])[:, 0])  # the logit lens, as encode runs it
 print(weights, rss("VmHWM") - before)
 """
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import captured_pass
 
 TEXT = "time flies like an arrow"
 TOP_K = 3
@@ -94,12 +95,11 @@ def test_generate_lens_and_probabilities_at_every_step(cli, peaked_gpt2):
 def test_lens_of_an_encoder_decoder_without_head_unembeds_with_the_decoders_own_embeddings(yaml_model):
     """No LM head and separate decoder token embeddings: the lens reads the decoder's states through the
     decoder's embeddings (the ones its output stack was fed by), not the encoder's."""
-    from tfcli.model import Capture
 
     model = yaml_model("architecture: encoder-decoder\nhidden_size: 32\nnum_hidden_layers: 1\nnum_attention_heads: 2\n"
                        "head: none\nshare_encoder_decoder_embeddings: false\n")
     with torch.no_grad():
-        out = model(torch.tensor([[5, 17, 42]]), decoder_input_ids=torch.tensor([[101, 7, 9]]), capture=Capture())
+        out = captured_pass(model, torch.tensor([[5, 17, 42]]), decoder_input_ids=torch.tensor([[101, 7, 9]]))
         state = out.hidden_states[-1]
         lens = model.unembed(state)
         assert torch.allclose(lens, state @ model.decoder_embed_tokens.weight.T, atol=1e-5)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tfcli
-from tfcli.model import Capture
+from conftest import captured_pass
 
 IDS = torch.tensor([[101, 2051, 10029, 2066, 2019, 8612, 102], [101, 7592, 2088, 102, 0, 0, 0]])
 MASK = (IDS != 0).long()
@@ -27,7 +27,7 @@ def check_parity(assert_close):
     def check(ours_model, hf_model, ids=IDS, mask=MASK, logits=True):
         with torch.no_grad():
             theirs = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-            ours = ours_model(ids, attention_mask=mask, capture=Capture())
+            ours = captured_pass(ours_model, ids, attention_mask=mask)
         real = mask.bool()
         for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states, strict=True)):
             assert_close(f"hidden.{i}", a[real], b[real])
@@ -74,7 +74,7 @@ def test_fast_path_matches_explicit_softmax(minilm_dir, assert_close):
     model = tfcli.load_model(str(minilm_dir))
     with torch.no_grad():
         fast = model(IDS, attention_mask=MASK)
-        explicit = model(IDS, attention_mask=MASK, capture=Capture())
+        explicit = captured_pass(model, IDS, attention_mask=MASK)
     assert_close("last_hidden_state", fast.last_hidden_state, explicit.last_hidden_state, 1e-5)
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tfcli
-from tfcli.model import Capture
+from conftest import captured_pass
 
 
 IDS = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11], [9, 31, 12, 50, 44, 0, 0, 0]])
@@ -90,7 +90,7 @@ def test_parity(tmp_path, save_hf_model, assert_close, compare_passes, case):
     assert ours.config.head == head
     with torch.no_grad():
         theirs = hf(input_ids=IDS, attention_mask=MASK, output_hidden_states=True, output_attentions=True)
-        mine = ours(IDS, attention_mask=MASK, capture=Capture())
+        mine = captured_pass(ours, IDS, attention_mask=MASK)
     real = MASK.bool()
     assert len(mine.hidden_states) == len(theirs.hidden_states) == settings["num_hidden_layers"] + 1
     states = [*mine.hidden_states[:-1], mine.last_hidden_state]  # transformers' last: after any final norm
@@ -138,5 +138,5 @@ def test_albert_runs_one_block_at_every_depth(tmp_path, save_hf_model):
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in blocks[0].parameters()) + sum(
         p.numel() for p in ours.embed_tokens.parameters()) + sum(p.numel() for p in ours.encoder.embeddings.parameters())
     with torch.no_grad():
-        out = ours(IDS[:1], capture=Capture())
+        out = captured_pass(ours, IDS[:1])
     assert len(out.attentions) == 3 and not torch.equal(out.attentions[0], out.attentions[1])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tfcli
-from tfcli.model import Capture
+from conftest import captured_pass
 
 SIZES = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
@@ -30,7 +30,7 @@ def check_parity(assert_close):
     def check(ours_model, hf_model, ids, mask, logits: bool = True) -> None:
         with torch.no_grad():
             theirs = hf_model(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-            ours = ours_model(ids, attention_mask=mask, capture=Capture())
+            ours = captured_pass(ours_model, ids, attention_mask=mask)
         real = mask.bool()
         assert len(ours.hidden_states) == len(theirs.hidden_states)
         for i, (a, b) in enumerate(zip(ours.hidden_states, theirs.hidden_states)):
@@ -104,7 +104,7 @@ def test_roberta_position_p_reads_row_p_plus_2(tmp_path, save_hf_model, assert_c
 
     def embeddings() -> torch.Tensor:  # (64, hidden): tfcli's embeddings output
         with torch.no_grad():
-            return tfcli.load_model(str(tmp_path))(ids, capture=Capture()).hidden_states[0][0]
+            return captured_pass(tfcli.load_model(str(tmp_path)), ids).hidden_states[0][0]
 
     base = embeddings()
     with torch.no_grad():

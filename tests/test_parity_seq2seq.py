@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import tfcli
-from tfcli.model import Capture
 
 from tfcli.model.decoding import decode
+from conftest import captured_pass
 
 IDS = torch.tensor([[5, 17, 42, 8, 77, 9, 60, 11, 23, 35, 36, 38], [9, 31, 12, 50, 44, 0, 0, 0, 0, 0, 0, 0]])
 MASK = (torch.arange(12)[None] < torch.tensor([[12], [5]])).long()
@@ -98,8 +98,7 @@ def test_parity_and_greedy_generation(tmp_path, pair, assert_close, compare_pass
     with torch.no_grad():
         theirs = hf(input_ids=IDS, attention_mask=MASK, decoder_input_ids=decoder_ids,
                     decoder_attention_mask=DECODER_MASK, output_hidden_states=True, output_attentions=True)
-        mine = ours(IDS, attention_mask=MASK, decoder_input_ids=decoder_ids, decoder_attention_mask=DECODER_MASK,
-                    capture=Capture())
+        mine = captured_pass(ours, IDS, attention_mask=MASK, decoder_input_ids=decoder_ids, decoder_attention_mask=DECODER_MASK)
     real, dec_real = MASK.bool(), DECODER_MASK.bool()
     encoder_states = [*mine.encoder.hidden_states[:-1], mine.encoder.last_hidden_state]  # last: after a final norm
     decoder_states = [*mine.hidden_states[:-1], mine.last_hidden_state]
@@ -139,5 +138,5 @@ def test_t5_encoder_model_is_an_encoder(tmp_path, save_hf_model, assert_close):
     assert ours.config.architecture == "encoder" and ours.decoder is None
     with torch.no_grad():
         theirs = hf(input_ids=IDS, attention_mask=MASK, output_hidden_states=True)
-        mine = ours(IDS, attention_mask=MASK, capture=Capture())
+        mine = captured_pass(ours, IDS, attention_mask=MASK)
     assert_close("last_hidden_state", mine.last_hidden_state[MASK.bool()], theirs.last_hidden_state[MASK.bool()])

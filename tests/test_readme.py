@@ -22,8 +22,11 @@ def test_python_api_example_runs_as_written():
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["out"].last_hidden_state.shape == (1, 7, 768)
-    assert len(namespace["out"].hidden_states) == 13 and namespace["out"].attentions[0].shape == (1, 12, 7, 7)
-    assert namespace["out"].logits.shape == (1, 7, 30522)
+    assert namespace["out"].logits.shape == (1, 7, 30522) and namespace["pattern"].shape == (1, 12, 7, 7)
+    assert not torch.equal(namespace["ablated"], namespace["out"].logits)  # the ablation changed the prediction
+    cache = namespace["cache"]
+    assert list(cache) == [f"blocks.{i}.resid_post" for i in range(12)]
+    assert cache["blocks.5.resid_post"].grad.shape == (1, 7, 768) and cache["blocks.5.resid_post"].grad.abs().sum() > 0
     prompt, greedy, sampled = namespace["prompt"], namespace["greedy"], namespace["sampled"]
     assert greedy.shape == (1, 16) and torch.equal(greedy[:, :6], prompt)
     # sampling stops early only at gpt2-small's end-of-sequence token ([SEP], 102)

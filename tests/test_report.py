@@ -162,7 +162,7 @@ def test_encode_page_holds_every_head_with_the_weights_that_save_writes(tmp_path
     assert data["run"]["command"] == "encode" and data["run"]["trained"] is False
     assert data["run"]["weights"].startswith("random (seed 0)") and data["run"]["version"]
     section, = data["sections"]
-    assert section["tokens"]["tokens"] == TOKENS and [s[0] for s in section["stages"]][0] == "embeddings"
+    assert section["tokens"]["tokens"] == TOKENS and [s[0] for s in section["stages"]][0] == "blocks.0.resid_pre"
     from safetensors.numpy import load_file
 
     saved = load_file(tensors)["attention.1"][0]  # (heads, queries, keys) of the last of tiny's 2 blocks

@@ -148,7 +148,7 @@ def test_encode_page_draws_tokens_and_switches_maps_and_reads_out_weights(browse
     assert page.locator(".lens tbody tr").count() == 2 and page.locator(".lens tbody tr >> nth=0 >> td").count() == 7
     page.hover(".lens tbody td >> nth=1")
     assert page.inner_text("#tip").startswith('layer 0, position 1 "time"\n1. ')
-    assert page.locator(".stages tbody tr").first.inner_text().startswith("embeddings")
+    assert page.locator(".stages tbody tr").first.inner_text().startswith("blocks.0.resid_pre")
 
     assert page.errors == [] and page.requests == [(pages / "encode.html").as_uri()]
     page.close()

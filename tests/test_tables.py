@@ -310,8 +310,8 @@ def test_the_stages_table_says_which_sublayers_it_shows_and_aligns_its_numbers(c
     assert rows[0] == ["stage", "shape", "params", "mean", "std", "norm"]
     shown = [row[0] for row in rows[1:]]
     blocks = {"": range(6), "; sublayers of the last block only": [5], "; sublayers of block 1, 3 only": [1, 3]}[note]
-    assert [stage for stage in shown if "output" not in stage and stage.startswith("block")] == \
-        [f"block {block} {sublayer}" for block in blocks for sublayer in ("attention", "feed_forward")]
+    assert [stage for stage in shown if not stage.endswith(("resid_pre", "resid_post")) and stage.startswith("blocks.")] \
+        == [f"blocks.{block}.{sublayer}.out" for block in blocks for sublayer in ("attn", "mlp")]
     body = lines[start + 3:start + 1 + len(rows)]
     for column, name in enumerate(rows[0][1:], start=1):  # numbers right-aligned: under their header's end
         end = re.search(rf"\b{name}\b", lines[start + 1]).end()
@@ -379,9 +379,9 @@ def test_an_encoder_decoder_stages_table_details_each_stacks_last_block(cli, tmp
                 *WIDE).stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("stages"))
     stages = [row[0] for row in sliced_rows(lines[start + 1:])[1:]]
-    assert [stage for stage in stages if "output" not in stage and "block" in stage] == [
-        "encoder block 2 attention", "encoder block 2 feed_forward", "decoder block 1 attention",
-        "decoder block 1 cross_attention", "decoder block 1 feed_forward"]
+    assert [stage for stage in stages if not stage.endswith(("resid_pre", "resid_post")) and "blocks." in stage] == [
+        "encoder.blocks.2.attn.out", "encoder.blocks.2.mlp.out", "decoder.blocks.1.attn.out",
+        "decoder.blocks.1.cross_attn.out", "decoder.blocks.1.mlp.out"]
 
 
 LONG = ("the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat near the door and the bird "

@@ -15,7 +15,7 @@ from rich.cells import cell_len
 from tfcli.render import classify as classify_render
 from tfcli.render import encode as encode_render
 from tfcli.render import generate as generate_render
-from tfcli.render import tokenize as tokenize_render
+from tfcli.render import tokens as tokenize_render
 from tfcli.render.layout import Column, screen_text, table
 
 WIDTHS = (60, 80, 120, 200)
@@ -56,8 +56,7 @@ def reports(tmp_path_factory):
     options = core.check_options(source.config, "all", "all", 3)
     encodings = tokenizer.encode_for_model([text_of(n, seed=n) for n in LENGTHS], 128)
     assert [len(e.ids) for e in encodings] == list(LENGTHS)
-    batches = core.run(model, tokenizer, encodings, options, None, batch_size=len(LENGTHS))
-    return {len(r.ids): r for batch in batches for r in batch.reports}
+    return {len(r.ids): r for r in core.run(model, tokenizer, [encodings], options, None, max_capture_mb=1024)}
 
 
 def mean_report(report):

@@ -141,7 +141,7 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
     except RuntimeError as exc:
         raise TfcliError(f"cannot run {source.config.name} in {str(torch_dtype).removeprefix('torch.')} on {torch_device}: "
                          f"{str(exc).splitlines()[0][:160]}", "try --dtype float32 or another device") from None
-    return model.eval()
+    return model.eval().requires_grad_(False)  # an inspector: gradients, where asked, are the activations' own
 
 
 def load_model(source: str | None = None, device: str = "cpu", dtype: str | None = None,
@@ -172,15 +172,23 @@ def load_model_and_tokenizer(source: str | None, device: str = "cpu", dtype: str
 
 @dataclass
 class SourceSummary:
-    """What `tfcli config` shows: the resolved source and the parameter count of the model it builds."""
+    """What `tfcli config` shows: the resolved source, the parameter count of the model it builds and, when asked
+    for, its sites with their shapes (see TransformerModel.site_shapes)."""
 
     source: Source
     parameters: int
+    sites: dict[str, tuple[int | str, ...]] | None = None
 
 
-def describe(source: str | None, revision: str | None = None) -> SourceSummary:
-    """Resolve a model source and count its parameters without building it (nor importing torch)."""
+def describe(source: str | None, revision: str | None = None, sites: bool = False) -> SourceSummary:
+    """Resolve a model source and count its parameters without building it (nor importing torch); with `sites`,
+    list its sites too (a forward pass on the meta device: shapes only, no weights, whatever the size)."""
     from tfcli.config import parameter_count
 
     resolved = resolve_source(source, revision)
-    return SourceSummary(resolved, parameter_count(resolved.config))
+    summary = SourceSummary(resolved, parameter_count(resolved.config))
+    if sites:
+        from tfcli.model.transformer import site_shapes
+
+        summary.sites = site_shapes(resolved.config)
+    return summary

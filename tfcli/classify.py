@@ -2,11 +2,13 @@
 
 Texts run in padded batches; padding is masked out of attention, so a text gets the same
 probabilities alone or in any batch. `explain` keeps the attention of the last layer(s) only, so
-the other layers stay on the fused fast path.
+the other layers stay on the fused fast path. `run` classifies a stream of tokenized batches and yields
+each text's `Classification`; nothing here prints.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,32 +73,33 @@ def explain_layers(model: TransformerModel, count: int) -> list[int]:
     return list(range(total - count, total))
 
 
-def run(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding],
-        explain: int = 0, batch_size: int = BATCH_SIZE) -> list[Classification]:
+def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Encoding]], explain: int = 0,
+        batch_size: int = BATCH_SIZE) -> Iterator[Classification]:
+    """Classify tokenized texts, chunk by chunk (a stream's batches, see `tfcli.texts.tokenized`), yielding each
+    text's classification in order; explain > 0 adds the first token's attention (see `classify`)."""
+    for encodings in chunks:
+        yield from classify(model, tokenizer, encodings, explain, batch_size)
+
+
+def classify(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding],
+             explain: int = 0, batch_size: int = BATCH_SIZE) -> list[Classification]:
     """Classify tokenized texts in padded batches; explain > 0 adds the first token's attention,
     averaged over heads and over the last `explain` layers."""
     import torch
 
-    from tfcli.model import Capture
-
     check_options(model.config, explain)
     device = next(model.parameters()).device
     layers = explain_layers(model, explain) if explain else []
-    capture = Capture(hidden_states=False, layers=layers) if layers else None
-    if len(encodings) > batch_size:  # a forward pass per batch: the weights are used again
-        from tfcli.model.linear import pack_for_repeated_use
-
-        pack_for_repeated_use(model)
+    patterns = [f"blocks.{i}.attn.pattern" for i in layers]  # the other layers stay on the fused fast path
     results: list[Classification] = []
     for start in range(0, len(encodings), batch_size):
         batch = encodings[start:start + batch_size]
         ids, mask, type_ids = (torch.tensor(rows, device=device) for rows in tokenizer.pad(batch))
-        with torch.no_grad():
-            out = model(ids, attention_mask=mask, token_type_ids=type_ids, capture=capture)
-        probs = out.logits.float().softmax(-1).cpu()
+        logits, cache = model.run_with_cache(ids, patterns, attention_mask=mask, token_type_ids=type_ids)
+        probs = logits.float().softmax(-1).cpu()
         if layers:
             # (B, H, T, S) per layer -> the first query row, mean over heads and layers -> (B, S)
-            first = torch.stack([out.attentions[i][:, :, 0, :].float().mean(1) for i in layers]).mean(0).cpu()
+            first = torch.stack([cache[name][:, :, 0, :].float().mean(1) for name in patterns]).mean(0).cpu()
         for row, encoding in enumerate(batch):
             explanation = None
             if layers:

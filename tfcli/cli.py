@@ -1,5 +1,7 @@
-"""The `tfcli` command line: each command parses options, calls its core module (`tfcli/<command>.py`),
-and hands the result to its renderer (`tfcli/render/<command>.py`). No model logic lives here.
+"""The `tfcli` command line: each command declares and resolves its options, builds what it needs through the
+shared helpers below, calls its core module's pipeline (`tfcli/<command>.py`; tokenize's is `tfcli/tokens.py`),
+and prints or writes what that yields through the renderer of the same name in `tfcli/render/`. No model logic
+and no pipeline live here.
 
 Option ranges are checked where the options are declared; what depends on the model is checked by
 the core against the config, before any model is built, and reported with the option's name.
@@ -26,12 +28,12 @@ from tfcli import __version__
 from tfcli.errors import TfcliError, usage_error
 from tfcli.render.layout import MIN_WIDTH, make_console, output_width, print_lines
 from tfcli.render.report_file import check_report_path
-from tfcli.texts import CappedWarnings, Input, Inputs
+from tfcli.texts import CappedWarnings, Inputs, tokenized
 
 if TYPE_CHECKING:
     from tfcli.model import TransformerModel
     from tfcli.sources import Source
-    from tfcli.tokenizer import Encoding, Tokenizer
+    from tfcli.tokenizer import Tokenizer
 
 T = TypeVar("T")
 
@@ -157,30 +159,6 @@ def tokenizer_of(source: Source) -> Tokenizer:
     return noted(load_tokenizer_for(source))
 
 
-def tokenized(tokenizer: Tokenizer, batch: list[Input], positions: int, truncated: CappedWarnings,
-              pair: str | None = None, max_length: int | None = None, refuse_longer: bool = False) -> list[Encoding]:
-    """A batch of texts tokenized for a model with `positions` positions: truncated to --max-length (at most
-    the positions) with a warning, or refused (--no-truncate)."""
-    encodings = tokenizer.encode_for_model([item.text for item in batch], positions, pair, max_length)
-    limit = (f"--max-length {max_length}" if max_length is not None else f"the model's {positions} positions") \
-        if refuse_longer else None
-    check_truncated(batch, encodings, truncated, limit)
-    return encodings
-
-
-def check_truncated(batch: list[Input], encodings: list[Encoding], truncated: CappedWarnings,
-                    refused_beyond: str | None = None) -> None:
-    """Warn about each truncated text (the first few, then a count); or, given `refused_beyond` (what a text
-    may not be longer than), refuse it."""
-    for item, encoding in zip(batch, encodings):
-        if not encoding.truncated:
-            continue
-        if refused_beyond is not None:
-            raise usage_error(f"{item.where} has {encoding.untruncated_length} tokens, more than {refused_beyond}",
-                              "drop --no-truncate to truncate it")
-        truncated.add(f"{item.where} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")
-
-
 def started(items: Iterator[T]) -> Iterator[T]:
     """The same items, the first one read now: before a model is built, so that a bad or empty input
     fails early."""
@@ -219,7 +197,8 @@ def build(source: Source, device: str, dtype: str, seed: int) -> TransformerMode
 def write_report_file(path: Path, command: str, model: TransformerModel, source: Source, items: list[Any],
                       overwrite: bool, tokenizer: Any = None) -> None:
     """Write --report PATH from a command's report objects, and say so on stderr."""
-    from tfcli.render.report_file import run_info, write_report
+    from tfcli.render.report_file import write_report
+    from tfcli.render.run_info import run_info
 
     check_report_path(path, overwrite, len(items))  # a stream's texts are counted only now
     write_report(path, run_info(command, model, source.description), items, overwrite, tokenizer)
@@ -297,25 +276,19 @@ def tokenize(
       tfcli tokenize "time flies like an arrow"
       tail -f log.txt | tfcli tokenize --json -
     """
-    from tfcli import tokenize as core
-    from tfcli.render import tokenize as render
+    from tfcli import tokens as core
+    from tfcli.render import tokens as render
     from tfcli.render.jsonl import write_jsonl
 
     out = output_console(width, color)
     texts_in = inputs(texts, file, keep_blank=True)
     tokenizer = noted(core.tokenizer_for(model, revision))
-    truncated = CappedWarnings(warn, "texts truncated")
-    number = 0
-    for batch in with_progress(texts_in.batches(1000), "tokenize", len):
-        encodings = core.run(tokenizer, [item.text for item in batch], pair, not no_special, max_length)
-        check_truncated(batch, encodings, truncated)
-        for encoding in encodings:
-            number += 1
-            if json_output:
-                write_jsonl([render.record(encoding)])
-            else:
-                print_lines(out, render.token_lines(encoding, number, tokenizer.name, out.width))
-    truncated.finish(number)
+    batches = with_progress(texts_in.batches(core.BATCH_SIZE), "tokenize", len)
+    for number, encoding in enumerate(core.run(tokenizer, batches, pair, not no_special, max_length, warn), 1):
+        if json_output:
+            write_jsonl([render.record(encoding)])
+        else:
+            print_lines(out, render.token_lines(encoding, number, tokenizer.name, out.width))
 
 
 def _one_source(positional: str | None, option: str | None) -> str | None:
@@ -331,29 +304,34 @@ def show_config(
                                                  help="Path, bundled name or hub id (default: bert-base).")] = None,
     model: ModelOption = None,
     revision: RevisionOption = None,
+    sites: Annotated[bool, typer.Option("--sites", help="List the model's named sites (what run_with_cache keeps "
+                                        "and encode --sites saves) with their shapes.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="JSON on stdout: one object.")] = False,
     width: WidthOption = None,
     color: ColorOption = None,
 ) -> None:
-    """Print the resolved config of a model source and its parameter count.
+    """Print the resolved config of a model source and its parameter count, or with --sites its named sites.
 
     \b
     Examples:
       tfcli config tiny
       tfcli config --model path/to/checkpoint --json
+      tfcli config gpt2-small --sites
     """
     from tfcli.api import describe
     from tfcli.render import config as render
     from tfcli.sources import bundled_names
 
-    summary = describe(_one_source(source, model), revision)
+    summary = describe(_one_source(source, model), revision, sites=sites)
     if json_output:
         from tfcli.render.jsonl import write_jsonl
 
         write_jsonl([render.record(summary)])
     else:
         out = output_console(width, color)
-        print_lines(out, render.config_lines(summary, bundled_names(), out.width))
+        lines = render.site_lines(summary, out.width) if sites else render.config_lines(summary, bundled_names(),
+                                                                                          out.width)
+        print_lines(out, lines)
 
 
 @app.command()
@@ -379,7 +357,11 @@ def encode(
     no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse texts longer than the position table "
                                               "(or --max-length).")] = False,
     save: Annotated[Path | None, typer.Option(metavar="FILE", help="Write input_ids, hidden.{i}, attention.{i}, "
-                                              "logits to FILE.safetensors.")] = None,
+                                              "logits (and --sites) to FILE.safetensors.")] = None,
+    sites: Annotated[list[str] | None, typer.Option("--sites", metavar="PATTERN", help="Also keep these sites "
+                                                    "(names such as blocks.3.attn.z, `*` for any run of characters; "
+                                                    "repeatable): a table, in --json and --save under their names. "
+                                                    "`tfcli config SRC --sites` lists them.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite the --save or --report file if it exists.")] = False,
     report: ReportOption = None,
     file: FileOption = None,
@@ -408,17 +390,17 @@ def encode(
     out = output_console(width, color)
     texts_in = inputs(texts, file)
     if save is not None:
-        render.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
+        core.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
     if report is not None:
         check_report_path(report, force, texts_in.count or 1)
     source = resolve_source(model, revision)
-    options = core.check_options(source.config, layers, heads, core.DEFAULT_TOP_K if top_k is None else top_k)
+    options = core.check_options(source.config, layers, heads, core.DEFAULT_TOP_K if top_k is None else top_k, sites)
     options.keep_heads = report is not None  # the page's head selector shows every head behind a mean
     tokenizer = tokenizer_of(source)
     decoder_input = core.decoder_input(source.config, tokenizer, target)
     positions = source.config.max_position_embeddings
     truncated = CappedWarnings(warn, "texts truncated")
-    chunks = ((batch, tokenized(tokenizer, batch, positions, truncated, pair, max_length, no_truncate))
+    chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length, no_truncate)
               for batch in texts_in.batches(None if save is not None else core.MAX_BATCH))
     chunks = started(chunks)
     loaded = build(source, device, dtype, seed)
@@ -429,28 +411,20 @@ def encode(
     if not json_output and layers is None:
         note("showing the last layer in full and a line per position for every layer; see more with "
              "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
-    number, warned, reported = 0, False, []  # reported: every text's report, for --report
-    for _, encodings in with_progress(chunks, "encode", lambda chunk: len(chunk[1])):
-        batch_size, capture_note = core.capture_batch_size(loaded, options, encodings, decoder_input,
-                                                           max_capture_mb, save is not None)
-        if capture_note and not warned:  # once: every batch of a stream would say the same
-            warn(capture_note)
-            warned = True
-        for batch in core.run(loaded, tokenizer, encodings, options, decoder_input, batch_size,
-                              keep_tensors=save is not None):
-            for text_report in batch.reports:
-                number += 1
-                if json_output:
-                    write_jsonl([render.record(text_report, loaded.trained)])
-                else:
-                    print_lines(out, render.report_lines(text_report, number, out.width, view))
-            if report is not None:
-                reported += batch.reports
-            if save is not None:
-                metadata = render.save_metadata(batch.reports, source.description, loaded.weights_description,
-                                                __version__)
-                render.save_tensors(save, batch.tensors, overwrite=force, metadata=metadata)
-                err_console.print(f"saved {save}", soft_wrap=True)
+    save_to = None if save is None else core.SaveTo(save, force, {
+        "tfcli_version": __version__, "model": source.description, "weights": loaded.weights_description})
+    number, reported = 0, []  # reported: every text's report, for --report
+    for text_report in core.run(loaded, tokenizer, with_progress(chunks, "encode", len), options, decoder_input,
+                                max_capture_mb, save_to, warn):
+        number += 1
+        if json_output:
+            write_jsonl([render.record(text_report, loaded.trained)])
+        else:
+            print_lines(out, render.report_lines(text_report, number, out.width, view))
+        if report is not None:
+            reported.append(text_report)
+    if save is not None:
+        err_console.print(f"saved {save}", soft_wrap=True)
     truncated.finish(number)
     if report is not None:
         write_report_file(report, "encode", loaded, source, reported, force)
@@ -492,11 +466,11 @@ def compare(
     batches = started(texts_in.batches(1))
     models = core.load(model, device)
     noted(models.tokenizer)
+    positions = models.resolved.config.max_position_embeddings
     truncated = CappedWarnings(warn, "texts truncated")
+    chunks = (tokenized(models.tokenizer, batch, positions, truncated) for batch in batches)
     worst, number, all_match = 0.0, 0, True
-    for batch in batches:
-        encoding = tokenized(models.tokenizer, batch, models.resolved.config.max_position_embeddings, truncated)[0]
-        comparison = core.run(models, encoding, tolerance)
+    for comparison in core.run_all(models, chunks, tolerance):
         number += 1
         worst = max(worst, comparison.worst)
         all_match = all_match and comparison.matches
@@ -566,17 +540,16 @@ def classify(
     if not loaded.trained:
         warn("random weights: these probabilities say nothing about the texts")
     results, number = [], 0  # results: for --report
-    for encodings in with_progress(chunks, "classify", len):
-        for result in core.run(loaded, tokenizer, encodings, explain=explained):
-            number += 1
-            if json_output:
-                write_jsonl([render.record(result)])
-            else:
-                print_lines(out, render.classification_lines(result, number, out.width, top))
-                if result.explanation is not None:
-                    print_lines(out, render.explanation_lines(result.explanation, out.width))
-            if report is not None:
-                results.append(result)
+    for result in core.run(loaded, tokenizer, with_progress(chunks, "classify", len), explained):
+        number += 1
+        if json_output:
+            write_jsonl([render.record(result)])
+        else:
+            print_lines(out, render.classification_lines(result, number, out.width, top))
+            if result.explanation is not None:
+                print_lines(out, render.explanation_lines(result.explanation, out.width))
+        if report is not None:
+            results.append(result)
     truncated.finish(number)
     if report is not None:
         write_report_file(report, "classify", loaded, source, results, force)
@@ -650,12 +623,9 @@ def generate(
         live.flush()
 
     generations, number = [], 0  # generations: for --report
-    for (prompt,) in batches:
+    for result in core.run(loaded, tokenizer, batches, sampling, max_new_tokens, lens, show_text if live else None,
+                           warn):
         number += 1
-        if prompt.budget < max_new_tokens:
-            tokens = f"{prompt.budget} new token{'s' if prompt.budget != 1 else ''}"
-            warn(f"prompt {number}: only {tokens} fit in the model's {loaded.config.max_position_embeddings} positions")
-        result = core.run(loaded, tokenizer, prompt, sampling, lens=lens, on_text=show_text if live else None)
         if live:
             show_text("\n")
         if json_output:

@@ -1,9 +1,11 @@
 """`tfcli compare`: run transformers' own model on the same checkpoint and input, and measure, tensor
-by tensor, how far tfcli's numbers are from it."""
+by tensor, how far tfcli's numbers are from it. `load` builds both models once; `run_all` compares a stream of
+tokenized batches text by text (`run`); nothing here prints."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +83,14 @@ def run(models: Models, encoding: Encoding, tolerance: float = 1e-4) -> Comparis
     return Comparison(models.source, encoding, tolerance, compare_with(models.ours, models.theirs, input_ids))
 
 
+def run_all(models: Models, chunks: Iterable[list[Encoding]], tolerance: float = 1e-4) -> Iterator[Comparison]:
+    """Compare tokenized texts, chunk by chunk (a stream's batches, see `tfcli.texts.tokenized`), yielding each
+    text's comparison in order."""
+    for encodings in chunks:
+        for encoding in encodings:
+            yield run(models, encoding, tolerance)
+
+
 def _require_weights(source: Source) -> None:
     if source.weights is None:
         raise TfcliError(f"compare needs a checkpoint with weights; {source.description} has none",
@@ -115,34 +125,42 @@ def compare_with(model: "TransformerModel", reference: Any, input_ids: "Tensor")
     decoder position, causal mask and relative position is compared, not just the first."""
     import torch
 
-    from tfcli.model import Capture
+    from tfcli.model.sites import Sites, name_filter
 
     encoder_decoder = model.config.architecture == "encoder-decoder"
     decoder = {}
     if encoder_decoder:
         start = model.start_tokens(input_ids.shape[0], input_ids.device)
         decoder["decoder_input_ids"] = torch.cat([start, input_ids], 1)[:, :model.config.max_position_embeddings]
+    sites = Sites(keep=name_filter(["*blocks.0.resid_pre", "*.resid_post", "*attn.pattern"]))
     with torch.no_grad():
-        ours = model(input_ids, capture=Capture(), **decoder)
+        ours = model(input_ids, sites=sites, **decoder)
         theirs = reference(input_ids=input_ids, output_hidden_states=True, output_attentions=True, **decoder)
     pairs: list[tuple[str, Tensor, Tensor]] = []
     if encoder_decoder:
-        pairs += _stack_pairs("encoder.", ours.encoder, theirs.encoder_hidden_states, theirs.encoder_attentions)
-        pairs += _stack_pairs("decoder.", ours, theirs.decoder_hidden_states, theirs.decoder_attentions)
-        pairs += [(f"decoder.cross_attention.{i}", ours.cross_attentions[i], t)
+        pairs += _stack_pairs("encoder.", sites.cache, ours.encoder, theirs.encoder_hidden_states,
+                              theirs.encoder_attentions)
+        pairs += _stack_pairs("decoder.", sites.cache, ours, theirs.decoder_hidden_states, theirs.decoder_attentions)
+        pairs += [(f"decoder.cross_attention.{i}", sites.cache[f"decoder.blocks.{i}.cross_attn.pattern"], t)
                   for i, t in enumerate(theirs.cross_attentions)]
     else:
-        pairs += _stack_pairs("", ours, theirs.hidden_states, theirs.attentions)
+        pairs += _stack_pairs("", sites.cache, ours, theirs.hidden_states, theirs.attentions)
     if ours.logits is not None and getattr(theirs, "logits", None) is not None:
         pairs.append(("logits", ours.logits, theirs.logits))
     return [Difference(name, list(a.shape), _diff(name, a, b)) for name, a, b in pairs]
 
 
-def _stack_pairs(prefix: str, ours, hidden_states, attentions) -> list[tuple[str, "Tensor", "Tensor"]]:
+def _stack_pairs(prefix: str, cache: dict[str, "Tensor"], ours, hidden_states,
+                 attentions) -> list[tuple[str, "Tensor", "Tensor"]]:
+    """hidden.{i} and attention.{i} of one stack (`prefix`: of its sites and of the names): the last hidden state is
+    the stack's output, as transformers reports it (after any final norm)."""
+    from tfcli.model.sites import hidden_site
+
     last = len(hidden_states) - 1
-    pairs = [(f"{prefix}hidden.{i}", ours.hidden_states[i] if i < last else ours.last_hidden_state, t)
+    pairs = [(f"{prefix}hidden.{i}", ours.last_hidden_state if i == last else cache[prefix + hidden_site(i)], t)
              for i, t in enumerate(hidden_states)]
-    return pairs + [(f"{prefix}attention.{i}", ours.attentions[i], t) for i, t in enumerate(attentions)]
+    return pairs + [(f"{prefix}attention.{i}", cache[f"{prefix}blocks.{i}.attn.pattern"], t)
+                    for i, t in enumerate(attentions)]
 
 
 def _diff(name: str, ours: "Tensor", theirs: "Tensor") -> float:

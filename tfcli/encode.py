@@ -8,10 +8,12 @@ report objects (and the --save tensors) batch by batch; nothing here prints.
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfcli.errors import TfcliError, usage_error
@@ -20,11 +22,11 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from tfcli.config import ModelConfig
-    from tfcli.model import ModelOutput, TransformerModel
+    from tfcli.model import TransformerModel
+    from tfcli.model.layers import Block
     from tfcli.model.transformer import Stack
     from tfcli.tokenizer import Encoding, Tokenizer
 
-SUBLAYERS = ("attention", "cross_attention", "feed_forward")  # a block's sublayers, in forward order
 DEFAULT_TOP_K = 3  # logit lens tokens per layer and position
 MAX_BATCH = 32  # texts per forward pass, at most
 
@@ -76,6 +78,7 @@ class EncodeOptions:
     heads: list[int] | None = None  # heads to show; None = the mean over all heads
     top_k: int = DEFAULT_TOP_K  # 0: no logit lens
     keep_heads: bool = False  # with the mean, also keep each head's map (for --report's head selector)
+    sites: list[str] = field(default_factory=list)  # --sites: more sites to keep (names, `*` patterns)
 
 
 def block_count(config: "ModelConfig") -> int:
@@ -83,9 +86,11 @@ def block_count(config: "ModelConfig") -> int:
     return config.decoder_layers if config.architecture == "encoder-decoder" else config.num_hidden_layers
 
 
-def check_options(config: "ModelConfig", layers: str | None, heads: str | None, top_k: int) -> EncodeOptions:
+def check_options(config: "ModelConfig", layers: str | None, heads: str | None, top_k: int,
+                  sites: list[str] | None = None) -> EncodeOptions:
     """Options checked against a config, before any model is built. `layers` and `heads` are specs such
-    as '0,-1' or 'all'; without `heads`, the report shows the mean over heads."""
+    as '0,-1' or 'all'; without `heads`, the report shows the mean over heads. `sites`: --sites patterns, checked
+    against the model's sites when the model runs."""
     if top_k < 0:
         raise usage_error(f"top_k must be >= 0, got {top_k}", parameter="top_k")
     if top_k > config.vocab_size:
@@ -94,7 +99,8 @@ def check_options(config: "ModelConfig", layers: str | None, heads: str | None, 
     selected_heads = None  # None: show the mean over heads
     if heads is not None:
         selected_heads = parse_indices(heads, head_count, "heads") or list(range(head_count))
-    return EncodeOptions(parse_indices(layers, block_count(config), "layers"), selected_heads, top_k)
+    return EncodeOptions(parse_indices(layers, block_count(config), "layers"), selected_heads, top_k,
+                         sites=list(sites or []))
 
 
 @dataclass
@@ -122,7 +128,7 @@ def decoder_input(config: "ModelConfig", tokenizer: "Tokenizer", target: str | N
 
 @dataclass
 class StageRow:
-    name: str
+    name: str  # the site whose value the row describes
     shape: list[int]
     dtype: str
     parameters: int
@@ -166,9 +172,10 @@ class TextReport:
     stages: list[StageRow] = field(default_factory=list)
     attention: list[AttentionMap] = field(default_factory=list)
     lens: list[LensRow] = field(default_factory=list)
+    sites: dict[str, "Tensor"] = field(default_factory=dict)  # --sites: each site's value for this text alone
 
 
-def stage_row(name: str, tensor: "Tensor", parameters: int) -> StageRow:
+def stage_row(name: str, tensor: "Tensor", parameters: int, block: int | None = None) -> StageRow:
     import torch
 
     values = tensor.detach().float()
@@ -176,63 +183,129 @@ def stage_row(name: str, tensor: "Tensor", parameters: int) -> StageRow:
     mean_value, var_value = mean.item(), var.item()
     norm = math.sqrt(values.numel() * (var_value + mean_value * mean_value))
     return StageRow(name, list(tensor.shape), str(tensor.dtype).removeprefix("torch."), parameters,
-                    mean_value, math.sqrt(var_value), norm)
+                    mean_value, math.sqrt(var_value), norm, block)
+
+
+def stacks(model: "TransformerModel") -> list[tuple[str, "Stack"]]:
+    """The model's stacks with the prefix of their site names: ("", stack), or the encoder's and the decoder's."""
+    if model.encoder is not None and model.decoder is not None:
+        return [("encoder.", model.encoder), ("decoder.", model.decoder)]
+    return [("", model.output_stack)]
+
+
+def sublayer_site(block: "Block", name: str) -> str:
+    """The site of what sublayer `name` (attn, cross_attn, mlp) adds to the residual stream: its output norm's output
+    where the block has output norms, else the sublayer's own output."""
+    return f"{name}_output_norm.out" if block.output_norms else f"{name}.out"
 
 
 @dataclass
-class CaptureCost:
-    """What an encode forward pass keeps for ONE text of a given length, in bytes."""
-
-    attention: int  # softmax weights of the selected layers and heads: heads x L^2 x layers
-    other: int  # hidden states, sublayer outputs and the head's logits
-    heads: int
-    maps: str  # the attention maps each head holds, as people read them: "512^2 positions x 12 layers"
-
-    @property
-    def total(self) -> int:
-        return self.attention + self.other
+class StageSite:
+    name: str
+    parameters: int  # of the module that produced it (a sublayer with its norms, a block, the embeddings)
+    block: int | None = None  # a sublayer's block (the table shows sublayers of the blocks in detail only)
 
 
-def capture_cost(model: "TransformerModel", options: EncodeOptions, length: int, target_length: int | None = None) -> CaptureCost:
-    """Estimate, before running, what capturing one text of `length` tokens holds (batch of 1): attention
-    weights (heads x queries x keys per captured block), plus hidden states, stage outputs and logits.
-    For an encoder-decoder, `target_length` is the decoder's input length."""
-    c = model.config
-    size = model.embed_tokens.weight.element_size()
-    heads = len(options.heads) if options.heads is not None else c.num_attention_heads
-    stacks = []  # (blocks, query length, self-attention key length, cross-attention key length)
-    if model.decoder is None or model.encoder is None:
-        stacks.append((len(model.output_stack.blocks), length, length, 0))
-    else:
-        stacks.append((len(model.encoder.blocks), length, length, 0))
-        stacks.append((len(model.decoder.blocks), target_length or 1, target_length or 1, length))
-    attention = other = 0
+def stage_sites(model: "TransformerModel") -> list[StageSite]:
+    """The stages table's sites, in forward order: each stack's embeddings output (`blocks.0.resid_pre`), each
+    block's sublayers and output (`resid_post`), its final norm; then the head's `logits`."""
+    from tfcli.model.sites import hidden_site
+    from tfcli.model.transformer import count_parameters
+
+    rows = []
+    for prefix, stack in stacks(model):
+        rows.append(StageSite(prefix + hidden_site(0),
+                              count_parameters(model.token_embedding(stack), stack.embeddings, stack.project_in)))
+        for i, block in enumerate(stack.blocks):
+            for name in ("attn", "cross_attn", "mlp"):
+                if name in block._modules:  # the sublayer and the norms that go with it (before, after or both)
+                    parts = [m for part, m in block.named_children() if part == name or part.startswith(name + "_")]
+                    rows.append(StageSite(f"{prefix}blocks.{i}.{sublayer_site(block, name)}",
+                                          count_parameters(*parts), i))
+            rows.append(StageSite(f"{prefix}blocks.{i}.resid_post", count_parameters(block)))
+        if stack.final_norm is not None:
+            rows.append(StageSite(prefix + "final_norm.out", count_parameters(stack.final_norm)))
+    if model.head is not None:
+        rows.append(StageSite("logits", count_parameters(model.head)))
+    return rows
+
+
+def hidden_names(model: "TransformerModel", prefix: str, stack: "Stack") -> list[str]:
+    """`--save`'s hidden.{i} of a stack as sites: its embeddings' output, then each block's output."""
+    from tfcli.model.sites import hidden_site
+
+    return [prefix + hidden_site(i) for i in range(len(stack.blocks) + 1)]
+
+
+def pattern_name(prefix: str, layer: int, cross: bool = False) -> str:
+    return f"{prefix}blocks.{layer}.{'cross_attn' if cross else 'attn'}.pattern"
+
+
+@dataclass
+class Captured:
+    """What one encode pass kept of a padded batch: the values of the stages' sites, the hidden states and --sites'
+    by site name; the attention patterns of the selected layers (only the selected heads, in their order, with
+    --heads); the logits."""
+
+    values: dict[str, "Tensor"]
+    patterns: dict[str, "Tensor"]
+    logits: "Tensor | None"
+    extra: list[str]  # the --sites names, in the order the pass reached them
+
+
+def encode_batch(model: "TransformerModel", tokenizer: "Tokenizer", encodings: list["Encoding"],
+                 target: DecoderInput | None, options: EncodeOptions) -> tuple[Captured, dict[str, "Tensor"]]:
+    """One padded forward pass; returns what it kept (see Captured) and its inputs (input_ids, masks)."""
+    import torch
+
+    from tfcli.model.sites import Sites, check_names, name_filter
+
+    device = model.embed_tokens.weight.device
+    ids, mask, type_ids = tokenizer.pad(encodings)
+    inputs = {"input_ids": torch.tensor(ids, device=device), "attention_mask": torch.tensor(mask, device=device)}
+    if model.encoder is not None and model.encoder.embeddings.segments is not None:
+        inputs["token_type_ids"] = torch.tensor(type_ids, device=device)
+    if target is not None:
+        inputs["decoder_input_ids"] = torch.tensor([target.ids] * len(encodings), device=device)
+    kept = {site.name for site in stage_sites(model)}
+    patterns = []
+    for prefix, stack in stacks(model):
+        kept.update(hidden_names(model, prefix, stack))
+        layers = [i for i in (options.layers or range(len(stack.blocks))) if i < len(stack.blocks)]
+        patterns += [pattern_name(prefix, i, cross) for i in layers
+                     for cross in ((False, True) if prefix == "decoder." else (False,))]
+    selected: dict[str, "Tensor"] = {}
+    if options.heads is None:
+        kept.update(patterns)
+        hooks = {}
+    else:  # only the selected heads are kept: a hook takes them, and the pass goes on with the whole pattern
+        hooks = {name: _keep_heads(selected, name, options.heads) for name in patterns}
+    asked = name_filter(options.sites) if options.sites else (lambda name: False)
+    sites = Sites(keep=lambda name: name in kept or asked(name), hooks=hooks)
+    with torch.no_grad():
+        out = model(**inputs, sites=sites)
+    check_names(options.sites, sites.reached)
+    if options.heads is None:
+        selected = {name: sites.cache[name] for name in patterns if name in sites.cache}
+    return Captured(sites.cache, selected, out.logits, [name for name in sites.cache if asked(name)]), inputs
+
+
+def _keep_heads(selected: dict[str, "Tensor"], name: str, heads: list[int]):
+    """A hook that keeps the selected heads of an attention pattern (B, H, T, S) in `selected` and changes nothing."""
+    def keep(weights: "Tensor") -> None:
+        selected[name] = weights[:, heads].detach()
+
+    return keep
+
+
+def _maps(kind: str, captured: Captured, names: list[str], row: int, q_len: int, k_len: int,
+          options: EncodeOptions, query_tokens: list[str], key_tokens: list[str]) -> list[AttentionMap]:
+    """The attention maps of one text from the batch's patterns (`names`: one per layer of the stack)."""
     maps = []
-    for blocks, queries, keys, cross_keys in stacks:
-        kept = blocks if options.layers is None else len([i for i in options.layers if i < blocks])
-        attention += kept * heads * queries * (keys + cross_keys) * size
-        other += (4 * blocks + 2) * queries * c.hidden_size * size  # hidden states + stage outputs
-        positions = f"{queries}^2" if not cross_keys else f"{queries} x ({keys} + {cross_keys})"  # self (+ cross)
-        maps.append(f"{positions} positions x {kept} layer{'s' if kept != 1 else ''}")
-    if c.head in ("mlm", "lm"):
-        other += stacks[-1][1] * c.vocab_size * size * 2  # logits, and the lens's softmax of one block
-    if len(maps) == 2:
-        maps = [f"{maps[0]} in the encoder", f"{maps[1]} in the decoder"]
-    return CaptureCost(attention, other, heads, ", ".join(maps))
-
-
-def capture_for(options: EncodeOptions):
-    from tfcli.model import Capture
-
-    # only the selected heads are kept; without --heads the mean needs them all
-    return Capture(hidden_states=True, attention=True, layers=options.layers, heads=options.heads, stages=True)
-
-
-def _maps(kind: str, attentions: dict[int, "Tensor"], row: int, q_len: int, k_len: int, options: EncodeOptions,
-          query_tokens: list[str], key_tokens: list[str]) -> list[AttentionMap]:
-    maps = []
-    for layer, weights in sorted(attentions.items()):
-        weights = weights[row, :, :q_len, :k_len].float()
+    for layer, name in enumerate(names):
+        if name not in captured.patterns:
+            continue
+        weights = captured.patterns[name][row, :, :q_len, :k_len].float()
         if options.heads is None:
             # the capture holds every head for the mean anyway: keeping them costs no extra capture
             every_head = weights.clone() if options.keep_heads else None  # a copy: frees the batch's tensor
@@ -279,92 +352,122 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
     return rows
 
 
-def stage_rows(model: "TransformerModel", stack: "Stack", out: "ModelOutput", row: int, length: int,
-               prefix: str) -> list[StageRow]:
-    """One stack's stages for row `row` of a batch: the embeddings, each block's sublayers and output,
-    the final norm. Labels and parameter counts come from the module that produced each tensor."""
-    from tfcli.model.transformer import count_parameters
+def text_slice(name: str, value: "Tensor", row: int, length: int, source_length: int) -> "Tensor":
+    """Site `name`'s value (a padded batch) for one text: row `row`, its `length` real positions (queries), keys
+    of a cross-attention pattern up to the encoder's `source_length`."""
+    from tfcli.model.sites import PATTERN_SITES
 
-    def stage(label: str, tensor: "Tensor", *modules, block: int | None = None) -> StageRow:
-        stage = stage_row(prefix + label, tensor[row, :length], count_parameters(*modules))
-        stage.block = block
-        return stage
-
-    rows = [stage("embeddings", out.hidden_states[0], model.token_embedding(stack), stack.embeddings, stack.project_in)]
-    for i, block in enumerate(stack.blocks):
-        for name in SUBLAYERS:
-            path = f"blocks.{i}.{name}"
-            if path in out.stages:  # the sublayer and the norms that go with it (before, after, or both)
-                norms = [getattr(block, f"{name}{suffix}") for suffix in ("_norm", "_output_norm")
-                         if hasattr(block, f"{name}{suffix}")]
-                rows.append(stage(f"block {i} {name}", out.stages[path], stack.get_submodule(path), *norms,
-                                  block=i))
-        rows.append(stage(f"block {i} output", out.hidden_states[i + 1], block))
-    if "final_norm" in out.stages:
-        rows.append(stage("final norm", out.stages["final_norm"], stack.final_norm))
-    return rows
+    value = value[row]
+    if name.rsplit(".", 1)[-1] in PATTERN_SITES:  # (H, T, S)
+        keys = source_length if ".cross_attn." in name else length
+        return value[:, :length, :keys]
+    return value[:length]
 
 
-def text_report(model: "TransformerModel", out: "ModelOutput", row: int, encoding: "Encoding",
+def text_report(model: "TransformerModel", captured: Captured, row: int, encoding: "Encoding",
                 target: DecoderInput | None, options: EncodeOptions, tokenizer: "Tokenizer") -> TextReport:
     """The report of one text (row `row` of a padded batch), sliced to its real tokens."""
-    from tfcli.model.transformer import count_parameters
-
     n = len(encoding.ids)
     report = TextReport(encoding.text, encoding.tokens, encoding.ids, encoding.pair)
-    if out.encoder is None:  # encoder-only or decoder-only: one stack
-        kind, prefix = "self", ""
-        t_tokens, t_len = encoding.tokens, n
-    else:
-        kind, prefix = "decoder", "decoder "
+    t_tokens, t_len = encoding.tokens, n  # the output stack's tokens: the decoder's input in an encoder-decoder
+    if target is not None:
         report.target_tokens, report.target_ids = target.tokens, target.ids
         t_tokens, t_len = target.tokens, len(target.ids)
-        report.stages = stage_rows(model, model.encoder, out.encoder, row, n, "encoder ")
-        report.attention += _maps("encoder", out.encoder.attentions, row, n, n, options, encoding.tokens, encoding.tokens)
-    report.stages += stage_rows(model, model.output_stack, out, row, t_len, prefix)
-    if out.logits is not None:  # classifier logits are (B, labels); discriminator (B, T); LM logits (B, T, V)
-        logits = out.logits[row] if model.config.head == "classifier" else out.logits[row, :t_len]
-        report.stages.append(stage_row(prefix + "head", logits, count_parameters(model.head)))
-    report.attention += _maps(kind, out.attentions, row, t_len, t_len, options, t_tokens, t_tokens)
-    if out.encoder is not None:
-        report.attention += _maps("cross", out.cross_attentions, row, t_len, n, options, t_tokens, encoding.tokens)
+
+    def text_value(name: str) -> "Tensor":
+        if name == "logits" and model.config.head == "classifier":  # (B, labels): no positions
+            return captured.values[name][row]
+        decoder = name.startswith("decoder.") or (name == "logits" and target is not None)
+        return text_slice(name, captured.values[name], row, t_len if decoder else n, n)
+
+    report.stages = [stage_row(site.name, text_value(site.name), site.parameters, site.block)
+                     for site in stage_sites(model) if site.name in captured.values]
+    for prefix, stack in stacks(model):
+        kind = {"": "self", "encoder.": "encoder", "decoder.": "decoder"}[prefix]
+        tokens, length = (t_tokens, t_len) if prefix == "decoder." else (encoding.tokens, n)
+        blocks = range(len(stack.blocks))
+        report.attention += _maps(kind, captured, [pattern_name(prefix, i) for i in blocks], row, length, length,
+                                  options, tokens, tokens)
+        if prefix == "decoder.":
+            report.attention += _maps("cross", captured, [pattern_name(prefix, i, cross=True) for i in blocks],
+                                      row, t_len, n, options, t_tokens, encoding.tokens)
     if options.top_k and model.has_lens:  # no lens for narrower embeddings without an MLM head (ELECTRA, ALBERT)
-        report.lens = lens_rows(model, out.hidden_states, row, t_len, options.layers, options.top_k, tokenizer,
-                                out.logits)
+        prefix, stack = stacks(model)[-1]
+        hidden = [captured.values[name] for name in hidden_names(model, prefix, stack)]
+        report.lens = lens_rows(model, hidden, row, t_len, options.layers, options.top_k, tokenizer, captured.logits)
+    report.sites = {name: text_value(name).clone() for name in captured.extra}
     return report
 
 
-def encode_batch(model: "TransformerModel", tokenizer: "Tokenizer", encodings: list["Encoding"],
-                 target: DecoderInput | None, options: EncodeOptions) -> tuple["ModelOutput", dict[str, "Tensor"]]:
-    """One padded forward pass with capture; returns the output and its inputs (input_ids, masks)."""
-    import torch
-
-    device = model.embed_tokens.weight.device
-    ids, mask, type_ids = tokenizer.pad(encodings)
-    inputs = {"input_ids": torch.tensor(ids, device=device), "attention_mask": torch.tensor(mask, device=device)}
-    if model.encoder is not None and model.encoder.embeddings.segments is not None:
-        inputs["token_type_ids"] = torch.tensor(type_ids, device=device)
-    if target is not None:
-        inputs["decoder_input_ids"] = torch.tensor([target.ids] * len(encodings), device=device)
-    with torch.no_grad():
-        out = model(**inputs, capture=capture_for(options))
-    return out, inputs
-
-
-def saved_tensors(out: "ModelOutput", inputs: dict[str, "Tensor"]) -> dict[str, "Tensor"]:
-    """The --save names (README, "encode"): input_ids, attention_mask, hidden.{i}, attention.{i}, logits;
-    encoder-decoders prefix encoder./decoder. and add decoder.cross_attention.{i} and decoder.input_ids."""
+def saved_tensors(model: "TransformerModel", captured: Captured, inputs: dict[str, "Tensor"]) -> dict[str, "Tensor"]:
+    """The --save names (docs/commands.md, "encode"): input_ids, attention_mask, hidden.{i}, attention.{i}, logits;
+    encoder-decoders prefix encoder./decoder. and add decoder.cross_attention.{i} and decoder.input_ids; the --sites
+    ones under their site names."""
     tensors = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-    stacks = [("", out)] if out.encoder is None else [("encoder.", out.encoder), ("decoder.", out)]
-    for prefix, stack_out in stacks:
-        tensors |= {f"{prefix}hidden.{i}": h for i, h in enumerate(stack_out.hidden_states)}
-        tensors |= {f"{prefix}attention.{i}": a for i, a in stack_out.attentions.items()}
-        tensors |= {f"{prefix}cross_attention.{i}": a for i, a in stack_out.cross_attentions.items()}
+    for prefix, stack in stacks(model):  # the save names take the stack's prefix as the site names do
+        tensors |= {f"{prefix}hidden.{i}": captured.values[name]
+                    for i, name in enumerate(hidden_names(model, prefix, stack))}
+        for cross, label in ((False, "attention"), (True, "cross_attention")):
+            tensors |= {f"{prefix}{label}.{i}": captured.patterns[pattern_name(prefix, i, cross)]
+                        for i in range(len(stack.blocks)) if pattern_name(prefix, i, cross) in captured.patterns}
     if "decoder_input_ids" in inputs:
         tensors["decoder.input_ids"] = inputs["decoder_input_ids"]
-    if out.logits is not None:
-        tensors["logits"] = out.logits
+    if captured.logits is not None:
+        tensors["logits"] = captured.logits
+    tensors |= {name: captured.values[name] for name in captured.extra if name not in tensors}
     return {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
+
+
+@dataclass
+class CaptureCost:
+    """What an encode forward pass keeps for ONE text of a given length, in bytes."""
+
+    attention: int  # softmax weights of the selected layers and heads: heads x L^2 x layers
+    other: int  # hidden states, sublayer outputs and the head's logits
+    heads: int
+    maps: str  # the attention maps each head holds, as people read them: "512^2 positions x 12 layers"
+    sites: int = 0  # the sites --sites adds
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.other + self.sites
+
+
+def capture_cost(model: "TransformerModel", options: EncodeOptions, length: int, target_length: int | None = None) -> CaptureCost:
+    """Estimate, before running, what capturing one text of `length` tokens holds (batch of 1): attention
+    weights (heads x queries x keys per captured block), plus hidden states, stage outputs and logits, plus the
+    sites --sites asks for (their shapes from `model.site_shapes()`). For an encoder-decoder, `target_length` is
+    the decoder's input length."""
+    c = model.config
+    size = model.embed_tokens.weight.element_size()
+    heads = len(options.heads) if options.heads is not None else c.num_attention_heads
+    passes = []  # per stack: (blocks, query length, self-attention key length, cross-attention key length)
+    if model.decoder is None or model.encoder is None:
+        passes.append((len(model.output_stack.blocks), length, length, 0))
+    else:
+        passes.append((len(model.encoder.blocks), length, length, 0))
+        passes.append((len(model.decoder.blocks), target_length or 1, target_length or 1, length))
+    attention = other = 0
+    maps = []
+    for blocks, queries, keys, cross_keys in passes:
+        kept = blocks if options.layers is None else len([i for i in options.layers if i < blocks])
+        attention += kept * heads * queries * (keys + cross_keys) * size
+        other += (4 * blocks + 2) * queries * c.hidden_size * size  # hidden states + stage outputs
+        positions = f"{queries}^2" if not cross_keys else f"{queries} x ({keys} + {cross_keys})"  # self (+ cross)
+        maps.append(f"{positions} positions x {kept} layer{'s' if kept != 1 else ''}")
+    if c.head in ("mlm", "lm"):
+        other += passes[-1][1] * c.vocab_size * size * 2  # logits, and the lens's softmax of one block
+    if len(maps) == 2:
+        maps = [f"{maps[0]} in the encoder", f"{maps[1]} in the decoder"]
+    sites = 0
+    if options.sites:
+        from tfcli.model.sites import name_filter
+
+        sizes = {"B": 1, "T": (target_length or 1) if len(passes) == 2 else length, "S": length}
+        asked = name_filter(options.sites)
+        sites = sum(math.prod(sizes.get(d, d) for d in shape) * size
+                    for name, shape in model.site_shapes().items() if asked(name))
+    return CaptureCost(attention, other, heads, ", ".join(maps), sites)
 
 
 def human_size(n: float) -> str:
@@ -379,24 +482,28 @@ def human_size(n: float) -> str:
 def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodings: list["Encoding"],
                        decoder_input: DecoderInput | None, limit_mb: float, save: bool) -> tuple[int, str | None]:
     """How many texts one forward pass may capture at once within --max-capture-mb: estimated before
-    running, from the longest text. Refuses when one text's attention alone would not fit (or, with --save,
-    that of all texts): that is what --layers and --heads reduce. Hidden states and logits (linear in
-    the length) count towards the batch size only. Returns the batch size and, when it had to shrink,
-    a note saying why."""
+    running, from the longest text. Refuses when one text's attention (and --sites) alone would not fit (or, with
+    --save, that of all texts): that is what --layers, --heads and narrower --sites reduce. Hidden states and
+    logits (linear in the length) count towards the batch size only. Returns the batch size and, when it had to
+    shrink, a note saying why."""
     limit = limit_mb * 2**20
     length = max(len(e.ids) for e in encodings)
     cost = capture_cost(model, options, length, len(decoder_input.ids) if decoder_input else None)
     mb = human_size
     what = f"{mb(cost.attention)} of attention ({_counted(cost.heads, 'heads')} x {cost.maps})"
+    if cost.sites:
+        what += f" and {mb(cost.sites)} of --sites"
     hint = ("capture fewer layers with --layers (e.g. --layers -1) or heads with --heads, "
             "use shorter texts, or raise --max-capture-mb")
-    if cost.attention > limit:
+    needed = cost.attention + cost.sites
+    if needed > limit:
         raise TfcliError(f"one text of {length} tokens would capture {what}: more than --max-capture-mb {limit_mb:g}",
                          hint)
     if save:
-        if cost.attention * len(encodings) > limit:
+        if needed * len(encodings) > limit:
+            kind = "attention and --sites" if cost.sites else "attention"
             raise TfcliError(f"--save keeps all {len(encodings)} texts in one batch: "
-                             f"{mb(cost.attention * len(encodings))} of attention to capture, more than "
+                             f"{mb(needed * len(encodings))} of {kind} to capture, more than "
                              f"--max-capture-mb {limit_mb:g}", "save fewer texts per run, or " + hint)
         return len(encodings), None
     fits = max(1, min(MAX_BATCH, int(limit // cost.total)))
@@ -409,23 +516,67 @@ def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodi
 
 
 @dataclass
-class EncodedBatch:
-    """The reports of one batch of texts, and its --save tensors when they were asked for."""
+class SaveTo:
+    """Where --save writes, and what its header says besides the texts: tfcli_version, model, weights."""
 
-    reports: list[TextReport]
-    tensors: dict[str, "Tensor"] | None = None
+    path: Path
+    overwrite: bool
+    metadata: dict[str, str]
 
 
-def run(model: "TransformerModel", tokenizer: "Tokenizer", encodings: list["Encoding"], options: EncodeOptions,
-        target: DecoderInput | None, batch_size: int, keep_tensors: bool = False) -> Iterator[EncodedBatch]:
-    """Encode texts `batch_size` at a time (see capture_batch_size), yielding each batch's reports in order."""
-    if len(encodings) > batch_size:  # a forward pass per batch: the weights are used again
-        from tfcli.model.linear import pack_for_repeated_use
+def run(model: "TransformerModel", tokenizer: "Tokenizer", chunks: Iterable[list["Encoding"]], options: EncodeOptions,
+        target: DecoderInput | None, max_capture_mb: float, save: SaveTo | None = None,
+        warn: Callable[[str], None] | None = None) -> Iterator[TextReport]:
+    """Encode tokenized texts, chunk by chunk (a stream's batches), each chunk in as many forward passes as
+    --max-capture-mb allows (see capture_batch_size; `warn` hears once when a batch had to shrink), yielding each
+    text's report in order. With `save` every text must be in one chunk: its tensors are written to save.path."""
+    warned = False
+    for encodings in chunks:
+        batch_size, note = capture_batch_size(model, options, encodings, target, max_capture_mb, save is not None)
+        if note and warn is not None and not warned:  # once: every batch of a stream would say the same
+            warn(note)
+            warned = True
+        for start in range(0, len(encodings), batch_size):
+            batch = encodings[start:start + batch_size]
+            captured, inputs = encode_batch(model, tokenizer, batch, target, options)
+            reports = [text_report(model, captured, row, encoding, target, options, tokenizer)
+                       for row, encoding in enumerate(batch)]
+            if save is not None:
+                save_tensors(save.path, saved_tensors(model, captured, inputs), save.overwrite,
+                             save.metadata | save_metadata(reports))
+            yield from reports
 
-        pack_for_repeated_use(model)
-    for start in range(0, len(encodings), batch_size):
-        batch = encodings[start:start + batch_size]
-        out, inputs = encode_batch(model, tokenizer, batch, target, options)
-        reports = [text_report(model, out, row, encoding, target, options, tokenizer)
-                   for row, encoding in enumerate(batch)]
-        yield EncodedBatch(reports, saved_tensors(out, inputs) if keep_tensors else None)
+
+def check_save_path(path: Path, overwrite: bool) -> None:
+    """A --save path must end in .safetensors (else a usage error), sit in an existing folder, and replace a
+    file only with --force."""
+    if path.suffix != ".safetensors":
+        raise usage_error(f"--save {path}: the file name must end in .safetensors",
+                          f"for example --save {path.with_suffix('.safetensors').name}")
+    if path.exists() and not overwrite:
+        raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
+    if not path.parent.is_dir():
+        raise TfcliError(f"--save {path}: the folder {path.parent} does not exist")
+
+
+def save_metadata(reports: list[TextReport]) -> dict[str, str]:
+    """The --save header's entries about the texts (docs/commands.md, "encode"): texts, tokens, pairs, target_tokens.
+    safetensors metadata values are strings: lists are JSON."""
+    metadata = {"texts": json.dumps([r.text for r in reports], ensure_ascii=False),
+                "tokens": json.dumps([r.tokens for r in reports], ensure_ascii=False)}
+    if any(r.pair is not None for r in reports):
+        metadata["pairs"] = json.dumps([r.pair for r in reports], ensure_ascii=False)
+    if reports and reports[0].target_tokens is not None:
+        metadata["target_tokens"] = json.dumps(reports[0].target_tokens, ensure_ascii=False)
+    return metadata
+
+
+def save_tensors(path: Path, tensors: dict[str, "Tensor"], overwrite: bool, metadata: dict[str, str] | None = None) -> None:
+    """Write --save FILE.safetensors (checked again: the file may have appeared while the model ran)."""
+    from safetensors.torch import save_file
+
+    check_save_path(path, overwrite)
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except OSError as exc:
+        raise TfcliError(f"cannot write {path}: {exc.strerror}") from None

@@ -1,13 +1,14 @@
 """`tfcli generate`: prompts checked and tokenized for a model, the decoding loop streamed, the text decoded.
 
 The loop itself is `tfcli.model.decoding` (what `model.generate` runs too); this module joins it to a
-tokenizer and returns one plain `Generation` report per prompt. Everything about the prompts is checked
-against the config, before a model is built.
+tokenizer and returns one plain `Generation` report per prompt: `run` generates for a stream of prompt
+batches (`prompts`), warning through a callback when a prompt leaves less room than asked; nothing here
+prints. Everything about the prompts is checked against the config, before a model is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,8 +65,25 @@ def prompts(config: ModelConfig, tokenizer: Tokenizer, texts: list[str], max_new
     return out
 
 
-def run(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, sampling: Sampling, lens: bool = False,
-        on_text: Callable[[str], None] | None = None) -> Generation:
+def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[Prompt]], sampling: Sampling,
+        max_new_tokens: int, lens: bool = False, on_text: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None) -> Iterator[Generation]:
+    """Generate for each prompt of a stream of batches (`prompts`), yielding each prompt's generation in order;
+    `warn` hears when fewer than `max_new_tokens` fit after a prompt, and on_text receives each new piece of text
+    as soon as it is decoded."""
+    number = 0
+    for batch in batches:
+        for prompt in batch:
+            number += 1
+            if prompt.budget < max_new_tokens and warn is not None:
+                tokens = f"{prompt.budget} new token{'s' if prompt.budget != 1 else ''}"
+                warn(f"prompt {number}: only {tokens} fit in the model's {model.config.max_position_embeddings} "
+                     "positions")
+            yield generate_one(model, tokenizer, prompt, sampling, lens, on_text)
+
+
+def generate_one(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, sampling: Sampling,
+                 lens: bool = False, on_text: Callable[[str], None] | None = None) -> Generation:
     """Generate for one prompt; on_text receives each new piece of text as soon as it is decoded."""
     import torch
 

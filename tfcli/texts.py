@@ -4,7 +4,9 @@ they arrive so that `tail -f log | tfcli tokenize --json -` prints each record a
 Lines are handed out in batches: a batch ends when it is full or when no further line is ready yet, so a
 slow stream is answered line by line and a fast one still runs in full batches. A blank line of a stream
 is skipped with a warning naming it (a command that has something to say about an empty text, `tokenize`,
-keeps it); a blank argument is a usage error.
+keeps it); a blank argument is a usage error. A batch becomes a model's input through `tokenized`, which
+warns about (or refuses) a text longer than the model takes; warnings go to a `warn` callback, nothing here
+prints.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from tfcli.errors import TfcliError, usage_error
+
+if TYPE_CHECKING:
+    from tfcli.tokenizer import Encoding, Tokenizer
 
 CHUNK = 1 << 16  # bytes read at a time
 
@@ -158,3 +163,27 @@ class Inputs:
         if not count:
             raise usage_error(f"no text given: {self.reader.name} " + ("holds only blank lines" if self.blank.count
                               else "is empty"), "give one text per line")
+
+
+def tokenized(tokenizer: Tokenizer, batch: list[Input], positions: int, truncated: CappedWarnings,
+              pair: str | None = None, max_length: int | None = None, refuse_longer: bool = False) -> list[Encoding]:
+    """A batch of texts tokenized for a model with `positions` positions: truncated to --max-length (at most
+    the positions) with a warning, or refused (--no-truncate)."""
+    encodings = tokenizer.encode_for_model([item.text for item in batch], positions, pair, max_length)
+    limit = (f"--max-length {max_length}" if max_length is not None else f"the model's {positions} positions") \
+        if refuse_longer else None
+    check_truncated(batch, encodings, truncated, limit)
+    return encodings
+
+
+def check_truncated(batch: list[Input], encodings: list[Encoding], truncated: CappedWarnings,
+                    refused_beyond: str | None = None) -> None:
+    """Warn about each truncated text (the first few, then a count); or, given `refused_beyond` (what a text
+    may not be longer than), refuse it."""
+    for item, encoding in zip(batch, encodings):
+        if not encoding.truncated:
+            continue
+        if refused_beyond is not None:
+            raise usage_error(f"{item.where} has {encoding.untruncated_length} tokens, more than {refused_beyond}",
+                              "drop --no-truncate to truncate it")
+        truncated.add(f"{item.where} truncated from {encoding.untruncated_length} to {len(encoding.ids)} tokens")

@@ -2,12 +2,13 @@
 
 Each family module fills in `FAMILY = Family(...)` (see family.py): the model_types it reads,
 `translate(hf)` for config.json, weight-name `rules` as templates ("h.{}.ln_1.weight" ->
-"decoder.blocks.{}.attention_norm.weight", `{}` the layer number, None for "known, used by no forward
+"decoder.blocks.{}.attn_norm.weight", `{}` the layer number, None for "known, used by no forward
 pass"), and
 optionally `config_rules(config)`, name `prefixes`, `transposed` names and `flattened` names. Here
 Q, K and V weights mapped to `.q/.k/.v` are read into the rows of the model's fused `qkv` (or
 cross-attention `kv`) projections, and gated feed-forwards' `.gate/.up` into `gate_up`. To add a family:
-write its module and add its FAMILY to FAMILIES below.
+write its module, add its FAMILY to FAMILIES below, and its parity cases (tests/test_sites.py's CASES among them):
+docs/adding-a-family.md walks through it.
 
 Loading is lean: the model is built on the meta device, `read_checkpoint` reads only the files' headers,
 and `load_checkpoint` reads each weight straight from its file into a new tensor of the requested dtype on
@@ -376,7 +377,7 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
         for piece in found:
             part, rows = stored[renamed[piece][0]], tensor.narrow(0, row, shape(piece)[0])
             row += rows.shape[0]
-            order = regrouped if regrouped is not None and ".attention.qkv." in piece else None
+            order = regrouped if regrouped is not None and ".attn.qkv." in piece else None
             if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece) and order is None:
                 part.read(out=rows)  # straight from the file into the parameter
             else:  # one tensor in flight, cast, regrouped and moved as it is copied

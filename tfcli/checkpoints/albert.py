@@ -37,14 +37,14 @@ def layer_rules(config: ModelConfig) -> tuple[Rule, ...]:
     rules = []
     for group, block in first.items():
         source, target = f"encoder.albert_layer_groups.{group}.albert_layers.0", f"encoder.blocks.{block}"
-        rules += [*weight_bias(f"{source}.attention.query", f"{target}.attention.q"),
-                  *weight_bias(f"{source}.attention.key", f"{target}.attention.k"),
-                  *weight_bias(f"{source}.attention.value", f"{target}.attention.v"),
-                  *weight_bias(f"{source}.attention.dense", f"{target}.attention.out"),
-                  *weight_bias(f"{source}.attention.LayerNorm", f"{target}.attention_norm"),
-                  *weight_bias(f"{source}.ffn", f"{target}.feed_forward.fc1"),
-                  *weight_bias(f"{source}.ffn_output", f"{target}.feed_forward.fc2"),
-                  *weight_bias(f"{source}.full_layer_layer_norm", f"{target}.feed_forward_norm")]
+        rules += [*weight_bias(f"{source}.attention.query", f"{target}.attn.q"),
+                  *weight_bias(f"{source}.attention.key", f"{target}.attn.k"),
+                  *weight_bias(f"{source}.attention.value", f"{target}.attn.v"),
+                  *weight_bias(f"{source}.attention.dense", f"{target}.attn.out"),
+                  *weight_bias(f"{source}.attention.LayerNorm", f"{target}.attn_norm"),
+                  *weight_bias(f"{source}.ffn", f"{target}.mlp.fc1"),
+                  *weight_bias(f"{source}.ffn_output", f"{target}.mlp.fc2"),
+                  *weight_bias(f"{source}.full_layer_layer_norm", f"{target}.mlp_norm")]
     return (*rules,
             ("predictions.bias", "head.bias" if config.tie_word_embeddings else None),
             *weight_bias("pooler", "head.dense" if config.head == "classifier" else None))

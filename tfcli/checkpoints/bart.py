@@ -59,19 +59,19 @@ def stack_rules(stack: str) -> tuple[Rule, ...]:
     """The rules of one stack's blocks, `encoder` or `decoder` (HF names both alike)."""
     layer, block = stack + ".layers.{}", stack + ".blocks.{}"
     return (
-        *weight_bias(f"{layer}.self_attn.q_proj", f"{block}.attention.q"),
-        *weight_bias(f"{layer}.self_attn.k_proj", f"{block}.attention.k"),
-        *weight_bias(f"{layer}.self_attn.v_proj", f"{block}.attention.v"),
-        *weight_bias(f"{layer}.self_attn.out_proj", f"{block}.attention.out"),
-        *weight_bias(f"{layer}.self_attn_layer_norm", f"{block}.attention_norm"),
-        *weight_bias(f"{layer}.encoder_attn.q_proj", f"{block}.cross_attention.q"),
-        *weight_bias(f"{layer}.encoder_attn.k_proj", f"{block}.cross_attention.k"),
-        *weight_bias(f"{layer}.encoder_attn.v_proj", f"{block}.cross_attention.v"),
-        *weight_bias(f"{layer}.encoder_attn.out_proj", f"{block}.cross_attention.out"),
-        *weight_bias(f"{layer}.encoder_attn_layer_norm", f"{block}.cross_attention_norm"),
-        *weight_bias(f"{layer}.fc1", f"{block}.feed_forward.fc1"),
-        *weight_bias(f"{layer}.fc2", f"{block}.feed_forward.fc2"),
-        *weight_bias(f"{layer}.final_layer_norm", f"{block}.feed_forward_norm"),
+        *weight_bias(f"{layer}.self_attn.q_proj", f"{block}.attn.q"),
+        *weight_bias(f"{layer}.self_attn.k_proj", f"{block}.attn.k"),
+        *weight_bias(f"{layer}.self_attn.v_proj", f"{block}.attn.v"),
+        *weight_bias(f"{layer}.self_attn.out_proj", f"{block}.attn.out"),
+        *weight_bias(f"{layer}.self_attn_layer_norm", f"{block}.attn_norm"),
+        *weight_bias(f"{layer}.encoder_attn.q_proj", f"{block}.cross_attn.q"),
+        *weight_bias(f"{layer}.encoder_attn.k_proj", f"{block}.cross_attn.k"),
+        *weight_bias(f"{layer}.encoder_attn.v_proj", f"{block}.cross_attn.v"),
+        *weight_bias(f"{layer}.encoder_attn.out_proj", f"{block}.cross_attn.out"),
+        *weight_bias(f"{layer}.encoder_attn_layer_norm", f"{block}.cross_attn_norm"),
+        *weight_bias(f"{layer}.fc1", f"{block}.mlp.fc1"),
+        *weight_bias(f"{layer}.fc2", f"{block}.mlp.fc2"),
+        *weight_bias(f"{layer}.final_layer_norm", f"{block}.mlp_norm"),
     )
 
 

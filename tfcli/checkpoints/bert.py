@@ -34,14 +34,14 @@ EMBEDDING_RULES = (  # shared by RoBERTa
 )
 
 ENCODER_RULES = (  # the BERT layer layout, shared by RoBERTa
-    *weight_bias("encoder.layer.{}.attention.self.query", "encoder.blocks.{}.attention.q"),
-    *weight_bias("encoder.layer.{}.attention.self.key", "encoder.blocks.{}.attention.k"),
-    *weight_bias("encoder.layer.{}.attention.self.value", "encoder.blocks.{}.attention.v"),
-    *weight_bias("encoder.layer.{}.attention.output.dense", "encoder.blocks.{}.attention.out"),
-    *weight_bias("encoder.layer.{}.attention.output.LayerNorm", "encoder.blocks.{}.attention_norm"),
-    *weight_bias("encoder.layer.{}.intermediate.dense", "encoder.blocks.{}.feed_forward.fc1"),
-    *weight_bias("encoder.layer.{}.output.dense", "encoder.blocks.{}.feed_forward.fc2"),
-    *weight_bias("encoder.layer.{}.output.LayerNorm", "encoder.blocks.{}.feed_forward_norm"),
+    *weight_bias("encoder.layer.{}.attention.self.query", "encoder.blocks.{}.attn.q"),
+    *weight_bias("encoder.layer.{}.attention.self.key", "encoder.blocks.{}.attn.k"),
+    *weight_bias("encoder.layer.{}.attention.self.value", "encoder.blocks.{}.attn.v"),
+    *weight_bias("encoder.layer.{}.attention.output.dense", "encoder.blocks.{}.attn.out"),
+    *weight_bias("encoder.layer.{}.attention.output.LayerNorm", "encoder.blocks.{}.attn_norm"),
+    *weight_bias("encoder.layer.{}.intermediate.dense", "encoder.blocks.{}.mlp.fc1"),
+    *weight_bias("encoder.layer.{}.output.dense", "encoder.blocks.{}.mlp.fc2"),
+    *weight_bias("encoder.layer.{}.output.LayerNorm", "encoder.blocks.{}.mlp_norm"),
 )
 
 

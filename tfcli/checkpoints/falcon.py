@@ -52,11 +52,11 @@ def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
     """The block's norms, by its shape."""
     block = "decoder.blocks.{}."
     if config.parallel_residual and not config.shared_block_norm:
-        return [*weight_bias("h.{}.ln_attn", block + "attention_norm"),
-                *weight_bias("h.{}.ln_mlp", block + "feed_forward_norm")]
-    rules = list(weight_bias("h.{}.input_layernorm", block + "attention_norm"))
+        return [*weight_bias("h.{}.ln_attn", block + "attn_norm"),
+                *weight_bias("h.{}.ln_mlp", block + "mlp_norm")]
+    rules = list(weight_bias("h.{}.input_layernorm", block + "attn_norm"))
     if not config.parallel_residual:
-        rules += weight_bias("h.{}.post_attention_layernorm", block + "feed_forward_norm")
+        rules += weight_bias("h.{}.post_attention_layernorm", block + "mlp_norm")
     return rules
 
 
@@ -67,10 +67,10 @@ FAMILY = Family(
     prefixes=("transformer.",),
     rules=(
         ("word_embeddings.weight", "embed_tokens.weight"),
-        *weight_bias("h.{}.self_attention.query_key_value", "decoder.blocks.{}.attention.qkv"),
-        *weight_bias("h.{}.self_attention.dense", "decoder.blocks.{}.attention.out"),
-        *weight_bias("h.{}.mlp.dense_h_to_4h", "decoder.blocks.{}.feed_forward.fc1"),
-        *weight_bias("h.{}.mlp.dense_4h_to_h", "decoder.blocks.{}.feed_forward.fc2"),
+        *weight_bias("h.{}.self_attention.query_key_value", "decoder.blocks.{}.attn.qkv"),
+        *weight_bias("h.{}.self_attention.dense", "decoder.blocks.{}.attn.out"),
+        *weight_bias("h.{}.mlp.dense_h_to_4h", "decoder.blocks.{}.mlp.fc1"),
+        *weight_bias("h.{}.mlp.dense_4h_to_h", "decoder.blocks.{}.mlp.fc2"),
         *weight_bias("ln_f", "decoder.final_norm"),
         ("lm_head.weight", "head.unembed.weight"),
     ),

@@ -32,7 +32,7 @@ from typing import Any
 from tfcli.config import ModelConfig
 from tfcli.errors import TfcliError
 
-Rule = tuple[str, str | None]  # ("h.{}.ln_1.weight", "decoder.blocks.{}.attention_norm.weight")
+Rule = tuple[str, str | None]  # ("h.{}.ln_1.weight", "decoder.blocks.{}.attn_norm.weight")
 # transformers' names for activations tfcli computes under another name (the same function)
 ACTIVATION_NAMES = {"gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new", "gelu_python": "gelu", "swish": "silu"}
 
@@ -48,7 +48,7 @@ class Family:
     prefixes: tuple[str, ...] = ()
     transposed: tuple[str, ...] = ()
     flattened: tuple[str, ...] = ()
-    grouped_qkv: bool = False  # the fused `attention.qkv` rows are stored per key/value head: see grouped_qkv_rows
+    grouped_qkv: bool = False  # the fused `attn.qkv` rows are stored per key/value head: see grouped_qkv_rows
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # model_type -> {HF key: default}
     older_numbers: tuple[str, ...] = ()  # keys of files written before transformers 5 that translate reads
 

@@ -79,13 +79,13 @@ def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
     layer = "layers.{}."
     block = "decoder.blocks.{}."
     if config.norm_position == "pre":
-        return [(layer + "post_attention_layernorm.weight", block + "feed_forward_norm.weight")]
-    rules = [(layer + "post_attention_layernorm.weight", block + "attention_output_norm.weight"),
-             (layer + "pre_feedforward_layernorm.weight", block + "feed_forward_norm.weight"),
-             (layer + "post_feedforward_layernorm.weight", block + "feed_forward_output_norm.weight")]
+        return [(layer + "post_attention_layernorm.weight", block + "mlp_norm.weight")]
+    rules = [(layer + "post_attention_layernorm.weight", block + "attn_output_norm.weight"),
+             (layer + "pre_feedforward_layernorm.weight", block + "mlp_norm.weight"),
+             (layer + "post_feedforward_layernorm.weight", block + "mlp_output_norm.weight")]
     if config.qk_norm == "head":
-        rules += [(layer + "self_attn.q_norm.weight", block + "attention.q_norm.weight"),
-                  (layer + "self_attn.k_norm.weight", block + "attention.k_norm.weight")]
+        rules += [(layer + "self_attn.q_norm.weight", block + "attn.q_norm.weight"),
+                  (layer + "self_attn.k_norm.weight", block + "attn.k_norm.weight")]
     return rules
 
 
@@ -96,14 +96,14 @@ FAMILY = Family(
     prefixes=("model.",),
     rules=(
         ("embed_tokens.weight", "embed_tokens.weight"),
-        ("layers.{}.input_layernorm.weight", "decoder.blocks.{}.attention_norm.weight"),
-        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attention.q"),
-        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attention.k"),
-        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attention.v"),
-        *weight_bias("layers.{}.self_attn.o_proj", "decoder.blocks.{}.attention.out"),
-        ("layers.{}.mlp.gate_proj.weight", "decoder.blocks.{}.feed_forward.gate.weight"),
-        ("layers.{}.mlp.up_proj.weight", "decoder.blocks.{}.feed_forward.up.weight"),
-        ("layers.{}.mlp.down_proj.weight", "decoder.blocks.{}.feed_forward.down.weight"),
+        ("layers.{}.input_layernorm.weight", "decoder.blocks.{}.attn_norm.weight"),
+        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attn.q"),
+        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attn.k"),
+        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attn.v"),
+        *weight_bias("layers.{}.self_attn.o_proj", "decoder.blocks.{}.attn.out"),
+        ("layers.{}.mlp.gate_proj.weight", "decoder.blocks.{}.mlp.gate.weight"),
+        ("layers.{}.mlp.up_proj.weight", "decoder.blocks.{}.mlp.up.weight"),
+        ("layers.{}.mlp.down_proj.weight", "decoder.blocks.{}.mlp.down.weight"),
         ("norm.weight", "decoder.final_norm.weight"),
         ("lm_head.weight", "head.unembed.weight"),
     ),

@@ -76,8 +76,8 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
 def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
     if config.qk_norm == "none":
         return []
-    return [("layers.{}.self_attn.q_norm.weight", "decoder.blocks.{}.attention.q_norm.weight"),
-            ("layers.{}.self_attn.k_norm.weight", "decoder.blocks.{}.attention.k_norm.weight")]
+    return [("layers.{}.self_attn.q_norm.weight", "decoder.blocks.{}.attn.q_norm.weight"),
+            ("layers.{}.self_attn.k_norm.weight", "decoder.blocks.{}.attn.k_norm.weight")]
 
 
 FAMILY = Family(
@@ -87,16 +87,16 @@ FAMILY = Family(
     prefixes=("model.",),
     rules=(
         ("embed_tokens.weight", "embed_tokens.weight"),
-        ("layers.{}.input_layernorm.weight", "decoder.blocks.{}.attention_norm.weight"),
-        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attention.q"),
-        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attention.k"),
-        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attention.v"),
-        *weight_bias("layers.{}.self_attn.o_proj", "decoder.blocks.{}.attention.out"),
+        ("layers.{}.input_layernorm.weight", "decoder.blocks.{}.attn_norm.weight"),
+        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attn.q"),
+        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attn.k"),
+        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attn.v"),
+        *weight_bias("layers.{}.self_attn.o_proj", "decoder.blocks.{}.attn.out"),
         ("layers.{}.self_attn.rotary_emb.inv_freq", None),
-        ("layers.{}.post_attention_layernorm.weight", "decoder.blocks.{}.feed_forward_norm.weight"),
-        *weight_bias("layers.{}.mlp.gate_proj", "decoder.blocks.{}.feed_forward.gate"),
-        *weight_bias("layers.{}.mlp.up_proj", "decoder.blocks.{}.feed_forward.up"),
-        *weight_bias("layers.{}.mlp.down_proj", "decoder.blocks.{}.feed_forward.down"),
+        ("layers.{}.post_attention_layernorm.weight", "decoder.blocks.{}.mlp_norm.weight"),
+        *weight_bias("layers.{}.mlp.gate_proj", "decoder.blocks.{}.mlp.gate"),
+        *weight_bias("layers.{}.mlp.up_proj", "decoder.blocks.{}.mlp.up"),
+        *weight_bias("layers.{}.mlp.down_proj", "decoder.blocks.{}.mlp.down"),
         ("rotary_emb.inv_freq", None),
         ("norm.weight", "decoder.final_norm.weight"),
         ("lm_head.weight", "head.unembed.weight"),

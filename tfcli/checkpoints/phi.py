@@ -38,8 +38,8 @@ def translate(hf: dict[str, Any]) -> dict[str, Any]:
 def config_rules(config: ModelConfig) -> list[tuple[str, str | None]]:
     if config.qk_norm == "none":
         return []
-    return [*weight_bias("layers.{}.self_attn.q_layernorm", "decoder.blocks.{}.attention.q_norm"),
-            *weight_bias("layers.{}.self_attn.k_layernorm", "decoder.blocks.{}.attention.k_norm")]
+    return [*weight_bias("layers.{}.self_attn.q_layernorm", "decoder.blocks.{}.attn.q_norm"),
+            *weight_bias("layers.{}.self_attn.k_layernorm", "decoder.blocks.{}.attn.k_norm")]
 
 
 FAMILY = Family(
@@ -49,13 +49,13 @@ FAMILY = Family(
     prefixes=("model.",),
     rules=(
         ("embed_tokens.weight", "embed_tokens.weight"),
-        *weight_bias("layers.{}.input_layernorm", "decoder.blocks.{}.attention_norm"),
-        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attention.q"),
-        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attention.k"),
-        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attention.v"),
-        *weight_bias("layers.{}.self_attn.dense", "decoder.blocks.{}.attention.out"),
-        *weight_bias("layers.{}.mlp.fc1", "decoder.blocks.{}.feed_forward.fc1"),
-        *weight_bias("layers.{}.mlp.fc2", "decoder.blocks.{}.feed_forward.fc2"),
+        *weight_bias("layers.{}.input_layernorm", "decoder.blocks.{}.attn_norm"),
+        *weight_bias("layers.{}.self_attn.q_proj", "decoder.blocks.{}.attn.q"),
+        *weight_bias("layers.{}.self_attn.k_proj", "decoder.blocks.{}.attn.k"),
+        *weight_bias("layers.{}.self_attn.v_proj", "decoder.blocks.{}.attn.v"),
+        *weight_bias("layers.{}.self_attn.dense", "decoder.blocks.{}.attn.out"),
+        *weight_bias("layers.{}.mlp.fc1", "decoder.blocks.{}.mlp.fc1"),
+        *weight_bias("layers.{}.mlp.fc2", "decoder.blocks.{}.mlp.fc2"),
         *weight_bias("final_layernorm", "decoder.final_norm"),
         ("lm_head.weight", "head.unembed.weight"),
         ("lm_head.bias", "head.bias"),

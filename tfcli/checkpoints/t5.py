@@ -63,27 +63,27 @@ def stack_rules(stack: str, cross: bool) -> tuple[Rule, ...]:
     ff = 2 if cross else 1
     rules = [
         (f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight", f"{stack}.position_bias.table.weight"),
-        *((f"{layer}.0.SelfAttention.{p}.weight", f"{block}.attention.{q}.weight")
+        *((f"{layer}.0.SelfAttention.{p}.weight", f"{block}.attn.{q}.weight")
           for p, q in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "out"))),
-        (f"{layer}.0.layer_norm.weight", f"{block}.attention_norm.weight"),
-        (f"{layer}.{ff}.DenseReluDense.wi.weight", f"{block}.feed_forward.fc1.weight"),
-        (f"{layer}.{ff}.DenseReluDense.wi_0.weight", f"{block}.feed_forward.gate.weight"),
-        (f"{layer}.{ff}.DenseReluDense.wi_1.weight", f"{block}.feed_forward.up.weight"),
-        (f"{layer}.{ff}.layer_norm.weight", f"{block}.feed_forward_norm.weight"),
+        (f"{layer}.0.layer_norm.weight", f"{block}.attn_norm.weight"),
+        (f"{layer}.{ff}.DenseReluDense.wi.weight", f"{block}.mlp.fc1.weight"),
+        (f"{layer}.{ff}.DenseReluDense.wi_0.weight", f"{block}.mlp.gate.weight"),
+        (f"{layer}.{ff}.DenseReluDense.wi_1.weight", f"{block}.mlp.up.weight"),
+        (f"{layer}.{ff}.layer_norm.weight", f"{block}.mlp_norm.weight"),
         (f"{stack}.final_layer_norm.weight", f"{stack}.final_norm.weight"),
         (f"{stack}.embed_tokens.weight", "embed_tokens.weight"),  # copies of `shared`
     ]
     if cross:
-        rules += [*((f"{layer}.1.EncDecAttention.{p}.weight", f"{block}.cross_attention.{q}.weight")
+        rules += [*((f"{layer}.1.EncDecAttention.{p}.weight", f"{block}.cross_attn.{q}.weight")
                     for p, q in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "out"))),
-                  (f"{layer}.1.layer_norm.weight", f"{block}.cross_attention_norm.weight")]
+                  (f"{layer}.1.layer_norm.weight", f"{block}.cross_attn_norm.weight")]
     return tuple(rules)
 
 
 def output_rules(config: ModelConfig) -> tuple[Rule, ...]:
     """`wo` is the gated feed-forward's `down` or the plain one's `fc2`."""
     out = "down" if config.feed_forward == "gated" else "fc2"
-    return tuple((f"{stack}.block.{{}}.layer.{ff}.DenseReluDense.wo.weight", f"{stack}.blocks.{{}}.feed_forward.{out}.weight")
+    return tuple((f"{stack}.block.{{}}.layer.{ff}.DenseReluDense.wo.weight", f"{stack}.blocks.{{}}.mlp.{out}.weight")
                  for stack, ff in (("encoder", 1), ("decoder", 2)))
 
 

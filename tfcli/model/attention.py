@@ -11,6 +11,7 @@ Shapes: B batch, T query length, S key length, H query heads, G key/value heads,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,22 +21,23 @@ from tfcli.config import ModelConfig
 from tfcli.model.linear import Linear
 from tfcli.model.norms import norm
 from tfcli.model.rotary import apply_rotary
+from tfcli.model.sites import NO_SITES, Sites
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool,
-                                 scale: float | None = None,
-                                 softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None = None,
+                                 softcap: float | None = None,
+                                 pattern: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """softmax(cap(q k^T * scale) + mask) v, scale 1 / sqrt(D) unless given, cap(s) = softcap * tanh(s / softcap)
     when softcap is given.
 
-    q: (B, H, T, D); k, v: (B, G, S, D) with H a multiple of G (grouped-query attention);
-    mask: additive, broadcastable to (B, H, T, S), or None. Returns (B, H, T, D) and, when
-    need_weights, the softmax weights (B, H, T, S). The fast path (PyTorch's fused kernel) gives
-    the same numbers but no weights, so the explicit path runs when weights are wanted (or scores are capped).
+    q: (B, H, T, D); k, v: (B, G, S, D) with H a multiple of G (grouped-query attention); mask: additive,
+    broadcastable to (B, H, T, S), or None. Returns (B, H, T, D). `pattern` (a site) receives the softmax weights
+    (B, H, T, S) and returns those the values are weighted with. PyTorch's fused kernel gives the same numbers without
+    the weights, so the explicit path runs only when they are wanted (or scores are capped).
     """
     groups = q.shape[1] // k.shape[1]
-    if not need_weights and softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1, scale=scale), None
+    if pattern is None and softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1, scale=scale)
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
@@ -44,7 +46,19 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     if mask is not None:
         scores = scores + mask
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return weights @ v, (weights if need_weights else None)
+    if pattern is not None:
+        weights = pattern(weights)
+    return weights @ v
+
+
+def pattern_site(sites: Sites) -> Callable[[Tensor], Tensor] | None:
+    """The `pattern` site for scaled_dot_product_attention when the pass needs the weights, else None (fused)."""
+    return (lambda weights: sites("pattern", weights)) if sites.wants("pattern") else None
+
+
+def head_site(sites: Sites, name: str, x: Tensor) -> Tensor:
+    """Site `name` of a per-head tensor (B, H, T, D), named in the (B, T, H, D) layout of TransformerLens."""
+    return sites(name, x.transpose(1, 2)).transpose(1, 2)
 
 
 class KVCache:
@@ -109,14 +123,18 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None, rotary: tuple[Tensor, Tensor] | None = None,
                 memory: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, hidden); memory (B, S, hidden) for cross-attention. Returns (B, T, hidden), weights."""
+                sites: Sites = NO_SITES) -> Tensor:
+        """x (B, T, hidden); memory (B, S, hidden) for cross-attention. Returns (B, T, hidden)."""
         if self.cross:
             q = self._split(self.q(x), self.heads)
+            if sites:
+                q = head_site(sites, "q", q)
             if cache is not None and layer in cache.cross:
                 k, v = cache.cross[layer]
             else:
                 k, v = (self._split(t, self.kv_heads) for t in self.kv(memory).chunk(2, dim=-1))
+                if sites:
+                    k, v = head_site(sites, "k", k), head_site(sites, "v", v)
                 if cache is not None:
                     cache.cross[layer] = (k, v)
         else:
@@ -131,8 +149,10 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             if rotary is not None:
                 q, k = apply_rotary(q, *rotary, self.interleaved), apply_rotary(k, *rotary, self.interleaved)
+            if sites:
+                q, k, v = head_site(sites, "q", q), head_site(sites, "k", k), head_site(sites, "v", v)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights, self.scale, self.softcap)
-        out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)  # (B, T, H * D)
-        return self.out(out), weights
+        out = scaled_dot_product_attention(q, k, v, mask, self.scale, self.softcap, pattern_site(sites))
+        z = sites("z", out.transpose(1, 2))  # (B, T, H, D)
+        return sites("out", self.out(z.reshape(x.shape[0], x.shape[1], -1)))

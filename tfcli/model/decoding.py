@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from torch import nn
+
 from tfcli.errors import TfcliError, usage_error
 from tfcli.model.attention import KVCache
-from tfcli.model.capture import Capture
-from tfcli.model.linear import pack_for_repeated_use
+from tfcli.model.sites import NO_SITES, Sites, hidden_site
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
-    from tfcli.model.transformer import TransformerModel
+
+# `model` below is a tfcli TransformerModel (model/transformer.py, which imports this module for its `generate`):
+# typed as the nn.Module it is, so that this module does not import that one back.
 
 
 @dataclass
@@ -127,7 +130,7 @@ def force(tokens: Tensor, config: ModelConfig, length: int, last: bool) -> Tenso
 
 
 @torch.inference_mode()
-def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | None = None,
+def decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
            max_new_tokens: int = 20, sampling: Sampling | None = None, use_cache: bool = True,
            lens: bool = False) -> Iterator[StepTensors]:
     """Yield one StepTensors per new token until max_new_tokens or every row has hit end of sequence.
@@ -138,8 +141,6 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
     """
     sampling = sampling or Sampling()
     sampling.check(model.config.vocab_size)
-    if max_new_tokens > 1:  # every weight is used once per step
-        pack_for_repeated_use(model)
     config = model.config
     batch, length = input_ids.shape
     seq2seq = model.encoder is not None
@@ -160,7 +161,9 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
     eos = torch.tensor(config.eos_token_ids, dtype=torch.long, device=device)  # any of them ends a row
     pad = config.pad_token_id
     pad = pad if pad is not None else (config.eos_token_ids[0] if len(eos) else 0)
-    capture = Capture(hidden_states=True, attention=False) if lens else None
+    prefix = "decoder." if seq2seq else ""
+    hidden_names = [prefix + hidden_site(i) for i in range(len(model.output_stack.blocks) + 1)]  # the lens reads these
+    keep = set(hidden_names).__contains__
     mask = attention_mask if attention_mask is not None and not bool(attention_mask.all()) else None
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
 
@@ -172,16 +175,17 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
         sequence = input_ids
         cache = KVCache(length + max_new_tokens) if use_cache else None
     step_input = sequence
-    keep = 0 if lens else 1  # logits kept by the forward; with the lens, its product with the unembedding makes them
+    logits_kept = 0 if lens else 1  # with the lens, its product with the unembedding makes the logits
     for step in range(max_new_tokens):
+        sites = Sites(keep) if lens else NO_SITES
         if seq2seq:
             out = model(input_ids, attention_mask=mask, decoder_input_ids=step_input, cache=cache,
-                        capture=capture, encoder_output=encoder_output, logits_to_keep=keep)
+                        encoder_output=encoder_output, logits_to_keep=logits_kept, sites=sites)
             encoder_output = out.encoder
         else:
-            out = model(step_input, attention_mask=mask, cache=cache, capture=capture, logits_to_keep=keep)
+            out = model(step_input, attention_mask=mask, cache=cache, logits_to_keep=logits_kept, sites=sites)
         if lens:  # the last position's hidden states (L + 1, B, hidden), all before the final norm -> (L + 1, B, V)
-            lens_logits = model.unembed(torch.stack([h[:, -1] for h in out.hidden_states])).float()
+            lens_logits = model.unembed(torch.stack([sites.cache[name][:, -1] for name in hidden_names])).float()
             logits = lens_logits[-1]  # (B, V)
         else:
             lens_logits, logits = None, out.logits[:, -1].float()
@@ -202,7 +206,7 @@ def decode(model: TransformerModel, input_ids: Tensor, attention_mask: Tensor | 
             step_input = sequence
 
 
-def generate(model: TransformerModel, input_ids: Tensor, max_new_tokens: int, do_sample: bool, temperature: float,
+def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, do_sample: bool, temperature: float,
              top_k: int | None, top_p: float | None, seed: int | None, use_cache: bool,
              attention_mask: Tensor | None) -> Tensor:
     """Prompt + new ids (B, T + new), as transformers' generate returns them; for an encoder-decoder, the
@@ -218,7 +222,7 @@ def generate(model: TransformerModel, input_ids: Tensor, max_new_tokens: int, do
 
 
 @torch.no_grad()
-def stream(model: TransformerModel, input_ids: Tensor, max_new_tokens: int = 20, sampling: Sampling | None = None,
+def stream(model: nn.Module, input_ids: Tensor, max_new_tokens: int = 20, sampling: Sampling | None = None,
            use_cache: bool = True, lens: bool = False, top: int = 5) -> Iterator[Step]:
     """One prompt (1, T) -> a Step per new token, as soon as it is chosen."""
     if input_ids.dim() == 1:

@@ -19,8 +19,10 @@ import torch
 from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
+from tfcli.model.attention import head_site
 from tfcli.model.embeddings import embedding
 from tfcli.model.linear import Linear
+from tfcli.model.sites import NO_SITES, Sites
 
 
 def log_bucket_position(relative: Tensor, buckets: int, max_position: int) -> Tensor:
@@ -82,11 +84,13 @@ class DisentangledAttention(nn.Module):
         """(..., N, heads * D) -> (..., heads, N, D)."""
         return x.unflatten(-1, (self.heads, self.head_dim)).transpose(-3, -2)
 
-    def forward(self, x: Tensor, mask: Tensor | None, relative: tuple[Tensor, Tensor], need_weights: bool = False,
-                **_) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, mask: Tensor | None, relative: tuple[Tensor, Tensor], sites: Sites = NO_SITES,
+                **_) -> Tensor:
         """x (B, T, hidden); relative: the stack's (R, hidden) embeddings and (T, T) relative positions."""
         table, positions = relative
         q, k, v = (self._split(t) for t in self.qkv(x).chunk(3, dim=-1))  # (B, H, T, D)
+        if sites:
+            q, k, v = head_site(sites, "q", q), head_site(sites, "k", k), head_site(sites, "v", v)
         if self.pos_query is None and self.pos_key is None:  # shared: the attention's own projections
             pos_q, pos_k, _ = (self._split(t) for t in self.qkv(table).chunk(3, dim=-1))  # (H, R, D)
         else:
@@ -100,11 +104,11 @@ class DisentangledAttention(nn.Module):
             by_key = torch.gather(k @ pos_q.transpose(-1, -2), -1, (self.span - index).clamp(0, 2 * self.span - 1))
             bias = bias + by_key.transpose(-1, -2)
         scores_bias = bias * self.scale if mask is None else bias * self.scale + mask
-        if need_weights:
+        if sites.wants("pattern"):
             scores = (q @ k.transpose(-1, -2)) * self.scale + scores_bias
-            weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            weights = sites("pattern", torch.softmax(scores.float(), dim=-1).to(q.dtype))
             out = weights @ v
         else:
             out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=scores_bias, scale=self.scale)
-            weights = None
-        return self.out(out.transpose(1, 2).flatten(2)), weights
+        z = sites("z", out.transpose(1, 2))  # (B, T, H, D)
+        return sites("out", self.out(z.flatten(2)))

@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
 from tfcli.model.linear import Linear
-from tfcli.model.norms import norm
+from tfcli.model.norms import norm, normed
+from tfcli.model.sites import NO_SITES, Sites
 
 
 def embedding(count: int, dim: int) -> nn.Embedding:
@@ -56,16 +57,19 @@ class Embeddings(nn.Module):
         self.norm = norm(config, width) if config.embedding_norm else None
         self.project = Linear(width, config.hidden_size) if config.embedding_size is not None else None
 
-    def forward(self, token_embeddings: Tensor, position_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
-        """(B, T, width) token embeddings, (B, T) positions and segments -> (B, T, hidden_size)."""
+    def forward(self, token_embeddings: Tensor, position_ids: Tensor, token_type_ids: Tensor | None,
+                sites: Sites = NO_SITES) -> Tensor:
+        """(B, T, width) token embeddings, (B, T) positions and segments -> (B, T, hidden_size). Sites: `pos_embed`
+        and `type_embed` (what is added), `embed_norm.scale` (and `embed_norm.out` when a projection follows)."""
         x = token_embeddings
         if self.kind == "learned":
-            x = x + self.positions(position_ids + self.offset if self.offset else position_ids)
+            x = x + sites("pos_embed", self.positions(position_ids + self.offset if self.offset else position_ids))
         elif self.kind in ("sinusoidal", "sinusoidal_halves"):
-            x = x + self.table[position_ids].to(x.dtype)
+            x = x + sites("pos_embed", self.table[position_ids].to(x.dtype))
         if self.segments is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids)
-            x = x + self.segments(token_type_ids)
-        x = self.norm(x) if self.norm is not None else x
+            x = x + sites("type_embed", self.segments(token_type_ids))
+        if self.norm is not None:
+            x = normed(self.norm, x, sites, "embed_norm", output_site=self.project is not None)
         return self.project(x) if self.project is not None else x

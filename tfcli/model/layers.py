@@ -12,7 +12,7 @@ feed_forward(norm2(x)), where norm2 is norm itself under config.shared_block_nor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from torch import Tensor, nn
 
@@ -20,7 +20,8 @@ from tfcli.config import ModelConfig
 from tfcli.model.attention import Attention, KVCache
 from tfcli.model.disentangled import DisentangledAttention
 from tfcli.model.linear import Linear
-from tfcli.model.norms import norm
+from tfcli.model.norms import norm, normed
+from tfcli.model.sites import NO_SITES, Sites
 
 
 def activation(name: str) -> nn.Module:
@@ -44,26 +45,23 @@ class FeedForward(nn.Module):
             self.fc2 = Linear(inner, hidden, bias=bias)
         self.act = activation(config.hidden_act)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, T, hidden) -> (B, T, hidden)."""
+    def forward(self, x: Tensor, sites: Sites = NO_SITES) -> Tensor:
+        """(B, T, hidden) -> (B, T, hidden). Sites (B, T, inner): `pre` (the activation's input: the gate's
+        projection when gated), `pre_linear` (gated: the up projection), `post` (after the activation, times the
+        up projection when gated); then `out` (B, T, hidden)."""
         if self.gated:
             gate, up = self.gate_up(x).chunk(2, dim=-1)
-            return self.down(self.act(gate) * up)
-        return self.fc2(self.act(self.fc1(x)))
-
-
-@dataclass
-class BlockOutput:
-    hidden: Tensor  # (B, T, hidden)
-    attention: Tensor | None = None  # (B, H, T, S) softmax weights, when asked for
-    cross_attention: Tensor | None = None
-    stages: dict[str, Tensor] = field(default_factory=dict)  # sublayer outputs, when asked for
+            post = self.act(sites("pre", gate)) * sites("pre_linear", up)
+            return sites("out", self.down(sites("post", post)))
+        return sites("out", self.fc2(sites("post", self.act(sites("pre", self.fc1(x))))))
 
 
 class Block(nn.Module):
-    """Self-attention (+ cross-attention), feed-forward, residuals and norms (see the module docstring).
-    Each sublayer NAME has `NAME_norm` (its input norm, or for post-norm the norm after the residual) and,
-    for sandwich and sublayer_output blocks, `NAME_output_norm` (on its output, inside the residual)."""
+    """Self-attention `attn` (+ cross-attention `cross_attn`), feed-forward `mlp`, residuals and norms (see the module
+    docstring). Each sublayer NAME has `NAME_norm` (its input norm, or for post-norm the norm after the residual) and,
+    for sandwich and sublayer_output blocks, `NAME_output_norm` (on its output, inside the residual). Its sites, under
+    `blocks.{l}.`: resid_pre, the sublayers' and norms' own, resid_mid (after attention; resid_mid_cross after
+    cross-attention), resid_post (tfcli/model/sites.py)."""
 
     def __init__(self, config: ModelConfig, cross: bool = False, attention_norm: bool = True):
         """attention_norm=False: the attention reads the block's input as it is (ModernBERT's first block)."""
@@ -73,59 +71,56 @@ class Block(nn.Module):
         self.output_norms = config.norm_position in ("sandwich", "sublayer_output")
         self.parallel = config.parallel_residual
         attention = DisentangledAttention(config) if config.relative_attention else Attention(config)
-        sublayers = {"attention": attention, "cross_attention": Attention(config, cross=True) if cross else None,
-                     "feed_forward": FeedForward(config)}
+        sublayers = {"attn": attention, "cross_attn": Attention(config, cross=True) if cross else None,
+                     "mlp": FeedForward(config)}
         for name, sublayer in sublayers.items():
             if sublayer is None:
                 continue
             setattr(self, name, sublayer)
-            if config.norm_position != "sublayer_output" and not (name == "feed_forward" and config.shared_block_norm):
+            if config.norm_position != "sublayer_output" and not (name == "mlp" and config.shared_block_norm):
                 setattr(self, f"{name}_norm", norm(config))
             if self.output_norms:
                 setattr(self, f"{name}_output_norm", norm(config))
         if not attention_norm:
-            self.attention_norm = nn.Identity()
+            self.attn_norm = nn.Identity()
 
     # The norms are read from self._modules by name: nn.Module's attribute lookup (and hasattr, which fails
     # through it) costs more than the norm itself in a decoding step.
-    def _input(self, name: str, x: Tensor) -> Tensor:
-        """What sublayer `name` reads: x through its input norm, when the block has one."""
-        return self._modules[f"{name}_norm"](x) if self.input_norms else x
-
-    def _residual(self, name: str, x: Tensor, sublayer, **kwargs) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Apply one sublayer with its residual and norms; returns new x, what it added, weights."""
-        out, weights = sublayer(self._input(name, x), **kwargs)
+    def _sublayer(self, name: str, x: Tensor, sites: Sites, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """x after sublayer `name` (`sublayer`: what it reads -> what it outputs), with its residual and norms."""
+        if self.norm_position == "post":
+            return normed(self._modules[f"{name}_norm"], x + sublayer(x), sites, f"{name}_norm", output_site=False)
+        h = normed(self._modules[f"{name}_norm"], x, sites, f"{name}_norm") if self.input_norms else x
+        out = sublayer(h)
         if self.output_norms:  # what the sublayer adds to the residual stream goes through its output norm
-            out = self._modules[f"{name}_output_norm"](out)
-        x = self._modules[f"{name}_norm"](x + out) if self.norm_position == "post" else x + out
-        return x, out, weights
+            out = normed(self._modules[f"{name}_output_norm"], out, sites, f"{name}_output_norm")
+        return x + out
 
     def forward(self, x: Tensor, mask: Tensor | None, rotary=None, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
-                need_weights: bool = False, keep_stages: bool = False, relative=None) -> BlockOutput:
-        """`relative`: a DeBERTa stack's relative position embeddings and positions (model/disentangled.py)."""
-        attention_kwargs = dict(mask=mask, rotary=rotary, cache=cache, layer=layer, need_weights=need_weights)
-        if relative is not None:
-            attention_kwargs["relative"] = relative
+                sites: Sites = NO_SITES, relative=None) -> Tensor:
+        """(B, T, hidden) -> (B, T, hidden). `relative`: a DeBERTa stack's relative position embeddings and positions
+        (model/disentangled.py). `sites`: this block's (scoped to `blocks.{layer}`)."""
+        x = sites("resid_pre", x)
+        extra = {"relative": relative} if relative is not None else {}
+
+        def attend(h: Tensor) -> Tensor:
+            return self.attn(h, mask, rotary=rotary, cache=cache, layer=layer, sites=sites.scope("attn"), **extra)
+
+        def feed_forward(h: Tensor) -> Tensor:
+            return self.mlp(h, sites.scope("mlp"))
+
         if self.parallel:
-            normed = self._input("attention", x)
-            attn_out, weights = self.attention(normed, **attention_kwargs)
-            ff_in = self.feed_forward_norm(x) if hasattr(self, "feed_forward_norm") else normed
-            ff_out = self.feed_forward(ff_in)
-            result = BlockOutput(x + attn_out + ff_out, attention=weights)
+            h = normed(self._modules["attn_norm"], x, sites, "attn_norm")
+            mlp_norm = self._modules.get("mlp_norm")
+            x = x + attend(h) + feed_forward(normed(mlp_norm, x, sites, "mlp_norm") if mlp_norm is not None else h)
         else:
-            x, attn_out, weights = self._residual("attention", x, self.attention, **attention_kwargs)
-            result = BlockOutput(x, attention=weights)
+            x = sites("resid_mid", self._sublayer("attn", x, sites, attend))
             if memory is not None:
-                x, cross_out, cross_weights = self._residual("cross_attention", x, self.cross_attention,
-                                                             mask=memory_mask, memory=memory, cache=cache,
-                                                             layer=layer, need_weights=need_weights)
-                result.cross_attention = cross_weights
-                if keep_stages:
-                    result.stages["cross_attention"] = cross_out
-            x, ff_out, _ = self._residual("feed_forward", x, lambda h: (self.feed_forward(h), None))
-            result.hidden = x
-        if keep_stages:
-            result.stages["attention"] = attn_out
-            result.stages["feed_forward"] = ff_out
-        return result
+                def cross_attend(h: Tensor) -> Tensor:
+                    return self.cross_attn(h, memory_mask, memory=memory, cache=cache, layer=layer,
+                                           sites=sites.scope("cross_attn"))
+
+                x = sites("resid_mid_cross", self._sublayer("cross_attn", x, sites, cross_attend))
+            x = self._sublayer("mlp", x, sites, feed_forward)
+        return sites("resid_post", x)

@@ -1,21 +1,46 @@
-"""A linear layer that multiplies by a oneDNN-packed copy of its weight where that pays.
+"""A linear layer that packs its weight for oneDNN by itself once it is used again and again, keeping one copy.
 
 On the CPU, PyTorch's kernels rearrange ("pack") the weight into the blocked layout the matrix kernels read on
-every call. oneDNN can pack it once and reuse the packed copy: float32 products of several rows (a sentence, a
+every call. oneDNN can pack it once and reuse the packed weight: float32 products of several rows (a sentence, a
 batch) run about 1.2-1.5x faster, and bfloat16 products about 1.2-1.7x faster at any number of rows, a single
 row included (decoding steps), on a CPU with AVX-512 BF16 or AMX (measured on a 2-core Xeon with AVX-512 BF16;
-`benchmarks/generate.py --floor` times the packed products). The packed copy costs memory equal to the weight
-and the time of one reordering, so it pays only for a model that runs again and again: the code that runs it so
-(generation, streams of batches) calls `pack_for_repeated_use(model)` first. A single forward pass, and the
-logit lens after it, stay on the plain kernels and never hold two copies of a weight. A changed weight drops its
-packed copy.
+`benchmarks/generate.py --floor` times the packed products). float32 single rows are no faster packed, and with
+two threads on a busy machine much slower, so they stay plain. Packing costs one reordering, so it pays only
+for a weight used again and again, and each layer decides that from its own use, unasked: it packs on its second
+product in a row that can run packed (no gradient wanted, on the CPU, input and weight of one dtype that oneDNN
+packs here, not a float32 single row). So a single forward pass, and the logit lens after it, stay plain; a model
+called in a loop, a sweep, a stream of batches, or bfloat16 generation (from its first step) runs packed; float32
+generation stays plain (its single rows break the run, and put back the plain weight of a layer packed before).
+
+One copy of each weight: the packed weight replaces the plain one. The layer's `weight` Parameter becomes a
+`PackedWeight`, a tensor subclass that holds only the packed oneDNN tensor (which `.to_dense()` turns back into
+the exact plain weight) and reads as the plain weight everywhere: shape, dtype and parameter counts are the
+plain weight's, and any operation on it (slicing, matmuls, `.to(...)`) runs on the plain values, unpacked for
+that operation (a transient copy, in `__torch_dispatch__`); an in-place write repacks them. `state_dict()`,
+`copy.deepcopy`, pickling and printing give the plain weight, and `module.to(...)` (any `_apply`) puts it back
+first. (The first operation that dispatches costs about 0.5 s and 40 MB, once a process: PyTorch imports its
+distributed and symbolic-shape modules on a tensor subclass's first dispatch; packing, the products,
+`state_dict()`, copies, printing and `module.to(...)` do not dispatch.) The Parameter object stays the same (its contents are
+swapped, `torch.utils.swap_tensors`), so whatever holds it (an optimizer, an analysis) holds the current
+weight; while something else holds its tensor (a live autograd graph) it is not swapped. A product that wants
+a gradient (for its input, weight or bias: analyses that differentiate through the model) takes the plain
+kernel: on a packed weight it puts the plain weight back for good (still one copy; two more products in a row
+that can run packed pack it again).
+
+An LM head packs from its third product (`packs_after`): a single pass makes one product with it and the logit
+lens after it a second, which stay plain. A head tied to the token embeddings (`tied`) cannot give its plain
+weight up, since the embedding lookup reads it: it packs a copy beside it, the one place where two copies serve
+(decoding with a tied head, as GPT-2's, makes every step's largest product with it).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils._pytree import tree_map
 
 
 def _packable_dtypes() -> set[torch.dtype]:
@@ -30,43 +55,166 @@ PACKABLE: set[torch.dtype] = _packable_dtypes()
 
 
 def pack(weight: Tensor, rows: int) -> Tensor:
-    """weight (out, in) in oneDNN's blocked layout for products of about `rows` rows."""
+    """weight (out, in) in oneDNN's blocked layout (a torch._mkldnn tensor) for products of about `rows` rows."""
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
-def pack_for_repeated_use(model: nn.Module) -> None:
-    """Let the model's linear layers multiply by packed copies of their weights from now on (each packed on
-    its first product that gains from it): for a model about to run many times. Costs up to the memory of
-    the weights again."""
-    for module in model.modules():
-        if isinstance(module, Linear):
-            module.repeated = True
+class PackedWeight(Tensor):
+    """A linear weight held only as its oneDNN-packed tensor, reading as the plain weight: every aten
+    operation on it runs on the plain values, unpacked for that operation; an in-place write repacks them.
+    `box` is a one-item list holding the packed tensor, shared by the detached aliases of one weight (the
+    Parameter, its `.data`), so that a write through any of them is seen by all."""
+
+    box: list[Tensor]
+    rows: int
+    __torch_function__ = torch._C._disabled_torch_function_impl  # results are plain tensors, not this class
+
+    @staticmethod
+    def __new__(cls, box: list[Tensor], rows: int) -> PackedWeight:
+        packed = box[0]
+        return Tensor._make_wrapper_subclass(cls, packed.shape, dtype=packed.dtype, device=packed.device)
+
+    def __init__(self, box: list[Tensor], rows: int):
+        self.box, self.rows = box, rows
+
+    def plain(self) -> Tensor:
+        """The plain weight (a new tensor, exactly the values packed)."""
+        return self.box[0].to_dense()
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.detach.default:  # so nn.Parameter(packed) and .data stay packed
+            return cls(args[0].box, args[0].rows)
+        plain: dict[int, Tensor] = {}
+
+        def unpack(value):
+            if isinstance(value, PackedWeight):
+                return plain.setdefault(id(value), value.plain())
+            return value
+
+        args_, kwargs_ = tree_map(unpack, (args, kwargs))
+        out = func(*args_, **kwargs_)
+        for i, spec in enumerate(func._schema.arguments):  # written into a packed weight: repack its values
+            value = args[i] if i < len(args) else kwargs.get(spec.name)
+            if isinstance(value, PackedWeight) and spec.alias_info is not None and spec.alias_info.is_write:
+                value.box[0] = pack(plain[id(value)], value.rows)
+                out = value if out is plain[id(value)] else out
+        return out
+
+    def as_plain_parameter(self) -> Tensor:
+        """The plain weight, a Parameter (with this one's requires_grad) where this one is a Parameter."""
+        if isinstance(self, nn.Parameter):
+            return nn.Parameter(self.plain(), requires_grad=self.requires_grad)
+        return self.plain()
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return repr(self.as_plain_parameter())
+
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        return memo.setdefault(id(self), self.as_plain_parameter())
+
+    def __reduce_ex__(self, protocol):
+        return self.as_plain_parameter().__reduce_ex__(protocol)
+
+
+def _swap(parameter: Tensor, contents: Tensor) -> None:
+    """Make `parameter` (the same object) hold `contents` (a new tensor), as an nn.Parameter with its
+    requires_grad, outside inference mode so that it works outside it too; its gradient, if any, stays."""
+    grad, parameter.grad = parameter.grad, None
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            if type(contents) is PackedWeight:  # what nn.Parameter does, without its detach (a first dispatch:
+                contents.requires_grad_(parameter.requires_grad)  # see the module note)
+                contents._is_param = True
+            else:
+                contents = nn.Parameter(contents, requires_grad=parameter.requires_grad)
+            torch.utils.swap_tensors(parameter, contents)
+    finally:
+        parameter.grad = grad
+
+
+def _free(weight: Tensor) -> bool:
+    """Whether only its module holds the weight's tensor (no live autograd graph, no weak reference to it), so
+    that its contents can be swapped without breaking what holds it."""
+    return weight._use_count() == 1 and not weakref.getweakrefs(weight)
+
+
+def _needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
+                                        (bias is not None and bias.requires_grad))
 
 
 class Linear(nn.Linear):
-    """nn.Linear; once `repeated` (see pack_for_repeated_use), in inference (no grad) on the CPU, multiplies
-    by a oneDNN-packed copy of its weight: float32 with more than one row, bfloat16 with any (see the
-    module note). Training, other devices and dtypes, and float32 single rows (decoding steps, as fast
-    plain) take the plain path. Same results to the dtype's rounding."""
+    """nn.Linear that, on its second product in a row that can run packed (see the module note), packs its
+    weight for oneDNN in place of the plain one, and multiplies by the packed weight from then on in inference
+    on the CPU. Same results to the dtype's rounding. `packable` False keeps it plain; `tied` (a weight an
+    embedding reads too) packs a copy beside the plain weight instead; `packs_after` products in a row pack it."""
 
-    repeated: bool = False
-    _packed: Tensor | None = None
-    _packed_for: tuple[int, int] | None = None  # the weight's (storage address, version) when packed
+    packable: bool = True
+    tied: bool = False
+    packs_after: int = 2
+    _uses: int = 0  # products in a row that could have run packed, while plain
+    _copy: tuple[tuple[int, int], Tensor] | None = None  # tied: (the weight's storage and version, its packed copy)
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., in_features) -> (..., out_features)."""
         # one call per layer and token in generation: each attribute of a module read here costs time
         weight, bias, dtype = self.weight, self.bias, x.dtype
-        # float32 single rows first: they are the hot path of float32 generation, as fast plain
-        if ((dtype is torch.float32 and x.numel() == x.shape[-1]) or not self.repeated or dtype not in PACKABLE
-                or not x.is_cpu or torch.is_grad_enabled() or weight.dtype is not dtype):
+        row = dtype is torch.float32 and x.numel() == x.shape[-1]  # a float32 single row: plain (decoding)
+        if type(weight) is PackedWeight:
+            if not row and dtype is weight.dtype and x.is_cpu and not _needs_grad(x, weight, bias):
+                return torch.ops.mkldnn._linear_pointwise(x, weight.box[0], bias, "none", [], "")
+            if (row or _needs_grad(x, weight, bias)) and _free(weight):  # the plain weight back, for good
+                self.unpack()
+            return F.linear(x, weight, bias)  # (other dtypes, devices: on the weight unpacked for this product)
+        if row or not self.packable or dtype not in PACKABLE or weight.dtype is not dtype or not x.is_cpu \
+                or _needs_grad(x, weight, bias):
+            if row and self._uses:
+                self._uses = 0
             return F.linear(x, weight, bias)
+        self._uses += 1
+        if self._uses < self.packs_after or not (self.tied or _free(weight)):
+            return F.linear(x, weight, bias)
+        rows = max(1, x.numel() // x.shape[-1])
         state = (weight.data_ptr(), weight._version)
-        if self._packed_for != state:
-            try:
-                self._packed = pack(weight.detach(), max(1, x.numel() // x.shape[-1]))
-            except RuntimeError:  # oneDNN cannot pack this dtype after all: plain products from now on
-                PACKABLE.discard(dtype)
-                return F.linear(x, weight, bias)
-            self._packed_for = state
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+        if self.tied and self._copy is not None and self._copy[0] == state:  # its packed copy, still current
+            return torch.ops.mkldnn._linear_pointwise(x, self._copy[1], bias, "none", [], "")
+        try:
+            with torch.inference_mode(False):  # normal tensors, usable outside inference mode too
+                packed = pack(weight.detach(), rows)
+                if self.tied:
+                    self._copy = (state, packed)
+                else:
+                    _swap(weight, PackedWeight([packed], rows))
+        except RuntimeError:  # oneDNN cannot pack this dtype after all: plain products from now on
+            PACKABLE.discard(dtype)
+            return F.linear(x, weight, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    @property
+    def _packed(self) -> Tensor | None:
+        """The packed oneDNN weight (a tied weight's packed copy), None while plain (benchmarks/generate.py
+        --floor reads it)."""
+        weight = self.weight
+        return weight.box[0] if type(weight) is PackedWeight else self._copy[1] if self._copy else None
+
+    def unpack(self) -> None:
+        """Put the plain weight back (the same Parameter object); it packs again after two more products."""
+        weight = self.weight
+        if type(weight) is PackedWeight:
+            _swap(weight, weight.plain())
+            self._uses = 0
+
+    def _apply(self, fn, recurse=True):
+        self.unpack()  # conversions (`.to(...)`, `.float()`, ...) see, and keep, a plain weight
+        self._copy = None
+        return super()._apply(fn, recurse)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        weight = self.weight
+        if keep_vars or type(weight) is not PackedWeight:  # (keep_vars: the Parameter itself)
+            return super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = weight.plain()  # what nn.Linear's gives, unpacked
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias.detach()

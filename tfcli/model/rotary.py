@@ -128,7 +128,10 @@ class Rotary(nn.Module):
     def frequencies(self, position_ids: Tensor) -> Tensor:
         """As transformers recomputes them on every forward: dynamic NTK scaling grows the base once the longest
         position passes max_position_embeddings, LongRoPE takes its long factors once it passes
-        original_max_position_embeddings; every other kind is fixed."""
+        original_max_position_embeddings; every other kind is fixed. (On the meta device, where a model's sites are
+        listed with their shapes, positions have no values: the frequencies of a short text serve.)"""
+        if position_ids.is_meta:
+            return self.inv_freq
         if self.long_after is not None:
             return self.long_inv_freq if int(position_ids.max()) + 1 > self.long_after else self.inv_freq
         if not self.scaling or self.scaling["rope_type"] != "dynamic":

@@ -1,24 +1,39 @@
-"""Stacks (encoder, decoder), heads and the whole model, with optional capture of every intermediate.
+"""Stacks (encoder, decoder), heads and the whole model; every intermediate is a named site (model/sites.py) that
+`run_with_cache` keeps and `run_with_hooks` changes.
 
 Shapes: B batch, T tokens, hidden = config.hidden_size, V vocabulary, H heads, S key length.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
 from tfcli.model.attention import KVCache
-from tfcli.model.capture import Capture, ModelOutput
 from tfcli.model.decoding import generate
 from tfcli.model.disentangled import RelativeEmbeddings
 from tfcli.model.embeddings import Embeddings, embedding
 from tfcli.model.layers import Block, activation
 from tfcli.model.linear import Linear
-from tfcli.model.norms import RMSNormPlusOne, norm
+from tfcli.model.norms import RMSNormPlusOne, norm, normed
 from tfcli.model.position_bias import RelativePositionBias
 from tfcli.model.rotary import Rotary
+from tfcli.model.sites import NO_SITES, Hook, Sites, check_names, name_filter
+
+
+@dataclass
+class ModelOutput:
+    """What a forward pass returns; for an encoder-decoder, the decoder's, with the encoder's in `encoder`. Everything
+    else a pass computes is a site: `run_with_cache` keeps it."""
+
+    last_hidden_state: Tensor  # (B, T, hidden), after the final norm when the stack has one
+    logits: Tensor | None = None  # (B, T, V), (B, num_labels) or (B, T) (a discriminator)
+    encoder: ModelOutput | None = None
+    cache: KVCache | None = None
 
 
 def start_token_id(config: ModelConfig) -> int:
@@ -79,6 +94,7 @@ class Stack(nn.Module):
         groups = [Block(config, cross=cross, attention_norm=config.first_block_attention_norm or g > 0)
                   for g in range(config.num_hidden_groups or num_layers)]
         self.blocks = nn.ModuleList(groups[int(i / (num_layers / len(groups)))] for i in range(num_layers))
+        self.block_names = [f"blocks.{i}" for i in range(num_layers)]  # the blocks' sites are named under these
         self.final_norm = norm(config) if config.final_norm else None
         # a relative position bias every block adds to its self-attention scores (T5, MPNet)
         buckets = config.relative_attention_num_buckets
@@ -92,9 +108,10 @@ class Stack(nn.Module):
 
     def forward(self, token_embeddings: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, memory: Tensor | None = None,
-                memory_mask: Tensor | None = None, cache: KVCache | None = None,
-                capture: Capture | None = None) -> ModelOutput:
-        """token_embeddings (B, T, hidden); attention_mask (B, past + T); memory (B, S, hidden)."""
+                memory_mask: Tensor | None = None, cache: KVCache | None = None, sites: Sites = NO_SITES) -> Tensor:
+        """token_embeddings (B, T, width); attention_mask (B, past + T); memory (B, S, hidden) -> the stack's output
+        (B, T, hidden), after its final norm. Sites: `embed`, the embeddings', each block's under `blocks.{i}`,
+        `final_norm.*`."""
         batch, length = token_embeddings.shape[:2]
         device, dtype = token_embeddings.device, token_embeddings.dtype
         past = cache.length if cache is not None else 0
@@ -102,9 +119,10 @@ class Stack(nn.Module):
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
         else:
             position_ids = torch.arange(past, past + length, device=device).expand(batch, length)
+        token_embeddings = sites("embed", token_embeddings)
         if self.project_in is not None:
             token_embeddings = self.project_in(token_embeddings)
-        x = self.embeddings(token_embeddings, position_ids, token_type_ids)
+        x = self.embeddings(token_embeddings, position_ids, token_type_ids, sites)
         rotary = self.rotary(position_ids, dtype) if self.rotary is not None else None
         local_rotary = self.local_rotary(position_ids, dtype) if self.local_rotary is not None else rotary
         mask = attention_mask_bias(attention_mask, length, self.causal, dtype, device, past)
@@ -116,37 +134,16 @@ class Stack(nn.Module):
             bias = self.position_bias(length, past + length, past).to(dtype)
             mask = bias if mask is None else mask + bias
             window_mask = None if window_mask is None else window_mask + bias
-
-        out = ModelOutput(last_hidden_state=x)
-        keep_stages = capture is not None and capture.stages
-        keep_hidden = capture is not None and capture.wants_hidden_states
-        if keep_hidden:
-            out.hidden_states.append(x)
         for i, block in enumerate(self.blocks):
-            need_weights = capture is not None and capture.wants_attention(i)
             sliding = self.sliding[i]
-            result = block(x, window_mask if sliding else mask, rotary=local_rotary if sliding else rotary,
-                           memory=memory, memory_mask=cross_mask, cache=cache, layer=i, need_weights=need_weights,
-                           keep_stages=keep_stages, relative=relative)
-            x = result.hidden
-            if need_weights:
-                heads = capture.heads
-                out.attentions[i] = result.attention if heads is None else result.attention[:, heads]
-                if result.cross_attention is not None:
-                    cross = result.cross_attention
-                    out.cross_attentions[i] = cross if heads is None else cross[:, heads]
-            if keep_stages:
-                out.stages |= {f"blocks.{i}.{name}": tensor for name, tensor in result.stages.items()}
-            if keep_hidden:
-                out.hidden_states.append(x)
+            x = block(x, window_mask if sliding else mask, rotary=local_rotary if sliding else rotary, memory=memory,
+                      memory_mask=cross_mask, cache=cache, layer=i, sites=sites.scope(self.block_names[i]),
+                      relative=relative)
         if self.final_norm is not None:
-            x = self.final_norm(x)
-            if keep_stages:
-                out.stages["final_norm"] = x
+            x = normed(self.final_norm, x, sites, "final_norm")
         if self.project_out is not None:
             x = self.project_out(x)
-        out.last_hidden_state = x
-        return out
+        return x
 
 
 class LMHead(nn.Module):
@@ -165,7 +162,8 @@ class LMHead(nn.Module):
             self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
         self.unembed = Linear(config.word_embed_proj_dim or width, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.unembed.weight = token_embeddings.weight
+            self.unembed.weight, self.unembed.tied = token_embeddings.weight, True  # packs a copy: linear.py
+        self.unembed.packs_after = 3  # a pass and its logit lens stay plain (linear.py)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
         self.softcap = config.final_logit_softcapping
         self.input_scale = config.hidden_size ** -0.5 if config.scale_decoder_outputs else None
@@ -290,26 +288,28 @@ class TransformerModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 decoder_input_ids: Tensor | None = None, decoder_attention_mask: Tensor | None = None,
-                cache: KVCache | None = None, capture: Capture | None = None,
-                encoder_output: ModelOutput | None = None, logits_to_keep: int | None = None) -> ModelOutput:
+                cache: KVCache | None = None, encoder_output: ModelOutput | None = None,
+                logits_to_keep: int | None = None, sites: Sites = NO_SITES) -> ModelOutput:
         """input_ids (B, T). Decoder-only with a cache: input_ids are the new tokens and attention_mask
         covers cached + new positions. Encoder-decoder: decoder_input_ids default to the start token.
         logits_to_keep: an LM head's logits for only the last N positions; 0 for none (unlike transformers,
-        where 0 keeps all): a caller that unembeds the hidden states itself, as decoding with the lens does."""
+        where 0 keeps all): a caller that unembeds the hidden states itself, as decoding with the lens does.
+        `sites`: what the pass does at its named sites (see run_with_cache and run_with_hooks, the public way)."""
         if self.decoder is None:
-            out = self.encoder(self.embed(input_ids, self.encoder), attention_mask, token_type_ids, capture=capture)
+            out = ModelOutput(self.encoder(self.embed(input_ids, self.encoder), attention_mask, token_type_ids,
+                                           sites=sites))
         elif self.encoder is None:
-            out = self.decoder(self.embed(input_ids, self.decoder), attention_mask, cache=cache, capture=capture)
+            out = ModelOutput(self.decoder(self.embed(input_ids, self.decoder), attention_mask, cache=cache,
+                                           sites=sites))
         else:
             if encoder_output is None:
-                encoder_output = self.encoder(self.embed(input_ids, self.encoder), attention_mask, token_type_ids,
-                                              capture=capture)
+                encoder_output = ModelOutput(self.encoder(self.embed(input_ids, self.encoder), attention_mask,
+                                                          token_type_ids, sites=sites.scope("encoder")))
             if decoder_input_ids is None:
                 decoder_input_ids = self.start_tokens(input_ids.shape[0], input_ids.device)
-            out = self.decoder(self.embed(decoder_input_ids, self.decoder), decoder_attention_mask,
-                               memory=encoder_output.last_hidden_state, memory_mask=attention_mask, cache=cache,
-                               capture=capture)
-            out.encoder = encoder_output
+            out = ModelOutput(self.decoder(self.embed(decoder_input_ids, self.decoder), decoder_attention_mask,
+                                           memory=encoder_output.last_hidden_state, memory_mask=attention_mask,
+                                           cache=cache, sites=sites.scope("decoder")), encoder=encoder_output)
         if cache is not None:
             cache.length += out.last_hidden_state.shape[1]
             out.cache = cache
@@ -317,9 +317,44 @@ class TransformerModel(nn.Module):
             hidden = out.last_hidden_state
             if logits_to_keep is not None and isinstance(self.head, LMHead):
                 hidden = hidden[:, -logits_to_keep:]
-            out.logits = self.head(hidden, attention_mask) if isinstance(self.head, ClassificationHead) else \
+            logits = self.head(hidden, attention_mask) if isinstance(self.head, ClassificationHead) else \
                 self.head(hidden)
+            out.logits = sites("logits", logits)
         return out
+
+    def run_with_cache(self, input_ids: Tensor, names: Iterable[str] | Callable[[str], bool] | None = None,
+                       hooks: dict[str, Hook] | None = None, grad: bool = False,
+                       **inputs) -> tuple[Tensor | None, dict[str, Tensor]]:
+        """One forward pass that keeps the values of its sites: every site (`names` None), those named (a list;
+        `*` matches any run of characters, as in `blocks.*.attn.pattern`) or those a predicate accepts. `hooks` as
+        in run_with_hooks. With `grad` the pass runs with autograd and the kept values keep their gradient: after
+        `metric(logits).backward()`, `cache[name].grad` is d metric / d site. `inputs`: what the model takes besides
+        input_ids (attention_mask, token_type_ids, decoder_input_ids, ...). Returns the logits (None without a head)
+        and the cache {name: tensor}, in the order the pass reached the sites. A name or hook that matches no site of
+        the model is a usage error (TfcliError) naming the closest ones."""
+        listed = [names] if isinstance(names, str) else None if names is None or callable(names) else list(names)
+        sites = Sites(name_filter(listed if listed is not None else names), hooks, grad)
+        with torch.set_grad_enabled(grad):
+            out = self(input_ids, sites=sites, **inputs)
+        check_names([*(listed or []), *sites.hooks], sites.reached)
+        return out.logits, sites.cache
+
+    def run_with_hooks(self, input_ids: Tensor, hooks: dict[str, Hook], **inputs) -> Tensor | None:
+        """One forward pass with `hooks` {site name: fn}: fn(value) may return a replacement of the same shape (None
+        leaves the value as it is); `tfcli.model.sites` has hooks that patch, zero, mean-ablate or add to a site, per
+        position and head. Runs under the caller's autograd mode. `inputs` as in run_with_cache. Returns the logits
+        (None without a head). A hook on a name the model does not have is a usage error naming the closest sites."""
+        sites = Sites(hooks=hooks)
+        out = self(input_ids, sites=sites, **inputs)
+        check_names(sites.hooks, sites.reached)
+        return out.logits
+
+    def site_shapes(self) -> dict[str, tuple[int | str, ...]]:
+        """Every site of the model with its shape, in the order a forward pass reaches them; `B` is the batch, `T`
+        the tokens (the decoder's, in an encoder-decoder) and `S` the encoder's tokens (see `site_shapes`)."""
+        if "_site_shapes" not in self.__dict__:
+            self._site_shapes = site_shapes(self.config)
+        return self._site_shapes
 
     @property
     def has_lens(self) -> bool:
@@ -349,6 +384,24 @@ class TransformerModel(nn.Module):
         start token first); greedy unless do_sample. See tfcli/model/decoding.py."""
         return generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, use_cache,
                         attention_mask)
+
+
+SYMBOLS = {10_007: "B", 10_009: "T", 10_037: "S"}  # sizes no model has (primes): each stands for its letter
+
+
+def site_shapes(config: ModelConfig) -> dict[str, tuple[int | str, ...]]:
+    """Every site of a model of `config` with its shape, found by a forward pass on the meta device (shapes only:
+    nothing is computed or allocated, whatever the model's size); sizes of batch and tokens are given as letters."""
+    batch, tokens, source = (size for size in SYMBOLS)
+    with torch.device("meta"):
+        model = TransformerModel(config).to("meta")  # the computed buffers (positions, rotary) too
+        ids = torch.zeros(batch, source if config.architecture == "encoder-decoder" else tokens, dtype=torch.long)
+        decoder = {"decoder_input_ids": torch.zeros(batch, tokens, dtype=torch.long)} \
+            if config.architecture == "encoder-decoder" else {}
+        sites = Sites(keep=lambda name: True)
+        with torch.no_grad():
+            model(ids, sites=sites, **decoder)
+    return {name: tuple(SYMBOLS.get(size, size) for size in value.shape) for name, value in sites.cache.items()}
 
 
 def init_weights(model: nn.Module, seed: int, dtype: torch.dtype = torch.float32,

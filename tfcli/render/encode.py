@@ -6,14 +6,11 @@ position summarising every captured layer; the JSON record holds everything that
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.errors import TfcliError, usage_error
 from tfcli.render.layout import (GAP, Column, heat_legend, heat_row, key_column_widths, layer_runs, shown, table,
                                  words, wrap)
 
@@ -47,6 +44,8 @@ def report_lines(report: TextReport, number: int, width: int, view: View = View(
     if report.target_tokens is not None:
         lines += token_lines("decoder input", report.target_tokens, width)
     lines += [Text()] + stage_lines(report.stages, width, view.detail)
+    if report.sites:
+        lines += [Text()] + site_lines(report.sites, width)
     for amap in report.attention:
         if _in_detail(amap.layer, [a.layer for a in report.attention if a.kind == amap.kind], view.detail):
             lines += [Text()] + heatmap_lines(amap, width, view.attention_top, view.color)
@@ -98,7 +97,21 @@ def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None) ->
 
 
 def _stack(row: StageRow) -> str:
-    return row.name.partition("block ")[0]
+    """The stack a stage belongs to: its site's prefix (`encoder.`, `decoder.`), or "" in a one-stack model."""
+    return row.name.partition(".")[0] if row.name.startswith(("encoder.", "decoder.")) else ""
+
+
+def site_lines(sites: dict[str, Tensor], width: int) -> list[Text]:
+    """The sites --sites kept (their values are in --json and --save): shape and statistics of each."""
+    from tfcli.encode import stage_row
+
+    rows = [stage_row(name, value, 0) for name, value in sites.items()]
+    columns = [Column.of("site", [r.name for r in rows]),
+               Column.of("shape", ["(" + ", ".join(map(str, r.shape)) + ")" for r in rows], right=True),
+               Column.of("mean", [f"{r.mean:+.4f}" for r in rows], right=True),
+               Column.of("std", [f"{r.std:.4f}" for r in rows], right=True),
+               Column.of("norm", [f"{r.norm:.2f}" for r in rows], right=True)]
+    return table(columns, width, title="sites (--sites; their values: --json, --save)")
 
 
 def heatmap_lines(amap: AttentionMap, width: int, top: int | None = None, color: bool = True) -> list[Text]:
@@ -220,6 +233,8 @@ def record(report: TextReport, trained: bool) -> dict[str, Any]:
                        "top": [[{"token": t, "id": i, "prob": round(p, 6)} for t, i, p in top] for top in row.top]}
                       for row in report.lens]
     record["weights"] = "trained" if trained else "random"
+    if report.sites:  # --sites: each value for this text's real tokens, rounded to 6 decimals
+        record["sites"] = {name: value.double().round(decimals=6).tolist() for name, value in report.sites.items()}
     return record
 
 
@@ -230,39 +245,3 @@ def _attention_record(amap: AttentionMap) -> dict[str, Any]:
     return {"kind": amap.kind, "layer": amap.layer, "head": amap.head,
             "max_key": [k[0] for k in keys], "max_weight": [round(v[0], 6) for v in values],
             "weights": ((amap.weights.double() * scale).round() / scale).tolist()}  # float64: 0.251, not 0.25099998
-
-
-def check_save_path(path: Path, overwrite: bool) -> None:
-    """A --save path must end in .safetensors (else a usage error), sit in an existing folder, and replace a
-    file only with --force."""
-    if path.suffix != ".safetensors":
-        raise usage_error(f"--save {path}: the file name must end in .safetensors",
-                          f"for example --save {path.with_suffix('.safetensors').name}")
-    if path.exists() and not overwrite:
-        raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
-    if not path.parent.is_dir():
-        raise TfcliError(f"--save {path}: the folder {path.parent} does not exist")
-
-
-def save_metadata(reports: list[TextReport], model: str, weights: str, version: str) -> dict[str, str]:
-    """The --save file's header metadata (docs/commands.md, "encode"): where its tensors came from. safetensors
-    metadata values are strings: lists are JSON."""
-    metadata = {"tfcli_version": version, "model": model, "weights": weights,
-                "texts": json.dumps([r.text for r in reports], ensure_ascii=False),
-                "tokens": json.dumps([r.tokens for r in reports], ensure_ascii=False)}
-    if any(r.pair is not None for r in reports):
-        metadata["pairs"] = json.dumps([r.pair for r in reports], ensure_ascii=False)
-    if reports and reports[0].target_tokens is not None:
-        metadata["target_tokens"] = json.dumps(reports[0].target_tokens, ensure_ascii=False)
-    return metadata
-
-
-def save_tensors(path: Path, tensors: dict[str, Tensor], overwrite: bool, metadata: dict[str, str] | None = None) -> None:
-    """Write --save FILE.safetensors (checked again: the file may have appeared while the model ran)."""
-    from safetensors.torch import save_file
-
-    check_save_path(path, overwrite)
-    try:
-        save_file(tensors, str(path), metadata=metadata)
-    except OSError as exc:
-        raise TfcliError(f"cannot write {path}: {exc.strerror}") from None

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from tfcli.classify import Classification
     from tfcli.encode import TextReport
     from tfcli.generate import Generation
-    from tfcli.render.report_file import RunInfo
+    from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
 
 STYLE = {"svg.fonttype": "none", "pdf.fonttype": 42, "text.parse_math": False, "font.size": 8,

@@ -1,5 +1,6 @@
 """`--report PATH`: a run's results as one file, its format chosen by the extension: an interactive page
-(.html, `render/html.py`) or a static figure (.svg, .png, .pdf, `render/figure.py`).
+(.html, `render/page.py`) or a static figure (.svg, .png, .pdf, `render/figure.py`), each headed by the run's
+`RunInfo` (`render/run_info.py`).
 
 The path is checked before any work (`check_report_path`), and the file is written atomically: into a
 temporary file beside it, then renamed, so an interrupted run leaves no half-written report.
@@ -8,50 +9,19 @@ temporary file beside it, then renamed, so an interrupted run leaves no half-wri
 from __future__ import annotations
 
 import os
-import shlex
-import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
+    from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
 
 FORMATS = {".html": "interactive page", ".svg": "vector figure", ".png": "image", ".pdf": "figure, a page per text"}
 ONE_TEXT_FORMATS = (".svg", ".png")  # one picture: one text
-
-
-@dataclass
-class RunInfo:
-    """Where a report's numbers come from, shown on the page and under each figure."""
-
-    command: str  # encode, generate or classify
-    model: str  # the config's name and architecture
-    source: str  # what --model resolved to
-    weights: str  # "trained, loaded from ..." or "random (seed 0), from ..."
-    trained: bool
-    version: str  # tfcli's
-    command_line: str  # the exact command line
-
-
-def run_info(command: str, model: Any, source_description: str) -> RunInfo:
-    """The RunInfo of a run of `command` on a built model (`trained`, `weights_description`, `config`)."""
-    from tfcli import __version__
-
-    return RunInfo(command, f"{model.config.name} ({model.config.architecture})", source_description,
-                   model.weights_description, model.trained, __version__, command_line(sys.argv))
-
-
-def command_line(argv: list[str]) -> str:
-    """The command as typed, quoted for a POSIX shell; `python -m tfcli` shows as that, not as the path of
-    tfcli's __main__.py that Python puts in argv[0]."""
-    started = Path(argv[0])
-    program = "python -m tfcli" if (started.parent.name, started.name) == ("tfcli", "__main__.py") else shlex.quote(argv[0])
-    return " ".join([program, *map(shlex.quote, argv[1:])])
 
 
 def check_report_path(path: Path, overwrite: bool, texts: int) -> None:
@@ -77,7 +47,7 @@ def write_report(path: Path, run: RunInfo, items: list[Any], overwrite: bool,
     or classify's Classifications) in the format of `path`'s extension."""
     suffix = path.suffix.lower()
     if suffix == ".html":
-        from tfcli.render.html import page
+        from tfcli.render.page import page
 
         text = page(run, items, tokenizer)
         write_atomically(path, lambda stream: stream.write(text.encode("utf-8")), overwrite)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from tfcli.classify import Classification
     from tfcli.encode import TextReport
     from tfcli.generate import Generation
-    from tfcli.render.report_file import RunInfo
+    from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
 
 ASSETS = Path(__file__).resolve().parent.parent / "data"
