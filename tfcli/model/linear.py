@@ -29,8 +29,10 @@ that can run packed pack it again).
 
 An LM head packs from its third product (`packs_after`): a single pass makes one product with it and the logit
 lens after it a second, which stay plain. A head tied to the token embeddings (`tied`) cannot give its plain
-weight up, since the embedding lookup reads it: it packs a copy beside it, the one place where two copies serve
-(decoding with a tied head, as GPT-2's, makes every step's largest product with it).
+weight up, since the embedding lookup reads it: it packs a copy beside it for single-row products only (bfloat16
+decoding steps), the one place where two copies serve (decoding with a tied head, as GPT-2's, makes every step's
+largest product with it); its products of several rows (a pass, the logit lens, a sweep) stay plain, so that a
+burst of them does not hold a second copy of the vocabulary matrix.
 """
 
 from __future__ import annotations
@@ -173,10 +175,12 @@ class Linear(nn.Linear):
             if row and self._uses:
                 self._uses = 0
             return F.linear(x, weight, bias)
+        rows = max(1, x.numel() // x.shape[-1])
+        if self.tied and rows > 1:  # a second copy serves decoding steps only (a lens burst would hold it for nothing)
+            return F.linear(x, weight, bias)
         self._uses += 1
         if self._uses < self.packs_after or not (self.tied or _free(weight)):
             return F.linear(x, weight, bias)
-        rows = max(1, x.numel() // x.shape[-1])
         state = (weight.data_ptr(), weight._version)
         if self.tied and self._copy is not None and self._copy[0] == state:  # its packed copy, still current
             return torch.ops.mkldnn._linear_pointwise(x, self._copy[1], bias, "none", [], "")
