@@ -119,7 +119,8 @@ def build_model(source: Source, device: str = "cpu", dtype: str | None = None, s
     try:
         if source.weights is not None:
             assign_parameters(model, load_checkpoint(model, source.weights, torch_dtype, torch_device))
-            model.weights_description = f"loaded from {source.weights}"
+            model.weights_description = f"loaded from {source.weights}" + (
+                f" ({source.weights_note})" if source.weights_note else "")  # a GGUF file's `dequantized from Q4_1`
         else:
             init_weights(model, seed, torch_dtype, torch_device)
             model.weights_description = f"random (seed {seed}), from {source.description}"

@@ -1,6 +1,13 @@
 """`tfcli compare`: run transformers' own model on the same checkpoint and input, and measure, tensor
-by tensor, how far tfcli's numbers are from it. `load` builds both models once; `run_all` compares a stream of
-tokenized batches text by text (`run`); nothing here prints."""
+by tensor, how far tfcli's numbers are from it. `load` builds both models once, in one dtype; `run_all` compares
+a stream of tokenized batches text by text (`run`); nothing here prints.
+
+In float32 a tensor matches when its max abs difference is at most the tolerance (default 1e-4). In bfloat16
+and float16 two correct implementations differ by the rounding of every operation, which grows with the size of
+the values (a bfloat16 number near 300 is only known to within 1): there the max abs difference is measured
+against the tensor's scale, its largest absolute value in transformers' result (at least 1), and a tensor
+matches when the difference is at most tolerance x scale (`DEFAULT_TOLERANCE`, by dtype).
+"""
 
 from __future__ import annotations
 
@@ -19,11 +26,19 @@ if TYPE_CHECKING:
     from tfcli.tokenizer import Encoding, Tokenizer
 
 
+DEFAULT_TOLERANCE = {"float32": 1e-4, "bfloat16": 0.05, "float16": 0.01}  # see the module's docstring
+
+
+def default_tolerance(dtype: str | None) -> float:
+    return DEFAULT_TOLERANCE.get(dtype or "float32", DEFAULT_TOLERANCE["float32"])
+
+
 @dataclass
 class Difference:
     name: str
     shape: list[int]
     max_abs_diff: float
+    scale: float = 1.0  # largest absolute value of transformers' tensor, at least 1: what a relative tolerance scales
 
 
 @dataclass
@@ -34,6 +49,7 @@ class Comparison:
     encoding: Encoding
     tolerance: float
     differences: list[Difference]
+    dtype: str = "float32"  # both models ran in it; other than float32, the tolerance is relative (`allowed`)
 
     @property
     def text(self) -> str:
@@ -44,12 +60,29 @@ class Comparison:
         return self.encoding.ids
 
     @property
+    def relative(self) -> bool:
+        """Whether the tolerance is relative to each tensor's scale (bfloat16, float16) rather than absolute."""
+        return self.dtype != "float32"
+
+    def allowed(self, difference: Difference) -> float:
+        """The largest max abs difference that counts as a match for this tensor."""
+        return self.tolerance * difference.scale if self.relative else self.tolerance
+
+    def within(self, difference: Difference) -> bool:
+        return difference.max_abs_diff <= self.allowed(difference)
+
+    @property
     def worst(self) -> float:
         return max(d.max_abs_diff for d in self.differences)
 
     @property
+    def worst_relative(self) -> float:
+        """The largest difference over its tensor's scale (what a relative tolerance bounds)."""
+        return max(d.max_abs_diff / d.scale for d in self.differences)
+
+    @property
     def matches(self) -> bool:
-        return self.worst <= self.tolerance
+        return all(self.within(d) for d in self.differences)
 
 
 @dataclass
@@ -61,29 +94,36 @@ class Models:
     ours: TransformerModel
     theirs: Any
     tokenizer: Tokenizer
+    dtype: str = "float32"
 
 
-def load(source: str, device: str = "cpu") -> Models:
-    """Build tfcli's model and transformers' from the checkpoint `source` (one with weights)."""
-    from tfcli.api import build_model, load_tokenizer_for
+def load(source: str, device: str = "cpu", revision: str | None = None, dtype: str | None = None) -> Models:
+    """Build tfcli's model and transformers' from the checkpoint `source` (one with weights; `revision` of a hub
+    model), both in `dtype` (default float32)."""
+    from tfcli.api import build_model, load_tokenizer_for, resolve_dtype
     from tfcli.sources import resolve_source
 
-    resolved = resolve_source(source)
+    dtype = str(resolve_dtype(dtype)).removeprefix("torch.")  # an unknown name is a usage error, before loading
+    resolved = resolve_source(source, revision)
     _require_weights(resolved)
     tokenizer = load_tokenizer_for(resolved)
-    model = build_model(resolved, device=device)
-    return Models(source, resolved, model, transformers_model(resolved, model), tokenizer)
+    model = build_model(resolved, device=device, dtype=dtype)
+    return Models(source, resolved, model, transformers_model(resolved, model), tokenizer, dtype)
 
 
-def run(models: Models, encoding: Encoding, tolerance: float = 1e-4) -> Comparison:
-    """Run both models on one tokenized text and measure, tensor by tensor."""
+def run(models: Models, encoding: Encoding, tolerance: float | None = None) -> Comparison:
+    """Run both models on one tokenized text and measure, tensor by tensor (tolerance None: the default of the
+    models' dtype, `DEFAULT_TOLERANCE`)."""
     import torch
 
+    if tolerance is None:
+        tolerance = default_tolerance(models.dtype)
     input_ids = torch.tensor([encoding.ids], device=models.ours.embed_tokens.weight.device)
-    return Comparison(models.source, encoding, tolerance, compare_with(models.ours, models.theirs, input_ids))
+    return Comparison(models.source, encoding, tolerance, compare_with(models.ours, models.theirs, input_ids),
+                      models.dtype)
 
 
-def run_all(models: Models, chunks: Iterable[list[Encoding]], tolerance: float = 1e-4) -> Iterator[Comparison]:
+def run_all(models: Models, chunks: Iterable[list[Encoding]], tolerance: float | None = None) -> Iterator[Comparison]:
     """Compare tokenized texts, chunk by chunk (a stream's batches, see `tfcli.texts.tokenized`), yielding each
     text's comparison in order."""
     for encodings in chunks:
@@ -104,13 +144,19 @@ def transformers_model(source: "Source", like: "TransformerModel"):
 
     transformers.logging.disable_progress_bar()
     _require_weights(source)
-    values = json.loads((source.weights.parent / "config.json").read_text(encoding="utf-8"))
-    names = values.get("architectures") or ["AutoModel"]
-    cls = getattr(transformers, names[0], None)
-    if cls is None:
-        raise TfcliError(f"transformers has no class `{names[0]}`", "compare supports transformers' own models only")
-    reference = cls.from_pretrained(str(source.weights.parent), attn_implementation="eager").eval()
-    return reference.to(device=like.embed_tokens.weight.device, dtype=like.embed_tokens.weight.dtype)
+    dtype = like.embed_tokens.weight.dtype
+    # read straight into tfcli's dtype (bfloat16 weights are not rounded twice, nor float32 ones held twice)
+    options = {"attn_implementation": "eager", "dtype": dtype}
+    if source.gguf:  # transformers' own GGUF loading (it needs the gguf package, as tfcli does, and accelerate)
+        cls, options["gguf_file"] = transformers.AutoModelForCausalLM, source.weights.name
+    else:
+        values = json.loads((source.weights.parent / "config.json").read_text(encoding="utf-8"))
+        names = values.get("architectures") or ["AutoModel"]
+        cls = getattr(transformers, names[0], None)
+        if cls is None:
+            raise TfcliError(f"transformers has no class `{names[0]}`", "compare supports transformers' own models only")
+    reference = cls.from_pretrained(str(source.weights.parent), **options).eval()
+    return reference.to(device=like.embed_tokens.weight.device, dtype=dtype)
 
 
 def compare(model: "TransformerModel", source: Source, input_ids: "Tensor") -> list[Difference]:
@@ -147,7 +193,8 @@ def compare_with(model: "TransformerModel", reference: Any, input_ids: "Tensor")
         pairs += _stack_pairs("", sites.cache, ours, theirs.hidden_states, theirs.attentions)
     if ours.logits is not None and getattr(theirs, "logits", None) is not None:
         pairs.append(("logits", ours.logits, theirs.logits))
-    return [Difference(name, list(a.shape), _diff(name, a, b)) for name, a, b in pairs]
+    return [Difference(name, list(a.shape), _diff(name, a, b), max(b.double().abs().max().item(), 1.0))
+            for name, a, b in pairs]
 
 
 def _stack_pairs(prefix: str, cache: dict[str, "Tensor"], ours, hidden_states,

@@ -1,20 +1,23 @@
 """Resolve --model SRC to a config, optional weights and optional tokenizer files.
 
-Order (README, "Commands"): an existing path (YAML file, HF config.json, or a directory holding config.json),
-then a bundled config name (configs/NAME.yaml), then a Hugging Face hub id, `name` or `owner/name`, found in the
-local Hugging Face cache without touching the network, and downloaded only when it is not there.
+Order (README, "Commands"): `ollama:NAME[:TAG]` (a model in Ollama's local store); an existing path
+(YAML file, HF config.json, a .gguf file, a directory holding config.json, or else exactly one .gguf file); then a
+bundled config name (configs/NAME.yaml), then a Hugging Face hub id, `name` or `owner/name`, found in the local
+Hugging Face cache without touching the network, and downloaded only when it is not there.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfcli.checkpoints import read_hf_config
-from tfcli.config import ModelConfig, load_yaml
+from tfcli.checkpoints import is_gguf, read_hf_config
+from tfcli.config import ModelConfig, from_dict, load_yaml
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
@@ -24,6 +27,8 @@ DEFAULT_MODEL = "bert-base"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 HUB_ID = re.compile(r"(?:\w[\w.-]*/)?\w[\w.-]*")  # `name` or `owner/name`, as the hub spells them
+OLLAMA_PREFIX = "ollama:"
+OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"  # the manifest layer that names the GGUF blob
 
 
 @dataclass
@@ -32,8 +37,11 @@ class Source:
 
     config: ModelConfig
     weights: Path | None
-    tokenizer_dir: Path | None  # a model directory (its tokenizer files, or a note that it has none); None: bundled
+    tokenizer_dir: Path | None  # a model directory (its tokenizer files, or a note that it has none), or a .gguf
+    # file (its metadata holds the tokenizer); None: bundled
     description: str  # where it came from, for the output
+    weights_note: str | None = None  # said after `loaded from WEIGHTS`: a GGUF file's `dequantized from Q4_1`
+    gguf: bool = False  # weights (and tokenizer_dir) are one GGUF file, which holds the tokenizer too
 
 
 def bundled_config_dir() -> Traversable:
@@ -52,7 +60,12 @@ def bundled_names() -> list[str]:
 def resolve_source(src: str | None, revision: str | None = None) -> Source:
     """Turn a --model value into a Source; None means the bundled default. `revision` (a branch, tag or
     commit) applies to hub ids only."""
-    src = src or DEFAULT_MODEL
+    src = str(src or DEFAULT_MODEL)  # (a Path too: tokenizer.load_tokenizer passes one)
+    if src.startswith(OLLAMA_PREFIX):
+        if revision is not None:
+            raise usage_error(f"revision applies to Hugging Face hub ids only, and `{src}` is an Ollama model",
+                              parameter="revision")
+        return gguf_source(ollama_model(src[len(OLLAMA_PREFIX):]), name=src)
     path = Path(src).expanduser()
     bundled = bundled_config_dir() / f"{src}.yaml"
     if path.exists() or bundled.is_file():
@@ -76,7 +89,7 @@ def resolve_source(src: str | None, revision: str | None = None) -> Source:
 def _looks_like_path(src: str) -> bool:
     """A path rather than a hub id (`owner/name` or `name`): ./x, ../x, /x, ~/x, a/b/c, C:\\x, x.yaml, x.json."""
     return (src.startswith((".", "/", "~")) or "\\" in src or src.count("/") > 1
-            or src.endswith((".yaml", ".yml", ".json", ".safetensors", ".bin")))
+            or src.endswith((".yaml", ".yml", ".json", ".safetensors", ".bin", ".gguf")))
 
 
 def _from_path(path: Path, name: str | None = None) -> Source:
@@ -84,10 +97,13 @@ def _from_path(path: Path, name: str | None = None) -> Source:
     if path.is_dir():
         config_file = path / "config.json"
         if not config_file.is_file():
+            single = _single_gguf(path)
+            if single is not None:
+                return gguf_source(single, name)
             yamls = sorted(path.glob("*.yaml"))
             raise TfcliError(f"{path} holds no config.json",
                              f"pass the YAML file itself: {yamls[0]}" if yamls else
-                             "a model directory needs config.json (as save_pretrained writes it)")
+                             "a model directory needs config.json (as save_pretrained writes it) or one .gguf file")
         config = read_hf_config(config_file)
         weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
         what = "config and weights" if weights else "config only, no weights"
@@ -96,7 +112,10 @@ def _from_path(path: Path, name: str | None = None) -> Source:
         return Source(load_yaml(path), None, None, f"config file {path}")
     if path.suffix == ".json":
         return Source(read_hf_config(path), None, None, f"config file {path}")
-    raise TfcliError(f"{path}: not a model source", "pass a YAML config, a config.json or a model directory")
+    if is_gguf(path):
+        return gguf_source(path, name)
+    raise TfcliError(f"{path}: not a model source",
+                     "pass a YAML config, a config.json, a .gguf file or a model directory")
 
 
 def _hub_snapshot(repo_id: str, revision: str | None) -> Path:
@@ -151,3 +170,63 @@ def _download(repo_id: str, revision: str | None, not_cached: str, where_to_get_
     if not (folder / "config.json").is_file():
         raise TfcliError(f"hub model {repo_id} has no config.json", "tfcli loads transformers checkpoints")
     return folder
+
+
+def gguf_source(path: Path, name: str | None = None) -> Source:
+    """A GGUF file (tfcli.checkpoints.gguf): the config its metadata gives, read by the family as a config.json is,
+    and the file itself as weights and tokenizer; refused before anything is built when a tensor's type cannot be
+    dequantized or a tensor has no place in the family's model."""
+    from tfcli.checkpoints import gguf, translate_hf_config
+
+    header = gguf.read_header(path)
+    origin = str(header.path)
+    config = from_dict(translate_hf_config(gguf.hf_config(header), origin), origin=origin)
+    gguf.check_loadable(header)
+    return Source(config, header.path, header.path,
+                  f"{name or path} (GGUF {header.architecture}, {header.type_summary()})",
+                  weights_note=header.weights_note(), gguf=True)
+
+
+def gguf_header(path: Path):
+    """The parsed header of a GGUF file (its metadata holds the tokenizer: tfcli.tokenizer reads it through here)."""
+    from tfcli.checkpoints import gguf
+
+    return gguf.read_header(path)
+
+
+def _single_gguf(directory: Path) -> Path | None:
+    """The one .gguf file of a directory without config.json; None when it has none; several: a usage error."""
+    found = sorted(p for p in directory.glob("*.gguf") if p.is_file())
+    if len(found) > 1:
+        raise usage_error(f"{directory} holds {len(found)} GGUF files: {', '.join(p.name for p in found)}",
+                          f"pass the one you mean, e.g. --model {directory / found[0].name}", parameter="model")
+    return found[0] if found else None
+
+
+def ollama_model(reference: str) -> Path:
+    """The GGUF blob of `NAME[:TAG]` (tag `latest` by default; `owner/NAME` outside Ollama's library) in Ollama's
+    local store ($OLLAMA_MODELS, else ~/.ollama/models), found through its manifest without running Ollama."""
+    store = Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models").expanduser()
+    name, _, tag = reference.partition(":")
+    tag = tag or "latest"
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+){0,2}", name) or not re.fullmatch(r"[\w.-]+", tag):
+        raise usage_error(f"`{OLLAMA_PREFIX}{reference}` is not an Ollama model name",
+                          "write ollama:NAME or ollama:NAME:TAG, e.g. ollama:llama3.2:1b", parameter="model")
+    parts = name.split("/")
+    where = {1: ["registry.ollama.ai", "library"], 2: ["registry.ollama.ai"], 3: []}[len(parts)] + parts
+    manifest = store.joinpath("manifests", *where, tag)
+    if not manifest.is_file():
+        raise TfcliError(f"Ollama model `{name}:{tag}` not found: there is no {manifest}",
+                         f"pull it with `ollama pull {name}:{tag}`, or set OLLAMA_MODELS to the folder Ollama keeps "
+                         "its models in")
+    try:
+        layers = json.loads(manifest.read_text(encoding="utf-8"))["layers"]
+        digest = next(layer["digest"] for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration):
+        raise TfcliError(f"{manifest}: not an Ollama manifest with a model layer ({OLLAMA_MODEL_LAYER})",
+                         f"pull the model again with `ollama pull {name}:{tag}`") from None
+    blob = store / "blobs" / str(digest).replace(":", "-")
+    if not blob.is_file():
+        raise TfcliError(f"Ollama model `{name}:{tag}`: its manifest names the blob {blob.name}, which is not in "
+                         f"{blob.parent}", f"pull it again with `ollama pull {name}:{tag}`")
+    return blob

@@ -132,16 +132,23 @@ def _read_json(path: Path) -> dict[str, Any]:
 @dataclass(frozen=True)
 class StoredTensor:
     """One tensor of a checkpoint, not read yet: its shape and dtype, and `read(out=None)`, which returns
-    it (into `out`, a contiguous CPU tensor of the same dtype and size, when given)."""
+    it (into `out`, a contiguous CPU tensor of the same dtype and size, when given; of any dtype when `casts`:
+    a GGUF tensor, dequantized a slice at a time into it)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     read: Callable[..., Tensor]
+    casts: bool = False
 
 
 def read_checkpoint(path: Path) -> dict[str, StoredTensor]:
     """Every tensor of a checkpoint by name, none of them read yet: safetensors (one file or an index of
-    shards) or, only through torch.load(weights_only=True), which refuses pickled code, a .bin file or index."""
+    shards) or, only through torch.load(weights_only=True), which refuses pickled code, a .bin file or index;
+    or a GGUF file (tfcli.checkpoints.gguf: its tensors under their Hugging Face names, dequantized as read)."""
+    if is_gguf(path):
+        from tfcli.checkpoints.gguf import read_tensors
+
+        return read_tensors(path)
     files = [path]
     if path.name.endswith(".index.json"):
         try:
@@ -153,6 +160,17 @@ def read_checkpoint(path: Path) -> dict[str, StoredTensor]:
     for file in files:
         tensors.update(_read_safetensors_header(file) if file.suffix == ".safetensors" else _read_bin(file))
     return tensors
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether `path` is a GGUF file: named .gguf, or starting with its magic (Ollama's blobs have no suffix)."""
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -378,7 +396,7 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
             part, rows = stored[renamed[piece][0]], tensor.narrow(0, row, shape(piece)[0])
             row += rows.shape[0]
             order = regrouped if regrouped is not None and ".attn.qkv." in piece else None
-            if rows.is_cpu and rows.dtype == part.dtype and not transposed(piece) and order is None:
+            if rows.is_cpu and (rows.dtype == part.dtype or part.casts) and not transposed(piece) and order is None:
                 part.read(out=rows)  # straight from the file into the parameter
             else:  # one tensor in flight, cast, regrouped and moved as it is copied
                 value = part.read()
