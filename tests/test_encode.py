@@ -47,9 +47,9 @@ def test_encode_json_keys_and_selection():
     result = run("encode", "time flies like an arrow", "--model", "tiny", "--layers", "-1", "--heads", "0,2",
                  "--top-k", "2", "--json")
     (record,) = records(result)
-    assert list(record) == ["text", "tokens", "ids", "shapes", "attention", "lens", "weights"]
+    assert list(record) == ["text", "tokens", "ids", "shapes", "attention", "lens", "weights", "seed"]
     assert record["ids"] == [101, 2051, 10029, 2066, 2019, 8612, 102]
-    assert record["weights"] == "random"
+    assert record["weights"] == "random" and record["seed"] == 0
     assert [(a["layer"], a["head"]) for a in record["attention"]] == [(1, 0), (1, 2)]
     assert [row["layer"] for row in record["lens"]] == [1]
     assert all(len(top) == 2 for top in record["lens"][0]["top"])
@@ -84,7 +84,7 @@ def test_lens_of_last_layer_is_the_model_prediction(tmp_path, save_hf_model):
                         intermediate_size=64)
     hf = save_hf_model(BertForMaskedLM, config, tmp_path)
     (record,) = records(run("encode", "time flies", "--model", str(tmp_path), "--json", "--top-k", "1"))
-    assert record["weights"] == "trained"
+    assert record["weights"] == "loaded" and record["weights_from"] == str(tmp_path / "model.safetensors")
     with torch.no_grad():
         logits = hf(input_ids=torch.tensor([record["ids"]])).logits[0]
     assert [top[0]["id"] for top in record["lens"][-1]["top"]] == logits.argmax(-1).tolist()

@@ -92,7 +92,7 @@ def test_a_cached_id_runs_and_touches_no_network(hub_cache, no_download, cache_m
     assert source.weights == hub_cache / "models--bert-base-uncased" / "snapshots" / "abc" / "model.safetensors"
     result = CliRunner().invoke(app, ["encode", "--model", "bert-base-uncased", "--json", "time flies"])
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["weights"] == "trained" and f"loaded from {source.weights}" in result.stderr
+    assert json.loads(result.stdout)["weights"] == "loaded" and f"loaded from {source.weights}" in result.stderr
 
 
 def test_revision_picks_a_branch_or_commit(hub_cache, no_download, cache_model):

@@ -9,6 +9,8 @@ import json
 import pytest
 
 ENCODE = {"text", "tokens", "ids", "shapes", "attention", "lens", "weights"}
+RANDOM = {"seed"}  # with "weights": "random"
+LOADED = {"weights_from"}  # with "weights": "loaded"
 ENCODE_SEQ2SEQ = ENCODE | {"target_tokens", "target_ids"}
 STAGE = {"stage", "shape", "dtype", "params", "mean", "std", "norm"}
 ATTENTION = {"kind", "layer", "head", "max_key", "max_weight", "weights"}
@@ -80,17 +82,29 @@ def check_encode_parts(record: dict, top_k: int) -> None:
 def test_encode_record(cli, models):
     (record,) = records(cli("encode", "time flies", "--model", models["encoder"], "--json", "--top-k", "2",
                             "--heads", "0,1"))
-    assert set(record) == ENCODE
+    assert set(record) == ENCODE | RANDOM and (record["weights"], record["seed"]) == ("random", 0)
     check_encode_parts(record, top_k=2)
-    (paired,) = records(cli("encode", "time flies", "--pair", "like an arrow", "--model", models["encoder"], "--json"))
-    assert set(paired) == ENCODE | {"pair"}
+    (paired,) = records(cli("encode", "time flies", "--pair", "like an arrow", "--model", models["encoder"], "--json",
+                            "--seed", "7"))
+    assert set(paired) == ENCODE | RANDOM | {"pair"} and paired["seed"] == 7
     assert len(record["attention"]) == 4  # 2 layers x 2 heads
+
+
+def test_encode_record_of_a_checkpoint_says_which_file(cli, tmp_path, save_hf_model):
+    """Loaded weights: tfcli cannot tell whether they were trained, so the record says where they come from."""
+    from transformers import BertConfig, BertModel
+
+    save_hf_model(BertModel, BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, max_position_embeddings=32), tmp_path)
+    (record,) = records(cli("encode", "time flies", "--model", str(tmp_path), "--json"))
+    assert set(record) == ENCODE | LOADED
+    assert (record["weights"], record["weights_from"]) == ("loaded", str(tmp_path / "model.safetensors"))
 
 
 def test_encode_record_of_an_encoder_decoder(cli, models):
     (record,) = records(cli("encode", "time flies", "--model", models["seq2seq"], "--target", "le temps",
                             "--json", "--top-k", "1"))
-    assert set(record) == ENCODE_SEQ2SEQ
+    assert set(record) == ENCODE_SEQ2SEQ | RANDOM
     check_encode_parts(record, top_k=1)
     assert {amap["kind"] for amap in record["attention"]} == {"encoder", "decoder", "cross"}
 

@@ -111,7 +111,7 @@ def test_an_interrupted_write_leaves_no_file(tmp_path):
         stream.write(b"<!DOCTYPE html> half")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(TfcliError, match="cannot write .*No space left"):
+    with pytest.raises(TfcliError, match="no space left on device writing .*: nothing was written"):
         write_atomically(target, half_then_fail, overwrite=False)
     assert list(tmp_path.iterdir()) == []  # neither the report nor a temporary file
 
@@ -136,11 +136,12 @@ def test_matplotlib_is_imported_only_to_write_a_figure(tmp_path):
 
 @pytest.mark.slow
 def test_the_page_names_the_command_as_typed(tmp_path, tfcli_process):
-    """`python -m tfcli` shows as that (not as the path of tfcli/__main__.py), arguments quoted for a shell."""
+    """`python -m tfcli` shows as that (not as the path of tfcli/__main__.py), arguments quoted for a shell as
+    people quote them: `"it's"`, not `'it'"'"'s'`."""
     page = tmp_path / "a page.html"
     result = tfcli_process("encode", "--model", "tiny", "it's", "--report", str(page))
     assert result.returncode == 0, result.stderr
-    expected = f"python -m tfcli encode --model tiny 'it'\"'\"'s' --report '{page}'"
+    expected = f"python -m tfcli encode --model tiny \"it's\" --report '{page}'"
     assert page_data(page)["run"]["command_line"] == expected
 
 

@@ -218,7 +218,9 @@ def test_the_lens_table_says_what_it_holds_and_keeps_a_cell_on_one_line_when_it_
     layers it holds. A cell's tokens share one line exactly when the whole table fits the width."""
     args = ("encode", "time flies like an arrow", "--model", str(minilm_dir), "--layers", "all", "--no-color")
     wide = lens_section(run(cli, *args, "--top-k", "3", "--width", "1000").stdout)
-    assert wide[0] == "logit lens: the top 3 tokens each layer predicts"
+    # MiniLM has no LM head: the lens reads through the input embeddings, and says it is not a prediction
+    assert wide[0] == ("logit lens: each layer's top 3 tokens through the input token embeddings (no LM head: not a "
+                       "prediction)")
     assert [cells(line)[0] for line in wide[3:10]] == ["0 [CLS]", "1 time", "2 flies", "3 like", "4 an", "5 arrow",
                                                        "6 [SEP]"]  # a position a line, 3 tokens x 6 layers
     assert all(len(cells(line)) == 1 + 3 * 6 for line in wide[3:10])
@@ -231,9 +233,10 @@ def test_the_lens_table_says_what_it_holds_and_keeps_a_cell_on_one_line_when_it_
     notes = re.findall(r"\(page (\d) of (\d): (layers? [\d-]+)\)", paged.replace("\n", " "))
     assert [note for _, _, note in notes] == ["layer 0", "layers 1-2", "layer 3", "layer 4", "layer 5"]
     assert [(int(page), int(pages)) for page, pages, _ in notes] == [(page, 5) for page in range(1, 6)]
-    for top_k, title in (("1", "the top token"), ("2", "the top 2 tokens")):
+    for top_k, title in (("1", "top token"), ("2", "top 2 tokens")):
         lens = lens_section(run(cli, *args, "--top-k", top_k, "--width", "120").stdout)
-        assert lens[0] == f"logit lens: {title} each layer predicts"
+        assert lens[0] == f"logit lens: each layer's {title} through the input token embeddings (no LM head: not a " \
+                          "prediction)"
 
 
 def sliced_rows(lines: list[str]) -> list[list[str]]:
@@ -297,7 +300,8 @@ def test_the_summary_names_each_kind_and_head_and_says_each_layers_most_attended
                     (header, row)
     plain = table_rows(run(cli, "encode", SENTENCE, "--model", str(minilm_dir), "--no-color", *WIDE).stdout,
                        "every layer")
-    assert plain[0] == ["position", "attends most to", "predicts"]  # the mean over heads: no head named
+    # the mean over heads: no head named; MiniLM has no LM head, so the lens column says it is not a prediction
+    assert plain[0] == ["position", "attends most to", "lens top token"]
 
 
 @pytest.mark.parametrize("layers,note", [([], "; sublayers of the last block only"),

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
+import click
 import typer
 from rich.console import Console
 from typer.core import TyperArgument, TyperGroup
@@ -26,7 +28,7 @@ from typer.exceptions import TyperException
 
 from tfcli import __version__
 from tfcli.errors import TfcliError, usage_error
-from tfcli.render.layout import MIN_WIDTH, make_console, output_width, print_lines
+from tfcli.render.layout import MIN_WIDTH, make_console, message_lines, output_width, print_lines
 from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, Inputs, tokenized
 
@@ -43,11 +45,78 @@ err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
 TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
 
 
+def _help_wrap(text: str, width: int, indent: str = "") -> str:
+    """click's paragraph wrapping (a paragraph after a `\\b` line kept as written), broken only between words:
+    never inside an option name (`--max-length`) or a range (`-3-`), and a word wider than the line kept whole."""
+    wrapper = textwrap.TextWrapper(max(width, 10), initial_indent=indent, subsequent_indent=indent,
+                                   break_on_hyphens=False, break_long_words=False, replace_whitespace=False)
+    paragraphs: list[str] = []
+    for block in text.expandtabs().split("\n\n"):
+        lines = block.splitlines()
+        if not lines:
+            continue
+        if lines[0].strip() == "\b":
+            paragraphs.append("\n".join(indent + line for line in lines[1:]))
+        else:
+            extra = " " * (len(lines[0]) - len(lines[0].lstrip()))
+            wrapper.initial_indent = wrapper.subsequent_indent = indent + extra
+            paragraphs.append(wrapper.fill(" ".join(line.strip() for line in lines)))
+    return "\n\n".join(paragraphs)
+
+
+class _HelpFormatter(click.HelpFormatter):
+    """click's help layout, wrapped between whole words (click's own wrapping splits `--max-length` at its
+    hyphen)."""
+
+    def write_text(self, text: str) -> None:
+        self.write(_help_wrap(text, self.width, " " * self.current_indent) + "\n")
+
+    def write_dl(self, rows: Sequence[tuple[str, str]], col_max: int = 30, col_spacing: int = 2) -> None:
+        rows = list(rows)
+        first_col = min(max((len(first) for first, _ in rows), default=0), col_max) + col_spacing
+        for first, second in rows:
+            self.write(f"{'':>{self.current_indent}}{first}")
+            if not second:
+                self.write("\n")
+                continue
+            if len(first) <= first_col - col_spacing:
+                self.write(" " * (first_col - len(first)))
+            else:
+                self.write("\n" + " " * (first_col + self.current_indent))
+            lines = _help_wrap(second, self.width - first_col - self.current_indent).splitlines() or [""]
+            self.write(lines[0] + "\n")
+            for line in lines[1:]:
+                self.write(" " * (first_col + self.current_indent) + line + "\n")
+
+
+class _HelpContext(typer.Context):
+    formatter_class = _HelpFormatter
+
+
 class _ErrorReportingGroup(TyperGroup):
     """Turns TfcliError, and any unexpected exception, into `error:` / `hint:` lines and an exit code; a
-    reader that goes away (`| head`) ends the run quietly with 0."""
+    reader that goes away (`| head`) ends the run quietly with 0. Its help, and every command's, is wrapped
+    between whole words, and lists each command's first sentence in full."""
+
+    context_class = _HelpContext
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is not None:
+            command.context_class = _HelpContext  # the command's --help, wrapped like the group's
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands with their summaries (the first sentence of each), in full: never cut with `...`."""
+        rows = [(name, command.get_short_help_str(limit=10**6)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: typer.Context) -> Any:
+        global _stderr_width
+        _stderr_width = None  # until the command reads its --width
         try:
             return super().invoke(ctx)
         except TfcliError as e:
@@ -93,20 +162,32 @@ def main() -> None:
 # ---------------------------------------------------------------- helpers shared by the commands
 
 
+_stderr_width: int | None = None  # the command's output width (--width, ...), once it is known
+
+
+def say(message: str, style: str | None = None, whole: Sequence[str] = ()) -> None:
+    """One message on stderr. On a terminal it is wrapped between words to the output width (`whole`: the paths
+    in it, never broken), so that the terminal does not break it mid-word; into a file or pipe it stays one line,
+    as written, for grep."""
+    if err_console.is_terminal:
+        message = "\n".join(message_lines(message, _stderr_width or output_width(), whole))
+    err_console.print(message, soft_wrap=True, style=style)
+
+
 def fail(message: str, hint: str | None, exit_code: int) -> None:
     """Print `error: message` (and `hint: hint`) on stderr and exit."""
-    err_console.print(f"error: {message}", soft_wrap=True)
+    say(f"error: {message}")
     if hint:
-        err_console.print(f"hint: {hint}", soft_wrap=True)
+        say(f"hint: {hint}")
     raise typer.Exit(exit_code)
 
 
 def warn(message: str) -> None:
-    err_console.print(f"warning: {message}", soft_wrap=True)
+    say(f"warning: {message}")
 
 
 def note(message: str) -> None:
-    err_console.print(message, soft_wrap=True, style="dim")
+    say(message, style="dim")
 
 
 def option_words(error: TfcliError) -> str:
@@ -137,8 +218,11 @@ WIDE_ENOUGH = requires(lambda value: value >= MIN_WIDTH, f"must be at least {MIN
 
 
 def output_console(width: int | None, color: bool | None) -> Console:
-    """The stdout console of a command: `--width` (else $COLUMNS, the terminal's, or 120) and `--color`."""
-    return make_console(output_width(width), color)
+    """The stdout console of a command: `--width` (else $COLUMNS, the terminal's, or 120) and `--color`. Its
+    width is stderr's too (`say`)."""
+    global _stderr_width
+    _stderr_width = output_width(width)
+    return make_console(_stderr_width, color)
 
 
 def inputs(texts: list[str] | None, file: Path | None, keep_blank: bool = False) -> Inputs:
@@ -189,20 +273,22 @@ def build(source: Source, device: str, dtype: str, seed: int) -> TransformerMode
     from tfcli.api import build_model
 
     model = build_model(source, device=device, dtype=dtype, seed=seed)
-    err_console.print(f"model: {model.config.name} ({model.config.architecture}); weights: "
-                      f"{model.weights_description}", soft_wrap=True)
+    paths = [str(source.weights)] if source.weights is not None else []
+    say(f"model: {model.config.name} ({model.config.architecture}); weights: {model.weights_description}",
+        whole=paths + [source.description])
     return model
 
 
 def write_report_file(path: Path, command: str, model: TransformerModel, source: Source, items: list[Any],
-                      overwrite: bool, tokenizer: Any = None) -> None:
-    """Write --report PATH from a command's report objects, and say so on stderr."""
+                      overwrite: bool, tokenizer: Any = None, detail: list[int] | None = None) -> None:
+    """Write --report PATH from a command's report objects, and say so on stderr (`detail`: encode's layers shown
+    in full, which a figure draws)."""
     from tfcli.render.report_file import write_report
     from tfcli.render.run_info import run_info
 
     check_report_path(path, overwrite, len(items))  # a stream's texts are counted only now
-    write_report(path, run_info(command, model, source.description), items, overwrite, tokenizer)
-    err_console.print(f"wrote {path}", soft_wrap=True)  # a path is never broken across lines
+    write_report(path, run_info(command, model, source.description, detail), items, overwrite, tokenizer)
+    say(f"wrote {path}", whole=[str(path)])  # a path is never broken across lines
 
 
 TextsArgument = Annotated[
@@ -223,7 +309,8 @@ DtypeOption = Annotated[str, typer.Option(metavar="DTYPE", help="float32, float1
 SeedOption = Annotated[int, typer.Option(metavar="N", help="Seed of the random weights when the model has none.",
                                          callback=SEED_RANGE)]
 PairOption = Annotated[str | None, typer.Option(metavar="TEXT", help="Second segment, paired with every text.")]
-MaxLengthOption = Annotated[int | None, typer.Option("--max-length", metavar="N", callback=AT_LEAST_ONE,
+# no range check here: the smallest useful N depends on the tokenizer's special tokens, which it checks (one message)
+MaxLengthOption = Annotated[int | None, typer.Option("--max-length", metavar="N",
                                                      help="Truncate texts to at most N tokens (default: the model's "
                                                      "positions).")]
 ReportOption = Annotated[Path | None, typer.Option(
@@ -345,8 +432,10 @@ def encode(
     heads: Annotated[str | None, typer.Option(metavar="HEADS", help="Heads to show, e.g. 0,3 or 0-5 or all "
                                               "(default: their mean).")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", metavar="N", callback=NOT_NEGATIVE,
-                                              help="Top tokens each layer predicts per position; 0 switches the logit "
-                                              "lens off (default: 3, of which the table shows 1).")] = None,
+                                              help="The logit lens's top N tokens per layer and position, in a "
+                                              "lens table of the layers shown in full and in --json; 0 switches the "
+                                              "lens off (default: 3 in --json, no lens table, the top token only in "
+                                              "the line per position).")] = None,
     attention_top: Annotated[int | None, typer.Option("--attn-top", metavar="N", callback=AT_LEAST_ONE,
                                                       help="Keys listed per query beside each attention map "
                                                       "(default: up to 3, as many as fit beside it).")] = None,
@@ -369,6 +458,10 @@ def encode(
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
     json_output: JsonOption = False,
+    no_attention_weights: Annotated[bool, typer.Option("--no-attention-weights", help="With --json: leave each "
+                                                       "attention map's query x key `weights` out of the record (its "
+                                                       "max_key and max_weight stay): a 512-token record shrinks "
+                                                       "from megabytes to kilobytes.")] = False,
     max_capture_mb: Annotated[float, typer.Option("--max-capture-mb", metavar="MB", callback=POSITIVE,
                                                   help="Most memory a batch's captured attention, hidden states "
                                                   "and logits may hold.")] = 1024,
@@ -379,7 +472,8 @@ def encode(
 
     \b
     Examples:
-      tfcli encode --model path/to/checkpoint "The animal didn't cross the street because it was too tired"
+      tfcli encode --model path/to/checkpoint \\
+          "The animal didn't cross the street because it was too tired"
       tfcli encode --layers all --heads 0-3 --top-k 5 "time flies like an arrow"
     """
     from tfcli import encode as core
@@ -387,6 +481,8 @@ def encode(
     from tfcli.render.jsonl import write_jsonl
     from tfcli.sources import resolve_source
 
+    if no_attention_weights and not json_output:
+        raise usage_error("--no-attention-weights goes with --json", "add --json, or leave it out")
     out = output_console(width, color)
     texts_in = inputs(texts, file)
     if save is not None:
@@ -408,9 +504,6 @@ def encode(
     detail = None if layers is None else options.layers if options.layers is not None else every_layer
     view = render.View(detail, attention_top, out.color_system is not None, 1 if top_k is None else top_k,
                        lens=top_k is not None)
-    if not json_output and layers is None:
-        note("showing the last layer in full and a line per position for every layer; see more with "
-             "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
     save_to = None if save is None else core.SaveTo(save, force, {
         "tfcli_version": __version__, "model": source.description, "weights": loaded.weights_description})
     number, reported = 0, []  # reported: every text's report, for --report
@@ -418,16 +511,20 @@ def encode(
                                 max_capture_mb, save_to, warn):
         number += 1
         if json_output:
-            write_jsonl([render.record(text_report, loaded.trained)])
+            write_jsonl([render.record(text_report, loaded.trained, source.weights, seed,
+                                       attention_weights=not no_attention_weights)])
         else:
             print_lines(out, render.report_lines(text_report, number, out.width, view))
         if report is not None:
             reported.append(text_report)
     if save is not None:
-        err_console.print(f"saved {save}", soft_wrap=True)
+        say(f"saved {save}", whole=[str(save)])
     truncated.finish(number)
     if report is not None:
-        write_report_file(report, "encode", loaded, source, reported, force)
+        write_report_file(report, "encode", loaded, source, reported, force, detail=detail)
+    if not json_output and layers is None:  # last, where it is still on the screen when the run ends
+        note("showing the last layer in full and a line per position for every layer; see more with "
+             "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
 
 
 @app.command()
@@ -436,10 +533,14 @@ def compare(
                                                           help="A checkpoint directory (config.json + weights), unless "
                                                           "--model gives it, then texts; `-` alone reads stdin.")] = None,
     model: ModelOption = None,
+    revision: RevisionOption = None,
     file: FileOption = None,
     device: DeviceOption = "cpu",
-    tolerance: Annotated[float, typer.Option(metavar="T", callback=POSITIVE,
-                                             help="Largest difference that counts as a match.")] = 1e-4,
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="float32, float16 or bfloat16: both models run in it.")] = "float32",
+    tolerance: Annotated[float | None, typer.Option(metavar="T", callback=POSITIVE, show_default=False,
+                                                    help="Largest difference that counts as a match (default: 1e-4 "
+                                                    "in float32; in bfloat16 0.05 and in float16 0.01 of each "
+                                                    "tensor's largest value).")] = None,
     json_output: JsonOption = False,
     width: WidthOption = None,
     color: ColorOption = None,
@@ -461,27 +562,47 @@ def compare(
         if not arguments:
             raise usage_error("no model source given", "tfcli compare SRC TEXT... or tfcli compare --model SRC TEXT...")
         model = arguments.pop(0)
+    elif arguments and _names_a_model(arguments[0], model):
+        raise usage_error("give the model source once: as SRC or with --model, not both",
+                          f"with --model every argument is a text: tfcli compare --model {model} TEXT...")
     out = output_console(width, color)
     texts_in = inputs(arguments or None, file)
     batches = started(texts_in.batches(1))
-    models = core.load(model, device)
+    models = core.load(model, device, revision, dtype)
     noted(models.tokenizer)
     positions = models.resolved.config.max_position_embeddings
     truncated = CappedWarnings(warn, "texts truncated")
     chunks = (tokenized(models.tokenizer, batch, positions, truncated) for batch in batches)
-    worst, number, all_match = 0.0, 0, True
+    worst, number, failed, tolerance_said = 0.0, 0, 0, ""
     for comparison in core.run_all(models, chunks, tolerance):
         number += 1
-        worst = max(worst, comparison.worst)
-        all_match = all_match and comparison.matches
+        if number > 1 and not json_output:
+            out.print()  # a blank line between texts
+        worst = max(worst, comparison.worst_relative if comparison.relative else comparison.worst)
+        failed += not comparison.matches
+        tolerance_said = render.tolerance_words(comparison)
         if json_output:
             write_jsonl([render.record(comparison)])
         else:
             print_lines(out, render.compare_lines(comparison, number, out.width))
     truncated.finish(number)
-    if not all_match:
-        err_console.print(f"largest difference {worst:.3g} exceeds {tolerance:g}", soft_wrap=True)
+    if failed:
+        which = f"in {failed} of {number} texts " if number > 1 else ""
+        say(f"largest difference {worst:.3g} {which}exceeds {tolerance_said}")
         raise typer.Exit(1)
+
+
+def _names_a_model(argument: str, model: str) -> bool:
+    """Whether compare's first text is in fact a model source (the --model one again, or a checkpoint path): the
+    mistake `tfcli compare ckpt --model ckpt hi`, which would otherwise run the path as a text."""
+    if argument == model:
+        return True
+    path = Path(argument)
+    try:
+        return (path.is_dir() and (path / "config.json").is_file()) or (
+            path.is_file() and path.suffix.lower() in (".json", ".yaml", ".yml", ".gguf", ".safetensors", ".bin"))
+    except OSError:  # a text too long to be a path
+        return False
 
 
 @app.command()
@@ -513,8 +634,9 @@ def classify(
 
     \b
     Examples:
-      tfcli classify --model path/to/classifier "I loved this film" "terrible acting"
-      tfcli classify --model path/to/nli-model "A man is eating." --pair "Someone eats." --explain
+      tfcli classify --model path/to/classifier "I loved this film" "bad acting"
+      tfcli classify --model path/to/nli-model --explain "A man is eating." \\
+          --pair "Someone eats."
     """
     from tfcli import classify as core
     from tfcli.render import classify as render
@@ -545,6 +667,8 @@ def classify(
         if json_output:
             write_jsonl([render.record(result)])
         else:
+            if number > 1:
+                out.print()  # a blank line between texts
             print_lines(out, render.classification_lines(result, number, out.width, top))
             if result.explanation is not None:
                 print_lines(out, render.explanation_lines(result.explanation, out.width))
@@ -576,6 +700,8 @@ def generate(
     lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step.")] = False,
     report: ReportOption = None,
     force: ReportForceOption = False,
+    file: Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
+                                              help="Read prompts from FILE, one per line.")] = None,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
     seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
@@ -589,8 +715,9 @@ def generate(
 
     \b
     Examples:
-      tfcli generate --model path/to/gpt2 "time flies like" --max-new-tokens 10 --lens
-      tfcli generate --model path/to/gpt2 --temperature 0.8 --top-p 0.9 --seed 1 "Once upon a time"
+      tfcli generate --model path/to/gpt2 -n 10 --lens "time flies like"
+      tfcli generate --model path/to/gpt2 --temperature 0.8 --top-p 0.9 \\
+          --seed 1 "Once upon a time"
     """
     from tfcli import generate as core
     from tfcli.model.decoding import Sampling
@@ -603,7 +730,7 @@ def generate(
         raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
                           "leave out --greedy to sample")
     out = output_console(width, color)
-    prompts_in = inputs(prompts, None)
+    prompts_in = inputs(prompts, file)
     if report is not None:
         check_report_path(report, force, prompts_in.count or 1)
     sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
@@ -614,6 +741,8 @@ def generate(
                for batch in prompts_in.batches(1))
     batches = started(batches)
     loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these continuations say nothing about the prompts")
     # the text appears once, as it is made: on stdout when that is the terminal (the table follows without it),
     # else on stderr when that is a terminal (stdout, a file or pipe, gets the text with the table)
     live = sys.stdout if out.is_terminal and not json_output else sys.stderr if err_console.is_terminal else None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfcli.errors import TfcliError, usage_error
+from tfcli.errors import TfcliError, check_writable_folder, usage_error, write_error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -173,6 +173,49 @@ class TextReport:
     attention: list[AttentionMap] = field(default_factory=list)
     lens: list[LensRow] = field(default_factory=list)
     sites: dict[str, "Tensor"] = field(default_factory=dict)  # --sites: each site's value for this text alone
+    # truncated to the model's positions (or --max-length): what the model read of the text (and of the pair), up
+    # to its last read token's end, and how many tokens the whole input had; None when all of it was read
+    read_text: str | None = None
+    read_pair: str | None = None
+    untruncated_length: int | None = None
+    lens_through: str = ""  # what the lens reads each layer through: "the final norm and the LM head", ...
+    lens_predicts: bool = True  # False: through the input token embeddings (no LM head), so not a prediction
+
+    @property
+    def shown_text(self) -> str:
+        """The text as the model read it: all of it, or the start that truncation kept."""
+        return self.text if self.read_text is None else self.read_text
+
+    @property
+    def shown_pair(self) -> str | None:
+        return self.pair if self.read_pair is None else self.read_pair
+
+
+def read_part(encoding: "Encoding", sequence: int) -> str | None:
+    """What a truncated encoding kept of its text (sequence 0) or pair (1): the text up to the end of its last kept
+    token; None when nothing of it was cut."""
+    whole = encoding.text if sequence == 0 else encoding.pair
+    if not encoding.truncated or whole is None:
+        return None
+    end = max((stop for (_, stop), s in zip(encoding.offsets, encoding.sequence_ids) if s == sequence), default=0)
+    return whole[:end] if whole[end:].strip() else None
+
+
+def lens_through(model: "TransformerModel") -> tuple[str, bool]:
+    """What the logit lens (`TransformerModel.unembed`) reads a hidden state through, as people say it, and whether
+    that is a prediction head (False: the input token embeddings of a model without an LM head)."""
+    from tfcli.model.transformer import LMHead
+
+    stack = model.output_stack
+    parts = ["the final norm"] if stack.final_norm is not None else []
+    if stack.project_out is not None:
+        parts.append("the output projection")
+    head = isinstance(model.head, LMHead)
+    if head:
+        parts.append("the MLM head" if model.head.transform else "the LM head")
+    else:
+        parts.append("the input token embeddings")
+    return (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]), head
 
 
 def stage_row(name: str, tensor: "Tensor", parameters: int, block: int | None = None) -> StageRow:
@@ -369,6 +412,9 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
     """The report of one text (row `row` of a padded batch), sliced to its real tokens."""
     n = len(encoding.ids)
     report = TextReport(encoding.text, encoding.tokens, encoding.ids, encoding.pair)
+    if encoding.truncated:
+        report.read_text, report.read_pair = read_part(encoding, 0), read_part(encoding, 1)
+        report.untruncated_length = encoding.untruncated_length
     t_tokens, t_len = encoding.tokens, n  # the output stack's tokens: the decoder's input in an encoder-decoder
     if target is not None:
         report.target_tokens, report.target_ids = target.tokens, target.ids
@@ -395,6 +441,7 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
         prefix, stack = stacks(model)[-1]
         hidden = [captured.values[name] for name in hidden_names(model, prefix, stack)]
         report.lens = lens_rows(model, hidden, row, t_len, options.layers, options.top_k, tokenizer, captured.logits)
+        report.lens_through, report.lens_predicts = lens_through(model)
     report.sites = {name: text_value(name).clone() for name in captured.extra}
     return report
 
@@ -531,6 +578,11 @@ def run(model: "TransformerModel", tokenizer: "Tokenizer", chunks: Iterable[list
     --max-capture-mb allows (see capture_batch_size; `warn` hears once when a batch had to shrink), yielding each
     text's report in order. With `save` every text must be in one chunk: its tensors are written to save.path."""
     warned = False
+    if options.top_k and model.has_lens and warn is not None:
+        through, predicts = lens_through(model)
+        if not predicts:  # once: what the lens shows is easy to take for a prediction
+            warn(f"{model.config.name} has no LM head: the logit lens reads each layer's output through {through}, "
+                 "so it mostly shows the input token itself, not a prediction")
     for encodings in chunks:
         batch_size, note = capture_batch_size(model, options, encodings, target, max_capture_mb, save is not None)
         if note and warn is not None and not warned:  # once: every batch of a stream would say the same
@@ -557,6 +609,7 @@ def check_save_path(path: Path, overwrite: bool) -> None:
         raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
     if not path.parent.is_dir():
         raise TfcliError(f"--save {path}: the folder {path.parent} does not exist")
+    check_writable_folder("--save", path)
 
 
 def save_metadata(reports: list[TextReport]) -> dict[str, str]:
@@ -572,11 +625,37 @@ def save_metadata(reports: list[TextReport]) -> dict[str, str]:
 
 
 def save_tensors(path: Path, tensors: dict[str, "Tensor"], overwrite: bool, metadata: dict[str, str] | None = None) -> None:
-    """Write --save FILE.safetensors (checked again: the file may have appeared while the model ran)."""
+    """Write --save FILE.safetensors (checked again: the file may have appeared while the model ran): into a temporary
+    file beside it, then renamed, so that a full disk or an interrupted run keeps the file there before (and leaves
+    no half-written one); a failed write is one line saying what happened (`write_error`)."""
+    import os
+    import tempfile
+
     from safetensors.torch import save_file
 
     check_save_path(path, overwrite)
+    existed = path.exists()
     try:
-        save_file(tensors, str(path), metadata=metadata)
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(handle)
     except OSError as exc:
-        raise TfcliError(f"cannot write {path}: {exc.strerror}") from None
+        raise write_error(path, exc, existed) from None
+    try:
+        save_file(tensors, temporary, metadata=metadata)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; --save writes an ordinary file
+        os.replace(temporary, path)
+    except Exception as exc:  # OSError, or safetensors' own error naming the OS error (`No space left ... (os error 28)`)
+        if isinstance(exc, OSError) or "os error" in str(exc):
+            raise write_error(path, exc, existed) from None
+        raise
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

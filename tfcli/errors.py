@@ -1,4 +1,9 @@
-"""The one user-facing error type: a short message plus a hint, turned into an exit code by the CLI."""
+"""The one user-facing error type: a short message plus a hint, turned into an exit code by the CLI; and how a file
+that cannot be written is said (`check_writable_folder` before any work, `write_error` when a write fails)."""
+
+import os
+import re
+from pathlib import Path
 
 
 class TfcliError(Exception):
@@ -23,3 +28,35 @@ class TfcliError(Exception):
 def usage_error(message: str, hint: str | None = None, parameter: str | None = None) -> TfcliError:
     """A bad option or argument (exit code 2)."""
     return TfcliError(message, hint, exit_code=2, parameter=parameter)
+
+
+# errno -> how a person says it; anything else: the system's own words (strerror), lower-cased
+_WRITE_PROBLEMS = {28: "no space left on device", 122: "disk quota exceeded", 30: "read-only file system",
+                   13: "permission denied", 1: "permission denied", 27: "file too large"}
+
+
+def write_error(path: object, exc: BaseException, existed: bool) -> TfcliError:
+    """One line for a file that could not be written (a full disk, a read-only folder, no permission): what
+    happened, the path, and what became of the file there before (`existed`: it is kept; else nothing was
+    written). `exc` is an OSError, or another library's error that names the OS error (safetensors' says `(os
+    error 28)`)."""
+    number = getattr(exc, "errno", None)
+    if number is None:
+        found = re.search(r"os error (\d+)", str(exc))
+        number = int(found.group(1)) if found else None
+    what = _WRITE_PROBLEMS.get(number) if number is not None else None
+    if what is None:
+        what = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).strip().rstrip(".")
+        what = what[:1].lower() + what[1:]
+    kept = "the previous file is kept" if existed else "nothing was written"
+    hint = {28: "free some space, or write to another disk", 122: "free some space, or write to another disk"}.get(
+        number, "choose a folder you can write to" if number in (1, 13, 30) else None)
+    return TfcliError(f"{what} writing {path}: {kept}", hint)
+
+
+def check_writable_folder(option: str, path: "os.PathLike[str]") -> None:
+    """Before any work: a folder this user cannot write in (read-only, or not theirs) is refused now, not after
+    the model has run."""
+    if not os.access(Path(path).parent, os.W_OK | os.X_OK):
+        raise TfcliError(f"{option} {path}: cannot write in the folder {Path(path).parent or '.'} (read-only or not "
+                         "yours)", "choose a folder you can write to")

@@ -26,9 +26,12 @@
   function fmt(p) { return p >= 0.001 || p === 0 ? p.toFixed(3) : p.toExponential(1); }
   function short(token, width) { return token.length <= width ? token : token.slice(0, width - 1) + "\u2026"; }
   function quoted(token) { return JSON.stringify(token); }
-  // "0 [white-to-navy ramp] top (what)": the key to a shading
-  function legend(top, what) {
-    return el("div", {class: "legend"}, "0", el("span", {class: "ramp"}), el("span", {class: "legend-max"}, top),
+  function counted(n) { return n.toLocaleString("en-US"); }
+  // "0 [white-to-navy ramp] top (what)": the key to a shading; `mark` (in [0, 1]) is drawn on the ramp
+  function legend(top, what, mark) {
+    const ramp = el("span", {class: "ramp"},
+      mark === undefined ? null : el("span", {class: "mark", style: "left:calc(" + (100 * mark).toFixed(2) + "% - 1px)"}));
+    return el("div", {class: "legend"}, "0", ramp, el("span", {class: "legend-max"}, top),
               el("span", {class: "legend-what"}, what));
   }
 
@@ -68,14 +71,23 @@
   // ---------------------------------------------------------------- header
   function header(run) {
     const kind = run.trained ? "trained" : "random";  // the badge's style
-    // a checkpoint may have been saved from a random init: say where its weights come from, not that they are trained
+    // a checkpoint may have been saved from a random init: say where its weights come from, not that they are
+    // trained. The description's first word ("loaded from ...", "random (seed 0), ...") is the badge
+    const space = run.weights.indexOf(" "), first = space < 0 ? run.weights : run.weights.slice(0, space);
+    // a long argument (a whole text) is shortened in the command line; the full one is on hover and below
+    const short = run.short_command_line || run.command_line;
+    const command = el("dd", {}, el("code", {class: "command", title: run.command_line}, short));
+    if (short !== run.command_line)
+      command.append(el("details", {class: "full-command"},
+        el("summary", {}, "the full command line (" + counted(run.command_line.length) + " characters)"),
+        el("code", {}, run.command_line)));
     const dl = el("dl", {},
       el("dt", {}, "model"), el("dd", {}, run.model),
       el("dt", {}, "source"), el("dd", {}, run.source),
-      el("dt", {}, "weights"), el("dd", {}, el("span", {class: "badge " + kind}, run.trained ? "loaded" : "random"),
-                                   run.weights),
+      el("dt", {}, "weights"), el("dd", {}, el("span", {class: "badge " + kind}, first),
+                                   space < 0 ? "" : run.weights.slice(space)),
       el("dt", {}, "tfcli"), el("dd", {}, run.version),
-      el("dt", {}, "command"), el("dd", {}, el("code", {}, run.command_line)));
+      el("dt", {}, "command"), command);
     return el("header", {}, el("h1", {}, "tfcli " + run.command), dl);
   }
 
@@ -88,14 +100,15 @@
                  cross: "cross-attention (decoder query \u2192 encoder key)"};
   const headName = (h) => (h === "mean" ? "mean of heads" : "head " + h);
 
-  function attentionView(s, maps, scale) {
+  function attentionView(s, maps, scale, detail) {
     const tokensOf = (m, side) => s.tokens[m[side]];
     const kinds = [...new Set(maps.map((m) => m.kind))];
     const kindSel = el("select", {class: "kind"}, ...kinds.map((k) => el("option", {value: k}, KINDS[k])));
     const layerSel = el("select", {class: "layer"});
     const headSel = el("select", {class: "head"});
-    const scaleSel = el("select", {class: "scale"}, el("option", {value: "map"}, "0 to this map's largest weight"),
-                        el("option", {value: "one"}, "0 to 1 (the same for every map)"));
+    // one absolute scale by default, as the terminal's and the figures': a weight has the same colour in every map
+    const scaleSel = el("select", {class: "scale"}, el("option", {value: "one"}, "0 to 1 (the same for every map)"),
+                        el("option", {value: "map"}, "0 to this map's largest weight (stretched)"));
     const controls = el("div", {class: "controls"},
       kinds.length > 1 ? el("label", {}, "attention", kindSel) : null,
       el("label", {}, "layer", layerSel), el("label", {}, "head", headSel), el("label", {}, "colour", scaleSel));
@@ -115,7 +128,10 @@
     }
     function fillLayers() {
       const layers = [...new Set(choices(kindSel.value).map((m) => m.layer))];
-      const keep = Number(layerSel.value);
+      // at first, the layer the terminal shows in full: the last one (of those asked for with --layers)
+      const first = layerSel.options.length === 0;
+      const shown = layers.filter((l) => !detail || detail.includes(l));
+      const keep = first ? (shown.length ? shown[shown.length - 1] : layers[layers.length - 1]) : Number(layerSel.value);
       layerSel.replaceChildren(...layers.map((l) => el("option", {value: l}, String(l))));
       if (layers.includes(keep)) layerSel.value = String(keep);
       fillHeads();
@@ -180,7 +196,7 @@
       state.geometry = {x0, y0, cell};
       Object.assign(canvas.dataset, {x0, y0, cell, rows: m.rows, cols: m.cols});
       key.querySelector(".legend-max").textContent = fmt(top);
-      key.querySelector(".legend-what").textContent = scaleSel.value === "one" ? "" : "(this map's largest weight)";
+      key.querySelector(".legend-what").textContent = scaleSel.value === "one" ? "" : "(this map's largest weight: stretched)";
     }
 
     function drawHeadView() {
@@ -272,7 +288,7 @@
 
   // A layers x columns grid of top tokens, each cell shaded by its probability (0 to 1), the top list on hover.
   const CELL = 16;  // characters of a token shown in a grid cell or header; the whole token is on hover
-  function grid(caption, columns, rows) {
+  function grid(caption, columns, rows, what) {
     const table = el("table", {class: "grid"},
       el("thead", {}, el("tr", {}, el("th", {class: "left"}, caption),
         ...columns.map((c, k) => el("th", {"data-tip": k + ": " + quoted(c)}, short(c, CELL))))));
@@ -287,7 +303,7 @@
       body.append(tr);
     }
     table.append(body);
-    return el("div", {}, el("div", {class: "scroll"}, table), legend("1", "probability of the top token"));
+    return el("div", {}, el("div", {class: "scroll"}, table), legend("1", what || "probability of the top token"));
   }
 
   function lensView(s) {
@@ -300,8 +316,13 @@
              top.map(([t, prob], k) => (k + 1) + ". " + quoted(vocabulary[t]) + " " + fmt(prob)).join("\n"),
       })),
     }));
-    return el("div", {class: "lens"}, el("h3", {}, "logit lens"),
-      el("p", {class: "note"}, "What each layer would predict at each position (its output through the final norm and the head): the top token, shaded by its probability; hover for the top " + (s.lens.rows[0].top[0].length) + "."),
+    const hover = "; hover for the top " + s.lens.rows[0].top[0].length + ".";
+    const note = s.lens.predicts
+      ? "What each layer would predict at each position: its output through " + s.lens.through +
+        "; the top token, shaded by its probability" + hover
+      : "Each layer's output at each position through " + s.lens.through + ": the model has no LM head, so this is " +
+        "not a prediction (it mostly shows the input token itself); the top token, shaded by its probability" + hover;
+    return el("div", {class: "lens"}, el("h3", {}, "logit lens"), el("p", {class: "note"}, note),
       grid("layer \\ position", positions, rows));
   }
 
@@ -317,14 +338,22 @@
   }
 
   async function renderEncode(section, s, number) {
-    section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)), tokenLine(s.tokens.tokens));
+    // a truncated text shows as the model read it, with how much that is of the whole
+    let heading = "text " + number + ": ";
+    if (s.cut) {
+      const parts = [counted(s.cut.tokens) + " of its " + counted(s.cut.of_tokens) + " tokens"];
+      if (s.cut.characters < s.cut.of_characters)
+        parts.push(counted(s.cut.characters) + " of " + counted(s.cut.of_characters) + " characters");
+      heading = "text " + number + ", as the model read it (" + parts.join("; ") + "): ";
+    }
+    section.append(el("h2", {}, heading + quoted(s.text)), tokenLine(s.tokens.tokens));
     if (s.tokens.target) section.append(el("p", {class: "note"}, "decoder input:"), tokenLine(s.tokens.target));
     const maps = s.attention.maps;
     if (maps.length) {
       const values = await inflate(s.attention.weights);
       let offset = 0;
       for (const m of maps) { m.values = values.subarray(offset, offset + m.rows * m.cols); offset += m.rows * m.cols; }
-      section.append(attentionView(s, maps, s.attention.scale));
+      section.append(attentionView(s, maps, s.attention.scale, DATA.run.detail));
     }
     if (s.lens.rows.length) section.append(lensView(s));
     section.append(stagesTable(s.stages));
@@ -379,22 +408,27 @@
         el("td", {class: "left"}, el("span", {class: "bar", style: "width:" + Math.round(p * 240) + "px"})),
         el("td", {class: "left prediction"}, label === s.prediction ? "\u25c0 prediction" : ""))))));
     if (s.explain) {
-      const e = s.explain, top = Math.max(1e-9, ...e.weights);
+      // the absolute scale, 0 to 1, as the terminal's and the figure's: near-uniform attention looks faint
+      const e = s.explain, even = 1 / e.tokens.length;
       const where = e.layers.length === 1 ? "layer " + e.layers[0] : "layers " + e.layers[0] + "-" + e.layers[e.layers.length - 1];
       section.append(el("h3", {}, "why"),
         el("p", {class: "note"}, "What the first token (the one the classifier reads) attends to in " + where +
-           ", mean over heads; hover a token for its weight. Spread evenly, each token would get 1/" + e.tokens.length +
-           " = " + fmt(1 / e.tokens.length) + "."),
+           ", mean over heads, shaded from 0 to 1; hover a token for its weight. Spread evenly, each token would get 1/" +
+           e.tokens.length + " = " + fmt(even) + " (the orange mark)."),
         el("div", {class: "tokens explain"}, ...e.tokens.map((t, k) => {
           const span = el("span", {class: "tok", "data-tip": quoted(t) + " [" + k + "]: " + fmt(e.weights[k])}, t);
-          shade(span, e.weights[k] / top);
+          shade(span, e.weights[k]);
           return span;
-        })), legend(fmt(top), "(the largest weight)"));
+        })), legend("1", "weight; orange: 1/n = " + fmt(even) + ", the largest here " + fmt(Math.max(...e.weights)), even));
     }
   }
 
   // ---------------------------------------------------------------- page
-  const RENDER = {encode: renderEncode, generate: renderGenerate, classify: renderClassify};
+  // an analysis command's script (report-attribute.js, ...) has put its renderer in window.tfcliRenderers; it
+  // draws with the helpers in LIB
+  const LIB = {el, rgb, colour, shade, fmt, short, quoted, counted, legend};
+  const RENDER = Object.assign({encode: renderEncode, generate: renderGenerate, classify: renderClassify},
+                               window.tfcliRenderers || {});
   async function main() {
     document.body.append(header(DATA.run));
     const what = DATA.run.command === "generate" ? "prompt" : "text";
@@ -403,7 +437,7 @@
     for (const [k, s] of DATA.sections.entries()) {
       const section = el("section", {class: "report", id: what + "-" + (k + 1)});
       document.body.append(section);
-      await RENDER[DATA.run.command](section, s, k + 1);
+      await RENDER[DATA.run.command](section, s, k + 1, LIB);
     }
     document.body.dataset.ready = "1";
   }

@@ -12,16 +12,38 @@ if TYPE_CHECKING:
     from tfcli.compare import Comparison
 
 
+def tolerance_words(comparison: Comparison) -> str:
+    """The tolerance as a person reads it: `0.0001`, or in bfloat16 and float16 `0.05 of each tensor's largest
+    value`."""
+    said = f"{comparison.tolerance:g}"
+    return f"{said} of each tensor's largest value" if comparison.relative else said
+
+
 def compare_lines(comparison: Comparison, number: int, width: int) -> list[Text]:
-    """One row per compared tensor: its shape, the max abs difference and whether it is within tolerance."""
-    tolerance = comparison.tolerance
+    """One row per compared tensor: its shape, the max abs difference (in bfloat16 and float16 also the largest
+    difference allowed for it) and whether it matches; then a line that sums it up."""
     differences = comparison.differences
     columns = [Column.of("tensor", [d.name for d in differences]),
                Column.of("shape", [str(tuple(d.shape)) for d in differences], right=True),
-               Column.of("max abs diff", [f"{d.max_abs_diff:.3g}" for d in differences], right=True),
-               Column.of("", ["ok" if d.max_abs_diff <= tolerance else "DIFFERS" for d in differences])]
-    title = f"text {number}: {comparison.text!r}: tfcli vs transformers on {comparison.source} (tolerance {tolerance:g})"
-    return words(title, width, "bold") + table(columns, width)
+               Column.of("max abs diff", [f"{d.max_abs_diff:.3g}" for d in differences], right=True)]
+    if comparison.relative:
+        columns.append(Column.of("allowed", [f"{comparison.allowed(d):.3g}" for d in differences], right=True))
+    columns.append(Column.of("match", ["ok" if comparison.within(d) else "DIFFERS" for d in differences]))
+    title = (f"text {number}: {comparison.text!r}: tfcli vs transformers on {comparison.source} "
+             f"({comparison.dtype + ', ' if comparison.relative else ''}tolerance {tolerance_words(comparison)})")
+    return words(title, width, "bold") + table(columns, width) + words(summary(comparison), width)
+
+
+def summary(comparison: Comparison) -> str:
+    """`all 8 tensors match (largest difference 3.1e-06, tolerance 0.0001)`, or which ones differ."""
+    differences = comparison.differences
+    worst = max(differences, key=lambda d: d.max_abs_diff)
+    bad = [d.name for d in differences if not comparison.within(d)]
+    if not bad:
+        return (f"all {len(differences)} tensors match (largest difference {worst.max_abs_diff:.3g}, "
+                f"{worst.name}; tolerance {tolerance_words(comparison)})")
+    return (f"{len(bad)} of {len(differences)} tensors differ by more than {tolerance_words(comparison)}: "
+            + ", ".join(bad))
 
 
 def record(comparison: Comparison) -> dict[str, Any]:

@@ -7,6 +7,7 @@ position summarising every captured layer; the JSON record holds everything that
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -37,9 +38,9 @@ class View:
 
 def report_lines(report: TextReport, number: int, width: int, view: View = View()) -> list[Text]:
     """The terminal view of one text, as lines of at most `width` cells."""
-    lines = words(f"text {number}: {report.text!r}", width, "bold")
+    lines = words(heading(report, number), width, "bold")
     if report.pair is not None:
-        lines += words(f"pair: {report.pair!r}", width)
+        lines += words(pair_heading(report), width)
     lines += token_lines("tokens", report.tokens, width)
     if report.target_tokens is not None:
         lines += token_lines("decoder input", report.target_tokens, width)
@@ -47,7 +48,7 @@ def report_lines(report: TextReport, number: int, width: int, view: View = View(
     if report.sites:
         lines += [Text()] + site_lines(report.sites, width)
     for amap in report.attention:
-        if _in_detail(amap.layer, [a.layer for a in report.attention if a.kind == amap.kind], view.detail):
+        if in_detail(amap.layer, [a.layer for a in report.attention if a.kind == amap.kind], view.detail):
             lines += [Text()] + heatmap_lines(amap, width, view.attention_top, view.color)
     summary = summary_lines(report, width) if _some_layer_not_in_detail(report, view.detail) else []
     if report.lens and (view.lens or not summary):  # asked for, or no summary to say what it predicts
@@ -55,14 +56,34 @@ def report_lines(report: TextReport, number: int, width: int, view: View = View(
     return lines + ([Text()] + summary if summary else [])
 
 
-def _in_detail(layer: int, layers: list[int], detail: list[int] | None) -> bool:
+def heading(report: TextReport, number: int) -> str:
+    """`text 1: 'time flies'`; of a truncated text, only what the model read, saying how much that is."""
+    if report.read_text is None:
+        return f"text {number}: {report.text!r}"
+    return f"text {number}, {cut_note(report, report.read_text, report.text)}: {report.read_text!r}"
+
+
+def pair_heading(report: TextReport) -> str:
+    if report.read_pair is None:
+        return f"pair: {report.pair!r}"
+    counted = report.read_text is None  # the token count goes with the first part that was cut
+    return f"pair, {cut_note(report, report.read_pair, report.pair or '', counted)}: {report.read_pair!r}"
+
+
+def cut_note(report: TextReport, read: str, whole: str, tokens: bool = True) -> str:
+    """'as the model read it (512 of its 5,002 tokens; 2,541 of 31,012 characters)'."""
+    counts = [f"{len(report.ids):,} of its {report.untruncated_length:,} tokens"] if tokens else []
+    return f"as the model read it ({'; '.join(counts + [f'{len(read):,} of {len(whole):,} characters'])})"
+
+
+def in_detail(layer: int, layers: list[int], detail: list[int] | None) -> bool:
     """Whether `layer` (one of `layers`, those of its kind) is shown in full: the chosen ones, or the last."""
     return layer == max(layers) if detail is None else layer in detail
 
 
 def _some_layer_not_in_detail(report: TextReport, detail: list[int] | None) -> bool:
     kinds = [[a.layer for a in report.attention if a.kind == kind] for kind in {a.kind for a in report.attention}]
-    return any(not _in_detail(layer, layers, detail) for layers in kinds + [[r.layer for r in report.lens]]
+    return any(not in_detail(layer, layers, detail) for layers in kinds + [[r.layer for r in report.lens]]
                for layer in layers)
 
 
@@ -78,7 +99,7 @@ def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None) ->
     def stack_blocks(row: StageRow) -> list[int]:  # the blocks of the row's stack (encoder, decoder)
         return [r.block for r in stages if r.block is not None and _stack(r) == _stack(row)]
 
-    rows = [r for r in stages if r.block is None or _in_detail(r.block, stack_blocks(r), detail)]
+    rows = [r for r in stages if r.block is None or in_detail(r.block, stack_blocks(r), detail)]
     dtypes = {r.dtype for r in rows}
     columns = [Column.of("stage", [r.name for r in rows]),
                Column.of("shape", ["(" + ", ".join(map(str, r.shape)) + ")" for r in rows], right=True)]
@@ -163,7 +184,7 @@ def lens_lines(report: TextReport, width: int, detail: list[int] | None, top: in
     """The logit lens of the layers in detail: a row per position, a column per layer, the top tokens
     with their probabilities (a long text grows downwards; more layers go on further pages)."""
     positions = report.target_tokens if report.target_tokens is not None else report.tokens
-    rows = [r for r in report.lens if _in_detail(r.layer, [x.layer for x in report.lens], detail)]
+    rows = [r for r in report.lens if in_detail(r.layer, [x.layer for x in report.lens], detail)]
     columns = [Column.of("position", [f"{i} {shown(t)}" for i, t in enumerate(positions)])]
     columns += [Column(f"layer {row.layer}", [[Text(f"{shown(token)} {p:.2g}") for token, _, p in tops[:top]]
                                               for tops in row.top]) for row in rows]
@@ -171,7 +192,10 @@ def lens_lines(report: TextReport, width: int, detail: list[int] | None, top: in
         for column in columns[1:]:
             column.sep = "\n"
     count = min(top, len(rows[0].top[0]))  # tokens per cell
-    title = f"logit lens: the top {f'{count} tokens' if count > 1 else 'token'} each layer predicts"
+    tokens = f"{count} tokens" if count > 1 else "token"
+    title = (f"logit lens: the top {tokens} each layer predicts, through {report.lens_through}" if report.lens_predicts
+             else f"logit lens: each layer's top {tokens} through {report.lens_through} (no LM head: not a "
+                  "prediction)")
     layer_of = {id(column): row.layer for column, row in zip(columns[1:], rows)}
 
     def page_note(page: list[Column]) -> str:  # 'layer 3', 'layers 1-2'
@@ -202,23 +226,39 @@ def summary_lines(report: TextReport, width: int) -> list[Text]:
         for position in range(len(positions)):
             runs = layer_runs([(row.layer, row.top[position][0][0]) for row in report.lens])
             cells.append([Text(f"{_layers(a, b)}: {shown(token)}") for a, b, token in runs])
-        tables.setdefault(positions, []).append(Column("predicts", cells))
+        tables.setdefault(positions, []).append(Column(LENS_COLUMN[report.lens_predicts], cells))
     lines = []
     for tokens, columns in tables.items():
         keys = Column.of("position", [f"{i} {shown(t)}" for i, t in enumerate(tokens)])
         title = ("every layer, a line per position: runs of layers that agree merged (`1-5: 0 [CLS]`: "
                  "layers 1 to 5 attend most to key 0, [CLS])")
         lines += ([Text()] if lines else []) + table([keys, *columns], width, title=title)
+    if report.lens:
+        lines += [Text()] + words(lens_caption(report), width, "dim")
     return lines
+
+
+LENS_COLUMN = {True: "predicts", False: "lens top token"}  # the summary's lens column: a prediction head or not
+
+
+def lens_caption(report: TextReport) -> str:
+    """What the summary's lens column reads each layer through."""
+    if report.lens_predicts:
+        return f"predicts: each layer's output through {report.lens_through}"
+    return (f"lens top token: each layer's output through {report.lens_through} (no LM head: mostly the input "
+            "token, not a prediction)")
 
 
 def _layers(first: int, last: int) -> str:
     return str(first) if first == last else f"{first}-{last}"
 
 
-def record(report: TextReport, trained: bool) -> dict[str, Any]:
+def record(report: TextReport, trained: bool, weights_from: str | Path | None = None,
+           seed: int | None = None, attention_weights: bool = True) -> dict[str, Any]:
     """The encode JSON Lines record (docs/commands.md, "encode"): text, (pair,) tokens, ids, shapes, attention, lens,
-    weights (`trained`: loaded from a checkpoint; `random`: drawn from the seed)."""
+    weights (`loaded` from a checkpoint, the file in `weights_from`, which tfcli cannot tell trained or not; `random`:
+    drawn from `seed`). `weights_from` and `seed` are left out when not given; each attention map's query x key
+    `weights` too when not `attention_weights` (--no-attention-weights)."""
     record: dict[str, Any] = {"text": report.text}
     if report.pair is not None:
         record["pair"] = report.pair
@@ -228,20 +268,26 @@ def record(report: TextReport, trained: bool) -> dict[str, Any]:
     record["shapes"] = [{"stage": r.name, "shape": r.shape, "dtype": r.dtype, "params": r.parameters,
                          "mean": round(r.mean, 6), "std": round(r.std, 6), "norm": round(r.norm, 4)}
                         for r in report.stages]
-    record["attention"] = [_attention_record(a) for a in report.attention]
+    record["attention"] = [_attention_record(a, attention_weights) for a in report.attention]
     record["lens"] = [{"layer": row.layer,
                        "top": [[{"token": t, "id": i, "prob": round(p, 6)} for t, i, p in top] for top in row.top]}
                       for row in report.lens]
-    record["weights"] = "trained" if trained else "random"
+    record["weights"] = "loaded" if trained else "random"
+    if trained and weights_from is not None:
+        record["weights_from"] = str(weights_from)
+    elif not trained and seed is not None:
+        record["seed"] = seed
     if report.sites:  # --sites: each value for this text's real tokens, rounded to 6 decimals
         record["sites"] = {name: value.double().round(decimals=6).tolist() for name, value in report.sites.items()}
     return record
 
 
-def _attention_record(amap: AttentionMap) -> dict[str, Any]:
-    """One map: per query the key it attends to most and that weight, and every weight (query x key)."""
+def _attention_record(amap: AttentionMap, weights: bool = True) -> dict[str, Any]:
+    """One map: per query the key it attends to most and that weight, and (`weights`) every weight (query x key)."""
     keys, values = amap.top(1)
     scale = 10 ** ATTENTION_DECIMALS
-    return {"kind": amap.kind, "layer": amap.layer, "head": amap.head,
-            "max_key": [k[0] for k in keys], "max_weight": [round(v[0], 6) for v in values],
-            "weights": ((amap.weights.double() * scale).round() / scale).tolist()}  # float64: 0.251, not 0.25099998
+    entry = {"kind": amap.kind, "layer": amap.layer, "head": amap.head,
+             "max_key": [k[0] for k in keys], "max_weight": [round(v[0], 6) for v in values]}
+    if weights:
+        entry["weights"] = ((amap.weights.double() * scale).round() / scale).tolist()  # float64: 0.251, not 0.25099998
+    return entry

@@ -243,20 +243,77 @@ def layer_runs(values: Sequence[tuple[int, object]]) -> list[tuple[int, int, obj
 
 
 def output_width(width: int | None = None) -> int:
-    """--width, else $COLUMNS, else the terminal's width (stdout's, or stderr's when stdout is piped: the
-    person reading a pipe through `less` sits at that terminal), else PIPE_WIDTH; never below MIN_WIDTH."""
+    """--width, else $COLUMNS, else the width of a terminal the person sits at: stdout's, stderr's or stdin's when
+    one of them is a terminal (stdout piped into `less`, or `... 2>/dev/null | head`), else the controlling
+    terminal's (`/dev/tty`: `echo x | tfcli ... 2>/dev/null | head`), else PIPE_WIDTH; never below MIN_WIDTH."""
     if width is None:
         columns = os.environ.get("COLUMNS", "")
-        width = int(columns) if columns.isdigit() else None
-    for stream in (sys.stdout, sys.stderr):
-        if width is not None:
-            break
+        width = int(columns) if columns.isdigit() and int(columns) > 0 else None
+    if width is None:
+        width = terminal_columns()
+    return max(width or PIPE_WIDTH, MIN_WIDTH)
+
+
+def terminal_columns() -> int | None:
+    """The columns of the first terminal among stdout, stderr, stdin and the controlling terminal (`/dev/tty`),
+    or None when there is none (a job without a terminal, a test)."""
+    for stream in (sys.stdout, sys.stderr, sys.stdin):
         try:
-            if stream.isatty():
-                width = os.get_terminal_size(stream.fileno()).columns
+            if stream is not None and stream.isatty():
+                columns = os.get_terminal_size(stream.fileno()).columns
+                if columns > 0:
+                    return columns
         except (AttributeError, ValueError, OSError):
             continue
-    return max(width or PIPE_WIDTH, MIN_WIDTH)
+    return _controlling_terminal_columns()
+
+
+def _controlling_terminal_columns() -> int | None:
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | getattr(os, "O_NOCTTY", 0))
+    except OSError:  # no controlling terminal (or no /dev/tty on this platform)
+        return None
+    try:
+        columns = os.get_terminal_size(fd).columns
+        return columns if columns > 0 else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def message_lines(message: str, width: int, whole: Sequence[str] = ()) -> list[str]:
+    """A message for stderr as lines of at most `width` cells, broken only at spaces; each of `whole` (paths)
+    found in it stays unbroken even when it holds spaces, and a word or path wider than `width` keeps a line of
+    its own, whole (the terminal folds it, nothing is lost)."""
+    protected = [(start, start + len(part)) for part in whole if part
+                 for start in _occurrences(message, part)]
+    units: list[str] = []  # the message's words, each protected span one unit
+    start = 0
+    for index, character in enumerate(message):
+        if character == " " and not any(low <= index < high for low, high in protected):
+            units.append(message[start:index])
+            start = index + 1
+    units.append(message[start:])
+    lines: list[str] = []
+    line: str | None = None
+    for unit in units:
+        if line is not None and cell_len(line) + 1 + cell_len(unit) <= width:
+            line += " " + unit
+        else:
+            if line is not None:
+                lines.append(line)
+            line = unit
+    lines.append(line or "")
+    return lines
+
+
+def _occurrences(text: str, part: str) -> list[int]:
+    starts, start = [], text.find(part)
+    while start >= 0:
+        starts.append(start)
+        start = text.find(part, start + 1)
+    return starts
 
 
 class _Console(Console):

@@ -33,11 +33,14 @@ def page(run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None) -> 
     """The whole page for a run of `run.command` over its report objects (one section each)."""
     builders = {"encode": encode_section, "classify": classify_section,
                 "generate": lambda item: generate_section(item, tokenizer)}
-    data = {"run": asdict(run), "sections": [builders[run.command](item) for item in items]}
+    build = builders.get(run.command) or analysis_module(run.command).page_section
+    data = {"run": asdict(run), "sections": [build(item) for item in items]}
     # "</" cannot end the script element early once written as "<\/" (still the same JSON string)
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
     css = (ASSETS / "report.css").read_text(encoding="utf-8")
-    script = (ASSETS / "report.js").read_text(encoding="utf-8")
+    # an analysis command's drawing code (report-attribute.js, ...) registers itself before report.js runs
+    scripts = [ASSETS / f"report-{run.command}.js", ASSETS / "report.js"]
+    script = "".join(path.read_text(encoding="utf-8") for path in scripts if path.exists())
     title = html.escape(f"tfcli {run.command}: {run.model}")
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{title}</title>\n'
@@ -45,6 +48,14 @@ def page(run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None) -> 
             f'<noscript>This report draws itself with JavaScript; please allow it for this file.</noscript>\n'
             f'<script id="tfcli-data" type="application/json">{payload}</script>\n'
             f"<script>\n{script}</script>\n</body>\n</html>\n")
+
+
+def analysis_module(command: str) -> Any:
+    """The render module of an analysis command (`tfcli.render.attribute`, ...): its `page_section(item)` gives a
+    section's data, its `figure(item, run)` draws a figure."""
+    import importlib
+
+    return importlib.import_module(f"tfcli.render.{command}")
 
 
 def pack_weights(matrices: list[Any]) -> str:
@@ -83,11 +94,16 @@ def encode_section(report: TextReport) -> dict[str, Any]:
              "top": [[[vocabulary.setdefault(token, len(vocabulary)), _round(p)] for token, _, p in top]
                      for top in row.top]}
             for row in report.lens]
-    return {"text": report.text, "tokens": token_lists,
+    # a truncated text: what the model read (the terminal shows the same), and how much that is of the whole
+    cut = None if report.read_text is None and report.read_pair is None else {
+        "tokens": len(report.ids), "of_tokens": report.untruncated_length, "characters": len(report.shown_text),
+        "of_characters": len(report.text)}
+    return {"text": report.shown_text, "cut": cut, "tokens": token_lists,
             "stages": [[s.name, s.shape, s.dtype, s.parameters, s.mean, s.std, s.norm] for s in report.stages],
             "attention": {"maps": maps, "weights": pack_weights(matrices), "scale": WEIGHT_SCALE},
             "lens": {"positions": "target" if report.target_tokens is not None else "tokens", "rows": lens,
-                     "vocabulary": list(vocabulary)}}
+                     "vocabulary": list(vocabulary), "through": report.lens_through,
+                     "predicts": report.lens_predicts}}
 
 
 def generate_section(result: Generation, tokenizer: Tokenizer) -> dict[str, Any]:

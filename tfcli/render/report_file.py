@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tfcli.errors import TfcliError, usage_error
+from tfcli.errors import TfcliError, check_writable_folder, usage_error, write_error
 
 if TYPE_CHECKING:
     from tfcli.render.run_info import RunInfo
@@ -39,6 +39,7 @@ def check_report_path(path: Path, overwrite: bool, texts: int) -> None:
         raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
     if not path.parent.is_dir():
         raise TfcliError(f"--report {path}: the folder {path.parent} does not exist")
+    check_writable_folder("--report", path)
 
 
 def write_report(path: Path, run: RunInfo, items: list[Any], overwrite: bool,
@@ -59,16 +60,21 @@ def write_report(path: Path, run: RunInfo, items: list[Any], overwrite: bool,
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], Any], overwrite: bool) -> None:
     """write(stream) into a temporary file in path's folder, then rename it to path. Checked again first:
-    the file may have appeared while the model ran."""
+    the file may have appeared while the model ran. A failed write (a full disk, a read-only folder) is one line
+    saying what happened and that the file there before, if any, is kept."""
     check_report_path(path, overwrite, texts=1)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    existed = path.exists()
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_error(path, exc, existed) from None
     try:
         with os.fdopen(handle, "wb") as stream:
             write(stream)
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; a report is an ordinary file
         os.replace(temporary, path)
     except OSError as exc:
-        raise TfcliError(f"cannot write {path}: {exc.strerror}") from None
+        raise write_error(path, exc, existed) from None
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
