@@ -26,6 +26,9 @@ STEP_LENS = {"layer", "id", "token", "prob"}
 CONFIG = {"source", "config", "parameters", "weights"}
 COMPARE = {"text", "ids", "tolerance", "max_abs_diff", "tensors"}
 COMPARED_TENSOR = {"name", "shape", "max_abs_diff"}
+ATTRIBUTE = {"text", "ids", "tokens", "position", "target", "foil", "logit", "total", "components"}
+ATTRIBUTE_TOKEN = {"token", "id"}
+COMPONENT = {"name", "layer", "head", "neuron", "value"}
 
 SIZES = "hidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\nintermediate_size: 64\n" \
         "max_position_embeddings: 32\n"
@@ -127,6 +130,14 @@ def test_generate_record(cli, models):
         assert set(plain) == STEP and set(lens) == STEP | {"lens"}
         assert all(set(token) == STEP_TOKEN for token in plain["top"] + lens["top"])
         assert len(lens["lens"]) == 3 and all(set(guess) == STEP_LENS for guess in lens["lens"])
+
+
+def test_attribute_record(cli, models):
+    for by, foil in (("component", []), ("head", ["--foil", "#1996"]), ("neuron", [])):
+        (record,) = records(cli("attribute", "time flies", "--model", models["decoder"], "--by", by, *foil, "--json"))
+        assert set(record) == ATTRIBUTE and set(record["target"]) == ATTRIBUTE_TOKEN
+        assert record["foil"] is None if not foil else set(record["foil"]) == ATTRIBUTE_TOKEN
+        assert record["components"] and all(set(c) == COMPONENT for c in record["components"])
 
 
 def test_config_record(cli, models):

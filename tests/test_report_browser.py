@@ -41,7 +41,8 @@ def pages(tmp_path_factory, tiny_decoder, tiny_classifier):
     folder = tmp_path_factory.mktemp("pages")
     runs = {"encode": ["encode", "--model", "tiny", TEXT, "--save", str(folder / "t.safetensors")],
             "generate": ["generate", "--model", str(tiny_decoder), TEXT, "-n", "3", "--lens"],
-            "classify": ["classify", "--model", str(tiny_classifier), TEXT, "--explain"]}
+            "classify": ["classify", "--model", str(tiny_classifier), TEXT, "--explain"],
+            "attribute": ["attribute", "--model", str(tiny_decoder), TEXT, "--by", "head"]}
     for name, args in runs.items():
         result = CliRunner().invoke(app, [*args, "--report", str(folder / f"{name}.html")])
         assert result.exit_code == 0, result.stderr
@@ -109,16 +110,16 @@ def test_encode_page_draws_tokens_and_switches_maps_and_reads_out_weights(browse
     shown = {drawn(page, "canvas.heatmap")}
     page.select_option("select.head", "0")
     shown.add(drawn(page, "canvas.heatmap"))
-    page.select_option("select.layer", "1")
+    page.select_option("select.layer", "0")  # the page opens on the last layer, the one the terminal shows in full
     shown.add(drawn(page, "canvas.heatmap"))
     assert len(shown) == 3
+    page.select_option("select.layer", "1")
 
-    # the colour scale: from the map's largest weight to 1, the legend saying which
-    largest = page.inner_text(".attention .legend-max")
-    assert 0 < float(largest) < 1
-    page.select_option("select.scale", "one")
-    assert page.inner_text(".attention .legend-max") == "1.000" and drawn(page, "canvas.heatmap") not in shown
+    # the colour scale: 0 to 1 by default (as the terminal and figures), or stretched to the map's largest weight
+    assert page.inner_text(".attention .legend-max") == "1.000"
     page.select_option("select.scale", "map")
+    largest = page.inner_text(".attention .legend-max")
+    assert 0 < float(largest) < 1 and drawn(page, "canvas.heatmap") not in shown
 
     # hovering cell (query 2, key 4) of layer 1 head 0 reads out that weight, as --save wrote it
     saved = load_file(pages / "t.safetensors")["attention.1"][0, 0]  # (queries, keys) of layer 1, head 0
@@ -174,4 +175,22 @@ def test_generate_and_classify_pages_draw_in_the_browser(browser, pages):
     page.hover(".explain .tok >> nth=2")
     assert page.inner_text("#tip").startswith('"flies" [2]: 0.')
     assert page.errors == [] and page.requests == [(pages / "classify.html").as_uri()]
+    page.close()
+
+
+def test_attribute_page_draws_layers_components_and_the_head_grid(browser, pages):
+    """The per-layer table, the largest components and the layer x head grid, where hovering a head reads out
+    its value: the one the page's data holds for it."""
+    from test_report import page_data
+
+    (section,) = page_data(pages / "attribute.html")["sections"]
+    page = open_page(browser, pages / "attribute.html")
+    largest = f"THE {min(20, len(section['components']))} LARGEST COMPONENTS"
+    assert page.locator("section.report h3").all_inner_texts() == ["PER LAYER", largest, "EACH HEAD"]
+    assert f"sum of the {len(section['components'])} components" in page.inner_text("section.report p")
+    assert page.locator("[data-head]").count() == section["layers"] * section["heads"]
+    value = next(c["value"] for c in section["components"] if c["name"] == "L1H1")
+    page.hover('[data-head="L1H1"]')
+    assert page.inner_text(".readout") == f"L1H1: {value:+.4f}"
+    assert page.errors == [] and page.requests == [(pages / "attribute.html").as_uri()]
     page.close()

@@ -766,3 +766,78 @@ def generate(
             generations.append(result)
     if report is not None:
         write_report_file(report, "generate", loaded, source, generations, force, tokenizer)
+
+
+@app.command()
+def attribute(
+    texts: TextsArgument = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head "
+                                              "(default: the bundled `gpt2-small`, random weights).")] = None,
+    revision: RevisionOption = None,
+    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is split: one token of "
+                                               "the model's tokenizer (\" Mary\" with its leading space for "
+                                               "byte-level BPE) or #ID (default: the model's own top prediction).")] = None,
+    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="Split the difference of the logits target - foil "
+                                             "instead.")] = None,
+    position: Annotated[int | None, typer.Option(metavar="N", help="The position read, negative counting from the "
+                                                 "end (default: the last token).")] = None,
+    by: Annotated[str, typer.Option(metavar="WHAT", help="component (embeddings, each layer's attention and MLP), "
+                                    "head (each head) or neuron (the largest MLP neurons).")] = "component",
+    layers: Annotated[str | None, typer.Option(metavar="LAYERS", help="With --by head or neuron: the layers broken "
+                                               "into heads or neurons, e.g. 8-11 or -3- (default: all).")] = None,
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Components listed (with --by neuron, "
+                                     "also the neurons kept one by one).")] = 10,
+    max_length: MaxLengthOption = None,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Split a logit (or the difference of two) into the direct contribution of every component that writes to
+    the residual stream: embeddings, heads, MLPs, neurons, biases (direct logit attribution).
+
+    \b
+    Examples:
+      tfcli attribute --model path/to/gpt2 "When Mary and John went to the store, John gave a drink to" \\
+          --target " Mary" --foil " John" --by head
+      tfcli attribute --model path/to/gpt2 --by neuron --layers -2- "The capital of France is"
+    """
+    from tfcli import attribute as core
+    from tfcli.encode import parse_indices
+    from tfcli.render import attribute as render
+    from tfcli.render.jsonl import write_jsonl
+    from tfcli.sources import resolve_source
+
+    out = output_console(width, color)
+    texts_in = inputs(texts, file)
+    if report is not None:
+        check_report_path(report, force, texts_in.count or 1)
+    source = resolve_source(model or "gpt2-small", revision)
+    core.check_model(source.config, by)  # before the model is built
+    selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
+    options = core.AttributeOptions(target, foil, position, by, selected, top)
+    tokenizer = tokenizer_of(source)
+    core.check_options(source.config, tokenizer, options)
+    truncated = CappedWarnings(warn, "texts truncated")
+    chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
+                               max_length=max_length) for batch in texts_in.batches(core.BATCH_SIZE))
+    loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these components say nothing about a trained model")
+    number, results = 0, []  # results: for --report
+    for result in core.run(loaded, tokenizer, with_progress(chunks, "attribute", len), options):
+        number += 1
+        if json_output:
+            write_jsonl([render.record(result)])
+        else:
+            print_lines(out, render.attribution_lines(result, number, out.width, top))
+        if report is not None:
+            results.append(result)
+    truncated.finish(number)
+    if report is not None:
+        write_report_file(report, "attribute", loaded, source, results, force)

@@ -1,0 +1,67 @@
+// tfcli attribute --report: draws one text's direct logit attribution (registered before report.js runs).
+// Values are signed: one diverging scale, blue raises and red lowers the quantity, the same in every view.
+"use strict";
+window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
+  attribute: async function (section, s, number, LIB) {
+    const {el, quoted} = LIB;
+    const signed = (v) => (v >= 0 ? "+" : "") + v.toFixed(4);
+    // v in [-1, 1] -> white to blue (positive) or red (negative)
+    function diverging(v) {
+      const t = Math.min(Math.abs(v), 1), end = v >= 0 ? [33, 102, 172] : [178, 24, 43];
+      return "rgb(" + end.map((c) => Math.round(255 + (c - 255) * t)).join(",") + ")";
+    }
+    function bar(value, largest) {
+      const width = largest ? Math.round(Math.abs(value) / largest * 160) : 0;
+      return el("span", {style: "display:inline-block;height:10px;width:" + width + "px;background:" +
+                                diverging(value >= 0 ? 1 : -1)});
+    }
+    const readout = el("div", {class: "readout"}, "\u00a0");
+
+    section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)));
+    const cap = s.softcap === null ? "" : " (before the final soft cap at " + s.softcap + ")";
+    section.append(el("p", {}, "the " + s.quantity + " at position " + s.position + " " + quoted(s.tokens[s.position]) +
+      ": model's value" + cap + " " + signed(s.logit) + "; sum of the " + s.components.length + " components " +
+      signed(s.total) + " (differ by " + Math.abs(s.total - s.logit).toExponential(1) + ")"));
+    section.append(el("div", {class: "tokens"}, ...s.tokens.map((t, k) => el("span", {
+      class: "tok", style: k === s.position ? "border-color:#e6550d;font-weight:600" : ""}, t))));
+
+    // per layer: attention (heads and bias) and MLP, as signed bars
+    const layers = s.layers, attention = new Array(layers).fill(0), mlp = new Array(layers).fill(0);
+    for (const c of s.components)
+      if (c.layer !== null) ((c.name.includes(".mlp") || c.neuron !== null) ? mlp : attention)[c.layer] += c.value;
+    const largest = Math.max(...attention.map(Math.abs), ...mlp.map(Math.abs));
+    section.append(el("h3", {}, "per layer"), el("table", {class: "labels"},
+      el("thead", {}, el("tr", {}, el("th", {class: "left"}, "layer"), el("th", {}, "attention"), el("th", {}),
+                                   el("th", {}, "mlp"), el("th", {}))),
+      el("tbody", {}, ...attention.map((a, l) => el("tr", {},
+        el("td", {class: "left"}, String(l)), el("td", {}, signed(a)), el("td", {class: "left"}, bar(a, largest)),
+        el("td", {}, signed(mlp[l])), el("td", {class: "left"}, bar(mlp[l], largest)))))));
+
+    // the largest components
+    const ranked = [...s.components].sort((a, b) => Math.abs(b.value) - Math.abs(a.value)).slice(0, 20);
+    const top = ranked.length ? Math.abs(ranked[0].value) : 0;
+    section.append(el("h3", {}, "the " + ranked.length + " largest components"), el("table", {class: "labels"},
+      el("tbody", {}, ...ranked.map((c) => el("tr", {}, el("td", {class: "left"}, c.name), el("td", {}, signed(c.value)),
+                                                 el("td", {class: "left"}, bar(c.value, top)))))));
+
+    if (s.by === "head") {  // the layer x head grid, hover for the value
+      const heads = {};
+      for (const c of s.components) if (c.head !== null) heads[c.layer + "," + c.head] = c.value;
+      const values = Object.values(heads), scale = Math.max(...values.map(Math.abs)) || 1;
+      const rows = [...new Set(s.components.filter((c) => c.head !== null).map((c) => c.layer))];
+      const head = el("tr", {}, el("th", {}, "layer"), ...Array.from({length: s.heads}, (_, h) => el("th", {}, "H" + h)));
+      const body = rows.map((l) => el("tr", {}, el("th", {}, String(l)), ...Array.from({length: s.heads}, (_, h) => {
+        const v = heads[l + "," + h];
+        const cell = el("td", {class: "head-cell", "data-head": "L" + l + "H" + h,
+                               style: "width:22px;height:18px;background:" + (v === undefined ? "#fff" : diverging(v / scale))});
+        cell.addEventListener("mouseenter", () => { readout.textContent = "L" + l + "H" + h + ": " + signed(v); });
+        return cell;
+      })));
+      section.append(el("h3", {}, "each head"),
+        el("p", {class: "note"}, "Rows layers, columns heads; blue raises, red lowers the " + s.quantity +
+          ", the deepest colour " + signed(scale) + " in size. Hover a head for its value."),
+        el("table", {class: "head-grid", style: "border-collapse:collapse"}, el("thead", {}, head), el("tbody", {}, ...body)),
+        readout);
+    }
+  },
+});

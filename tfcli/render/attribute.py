@@ -1,0 +1,176 @@
+"""`tfcli attribute` output: the components that write the logit, biggest first, with bars; a line per layer; the
+layer x head grid (--by head); the sum check; and the JSON Lines record."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+
+from tfcli.render.layout import GAP, Column, shown, table, words
+
+if TYPE_CHECKING:
+    from tfcli.attribute import Attribution
+
+BAR_WIDTH = 24  # the bar of the largest value shown, when the width allows (at least MIN_BAR)
+MIN_BAR = 8
+POSITIVE, NEGATIVE = "█", "▒"  # told apart without colour; green and red only add to it
+
+
+def bar(value: float, largest: float, width: int) -> Text:
+    """A bar `width` cells long for `largest`: full blocks for a positive value, shaded ones for a negative."""
+    cells = round(abs(value) / largest * width) if largest else 0
+    if value >= 0:
+        return Text(POSITIVE * cells, style="green")
+    return Text(NEGATIVE * cells, style="red")
+
+
+def quantity(result: Attribution) -> str:
+    """`logit of ' Mary'` or `logit difference ' Mary' - ' John'`."""
+    if result.foil is None:
+        return f"logit of {result.target.token!r}"
+    return f"logit difference {result.target.token!r} - {result.foil.token!r}"
+
+
+def attribution_lines(result: Attribution, number: int, width: int, top: int) -> list[Text]:
+    """The terminal view of one text: what is attributed, the sum check, the top components with bars, a line per
+    layer and, with --by head, the layer x head grid. Lines of at most `width` cells."""
+    lines = words(f"text {number}: {result.text!r}", width, "bold")
+    lines += words(f"position {result.position} {shown(result.tokens[result.position])}: the {quantity(result)} "
+                   f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
+    lines += check_lines(result, width)
+    lines += [Text()] + component_lines(result, width, top)
+    lines += [Text()] + layer_lines(result, width)
+    if result.by == "head":
+        lines += [Text()] + head_grid_lines(result, width)
+    return lines
+
+
+def check_lines(result: Attribution, width: int) -> list[Text]:
+    """The model's own value beside the sum of the components, so that nobody has to trust the decomposition."""
+    before = f" (before the final soft cap at {result.softcap:g})" if result.softcap is not None else ""
+    return words(f"model's value{before}: {result.logit:+.4f}; sum of the {len(result.components)} components: "
+                 f"{result.total:+.4f} (differ by {abs(result.total - result.logit):.1e})", width)
+
+
+def component_lines(result: Attribution, width: int, top: int) -> list[Text]:
+    """The `top` components by size, with their values and bars; the rest summed on a line of its own."""
+    ranked = sorted(result.components, key=lambda c: -abs(c.value))
+    shown_rows, rest = ranked[:top], ranked[top:]
+    names = Column.of("component", [c.name for c in shown_rows])
+    values = Column.of("value", [f"{c.value:+.4f}" for c in shown_rows], right=True)
+    room = width - names.natural_width() - values.natural_width() - 2 * GAP
+    largest = max((abs(c.value) for c in shown_rows), default=0.0)
+    bars = Column.of("", [bar(c.value, largest, max(MIN_BAR, min(BAR_WIDTH, room))) for c in shown_rows])
+    lines = table([names, values, bars], width, title=f"the {len(shown_rows)} largest components "
+                                                      f"({POSITIVE} raises, {NEGATIVE} lowers the {quantity(result)})")
+    if rest:
+        lines += words(f"the other {len(rest)}: {sum(c.value for c in rest):+.4f} in all", width, "dim")
+    return lines
+
+
+def layer_lines(result: Attribution, width: int) -> list[Text]:
+    """A line per layer: what its attention (heads and bias) and its MLP (all of it) write, and the running total;
+    the embeddings first, the biases of the final norm and the unembedding last."""
+    attention, mlp = layer_sums(result)
+    after = sum(c.value for c in result.components if c.name in ("final_norm_bias", "unembed_bias"))
+    before = sum(c.value for c in result.components if c.layer is None) - after
+    labels, attn_cells, mlp_cells, totals = ["embeddings"], [""], [""], [before]
+    for layer in range(result.layers):
+        labels.append(str(layer))
+        attn_cells.append(f"{attention[layer]:+.4f}")
+        mlp_cells.append(f"{mlp[layer]:+.4f}")
+        totals.append(totals[-1] + attention[layer] + mlp[layer])
+    if any(c.name in ("final_norm_bias", "unembed_bias") for c in result.components):
+        labels.append("biases")
+        attn_cells.append("")
+        mlp_cells.append("")
+        totals.append(totals[-1] + after)
+    columns = [Column.of("layer", labels), Column.of("attention", attn_cells, right=True),
+               Column.of("mlp", mlp_cells, right=True),
+               Column.of("running total", [f"{t:+.4f}" for t in totals], right=True)]
+    return table(columns, width, title="per layer")
+
+
+def head_grid_lines(result: Attribution, width: int) -> list[Text]:
+    """The layer x head grid of the heads' values (--by head), paged by heads when it does not fit."""
+    heads = {(c.layer, c.head): c.value for c in result.components if c.head is not None}
+    layers = sorted({layer for layer, _ in heads})
+    columns = [Column.of("layer", [str(layer) for layer in layers])]
+    for head in range(result.heads):
+        columns.append(Column.of(f"H{head}", [f"{heads[(layer, head)]:+.2f}" if (layer, head) in heads else ""
+                                              for layer in layers], right=True))
+    return table(columns, width, title="each head (rows: layers)",
+                 page_note=lambda page: f"heads {page[0].header[1:]}-{page[-1].header[1:]}")
+
+
+def record(result: Attribution) -> dict[str, Any]:
+    """The attribute JSON Lines record: text, ids, tokens, position, target, foil, logit (the model's own value),
+    total (the sum of the components), components."""
+    return {"text": result.text, "ids": result.ids, "tokens": result.tokens, "position": result.position,
+            "target": {"token": result.target.token, "id": result.target.id},
+            "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
+            "logit": result.logit, "total": result.total,
+            "components": [{"name": c.name, "layer": c.layer, "head": c.head, "neuron": c.neuron, "value": c.value}
+                           for c in result.components]}
+
+
+def page_section(result: Attribution) -> dict[str, Any]:
+    """One text of `attribute` for the --report page (tfcli/data/report-attribute.js draws it)."""
+    section = record(result)
+    section.update(quantity=quantity(result), by=result.by, layers=result.layers, heads=result.heads,
+                   softcap=result.softcap)
+    return section
+
+
+def layer_sums(result: Attribution) -> tuple[list[float], list[float]]:
+    """What each layer's attention (heads and bias) and MLP (all of it, neurons included) write."""
+    attention, mlp = [0.0] * result.layers, [0.0] * result.layers
+    for c in result.components:
+        if c.layer is not None:
+            (mlp if ".mlp" in c.name or c.neuron is not None else attention)[c.layer] += c.value
+    return attention, mlp
+
+
+def figure(result: Attribution, run: Any) -> Any:
+    """The figure of one text: each layer's attention and MLP as bars (and, with --by head, the layer x head
+    heatmap), on one diverging scale: blue raises, red lowers the quantity."""
+    import matplotlib
+    import numpy as np
+
+    from tfcli.render.figure import blank_figure, caption
+
+    attention, mlp = layer_sums(result)
+    grid_rows = result.by == "head"
+    height = 2.6 + (0.3 * result.layers + 0.9 if grid_rows else 0)
+    figure = blank_figure(max(5.0, 0.32 * result.layers + 1.6), height + 1.0)
+    caption(figure, f"tfcli attribute: {quantity(result)} at position {result.position} "
+                    f"{result.tokens[result.position]!r} of {result.text!r}", run)
+    grid = figure.add_gridspec(2 if grid_rows else 1, 1, height_ratios=[2.6, 0.3 * result.layers + 0.9]
+                               if grid_rows else [1])
+    bars = figure.add_subplot(grid[0])
+    x = np.arange(result.layers)
+    bars.bar(x - 0.2, attention, 0.4, label="attention", color="#2171b5")
+    bars.bar(x + 0.2, mlp, 0.4, label="MLP", color="#e6550d")
+    bars.axhline(0, color="0.3", linewidth=0.6)
+    bars.set_xticks(x)
+    bars.set_xlabel("layer")
+    bars.set_ylabel("direct contribution")
+    bars.legend(fontsize=6, frameon=False)
+    bars.set_title(f"model's value {result.logit:+.4f}; sum of the {len(result.components)} components "
+                   f"{result.total:+.4f}", fontsize=7)
+    if grid_rows:
+        values = np.full((result.layers, result.heads), np.nan)
+        for c in result.components:
+            if c.head is not None:
+                values[c.layer, c.head] = c.value
+        largest = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+        ax = figure.add_subplot(grid[1])
+        image = ax.imshow(values, cmap=matplotlib.colormaps["RdBu"], vmin=-largest or -1, vmax=largest or 1,
+                          aspect="auto", interpolation="nearest")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(result.heads))
+        ax.set_yticks(range(result.layers))
+        figure.colorbar(image, ax=ax, label="direct contribution (blue raises, red lowers)")
+    return figure
