@@ -130,8 +130,9 @@ def promises(commands: dict) -> list[tuple[str, str, str]]:
                 found += [(c, o, where) for c in commands for o in options - {"--model"} if "--model" in commands[c]]
             elif sentence.startswith("Every command takes"):
                 found += [(c, o, where) for c in documented_names(documented) for o in options]
-            elif sentence.startswith("Texts come as arguments"):
-                found += [(c, o, where) for c in documented_names(documented) - {"config"} for o in options]
+            elif sentence.startswith("Texts come as arguments"):  # not config, nor a command it names apart
+                apart = set(re.findall(r"`(\w+)` takes", " ".join(common.split())))
+                found += [(c, o, where) for c in documented_names(documented) - {"config"} - apart for o in options]
             elif also := re.match(r"((?:`\w+`,? )+and `\w+`) also take", sentence):
                 found += [(c, o, where) for c in re.findall(r"`(\w+)`", also.group(1)) for o in options]
     return found

@@ -841,3 +841,96 @@ def attribute(
     truncated.finish(number)
     if report is not None:
         write_report_file(report, "attribute", loaded, source, results, force)
+
+
+@app.command()
+def heads(
+    texts: TextsArgument = None,
+    model: ModelOption = None,
+    revision: RevisionOption = None,
+    detect: Annotated[str | None, typer.Option(metavar="DETECTORS", help="Comma-separated: previous, duplicate, "
+                                               "induction (scored as TransformerLens's detect_head), first, "
+                                               "special, self (mean attention to them), entropy (bits) or all "
+                                               "(the default).")] = None,
+    exclude_first: Annotated[bool, typer.Option("--exclude-first", help="previous, duplicate, induction: leave out "
+                                                "the attention to the first token (exclude_bos).")] = False,
+    exclude_self: Annotated[bool, typer.Option("--exclude-self", help="previous, duplicate, induction: leave out "
+                                               "the attention of a token to itself (exclude_current_token).")] = False,
+    probe: Annotated[str | None, typer.Option(metavar="KIND", help="Run a probe instead of texts: induction (random "
+                                              "tokens repeated once, after the start token; --seed draws them).")] = None,
+    probe_length: Annotated[int | None, typer.Option("--probe-length", metavar="N", callback=AT_LEAST_ONE,
+                                                     help="Random tokens in the probe, before the repeat "
+                                                     "(default 50).")] = None,
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Heads listed per detector.")] = 5,
+    per_text: Annotated[bool, typer.Option("--per-text", help="Also each text's top heads (with --json, one object "
+                                           "per text before the run's).")] = False,
+    max_length: MaxLengthOption = None,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
+                                      help="Seed of the random weights (when the model has none) and of the "
+                                      "probe's tokens.")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout: one object for the run (with "
+                                              "--per-text, one per text before it).")] = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Score every head over a text or a whole corpus: previous-token, duplicate-token and induction heads, and
+    the attention to the first token, special tokens and itself, and its entropy.
+
+    \b
+    Examples:
+      tfcli heads --model path/to/gpt2 --probe induction
+      tfcli heads --model bert-base-uncased --detect previous,special --file corpus.txt
+    """
+    from tfcli import heads as core
+    from tfcli.render import heads as render
+    from tfcli.render.jsonl import write_jsonl
+    from tfcli.sources import resolve_source
+
+    detectors = core.parse_detectors(detect)
+    core.check_probe(probe, probe_length, bool(texts) or file is not None)
+    out = output_console(width, color)
+    texts_in = inputs(texts, file) if probe is None else None
+    if report is not None:
+        check_report_path(report, force, 1)  # one report of the run, whatever the number of texts
+    source = resolve_source(model, revision)
+    options = core.HeadsOptions(detectors, exclude_first, exclude_self, per_text,
+                                keep_best=report is not None and report.suffix.lower() == ".html")
+    tokenizer = tokenizer_of(source)
+    length = probe_length or core.DEFAULT_PROBE_LENGTH
+    truncated = CappedWarnings(warn, "texts truncated")
+    if probe is not None:
+        core.probe_ids(source.config, tokenizer, length, seed)  # its checks, before the model is built
+    else:
+        chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
+                                   max_length=max_length) for batch in texts_in.batches(core.CHUNK))
+    loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these scores say nothing about a trained model")
+    results = core.run_probe(loaded, tokenizer, options, length, seed) if probe is not None else \
+        core.run(loaded, tokenizer, with_progress(chunks, "heads", len), options)
+    number, summary = 0, None
+    for item in results:
+        if isinstance(item, core.TextHeads):
+            number += 1
+            if json_output:
+                write_jsonl([render.text_record(item)])
+            else:
+                print_lines(out, render.text_lines(item, number, out.width, top))
+        else:
+            summary = item
+    truncated.finish(summary.texts)
+    if json_output:
+        for line in summary.notes:
+            note(line)
+        write_jsonl([render.record(summary)])
+    else:
+        print_lines(out, render.heads_lines(summary, out.width, top))
+    if report is not None:
+        if options.keep_best:
+            core.attach_maps(loaded, summary)
+        write_report_file(report, "heads", loaded, source, [summary], force)
