@@ -66,7 +66,7 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tmp_path_factory, save_hf_model):
     """case -> (path, transformers model), each built once: biases and norm weights random, weights large enough
     that the components differ."""
     import transformers
@@ -79,16 +79,8 @@ def checkpoints(tmp_path_factory):
             settings = dict(case.config)
             model_type = settings.pop("model_type")
             config = transformers.AutoConfig.for_model(model_type, **settings, initializer_range=0.2)
-            config._attn_implementation = "eager"
-            torch.manual_seed(0)
-            hf = getattr(transformers, case.model)(config).eval()
-            with torch.no_grad():
-                for param in hf.parameters():
-                    if param.dim() == 1:
-                        param.add_(torch.randn_like(param) * 0.1)
             path = tmp_path_factory.mktemp(name)
-            hf.save_pretrained(path)
-            made[name] = path, hf
+            made[name] = path, save_hf_model(getattr(transformers, case.model), config, path, perturb=True)
         return made[name]
 
     return make

@@ -126,6 +126,15 @@ def test_a_single_forward_and_float32_single_rows_stay_plain():
         layer(x)  # and breaks a run of products that could run packed
         layer(torch.randn(2, 32))
         assert type(layer.weight) is nn.Parameter
+    # so does a product that wants a gradient: a forward-backward analysis repeated (attribution patching's clean
+    # pass, then its corrupt pass with autograd) would otherwise pack and unpack every layer on every round
+    with torch.enable_grad():
+        layer(torch.randn(2, 32, requires_grad=True))
+    with torch.no_grad():
+        layer(torch.randn(2, 32))
+        assert type(layer.weight) is nn.Parameter
+        layer(torch.randn(2, 32))
+        assert type(layer.weight) is PackedWeight
     plain = Linear(32, 16)
     plain.packable = False
     with torch.no_grad():

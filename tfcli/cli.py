@@ -769,6 +769,96 @@ def generate(
 
 
 @app.command()
+def patch(
+    clean: Annotated[str, typer.Argument(metavar="CLEAN", help="The clean text, whose behaviour is restored.",
+                                         show_default=False)],
+    corrupt: Annotated[str, typer.Argument(metavar="CORRUPT", help="The corrupted text (as many tokens as CLEAN), "
+                                           "into which clean activations are put back.", show_default=False)],
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM, "
+                                              "masked-LM or classifier head (default: the bundled `gpt2-small`, "
+                                              "random weights).")] = None,
+    revision: RevisionOption = None,
+    target: Annotated[str, typer.Option(metavar="TOKEN", help="The token whose logit is the metric: one token of the "
+                                        "model's tokenizer (\" Mary\" with its leading space for byte-level BPE) or "
+                                        "#ID; a classifier's label name or #index.", show_default=False)] = ...,
+    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits "
+                                             "target - foil.")] = None,
+    position: Annotated[int | None, typer.Option(metavar="N", help="The position the metric is read at, negative "
+                                                 "counting from the end (default: the last token; a masked-LM "
+                                                 "encoder: its [MASK]).")] = None,
+    sites: Annotated[str | None, typer.Option(metavar="KINDS", help="Comma-separated: resid, attn, mlp (per layer "
+                                              "and position), heads (per layer and head), heads-by-position, q, k, "
+                                              "v, pattern (default: resid,attn,mlp,heads).")] = None,
+    method: Annotated[str, typer.Option(metavar="METHOD", help="activation (patch each site for real), attribution "
+                                        "(the first-order estimate from one backward pass) or both.")] = "activation",
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Sites listed.")] = 10,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Put back activations of a clean run into a corrupted one, site by site, and see how much of the clean logit
+    (difference) each restores (activation patching; attribution patching estimates it from one backward pass).
+
+    \b
+    Examples:
+      tfcli patch --model path/to/gpt2 "When Mary and John went to the store, John gave a drink to" \\
+          "When John and Mary went to the store, Mary gave a drink to" --target " Mary" --foil " John"
+      tfcli patch --model path/to/gpt2 CLEAN CORRUPT --target " Paris" --sites heads --method both
+    """
+    import contextlib
+
+    from tfcli import patch as core
+    from tfcli.render import patch as render
+    from tfcli.render.jsonl import write_jsonl
+    from tfcli.sources import resolve_source
+
+    out = output_console(width, color)
+    if report is not None:
+        check_report_path(report, force, 1)
+    source = resolve_source(model or "gpt2-small", revision)
+    options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method)
+    tokenizer = tokenizer_of(source)
+    core.check_options(source.config, tokenizer, options)  # before the model is built
+    try:
+        core.pair_inputs(source.config, tokenizer, clean, corrupt)
+    except core.LengthMismatch as mismatch:
+        for line in render.alignment_lines(mismatch.rows, _stderr_width or 80):
+            err_console.print(line, soft_wrap=True)
+        raise
+    loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these scores say nothing about a trained model")
+    with contextlib.ExitStack() as stack:
+        progress = None
+        if err_console.is_terminal:  # a bar on stderr, gone before the results are printed
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            bar = stack.enter_context(Progress(
+                TextColumn("patch"), BarColumn(), MofNCompleteColumn(), TextColumn("sites"), TimeElapsedColumn(),
+                console=err_console, transient=True, redirect_stdout=False, redirect_stderr=False))
+            task = bar.add_task("patch", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+        result = core.run(loaded, tokenizer, clean, corrupt, options, progress)
+    if json_output:
+        write_jsonl([render.record(result)])
+    else:
+        print_lines(out, render.patch_lines(result, out.width, out.color_system is not None, top))
+    if report is not None:
+        write_report_file(report, "patch", loaded, source, [result], force)
+    if result.interrupted:
+        warn(f"interrupted: {result.done} of {result.total} sites patched")
+        raise typer.Exit(130)
+
+
+@app.command()
 def attribute(
     texts: TextsArgument = None,
     model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head "

@@ -172,7 +172,7 @@ class Linear(nn.Linear):
             return F.linear(x, weight, bias)  # (other dtypes, devices: on the weight unpacked for this product)
         if row or not self.packable or dtype not in PACKABLE or weight.dtype is not dtype or not x.is_cpu \
                 or _needs_grad(x, weight, bias):
-            if row and self._uses:
+            if self._uses and (row or _needs_grad(x, weight, bias)):  # a product that cannot run packed ends the run
                 self._uses = 0
             return F.linear(x, weight, bias)
         rows = max(1, x.numel() // x.shape[-1])

@@ -134,8 +134,9 @@ def check_names(names: Iterable[str], known: Iterable[str]) -> None:
     import difflib
 
     known = list(known)
+    exact = set(known)
     for name in names:
-        if not any(fnmatch.fnmatchcase(site, name) for site in known):
+        if name not in exact and not any(fnmatch.fnmatchcase(site, name) for site in known):
             close = difflib.get_close_matches(name, known, n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "`tfcli config SRC --sites` lists them"
             raise usage_error(f"the model has no site `{name}`", hint)

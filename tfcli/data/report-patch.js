@@ -1,0 +1,104 @@
+// tfcli patch --report PAGE.html: one heat grid per site kind (rows layers, columns positions or heads), signed
+// scores on a diverging scale (blue restores the clean value, red works against it, white: no effect), the value
+// written in each cell and on hover; with --method both, the attribution estimate's grid beside each, and the
+// top sites. Registered for report.js, which draws the page's frame and calls it once per section.
+"use strict";
+window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
+  patch: async function (section, s, number, LIB) {
+    const {el, quoted} = LIB;
+    const BLUE = [33, 102, 172], RED = [178, 24, 43], WHITE = [247, 247, 247];
+    // a score -> background on a scale symmetric about 0, full colour at |score| >= top
+    function diverging(node, value, top) {
+      if (value === null) { node.style.background = "#eee"; return; }
+      const t = Math.min(Math.abs(value) / top, 1), end = value >= 0 ? BLUE : RED;
+      node.style.background = "rgb(" + WHITE.map((c, k) => Math.round(c + (end[k] - c) * t)).join(",") + ")";
+      node.style.color = t > 0.6 ? "#fff" : "";
+    }
+    function signed(v) { return v === null ? "" : (v >= 0 ? "+" : "") + v.toFixed(2); }
+    const stackOf = (site) => (site.startsWith("encoder.") || site.startsWith("decoder.")) ? site.split(".")[0] : "";
+    const kindOf = (site) => site.slice(stackOf(site) ? stackOf(site).length + 1 : 0);
+    const differing = new Set(s.differing);
+    function positions(site) {
+      const decoder = stackOf(site) === "decoder" && s.decoder_tokens;
+      return (decoder ? s.decoder_tokens : s.tokens_clean).map((t, k) => ({
+        label: k + (!decoder && differing.has(k) ? "*" : "") + " " + t,
+        tip: k + ": clean " + quoted(t) + (!decoder && s.tokens_corrupt[k] !== t ? ", corrupt " + quoted(s.tokens_corrupt[k]) : ""),
+      }));
+    }
+    // rows (label, values), columns (label, tip) -> a table with hover readouts
+    function heatGrid(title, corner, columns, rows, top, what) {
+      const head = el("tr", {}, el("th", {class: "left"}, corner),
+        ...columns.map((c) => el("th", {"data-tip": c.tip}, c.label)));
+      const body = el("tbody");
+      for (const row of rows) {
+        const tr = el("tr", {}, el("th", {class: "left"}, row.label));
+        row.values.forEach((v, k) => {
+          const td = el("td", {"data-tip": title + "\n" + row.label + ", " + columns[k].tip + "\n" + what + ": " +
+                                (v === null ? "not computed (interrupted)" : v.toFixed(4))}, signed(v));
+          diverging(td, v, top);
+          tr.append(td);
+        });
+        body.append(tr);
+      }
+      return el("div", {class: "scroll"}, el("table", {class: "grid"}, el("thead", {}, head), body));
+    }
+    function gridView(site, grid, what) {
+      const kind = kindOf(site);
+      let columns, rows, corner;
+      if (kind === "heads-by-position") {
+        columns = positions(site);
+        rows = grid.flatMap((layer, l) => layer.map((values, h) => ({label: "L" + l + "H" + h, values})));
+        corner = "layer, head \\ position";
+      } else if (["resid", "attn", "mlp"].includes(kind)) {
+        columns = positions(site);
+        rows = grid.map((values, l) => ({label: "layer " + l, values}));
+        corner = "layer \\ position";
+      } else {
+        columns = grid[0].map((_, h) => ({label: "H" + h, tip: "head " + h}));
+        rows = grid.map((values, l) => ({label: "layer " + l, values}));
+        corner = "layer \\ head";
+      }
+      const flat = rows.flatMap((r) => r.values).filter((v) => v !== null);
+      const top = Math.max(1, ...flat.map(Math.abs));
+      return heatGrid(site, corner, columns, rows, top, what);
+    }
+    function key(top) {
+      const ramp = el("span", {class: "ramp", style: "background:linear-gradient(to right, rgb(" + RED + "), rgb(" +
+                               WHITE + "), rgb(" + BLUE + "))"});
+      return el("div", {class: "legend"}, "-" + top, ramp, "+" + top,
+                el("span", {class: "legend-what"}, "score: 1 restores the clean value, 0 no effect, negative works against it"));
+    }
+    const where = s.position === null ? "" : " at position " + s.position + " " +
+      quoted((s.decoder_tokens || s.tokens_clean)[s.position]);
+    section.append(
+      el("h2", {}, "pair " + number + ": " + quoted(s.clean) + " vs " + quoted(s.corrupt)),
+      el("p", {}, "The " + s.quantity + where + ": clean " + s.clean_value.toFixed(4) + ", corrupt " +
+                  s.corrupt_value.toFixed(4) + ". Each cell: (patched - corrupt) / (clean - corrupt). Positions marked * " +
+                  "differ between the texts."),
+      el("p", {class: "note"}, {activation: "Activation patching: each site of the corrupt run replaced by the clean run's, one at a time.",
+                                attribution: "Attribution patching: the first-order estimate (clean - corrupt) \u00b7 gradient, from one backward pass.",
+                                both: "Activation patching (left) beside its attribution estimate (right)."}[s.method] +
+                               (s.interrupted ? " Interrupted: " + s.done + " of " + s.total + " sites (grey: not computed)." : "")));
+    const what = s.method === "attribution" ? "estimate" : "score";
+    for (const site of Object.keys(s.grids)) {
+      const box = el("div", {class: "patch-site"}, el("h3", {}, site));
+      if (s.attribution_grids) {
+        const c = s.correlations[site];
+        box.append(el("p", {class: "note"}, c && c.r !== null ? "correlation of the two: r = " + c.r.toFixed(3) + " over " + c.n + " sites" : ""),
+          el("div", {class: "views"}, el("div", {}, el("h4", {}, "activation"), gridView(site, s.grids[site], "score")),
+                                     el("div", {}, el("h4", {}, "attribution estimate"), gridView(site, s.attribution_grids[site], "estimate"))));
+      } else {
+        box.append(gridView(site, s.grids[site], what));
+      }
+      section.append(box);
+    }
+    section.append(key(1));
+    const head = ["site", "where", what].concat(s.attribution_grids ? ["attribution"] : []);
+    const topRows = s.top.map((t) => el("tr", {},
+      el("td", {class: "left"}, t.site), el("td", {class: "left"}, t.where), el("td", {}, t.score.toFixed(4)),
+      s.attribution_grids ? el("td", {}, t.attribution === null ? "" : t.attribution.toFixed(4)) : null));
+    section.append(el("h3", {}, "the largest scores"), el("div", {class: "scroll"}, el("table", {},
+      el("thead", {}, el("tr", {}, ...head.map((h, k) => el("th", {class: k < 2 ? "left" : ""}, h)))),
+      el("tbody", {}, ...topRows))));
+  },
+});
