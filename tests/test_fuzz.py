@@ -128,7 +128,7 @@ texts = st.text(st.characters(codec="utf-8"), max_size=80)
 
 
 @FAST
-@given(batch=st.lists(texts, min_size=1, max_size=4), max_length=st.one_of(st.none(), st.integers(2, 12)))
+@given(batch=st.lists(texts, min_size=1, max_size=4), max_length=st.one_of(st.none(), st.integers(3, 12)))
 def test_random_unicode_through_tokenize(batch, max_length):
     _, tokenizer = tiny_model()
     for text, encoding in zip(batch, tokenizer.encode(batch, max_length=max_length)):
@@ -143,9 +143,10 @@ def test_random_unicode_through_tokenize(batch, max_length):
 
 
 @FAST
-@given(text=texts, max_length=st.integers(2, 12))
+@given(text=texts, max_length=st.integers(3, 12))
 def test_truncation_matches_the_backend(text, max_length):
-    """tfcli re-encodes only a cut prefix of a long text; the result equals the library's own truncation."""
+    """tfcli re-encodes only a cut prefix of a long text; the result equals the library's own truncation. (A
+    max_length of 2 or less, BERT's two special tokens and no room for the text, is refused: test_first_day.py.)"""
     _, tokenizer = tiny_model()
     ours = tokenizer.encode([text], max_length=max_length)[0]
     backend = tokenizer.backend
