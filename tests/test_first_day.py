@@ -444,15 +444,15 @@ def test_a_read_only_folder_is_refused_before_any_work(cli, tmp_path, no_model_b
 def test_a_permission_error_while_writing_says_so(cli, monkeypatch, tmp_path):
     import os as os_module
 
-    import tfcli.render.report_file as report_file
+    import tfcli.errors as errors  # where every file tfcli writes is renamed into place
 
     def refuse(source, target):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(report_file.os, "replace", refuse)
+    monkeypatch.setattr(errors.os, "replace", refuse)
     target = tmp_path / "a.html"
     result = cli("encode", "--model", "tiny", TEXT, "--report", str(target))
-    monkeypatch.setattr(report_file.os, "replace", os_module.replace)
+    monkeypatch.setattr(errors.os, "replace", os_module.replace)
     assert result.exit_code == 1
     assert result.stderr.splitlines()[-2:] == [f"error: permission denied writing {target}: nothing was written",
                                                "hint: choose a folder you can write to"]

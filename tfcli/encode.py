@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfcli.errors import TfcliError, check_writable_folder, usage_error, write_error
+from tfcli.errors import TfcliError, check_writable_folder, replace_atomically, usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -627,35 +627,8 @@ def save_metadata(reports: list[TextReport]) -> dict[str, str]:
 def save_tensors(path: Path, tensors: dict[str, "Tensor"], overwrite: bool, metadata: dict[str, str] | None = None) -> None:
     """Write --save FILE.safetensors (checked again: the file may have appeared while the model ran): into a temporary
     file beside it, then renamed, so that a full disk or an interrupted run keeps the file there before (and leaves
-    no half-written one); a failed write is one line saying what happened (`write_error`)."""
-    import os
-    import tempfile
-
+    no half-written one); a failed write is one line saying what happened (`replace_atomically`)."""
     from safetensors.torch import save_file
 
     check_save_path(path, overwrite)
-    existed = path.exists()
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(handle)
-    except OSError as exc:
-        raise write_error(path, exc, existed) from None
-    try:
-        save_file(tensors, temporary, metadata=metadata)
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; --save writes an ordinary file
-        os.replace(temporary, path)
-    except Exception as exc:  # OSError, or safetensors' own error naming the OS error (`No space left ... (os error 28)`)
-        if isinstance(exc, OSError) or "os error" in str(exc):
-            raise write_error(path, exc, existed) from None
-        raise
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    replace_atomically(path, lambda temporary: save_file(tensors, temporary, metadata=metadata))

@@ -3,6 +3,7 @@ that cannot be written is said (`check_writable_folder` before any work, `write_
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -60,3 +61,30 @@ def check_writable_folder(option: str, path: "os.PathLike[str]") -> None:
     if not os.access(Path(path).parent, os.W_OK | os.X_OK):
         raise TfcliError(f"{option} {path}: cannot write in the folder {Path(path).parent or '.'} (read-only or not "
                          "yours)", "choose a folder you can write to")
+
+
+def replace_atomically(path: Path, write: Callable[[str], None]) -> None:
+    """write(temporary) into a temporary file in path's folder, then rename it to path: a full disk or an
+    interrupted run keeps the file there before and leaves no half-written one. A failed write is one line
+    (`write_error`), for an OSError or another library's error that names one (safetensors': `(os error 28)`)."""
+    import tempfile
+
+    existed = path.exists()
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(handle)
+    except OSError as exc:
+        raise write_error(path, exc, existed) from None
+    try:
+        write(temporary)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)  # mkstemp makes it private; what tfcli writes is an ordinary file
+        os.replace(temporary, path)
+    except Exception as exc:
+        if isinstance(exc, OSError) or "os error" in str(exc):
+            raise write_error(path, exc, existed) from None
+        raise
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)

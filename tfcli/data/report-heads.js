@@ -2,18 +2,8 @@
 // attention on the text where it scores highest). Registers itself in window.tfcliRenderers before report.js runs.
 "use strict";
 (function () {
-  async function inflate(base64) {
-    if (!base64) return new Uint16Array(0);
-    const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
-    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-    const buffer = await new Response(stream).arrayBuffer();
-    const view = new DataView(buffer), values = new Uint16Array(buffer.byteLength / 2);
-    for (let i = 0; i < values.length; i++) values[i] = view.getUint16(2 * i, true);  // little-endian
-    return values;
-  }
-
   async function renderHeads(section, s, number, LIB) {
-    const {el, colour, fmt, quoted, counted, legend} = LIB;
+    const {el, colour, fmt, quoted, counted, legend, inflate} = LIB;
     const texts = counted(s.texts) + " text" + (s.texts === 1 ? "" : "s");
     section.append(el("h2", {}, s.probe ? "heads on the " + s.probe + " probe (" + s.ids.length + " tokens)" :
                                           "heads over " + texts));

@@ -426,7 +426,7 @@
   // ---------------------------------------------------------------- page
   // an analysis command's script (report-attribute.js, ...) has put its renderer in window.tfcliRenderers; it
   // draws with the helpers in LIB
-  const LIB = {el, rgb, colour, shade, fmt, short, quoted, counted, legend};
+  const LIB = {el, rgb, colour, shade, fmt, short, quoted, counted, legend, inflate};
   const RENDER = Object.assign({encode: renderEncode, generate: renderGenerate, classify: renderClassify},
                                window.tfcliRenderers || {});
   async function main() {

@@ -8,13 +8,11 @@ temporary file beside it, then renamed, so an interrupted run leaves no half-wri
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tfcli.errors import TfcliError, check_writable_folder, usage_error, write_error
+from tfcli.errors import TfcliError, check_writable_folder, replace_atomically, usage_error
 
 if TYPE_CHECKING:
     from tfcli.render.run_info import RunInfo
@@ -63,24 +61,9 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], Any], overwrite: b
     the file may have appeared while the model ran. A failed write (a full disk, a read-only folder) is one line
     saying what happened and that the file there before, if any, is kept."""
     check_report_path(path, overwrite, texts=1)
-    existed = path.exists()
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise write_error(path, exc, existed) from None
-    try:
-        with os.fdopen(handle, "wb") as stream:
+
+    def to_file(temporary: str) -> None:
+        with open(temporary, "wb") as stream:
             write(stream)
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it private; a report is an ordinary file
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise write_error(path, exc, existed) from None
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    replace_atomically(path, to_file)
