@@ -806,9 +806,11 @@ def patch(
 
     \b
     Examples:
-      tfcli patch --model path/to/gpt2 "When Mary and John went to the store, John gave a drink to" \\
-          "When John and Mary went to the store, Mary gave a drink to" --target " Mary" --foil " John"
-      tfcli patch --model path/to/gpt2 CLEAN CORRUPT --target " Paris" --sites heads --method both
+      tfcli patch -m path/to/gpt2 --target " Mary" --foil " John" \\
+          "When Mary and John went to the store, John gave a drink to" \\
+          "When John and Mary went to the store, Mary gave a drink to"
+      tfcli patch -m path/to/gpt2 CLEAN CORRUPT --target " Paris" --sites heads \\
+          --method both
     """
     import contextlib
 
@@ -893,9 +895,10 @@ def attribute(
 
     \b
     Examples:
-      tfcli attribute --model path/to/gpt2 "When Mary and John went to the store, John gave a drink to" \\
-          --target " Mary" --foil " John" --by head
-      tfcli attribute --model path/to/gpt2 --by neuron --layers -2- "The capital of France is"
+      tfcli attribute -m path/to/gpt2 --target " Mary" --foil " John" --by head \\
+          "When Mary and John went to the store, John gave a drink to"
+      tfcli attribute -m path/to/gpt2 --by neuron --layers -2- \\
+          "The capital of France is"
     """
     from tfcli import attribute as core
     from tfcli.encode import parse_indices
@@ -974,7 +977,7 @@ def heads(
     \b
     Examples:
       tfcli heads --model path/to/gpt2 --probe induction
-      tfcli heads --model bert-base-uncased --detect previous,special --file corpus.txt
+      tfcli heads -m bert-base-uncased --detect previous,special --file corpus.txt
     """
     from tfcli import heads as core
     from tfcli.render import heads as render
