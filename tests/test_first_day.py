@@ -351,6 +351,71 @@ def test_generate_figure_uses_a_log_axis_when_a_step_is_improbable(cli, tiny_dec
     assert any(re.fullmatch(r"10[−-]\d+", t) or "10^{-" in t for t in texts), texts  # log ticks: 10⁻⁵, ...
 
 
+def figure_texts(monkeypatch) -> list[list[str]]:
+    """Every text of each figure tfcli saves from now on (tokens, titles, the caption), as matplotlib draws them:
+    a PNG's text cannot be read back."""
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    seen: list[list[str]] = []
+    savefig = Figure.savefig
+
+    def spy(figure, *args, **kwargs):
+        seen.append([text.get_text() for text in figure.findobj(Text)])
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return seen
+
+
+def test_a_figure_says_which_tokens_its_fonts_cannot_draw(cli, monkeypatch, tmp_path):
+    """Item 12: CJK tokens were empty boxes. On a machine whose fonts lack them (DejaVu Sans alone), the caption
+    names those tokens and says what to install; an SVG (drawn by its viewer's fonts) says nothing."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    import tfcli.render.figure as figure
+
+    dejavu = font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans"))
+    monkeypatch.setattr(figure, "_fonts", lambda: (["DejaVu Sans"], frozenset(FT2Font(dejavu).get_charmap())))
+    seen = figure_texts(monkeypatch)
+    result = cli("encode", "--model", "tiny", "東京 is big", "--report", str(tmp_path / "a.png"))
+    assert result.exit_code == 0, result.stderr
+    caption = [text for text in seen[-1] if "drawn as boxes" in text]
+    assert len(caption) == 1
+    note = " ".join(caption[0].split())
+    assert "'東'" in note and "'京'" in note and "fonts-noto-cjk" in note and "'big'" not in note
+    result = cli("encode", "--model", "tiny", "東京 is big", "--report", str(tmp_path / "a.svg"))
+    assert result.exit_code == 0 and not [text for text in seen[-1] if "drawn as boxes" in text]
+    result = cli("encode", "--model", "tiny", "Tokyo is big", "--report", str(tmp_path / "b.png"))
+    assert result.exit_code == 0 and not [text for text in seen[-1] if "drawn as boxes" in text]
+
+
+def test_a_cjk_font_on_the_machine_draws_cjk_tokens():
+    """Where a CJK font is installed (Debian: fonts-noto-cjk, fonts-wqy-zenhei), figures draw with it after DejaVu
+    Sans: nothing is left as a box, and a token label's size draws ink (WenQuanYi's collection holds a bitmap face
+    whose small sizes drew nothing; the regular face is the one taken)."""
+    import matplotlib
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    import tfcli.render.figure as figure
+
+    families, _ = figure._fonts()
+    if len(families) == 1:
+        pytest.skip("no CJK font on this machine (apt-get install fonts-noto-cjk)")
+    assert figure.lacking_glyphs("東京 日本語 中文") == ""
+    for size in (figure.MIN_FONT, figure.MAX_FONT, 9):
+        with matplotlib.rc_context(figure.STYLE | {"font.family": families}):
+            drawn = Figure(figsize=(0.5, 0.5), dpi=figure.DPI)
+            drawn.text(0.5, 0.5, "東", fontsize=size, ha="center", va="center")
+            canvas = FigureCanvasAgg(drawn)
+            canvas.draw()
+        pixels = np.asarray(canvas.buffer_rgba())[..., :3]
+        assert (pixels.min(axis=-1) < 128).sum() > 10, size  # dark pixels: the character, not a blank
+
+
 def test_a_quoted_text_reads_as_typed_in_the_page(tfcli_process, tmp_path):
     page = tmp_path / "q.html"
     result = tfcli_process("encode", "--model", "tiny", "it didn't", "--report", str(page), env=env())

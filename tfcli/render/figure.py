@@ -22,6 +22,7 @@ faint everywhere. encode draws the maps the terminal shows in full (`RunInfo.det
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import re
 import textwrap
@@ -66,6 +67,8 @@ def save_figure(stream: IO[bytes], fmt: str, run: RunInfo, items: list[Any], tok
              "classify": classify_figure}
     draw = draws.get(run.command) or analysis_module(run.command).figure  # attribute, patch, heads
     families, _ = _fonts()
+    # a CJK font of one weight (WenQuanYi's 500) is drawn as it is: not a line per text on stderr
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     with matplotlib.rc_context(STYLE | {"font.family": families}), warnings.catch_warnings():
         # a token in a script the fonts lack shows as a box (said under the figure); matplotlib's warning per
         # glyph would flood stderr
@@ -93,7 +96,9 @@ def _fonts() -> tuple[list[str], frozenset[int]]:
     from matplotlib.ft2font import FT2Font
 
     manager = font_manager.fontManager
-    known = {entry.fname: entry.name for entry in manager.ttflist}
+    known: dict[str, str] = {}
+    for entry in manager.ttflist:  # a collection's first face: its regular one (WenQuanYi's next is a bitmap face
+        known.setdefault(entry.fname, entry.name)  # whose small sizes Agg draws blank)
     families = ["DejaVu Sans"]
     paths = [font_manager.findfont(font_manager.FontProperties(family="DejaVu Sans"), fallback_to_default=True)]
     for path in sorted(font_manager.findSystemFonts()):
@@ -101,8 +106,9 @@ def _fonts() -> tuple[list[str], frozenset[int]]:
             continue
         try:
             if path not in known:  # installed after matplotlib built its font list
+                before = len(manager.ttflist)
                 manager.addfont(path)
-                known[path] = manager.ttflist[-1].name
+                known[path] = manager.ttflist[before].name
             if known[path] not in families:
                 families.append(known[path])
                 paths.append(path)
