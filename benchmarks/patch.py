@@ -177,14 +177,25 @@ def main() -> None:
         print(f"  fast / transformers: {spread(ratios(times['fast'], times['transformers']))} (target <= {goal})")
         if "tfcli naive" in times:
             print(f"  fast / tfcli naive: {spread(ratios(times['fast'], times['tfcli naive']))}")
-    passes, attribution = [], []
+    from tfcli.model.linear import Linear
+
+    def plain_weights(packable: bool) -> None:
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.unpack()
+                module.packable = packable
+
+    passes, single, attribution = [], [], []
     for _ in range(args.runs):
-        one = min(timed(plain_pass)[0] for _ in range(5))
-        seconds = timed(lambda: tfcli_sweep(("resid", "attn", "mlp", "heads"), method="attribution"))[0]
-        passes.append(one)
-        attribution.append(seconds)
+        passes.append(min(timed(plain_pass)[0] for _ in range(5)))  # repeated: on packed weights
+        plain_weights(False)  # one command's single pass runs on the plain weights (a layer packs on its 2nd use)
+        single.append(min(timed(plain_pass)[0] for _ in range(5)))
+        plain_weights(True)
+        attribution.append(timed(lambda: tfcli_sweep(("resid", "attn", "mlp", "heads"), method="attribution"))[0])
     print(f"\nattribution, resid+attn+mlp+heads: {spread(attribution, ' ms', 1e3, 1)}; one forward pass "
-          f"{spread(passes, ' ms', 1e3, 1)}; in passes: {spread(ratios(attribution, passes))} (target <= 5)")
+          f"{spread(passes, ' ms', 1e3, 1)} (packed, used again and again), {spread(single, ' ms', 1e3, 1)} (plain "
+          f"weights, a single pass); in passes: {spread(ratios(attribution, passes))} of the packed, "
+          f"{spread(ratios(attribution, single))} of the plain (target <= 5)")
     print(f"\nload average before: {before}; after: {load_average()}")
 
 

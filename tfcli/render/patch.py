@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tfcli.render.run_info import RunInfo
 
 DEFAULT_TOP = 10
+BY_POSITION_KINDS = ("resid", "attn", "mlp")  # grids of layer x position
 # |score| at least this -> background, for positive and negative scores (256-colour palette, text kept readable)
 SHADES = ((0.75, "white on color(25)", "white on color(124)"), (0.4, "black on color(74)", "black on color(167)"),
           (0.15, "black on color(153)", "black on color(217)"))
@@ -115,7 +116,7 @@ def grid_lines(result: Patching, site: str, grid: list, width: int, color: bool,
         rows = [f"L{layer}H{head}" for layer in range(len(grid)) for head in range(len(grid[layer]))]
         values = [grid[layer][head] for layer in range(len(grid)) for head in range(len(grid[layer]))]
         headers, key = positions_of(result, site), "head"
-    elif kind in ("resid", "attn", "mlp"):
+    elif kind in BY_POSITION_KINDS:
         rows, values, headers, key = [str(layer) for layer in range(len(grid))], grid, positions_of(result, site), \
             "layer"
     else:
@@ -125,7 +126,7 @@ def grid_lines(result: Patching, site: str, grid: list, width: int, color: bool,
                                         for c, header in enumerate(headers)]
     if _width(columns) > width:
         # positions (or heads) as rows, layers as columns: better when it fits
-        across = [Column.of("position" if key != "layer" or kind in ("resid", "attn", "mlp") else "head",
+        across = [Column.of("position" if key != "layer" or kind in BY_POSITION_KINDS else "head",
                             [h.replace("\n", " ") for h in headers])]
         across += [Column.of(name, [cell(row[c], color) for c in range(len(headers))], right=True)
                    for name, row in zip(rows, values)]
@@ -191,7 +192,7 @@ def ranked(result: Patching) -> list[tuple[str, str, float, float | None]]:
                             out.append((site, f"L{layer}H{k} at {p} {shown(tokens[p])}", v,
                                         estimate[p] if estimate is not None else None))
                 elif value is not None:
-                    where = f"L{layer} at {k} {shown(tokens[k])}" if kind in ("resid", "attn", "mlp") else \
+                    where = f"L{layer} at {k} {shown(tokens[k])}" if kind in BY_POSITION_KINDS else \
                         f"L{layer}H{k}"
                     out.append((site, where, value, estimate))
     return sorted(out, key=lambda item: -abs(item[2]))
@@ -241,57 +242,69 @@ def page_section(result: Patching) -> dict[str, Any]:
 
 
 def figure(result: Patching, run: RunInfo) -> Figure:
-    """A heatmap per grid (and its attribution twin), rows layers, columns positions (clean tokens) or heads, on one
-    diverging scale symmetric about 0 (at least -1 to 1), each value written in its cell where it fits."""
+    """A heatmap per site kind, rows layers (heads-by-position: layer and head), columns positions (clean tokens)
+    or heads; with --method both its attribution estimate beside it. One diverging scale symmetric about 0 (at least
+    -1 to 1) in a colour bar under them; each value written in its cell where the cell is large enough."""
     import matplotlib
     import numpy as np
 
-    from tfcli.render.figure import blank_figure, caption, label_axis, text_colour
+    from tfcli.render.figure import POINTS, blank_figure, caption, label_axis, text_colour
 
-    panels: list[tuple[str, list[list[float | None]], list[str], list[str]]] = []
-    grids = [("", result.grids)] + ([("attribution: ", result.attribution_grids)] if result.attribution_grids else [])
-    for site in result.grids:
-        for label, source in grids:
-            grid = source[site]
-            stack, kind = _kind(site)
-            tokens = [h.split("\n", 1)[1] + ("*" if "*" in h.split("\n", 1)[0] else "")
-                      for h in positions_of(result, site)]
-            if kind == "heads-by-position":
-                rows = [f"L{layer}H{h}" for layer in range(len(grid)) for h in range(len(grid[layer]))]
-                panels.append((label + site, [r for layer in grid for r in layer], rows, tokens))
-            elif kind in ("resid", "attn", "mlp"):
-                panels.append((label + site, grid, [str(layer) for layer in range(len(grid))], tokens))
-            else:
-                panels.append((label + site, grid, [str(layer) for layer in range(len(grid))],
-                               [f"H{h}" for h in range(len(grid[0]))]))
-    values = [v for _, grid, _, _ in panels for row in grid for v in row if v is not None]
+    twins = [("activation patching", result.grids)] if result.method != "attribution" else []
+    if result.attribution_grids is not None or result.method == "attribution":
+        twins.append(("attribution estimate", result.attribution_grids or result.grids))
+    rows_of: list[tuple[str, list[str], list[str]]] = []  # per site kind: (site, row labels, column labels)
+    for site, grid in result.grids.items():
+        _, kind = _kind(site)
+        tokens = [h.split("\n", 1)[1] + ("*" if "*" in h.split("\n", 1)[0] else "") for h in positions_of(result, site)]
+        if kind == "heads-by-position":
+            rows_of.append((site, [f"L{layer}H{h}" for layer in range(len(grid)) for h in range(len(grid[layer]))],
+                            tokens))
+        elif kind in BY_POSITION_KINDS:
+            rows_of.append((site, [str(layer) for layer in range(len(grid))], tokens))
+        else:
+            rows_of.append((site, [str(layer) for layer in range(len(grid))], [f"H{h}" for h in range(len(grid[0]))]))
+
+    def data(grid: list, kind: str) -> Any:
+        flat_rows = [r for layer in grid for r in layer] if kind == "heads-by-position" else grid
+        return np.array([[np.nan if v is None else v for v in row] for row in flat_rows], dtype=float)
+
+    values = [v for _, grids in twins for grid in grids.values() for v in flat(grid) if v is not None]
     top = max([1.0] + [abs(v) for v in values])
     cmap = matplotlib.colormaps["RdBu"]
-    widest = max(len(columns) for _, _, _, columns in panels)
-    cell_size = 0.32
-    width = max(6.0, min(18.0, 1.5 + cell_size * widest))
-    heights = [0.9 + cell_size * len(rows) + 0.12 * max(len(c) for c in columns) for _, _, rows, columns in panels]
+    widest = max(len(columns) for _, _, columns in rows_of)
+    cell_width = 0.32
+    panel_width = max(3.0, min(8.5, 0.6 + cell_width * widest))
+    width = 0.4 + panel_width * len(twins)
+    longest = max(len(label) for _, _, columns in rows_of for label in columns)
+    cell_heights = [max(0.12, min(0.3, 9.0 / len(rows))) for _, rows, _ in rows_of]  # a tall grid: thinner rows
+    heights = [0.6 + h * len(rows) + 0.09 * longest for h, (_, rows, _) in zip(cell_heights, rows_of)]
     fig = blank_figure(width, 1.2 + sum(heights))
     caption(fig, f"tfcli patch: {quantity(result)}, clean {result.clean_value:+.3f}, corrupt "
                  f"{result.corrupt_value:+.3f}; {result.clean!r} vs {result.corrupt!r}", run)
-    layout = fig.add_gridspec(len(panels), 1, height_ratios=heights)
+    layout = fig.add_gridspec(len(rows_of), len(twins), height_ratios=heights)
     image = None
     axes = []
-    for index, (title, grid, rows, columns) in enumerate(panels):
-        ax = fig.add_subplot(layout[index])
-        data = np.array([[np.nan if v is None else v for v in row] for row in grid], dtype=float)
-        image = ax.imshow(data, cmap=cmap, vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
-        ax.set_title(title)
-        label_axis(ax, "x", columns, width - 1.5)
-        ax.set_yticks(range(len(rows)), rows, fontsize=6)
-        ax.set_ylabel("layer" if not rows[0].startswith("L") else "layer, head")
-        plot_width = (width - 1.5) * 72 / max(len(columns), 1)
-        if plot_width >= 16:
-            for (r, c), v in np.ndenumerate(data):
-                if not np.isnan(v):
-                    ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=min(6.0, plot_width / 4),
-                            color=text_colour(cmap, (v + top) / (2 * top)))
-        axes.append(ax)
+    for index, ((site, rows, columns), cell_height) in enumerate(zip(rows_of, cell_heights)):
+        _, kind = _kind(site)
+        for column, (what, grids) in enumerate(twins):
+            ax = fig.add_subplot(layout[index, column])
+            cells = data(grids[site], kind)
+            image = ax.imshow(cells, cmap=cmap, vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
+            ax.set_title(f"{site}: {what}")
+            label_axis(ax, "x", columns, panel_width - 0.6)
+            label_axis(ax, "y", rows, cell_height * len(rows))
+            if column == 0:
+                ax.set_ylabel("layer, head" if kind == "heads-by-position" else "layer")
+            across = (panel_width - 0.6) * POINTS / max(len(columns), 1)  # a cell's width and height in points
+            font = min(6.0, across / 4.5, cell_height * POINTS * 0.6)
+            if font >= 4.0:
+                for (r, c), v in np.ndenumerate(cells):
+                    if not np.isnan(v):
+                        ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=font,
+                                color=text_colour(cmap, (v + top) / (2 * top)))
+            axes.append(ax)
     if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.6, label="score: 1 restores the clean value, 0 no effect")
+        fig.colorbar(image, ax=axes, location="bottom", shrink=0.6, aspect=40,
+                     label="score: 1 restores the clean value, 0 no effect, negative works against it")
     return fig
