@@ -144,7 +144,7 @@ def parse_token(tokenizer: Tokenizer, spec: str, option: str, vocab_size: int) -
             pieces = " ".join(repr(t) for t in encoding.tokens) or "no token"
             raise usage_error(f"{option} {spec!r} is not one token of {tokenizer.name}: it reads as "
                               f"{len(encoding.ids)} ({pieces})",
-                              f"give one token (byte-level BPE tokens carry their leading space: \" Mary\") or #ID")
+                              "give one token (byte-level BPE tokens carry their leading space: \" Mary\") or #ID")
     return Token(tokenizer.id_to_token(token_id) or spec, token_id)
 
 
@@ -322,7 +322,7 @@ def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Enc
                 target = fixed_target or _token(tokenizer, int(scores.argmax()))
                 final = (cache["final_norm.out"] if "final_norm.out" in cache else cache[last])[row, position]
                 yield Attribution(
-                    encoding.text, token_ids, [tokenizer.id_to_token(i) or f"<{i}>" for i in token_ids], position,
+                    encoding.text, token_ids, tokenizer.tokens(token_ids), position,
                     target, foil, own_logit(model, scores, final, target.id, foil and foil.id),
                     attribute_row(model, cache, row, position, target.id, foil and foil.id, options), options.by,
                     len(model.output_stack.blocks), config.num_attention_heads, model.head.softcap)

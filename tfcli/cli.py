@@ -827,7 +827,7 @@ def patch(
     tokenizer = tokenizer_of(source)
     core.check_options(source.config, tokenizer, options)  # before the model is built
     try:
-        core.pair_inputs(source.config, tokenizer, clean, corrupt)
+        ids_clean, ids_corrupt = core.pair_inputs(source.config, tokenizer, clean, corrupt)
     except core.LengthMismatch as mismatch:
         for line in render.alignment_lines(mismatch.rows, _stderr_width or 80):
             err_console.print(line, soft_wrap=True)
@@ -848,7 +848,7 @@ def patch(
             def progress(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
-        result = core.run(loaded, tokenizer, clean, corrupt, options, progress)
+        result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, clean, corrupt)
     if json_output:
         write_jsonl([render.record(result)])
     else:

@@ -123,7 +123,7 @@ def decoder_input(config: "ModelConfig", tokenizer: "Tokenizer", target: str | N
     ids = [start_token_id(config)]
     if target:
         ids += tokenizer.target_ids(target)
-    return DecoderInput(ids, [tokenizer.id_to_token(i) or f"<{i}>" for i in ids])
+    return DecoderInput(ids, tokenizer.tokens(ids))
 
 
 @dataclass

@@ -212,16 +212,12 @@ def sequences(config: ModelConfig, tokenizer: Tokenizer, encoding: Encoding) -> 
 
     ids = list(encoding.ids)
     special = [s is None for s in encoding.sequence_ids]
-    own = Sequence(ids, _tokens(tokenizer, ids), special)
+    own = Sequence(ids, tokenizer.tokens(ids), special)
     if config.architecture != "encoder-decoder":
         return [own]
     start = start_token_id(config)
     decoder_ids = [start] + ids
-    return [own, Sequence(decoder_ids, _tokens(tokenizer, decoder_ids), [True] + special)]
-
-
-def _tokens(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    return [tokenizer.id_to_token(i) or f"<{i}>" for i in ids]
+    return [own, Sequence(decoder_ids, tokenizer.tokens(decoder_ids), [True] + special)]
 
 
 def pattern_masks(rows: list[Sequence], width: int, exclude_first: bool, exclude_self: bool,
@@ -435,13 +431,13 @@ def run_probe(model: TransformerModel, tokenizer: Tokenizer, options: HeadsOptio
     """The induction probe (probe_ids) scored as one text; its Heads carries its ids."""
     config = model.config
     ids, special = probe_ids(config, tokenizer, length, seed)
-    own = Sequence(ids, _tokens(tokenizer, ids), special)
+    own = Sequence(ids, tokenizer.tokens(ids), special)
     stacks = [own]
     if config.architecture == "encoder-decoder":
         from tfcli.model.transformer import start_token_id
 
         decoder_ids = [start_token_id(config)] + ids
-        stacks.append(Sequence(decoder_ids, _tokens(tokenizer, decoder_ids), [True] + special))
+        stacks.append(Sequence(decoder_ids, tokenizer.tokens(decoder_ids), [True] + special))
     text = f"induction probe: {length} random tokens (seed {seed}), repeated"
     totals = Totals(len(row_names(model)), config.num_attention_heads, options.keep_best)
     yield from _score_items(model, config, tokenizer, [(text, stacks, None)], options, totals, 1)

@@ -103,9 +103,6 @@ class Patching:
     method: str
     grids: dict[str, list]
     attribution_grids: dict[str, list] | None = None
-    layers: int = 0
-    heads: int = 0
-    kv_heads: int = 0
     done: int = 0  # sites computed (activation patching)
     total: int = 0
     interrupted: bool = False
@@ -189,7 +186,7 @@ def pair_inputs(config: ModelConfig, tokenizer: Tokenizer, clean: str, corrupt: 
         if limit and len(row) > limit and config.position == "learned":
             raise usage_error(f"the {text} text has {len(row)} tokens: the model has {limit} positions")
     if len(ids[0]) != len(ids[1]):
-        tokens = [[tokenizer.id_to_token(i) or f"<{i}>" for i in row] for row in ids]
+        tokens = [tokenizer.tokens(row) for row in ids]
         raise LengthMismatch(
             f"the clean and corrupt texts tokenize to different lengths ({len(ids[0])} and {len(ids[1])} tokens): "
             "patching puts back position for position", "reword one so that both have the same number of tokens "
@@ -338,27 +335,28 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     corrupt_names = names if options.method == "attribution" else sorted(set(names + kv + resid))
     corrupt_logits, corrupt_cache = model.run_with_cache(corrupt_t, corrupt_names, grad=estimate, **inputs, **kept)
     clean_value, corrupt_value = float(read(clean_logits)[0]), float(read(corrupt_logits.detach())[0])
-    if clean_value == corrupt_value or abs(clean_value - corrupt_value) < 1e-6 * max(1.0, abs(clean_value)):
+    if abs(clean_value - corrupt_value) < 1e-6 * max(1.0, abs(clean_value)):
         what = "logit difference" if foil is not None else "logit"
         raise TfcliError(f"nothing to restore: the clean and corrupt texts give the same {what} "
                          f"({clean_value:+.6f} and {corrupt_value:+.6f})",
                          "choose a corrupt text (or a target and foil) on which the model behaves differently")
-    grids = {f"{prefix}{kind}": empty_grid(model, kind, stack, lengths[prefix])
-             for prefix, stack in stacks(model) for kind in options.sites}
-    result = Patching(clean, corrupt, [tokenizer.id_to_token(i) or f"<{i}>" for i in ids_clean],
-                      [tokenizer.id_to_token(i) or f"<{i}>" for i in ids_corrupt], ids_clean, ids_corrupt, position,
-                      target, foil, clean_value, corrupt_value, options.method, grids,
-                      layers=len(model.output_stack.blocks), heads=config.num_attention_heads,
-                      kv_heads=config.kv_heads, total=len(sweep), label_metric=classifier)
+
+    def new_grids() -> dict[str, list]:
+        return {f"{prefix}{kind}": empty_grid(model, kind, stack, lengths[prefix])
+                for prefix, stack in stacks(model) for kind in options.sites}
+
+    result = Patching(clean, corrupt, tokenizer.tokens(ids_clean),
+                      tokenizer.tokens(ids_corrupt), ids_clean, ids_corrupt, position,
+                      target, foil, clean_value, corrupt_value, options.method, new_grids(), total=len(sweep),
+                      label_metric=classifier)
     if decoder_ids is not None:
-        result.decoder_tokens = [tokenizer.id_to_token(i) or f"<{i}>" for i in decoder_ids]
+        result.decoder_tokens = tokenizer.tokens(decoder_ids)
     scale = clean_value - corrupt_value
     if options.method in ("attribution", "both"):
         estimates = attribution(corrupt_logits, corrupt_cache, clean_cache, read, sweep, names)
         corrupt_cache = {name: value.detach() for name, value in corrupt_cache.items()}
         del corrupt_logits
-        attributed = {f"{prefix}{kind}": empty_grid(model, kind, stack, lengths[prefix])
-                      for prefix, stack in stacks(model) for kind in options.sites}
+        attributed = new_grids()
         for patch, value in zip(sweep, estimates):
             put(attributed, patch, value / scale)
         if options.method == "attribution":
@@ -590,10 +588,11 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
 
     config = model.config
     encoder_decoder = model.encoder is not None and model.decoder is not None
+    by_prefix = dict(stacks(model))
     groups: dict[tuple[str, int], list[Patch]] = {}
     skipped: list[Patch] = []
     for patch in sweep:
-        stack = dict(stacks(model))[patch.stack]
+        stack = by_prefix[patch.stack]
         if stack.causal and patch.position is not None and position is not None:
             if patch.position > position:  # a causal stack: a patch after the metric's position changes nothing
                 skipped.append(patch)
@@ -611,7 +610,7 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
         with torch.no_grad():
             corrupt_memory = _encoder_output(model, corrupt_cache)
     for (prefix, start), group in groups.items():
-        stack = dict(stacks(model))[prefix]
+        stack = by_prefix[prefix]
         stop = position + 1 if stack.causal and position is not None else full[prefix]
         length = stop - start
         rows = max(1, int(batch_mb * 2**20 // (length * width * element * 8)))

@@ -93,6 +93,10 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self.backend.id_to_token(i)
 
+    def tokens(self, ids: list[int]) -> list[str]:
+        """Each id's token, `<id>` for an id the vocabulary lacks (a model's vocabulary may be larger)."""
+        return [self.id_to_token(i) or f"<{i}>" for i in ids]
+
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 

@@ -110,33 +110,30 @@ def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TO
 def grid_lines(result: Patching, site: str, grid: list, width: int, color: bool, label: str) -> list[Text]:
     """One site kind's grid: rows layers (heads-by-position: a row per layer and head), columns positions or heads;
     transposed when that fits and the other way does not, else paged."""
-    stack, kind = _kind(site)
+    _, kind = _kind(site)
     title = f"{label}{site}: {WHAT[kind]}"
     if kind == "heads-by-position":
         rows = [f"L{layer}H{head}" for layer in range(len(grid)) for head in range(len(grid[layer]))]
         values = [grid[layer][head] for layer in range(len(grid)) for head in range(len(grid[layer]))]
-        headers, key = positions_of(result, site), "head"
-    elif kind in BY_POSITION_KINDS:
-        rows, values, headers, key = [str(layer) for layer in range(len(grid))], grid, positions_of(result, site), \
-            "layer"
+        key = "head"
     else:
         rows, values, key = [str(layer) for layer in range(len(grid))], grid, "layer"
-        headers = [f"H{h}" for h in range(len(grid[0]) if grid else 0)]
+    across_what = "position" if kind in BY_POSITION_KINDS or kind == "heads-by-position" else "head"
+    headers = positions_of(result, site) if across_what == "position" else \
+        [f"H{h}" for h in range(len(grid[0]) if grid else 0)]
     columns = [Column.of(key, rows)] + [Column.of(header, [cell(row[c], color) for row in values], right=True)
                                         for c, header in enumerate(headers)]
     if _width(columns) > width:
         # positions (or heads) as rows, layers as columns: better when it fits
-        across = [Column.of("position" if key != "layer" or kind in BY_POSITION_KINDS else "head",
-                            [h.replace("\n", " ") for h in headers])]
+        across = [Column.of(across_what, [h.replace("\n", " ") for h in headers])]
         across += [Column.of(name, [cell(row[c], color) for c in range(len(headers))], right=True)
                    for name, row in zip(rows, values)]
         if _width(across) <= width:
-            return table(across, width, title=f"{title} (rows: {across[0].header}s; columns: {key}s)")
-    across_what = "positions" if headers and not headers[0].startswith("H") else "heads"
+            return table(across, width, title=f"{title} (rows: {across_what}s; columns: {key}s)")
 
     def page_note(page: list[Column]) -> str:
         first, last = (c.header.split("\n")[0].rstrip("*").lstrip("H") for c in (page[0], page[-1]))
-        return f"{across_what} {first}-{last}"
+        return f"{across_what}s {first}-{last}"
 
     return table(columns, width, title=f"{title} (rows: {key}s)", page_note=page_note)
 
