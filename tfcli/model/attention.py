@@ -91,6 +91,21 @@ class KVCache:
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
 
+class PrefixKV:
+    """The keys and values of the positions before `length`, given (B 1, per self-attention layer (1, G, length, D),
+    after any rotation) and shared by every row of a batch that covers the positions after them: a pass over the
+    positions that can change reads the others' from another run (the patch sweep). Quacks like KVCache."""
+
+    def __init__(self, keys: dict[int, Tensor], values: dict[int, Tensor], length: int):
+        self.keys, self.values, self.length = keys, values, length
+        self.cross: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v (B, G, T, D) of the positions after the given ones -> with the given ones before them."""
+        return tuple(torch.cat([given[layer][:, :, :self.length].expand(new.shape[0], -1, -1, -1).to(new.dtype), new],
+                               dim=2) for given, new in ((self.keys, k), (self.values, v)))
+
+
 class Attention(nn.Module):
     """Multi-head attention. Self-attention projects Q, K and V with one fused linear layer (`qkv`);
     cross-attention projects queries from the decoder (`q`) and keys/values from the encoder (`kv`).

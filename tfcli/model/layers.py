@@ -45,6 +45,12 @@ class FeedForward(nn.Module):
             self.fc2 = Linear(inner, hidden, bias=bias)
         self.act = activation(config.hidden_act)
 
+    @property
+    def output(self) -> Linear:
+        """The projection from the neurons (`post`, (inner,)) back to the residual stream: row n of its weight's
+        transpose is what neuron n writes per unit of activation."""
+        return self.down if self.gated else self.fc2
+
     def forward(self, x: Tensor, sites: Sites = NO_SITES) -> Tensor:
         """(B, T, hidden) -> (B, T, hidden). Sites (B, T, inner): `pre` (the activation's input: the gate's
         projection when gated), `pre_linear` (gated: the up projection), `post` (after the activation, times the
@@ -83,6 +89,17 @@ class Block(nn.Module):
                 setattr(self, f"{name}_output_norm", norm(config))
         if not attention_norm:
             self.attn_norm = nn.Identity()
+
+    def sublayers(self) -> dict[str, list[nn.Module]]:
+        """Each sublayer this block has (attn, cross_attn, mlp), with the norms that go with it (before, after or
+        both), in forward order."""
+        return {name: [m for part, m in self.named_children() if part == name or part.startswith(name + "_")]
+                for name in ("attn", "cross_attn", "mlp") if name in self._modules}
+
+    def output_site(self, name: str) -> str:
+        """The site (under `blocks.{l}.`) of what sublayer `name` adds to the residual stream: its output norm's
+        output where the block has output norms, else the sublayer's own output."""
+        return f"{name}_output_norm.out" if self.output_norms else f"{name}.out"
 
     # The norms are read from self._modules by name: nn.Module's attribute lookup (and hasattr, which fails
     # through it) costs more than the norm itself in a decoding step.

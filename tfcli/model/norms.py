@@ -51,6 +51,22 @@ def divided_by(norm: nn.Module, x: Tensor, scale: Tensor) -> Tensor:
     return h.to(x.dtype)
 
 
+def folded(norm: nn.Module, direction: Tensor) -> tuple[Tensor, float | None]:
+    """A norm read through a direction u (size,), its divisor frozen: norm(x) . u = (x . folded) / scale + constant.
+    folded = u times the norm's weight (Gemma's 1 + weight), centred for a LayerNorm ((x - mean x) . w = x . (w -
+    mean w)); constant = the norm's bias . u, None without a bias. Float64."""
+    u = direction.double()
+    if norm.weight is not None:
+        gain = norm.weight.detach().double()
+        u = u * (1.0 + gain if isinstance(norm, RMSNormPlusOne) else gain)
+    constant = None
+    if isinstance(norm, nn.LayerNorm):
+        if norm.bias is not None:
+            constant = float(norm.bias.detach().double() @ direction.double())
+        u = u - u.mean()
+    return u, constant
+
+
 def normed(norm: nn.Module, x: Tensor, sites: Sites, name: str, output_site: bool = True) -> Tensor:
     """norm(x) with its sites: `name.scale` (B, T, 1) and, with output_site, `name.out` (left out where the output is
     itself a residual-stream site). The fused norm computes it unless a hook changes the scale."""

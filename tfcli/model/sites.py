@@ -145,12 +145,17 @@ def check_names(names: Iterable[str], known: Iterable[str]) -> None:
 # ---------------------------------------------------------------- hooks that edit a site
 
 
+def axes(name: str) -> tuple[int, int | None]:
+    """Where site `name`'s tensor holds its positions (a pattern's queries) and its heads (None: no head axis)."""
+    leaf = name.rsplit(".", 1)[-1]
+    return (2, 1) if leaf in PATTERN_SITES else (1, 2 if leaf in HEAD_SITES else None)
+
+
 def selection(name: str, value: Tensor, positions: Iterable[int] | None = None,
               heads: Iterable[int] | None = None) -> Tensor:
     """A boolean mask, broadcastable to `value` (the tensor of site `name`), true at the given positions (query
     positions for a pattern) and heads; None selects all of them. Negative indices count from the end."""
-    leaf = name.rsplit(".", 1)[-1]
-    position_axis, head_axis = (2, 1) if leaf in PATTERN_SITES else (1, 2 if leaf in HEAD_SITES else None)
+    position_axis, head_axis = axes(name)
     mask = torch.ones((1,) * value.dim(), dtype=torch.bool, device=value.device)
     for axis, chosen, what in ((position_axis, positions, "positions"), (head_axis, heads, "heads")):
         if chosen is None:
@@ -182,8 +187,7 @@ def zero(name: str, positions: Iterable[int] | None = None, heads: Iterable[int]
 
 def mean(name: str, positions: Iterable[int] | None = None, heads: Iterable[int] | None = None) -> Hook:
     """Replace site `name` where selected by its mean over the positions of the same text (mean-ablation)."""
-    leaf = name.rsplit(".", 1)[-1]
-    axis = 2 if leaf in PATTERN_SITES else 1
+    axis = axes(name)[0]
     return lambda value: torch.where(selection(name, value, positions, heads), value.mean(axis, keepdim=True), value)
 
 

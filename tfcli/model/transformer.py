@@ -19,7 +19,7 @@ from tfcli.model.disentangled import RelativeEmbeddings
 from tfcli.model.embeddings import Embeddings, embedding
 from tfcli.model.layers import Block, activation
 from tfcli.model.linear import Linear
-from tfcli.model.norms import RMSNormPlusOne, norm, normed
+from tfcli.model.norms import RMSNormPlusOne, folded, norm, normed
 from tfcli.model.position_bias import RelativePositionBias
 from tfcli.model.rotary import Rotary
 from tfcli.model.sites import NO_SITES, Hook, Sites, check_names, name_filter
@@ -34,6 +34,46 @@ class ModelOutput:
     logits: Tensor | None = None  # (B, T, V), (B, num_labels) or (B, T) (a discriminator)
     encoder: ModelOutput | None = None
     cache: KVCache | None = None
+
+
+@dataclass
+class BlockInputs:
+    """What every block of a stack reads besides the residual stream (Stack.block_inputs): the additive masks
+    (B or 1, 1 or H, T, S) of full and sliding-window layers, the rotary cos and sin of each kind of layer, a DeBERTa
+    stack's relative embeddings, the memory cross-attention reads (B, S, hidden) and its mask."""
+
+    mask: Tensor | None
+    window_mask: Tensor | None
+    rotary: tuple[Tensor, Tensor] | None
+    local_rotary: tuple[Tensor, Tensor] | None
+    relative: tuple[Tensor, Tensor] | None
+    memory: Tensor | None
+    cross_mask: Tensor | None
+
+    def rows(self, start: int, stop: int) -> BlockInputs:
+        """The same for the queries at positions start .. stop - 1 of a causal pass (keys 0 .. stop - 1), as a pass
+        over those positions alone, with the keys and values before `start` given, reads them."""
+        def cut(mask: Tensor | None) -> Tensor | None:
+            return None if mask is None else mask[..., start:stop, :stop]
+
+        def turned(rotary: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor] | None:
+            return None if rotary is None else (rotary[0][:, :, start:stop], rotary[1][:, :, start:stop])
+
+        return BlockInputs(cut(self.mask), cut(self.window_mask), turned(self.rotary), turned(self.local_rotary),
+                           self.relative, self.memory,
+                           None if self.cross_mask is None else self.cross_mask[..., start:stop, :])
+
+
+@dataclass
+class Readout:
+    """The logit (difference) as a linear function of the final residual stream x (hidden,) at one position, the
+    final norm's divisor `scale` frozen at its value there: logit = x . direction / scale + sum(constants) (no
+    division without a final norm). Float64."""
+
+    direction: Tensor  # (hidden,): the unembedding direction through the final norm (weight, centring)
+    head_direction: Tensor  # (hidden,): what the final norm's output is dotted with (the head's own)
+    normed: bool  # whether a final norm divides x by its scale
+    constants: dict[str, float]  # what no component writes: final_norm_bias, unembed_bias (where the model has them)
 
 
 def start_token_id(config: ModelConfig) -> int:
@@ -123,6 +163,15 @@ class Stack(nn.Module):
         if self.project_in is not None:
             token_embeddings = self.project_in(token_embeddings)
         x = self.embeddings(token_embeddings, position_ids, token_type_ids, sites)
+        inputs = self.block_inputs(position_ids, attention_mask, dtype, past, memory, memory_mask)
+        return self.run_blocks(x, inputs, cache=cache, sites=sites)
+
+    def block_inputs(self, position_ids: Tensor, attention_mask: Tensor | None, dtype: torch.dtype, past: int = 0,
+                     memory: Tensor | None = None, memory_mask: Tensor | None = None) -> BlockInputs:
+        """What every block reads besides the residual stream, for queries at `position_ids` (B, T) after `past`
+        cached positions; attention_mask (B, past + T) marks real tokens; memory (B, S, hidden) is what
+        cross-attention reads, memory_mask (B, S) its real tokens."""
+        length, device = position_ids.shape[1], position_ids.device
         rotary = self.rotary(position_ids, dtype) if self.rotary is not None else None
         local_rotary = self.local_rotary(position_ids, dtype) if self.local_rotary is not None else rotary
         mask = attention_mask_bias(attention_mask, length, self.causal, dtype, device, past)
@@ -134,16 +183,42 @@ class Stack(nn.Module):
             bias = self.position_bias(length, past + length, past).to(dtype)
             mask = bias if mask is None else mask + bias
             window_mask = None if window_mask is None else window_mask + bias
-        for i, block in enumerate(self.blocks):
+        return BlockInputs(mask, window_mask, rotary, local_rotary, relative, memory, cross_mask)
+
+    def run_blocks(self, x: Tensor | None, inputs: BlockInputs, first: int = 0, cache: KVCache | None = None,
+                   sites: Sites = NO_SITES, joining: Callable[[int], Tensor | None] | None = None) -> Tensor:
+        """The residual stream x (B, T, hidden) through blocks `first`.. and the final norm (and output projection):
+        the one forward engine, for a whole pass and for one that starts inside the stack (the patch sweep). With
+        `joining`, joining(i) gives rows (B', T, hidden) that join the batch as they enter block i (None: none), so
+        that x may start as None. A memory of batch 1 is shared by every row."""
+        memory = inputs.memory
+        shared = memory is not None and memory.shape[0] == 1  # one memory read by every row
+        for i in range(first, len(self.blocks)):
+            if joining is not None:
+                new = joining(i)
+                if new is not None:
+                    x = new if x is None else torch.cat([x, new])
+            if shared:
+                memory = inputs.memory.expand(x.shape[0], -1, -1)
             sliding = self.sliding[i]
-            x = block(x, window_mask if sliding else mask, rotary=local_rotary if sliding else rotary, memory=memory,
-                      memory_mask=cross_mask, cache=cache, layer=i, sites=sites.scope(self.block_names[i]),
-                      relative=relative)
+            x = self.blocks[i](x, inputs.window_mask if sliding else inputs.mask,
+                               rotary=inputs.local_rotary if sliding else inputs.rotary, memory=memory,
+                               memory_mask=inputs.cross_mask, cache=cache, layer=i,
+                               sites=sites.scope(self.block_names[i]), relative=inputs.relative)
         if self.final_norm is not None:
             x = normed(self.final_norm, x, sites, "final_norm")
         if self.project_out is not None:
             x = self.project_out(x)
         return x
+
+    @property
+    def embedding_sites(self) -> list[str]:
+        """The sites whose sum is the residual stream entering block 0, each a direct writer to it: the embeddings
+        (token, position, segment) as they are added, or, where a norm follows their sum, its output alone."""
+        if self.embeddings.norm is not None or self.embeddings.project is not None or self.project_in is not None:
+            return [self.block_names[0] + ".resid_pre"]
+        added = {"learned": ["pos_embed"], "sinusoidal": ["pos_embed"], "sinusoidal_halves": ["pos_embed"]}
+        return ["embed", *added.get(self.embeddings.kind, []), *(["type_embed"] if self.embeddings.segments else [])]
 
 
 class LMHead(nn.Module):
@@ -167,6 +242,21 @@ class LMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.lm_head_bias else None
         self.softcap = config.final_logit_softcapping
         self.input_scale = config.hidden_size ** -0.5 if config.scale_decoder_outputs else None
+
+    def readout(self, target: int, foil: int | None) -> tuple[Tensor, float | None]:
+        """The logit of `target` (minus that of `foil`) before a soft cap, as a linear function of the head's input x
+        (hidden,): x . direction + bias, with direction (hidden,) in float64 and bias None where the head has none. An
+        MLM head transforms x first: it has no such form (a ValueError)."""
+        if self.transform:
+            raise ValueError("an MLM head's logits are not linear in its input")
+        weight = self.unembed.weight.detach().double()
+        direction = weight[target] - (weight[foil] if foil is not None else 0)
+        if self.input_scale is not None:  # T5's tied head reads the hidden state scaled
+            direction = direction * self.input_scale
+        bias = None
+        if self.bias is not None:
+            bias = float(self.bias[target].double() - (self.bias[foil].double() if foil is not None else 0))
+        return direction, bias
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, hidden) -> (B, T, V)."""
@@ -264,6 +354,37 @@ class TransformerModel(nn.Module):
         """The stack whose output feeds the head: the decoder when there is one."""
         return self.decoder if self.decoder is not None else self.encoder
 
+    def stacks(self) -> list[tuple[str, Stack]]:
+        """The stacks with the prefix of their site names: [("", stack)], or the encoder's and the decoder's."""
+        if self.encoder is not None and self.decoder is not None:
+            return [("encoder.", self.encoder), ("decoder.", self.decoder)]
+        return [("", self.output_stack)]
+
+    @property
+    def lm_head(self) -> LMHead | None:
+        """The head when it is an LM (or masked-LM) head, over the vocabulary; else None."""
+        return self.head if isinstance(self.head, LMHead) else None
+
+    @property
+    def reads_segments(self) -> bool:
+        """Whether the (first) stack adds segment embeddings: token_type_ids matter."""
+        return self.encoder is not None and self.encoder.embeddings.segments is not None
+
+    def readout(self, target: int, foil: int | None) -> Readout:
+        """The logit of `target` (minus `foil`'s) as a linear function of the output stack's last residual stream
+        at one position, the final norm's divisor frozen (see Readout). Needs an LM head without the MLM transform and
+        no output projection (a ValueError otherwise)."""
+        stack = self.output_stack
+        if not isinstance(self.head, LMHead) or stack.project_out is not None:
+            raise ValueError("the logits are not a linear function of the residual stream")
+        head_direction, bias = self.head.readout(target, foil)
+        direction, norm_bias = head_direction, None
+        if stack.final_norm is not None:
+            direction, norm_bias = folded(stack.final_norm, head_direction)
+        constants = {name: value for name, value in (("final_norm_bias", norm_bias), ("unembed_bias", bias))
+                     if value is not None}
+        return Readout(direction, head_direction, stack.final_norm is not None, constants)
+
     def token_embedding(self, stack: Stack) -> nn.Embedding:
         """The token embedding that feeds `stack`: the decoder's own when it has one, else the shared one."""
         if stack is self.decoder and self.decoder_embed_tokens is not None:
@@ -317,10 +438,15 @@ class TransformerModel(nn.Module):
             hidden = out.last_hidden_state
             if logits_to_keep is not None and isinstance(self.head, LMHead):
                 hidden = hidden[:, -logits_to_keep:]
-            logits = self.head(hidden, attention_mask) if isinstance(self.head, ClassificationHead) else \
-                self.head(hidden)
-            out.logits = sites("logits", logits)
+            out.logits = sites("logits", self.head_logits(hidden, attention_mask))
         return out
+
+    def head_logits(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """The head's output for the output stack's output (B, T, hidden): (B, T, V), (B, num_labels) (a classifier,
+        which pools the real tokens of `attention_mask`) or (B, T) (a discriminator)."""
+        if isinstance(self.head, ClassificationHead):
+            return self.head(hidden, attention_mask)
+        return self.head(hidden)
 
     def run_with_cache(self, input_ids: Tensor, names: Iterable[str] | Callable[[str], bool] | None = None,
                        hooks: dict[str, Hook] | None = None, grad: bool = False,
