@@ -11,7 +11,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tfcli"
-COMMANDS = ("tokens", "encode", "classify", "generate", "compare", "attribute", "patch", "heads")  # the core module of each command
 
 # Each layer and the layers it may import from (besides itself), lowest first.
 ALLOWED = {
@@ -23,9 +22,11 @@ ALLOWED = {
     "tokenizer": {"errors", "sources"},
     "texts": {"errors", "tokenizer"},  # input texts, and a batch of them tokenized
     "api": {"errors", "config", "model", "checkpoints", "sources", "tokenizer"},
-    "command": {"errors", "texts", "config", "model", "sources", "tokenizer", "api"},
-    "render": {"errors", "command", "api", "tokenizer"},  # api: `tfcli config`'s core is api.describe
-    "cli": {"errors", "texts", "command", "render", "sources", "api", "model", "tokenizer"},
+    # what analyses share: the metric, inputs, site names and kinds, the residual algebra
+    "analysis": {"errors", "config", "model", "tokenizer"},
+    "command": {"errors", "texts", "config", "model", "sources", "tokenizer", "api", "analysis"},
+    "render": {"errors", "command", "api", "tokenizer", "analysis"},  # api: `tfcli config`'s core is api.describe
+    "cli": {"errors", "texts", "command", "render", "sources", "api", "model", "tokenizer", "analysis"},
     "package": {"cli"},
 }
 
@@ -38,6 +39,12 @@ def layer(module: str) -> str:
     if parts[1] in COMMANDS:
         return "command"
     return parts[1]
+
+
+# the core module of each command: a top-level module with a renderer of the same name (tfcli/render/config.py
+# renders `tfcli config`, whose core is api.describe: tfcli/config.py is the config layer)
+COMMANDS = {path.stem for path in (PACKAGE / "render").glob("*.py")
+            if (PACKAGE / path.name).is_file() and path.stem not in ALLOWED and not path.stem.startswith("_")}
 
 
 def modules() -> dict[str, Path]:
@@ -77,6 +84,13 @@ def test_no_module_imports_from_a_layer_above_it():
     assert upward == []
 
 
+def test_commands_are_leaves():
+    """No command's core module imports another's: what two commands share lives in `analysis/` (or below)."""
+    crossing = [f"{source} imports {target}" for source, targets in graph().items() for target in targets
+                if layer(source) == layer(target) == "command"]
+    assert crossing == []
+
+
 def test_no_import_cycle():
     edges = graph()
     cycles = []
@@ -98,9 +112,11 @@ def test_no_import_cycle():
 
 def test_the_checks_see_what_they_check():
     """The graph is not empty and knows the edges the flow is made of (so the checks above can fail)."""
+    assert {"tokens", "encode", "classify", "generate", "compare", "attribute", "patch", "heads"} <= COMMANDS
+    assert not COMMANDS & {"config", "render", "model", "analysis", "__init__"}
     edges = graph()
     assert "tfcli.config" in edges["tfcli.sources"] and "tfcli.model.sites" in edges["tfcli.model.decoding"]
-    assert "tfcli.encode" in edges["tfcli.cli"]  # imported inside the command function
+    assert "tfcli.encode" in edges["tfcli.cli.see"]  # imported inside the command function
     assert "tfcli.render.run_info" in edges["tfcli.render.figure"]  # imported under `if TYPE_CHECKING:`
     assert layer("tfcli.render.encode") == "render" and layer("tfcli.encode") == "command"
 
@@ -112,3 +128,22 @@ def test_no_module_is_named_like_a_standard_library_module():
              for path in (ROOT / folder).rglob("*.py")
              if set(path.relative_to(ROOT / folder).with_suffix("").parts) & sys.stdlib_module_names]
     assert named == []
+
+
+def test_commands_are_small_and_each_renderer_holds_its_report():
+    """Each module of the command line that declares commands stays short (what they share is in
+    `tfcli/cli/common.py`), and the renderer of every command that writes --report holds its page section and its
+    figure: `page_section` and `figure`, which the page and the figure find by the command's name."""
+    too_long = []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "@app.command" in text and len(text.splitlines()) > 600:
+            too_long.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+    assert too_long == []
+    missing = []
+    for command in ("encode", "classify", "generate", "attribute", "patch", "heads"):
+        path = PACKAGE / "render" / f"{command}.py"
+        defined = {node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
+                   if isinstance(node, ast.FunctionDef)}
+        missing += [f"render/{command}.py: {name}" for name in ("page_section", "figure") if name not in defined]
+    assert missing == []

@@ -444,6 +444,40 @@ def assert_same_replacement(pair: Pair, inputs: dict, hooks: dict, managers: lis
     assert_close("logits after the replacement", ours, theirs)
 
 
+# ---------------------------------------------------------------- one forward engine: patch's fast sweep
+
+
+@pytest.mark.parametrize("model_type", [pytest.param(t, marks=CASES[t].marks) for t in CASES])
+def test_the_fast_patch_sweep_equals_one_pass_per_site(model_type, pair):
+    """`tfcli patch`'s fast sweep starts its patched runs inside a stack (Stack.run_blocks from the layer patched, over
+    the positions a causal patch can change, with the corrupt run's keys and values before them, batched) and must
+    equal the naive sweep (one whole pass per site, Stack.forward with a hook), site kind by site kind: a position
+    scheme, mask or bias that the engine did not carry would show here, in every family. Compared in logit units
+    (the normalised score times clean - corrupt), the metric before the last position of a decoder, so that the
+    sweep also skips the patches after it."""
+    from tfcli import patch
+
+    p = pair(model_type)
+    clean = [p.case.pad if i is None else i for i in IDS[0]]
+    corrupt = list(clean)
+    corrupt[2], corrupt[4] = 43, 78  # two positions differ
+    decoder_only = p.ours.config.architecture == "decoder"
+    options = patch.PatchOptions("#40", "#13", -2 if decoder_only else None, tuple(patch.KINDS))
+    tokenizer = tfcli.load_tokenizer(str(p.path))
+    fast = patch.run_ids(p.ours, tokenizer, clean, corrupt, options)
+    options.fast = False
+    naive = patch.run_ids(p.ours, tokenizer, clean, corrupt, options)
+    scale = fast.clean_value - fast.corrupt_value
+    assert fast.grids.keys() == naive.grids.keys() and naive.done == naive.total
+    largest = 0.0
+    for site in fast.grids:
+        a, b = (torch.tensor(r.grids[site], dtype=torch.float64) * scale for r in (fast, naive))
+        assert a.shape == b.shape, site
+        assert (a - b).abs().max() <= 1e-4, (site, (a - b).abs().max())
+        largest = max(largest, float(b.abs().max()))
+    assert largest > 1e-3, "no patch moved the metric: the check could not fail"
+
+
 # ---------------------------------------------------------------- the shapes site_shapes lists
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tfcli.encode import block_count
+from tfcli.analysis.names import block_site
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def check_options(config: ModelConfig, explain: int = 0) -> None:
         raise usage_error(f"{config.name} has no classification head: it has {has}",
                           "use a checkpoint saved from a ...ForSequenceClassification model, a config with "
                           "`head: classifier`, or the bundled `--model classifier`")
-    total = block_count(config)
+    total = config.output_layers
     if explain < 0 or explain > total:
         raise usage_error(f"explain_layers must be between 1 and the model's {total} layers, got {explain}",
                           parameter="explain_layers")
@@ -90,7 +90,7 @@ def classify(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Enco
     check_options(model.config, explain)
     device = next(model.parameters()).device
     layers = explain_layers(model, explain) if explain else []
-    patterns = [f"blocks.{i}.attn.pattern" for i in layers]  # the other layers stay on the fused fast path
+    patterns = [block_site(i, "attn.pattern") for i in layers]  # the other layers stay on the fused fast path
     results: list[Classification] = []
     for start in range(0, len(encodings), batch_size):
         batch = encodings[start:start + batch_size]

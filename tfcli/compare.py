@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tfcli.analysis.names import block_site
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def compare_with(model: "TransformerModel", reference: Any, input_ids: "Tensor")
         pairs += _stack_pairs("encoder.", sites.cache, ours.encoder, theirs.encoder_hidden_states,
                               theirs.encoder_attentions)
         pairs += _stack_pairs("decoder.", sites.cache, ours, theirs.decoder_hidden_states, theirs.decoder_attentions)
-        pairs += [(f"decoder.cross_attention.{i}", sites.cache[f"decoder.blocks.{i}.cross_attn.pattern"], t)
+        pairs += [(f"decoder.cross_attention.{i}", sites.cache[block_site(i, "cross_attn.pattern", "decoder.")], t)
                   for i, t in enumerate(theirs.cross_attentions)]
     else:
         pairs += _stack_pairs("", sites.cache, ours, theirs.hidden_states, theirs.attentions)
@@ -206,7 +207,7 @@ def _stack_pairs(prefix: str, cache: dict[str, "Tensor"], ours, hidden_states,
     last = len(hidden_states) - 1
     pairs = [(f"{prefix}hidden.{i}", ours.last_hidden_state if i == last else cache[prefix + hidden_site(i)], t)
              for i, t in enumerate(hidden_states)]
-    return pairs + [(f"{prefix}attention.{i}", cache[f"{prefix}blocks.{i}.attn.pattern"], t)
+    return pairs + [(f"{prefix}attention.{i}", cache[block_site(i, "attn.pattern", prefix)], t)
                     for i, t in enumerate(attentions)]
 
 

@@ -154,6 +154,11 @@ class ModelConfig:
         return self.num_decoder_layers or self.num_hidden_layers
 
     @property
+    def output_layers(self) -> int:
+        """Blocks of the output stack (the decoder when there is one): what --layers indexes."""
+        return self.decoder_layers if self.architecture == "encoder-decoder" else self.num_hidden_layers
+
+    @property
     def label_names(self) -> list[str]:
         return self.labels or [f"LABEL_{i}" for i in range(self.num_labels)]
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfcli.analysis.indices import counted, parse_indices
+from tfcli.analysis.names import block_site
 from tfcli.errors import TfcliError, check_writable_folder, replace_atomically, usage_error
 
 if TYPE_CHECKING:
@@ -23,53 +24,11 @@ if TYPE_CHECKING:
 
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
-    from tfcli.model.layers import Block
     from tfcli.model.transformer import Stack
     from tfcli.tokenizer import Encoding, Tokenizer
 
 DEFAULT_TOP_K = 3  # logit lens tokens per layer and position
 MAX_BATCH = 32  # texts per forward pass, at most
-
-
-def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
-    """A selection of `count` items as people type it -> sorted indices; None or 'all' -> None (all of them).
-    Comma-separated parts, each an index or a range of them, negative counting from the end: '0,-1',
-    '8-11', '-3-' (the last three), '2-' (from 2 on), '-4--2', 'all'."""
-    if spec is None or spec.strip() == "all":
-        return None
-    hint = f"for example 0,-1 or 8-11 or -3- (the last three) or all; the model has {_counted(count, what)} " \
-           f"(0 to {count - 1})"
-    indices: set[int] = set()
-    for part in spec.replace(" ", "").split(","):
-        match = RANGE.fullmatch(part)
-        if not match or not any(character.isdigit() for character in part):
-            raise usage_error(f"{what}: `{part}` is not an index or a range", hint, parameter=what)
-        first, dash, last = match.groups()
-        start = _index(first, 0, count, what, hint)
-        stop = _index(last, count - 1, count, what, hint) if dash else start
-        if stop < start:
-            raise usage_error(f"{what}: the range `{part}` is empty ({start} comes after {stop})", hint, parameter=what)
-        indices.update(range(start, stop + 1))
-    return sorted(indices)
-
-
-RANGE = re.compile(r"(-?\d+)?(?:(-)(-?\d+)?)?")  # 'a', 'a-', 'a-b', '-b' with negative numbers
-
-
-def _index(text: str | None, default: int, count: int, what: str, hint: str) -> int:
-    """One end of a selection: an index (negative counts from the end) checked against `count`."""
-    if text is None:
-        return default
-    index = int(text)
-    if not -count <= index < count:
-        raise usage_error(f"{what}: {index} is out of range: the model has {_counted(count, what)}", hint,
-                          parameter=what)
-    return index % count
-
-
-def _counted(count: int, what: str) -> str:
-    """'12 layers', '1 layer'."""
-    return f"{count} {what.removesuffix('s') if count == 1 else what}"
 
 
 @dataclass
@@ -79,11 +38,6 @@ class EncodeOptions:
     top_k: int = DEFAULT_TOP_K  # 0: no logit lens
     keep_heads: bool = False  # with the mean, also keep each head's map (for --report's head selector)
     sites: list[str] = field(default_factory=list)  # --sites: more sites to keep (names, `*` patterns)
-
-
-def block_count(config: "ModelConfig") -> int:
-    """Blocks of the stack the options index (the output stack: the decoder when there is one)."""
-    return config.decoder_layers if config.architecture == "encoder-decoder" else config.num_hidden_layers
 
 
 def check_options(config: "ModelConfig", layers: str | None, heads: str | None, top_k: int,
@@ -99,7 +53,7 @@ def check_options(config: "ModelConfig", layers: str | None, heads: str | None, 
     selected_heads = None  # None: show the mean over heads
     if heads is not None:
         selected_heads = parse_indices(heads, head_count, "heads") or list(range(head_count))
-    return EncodeOptions(parse_indices(layers, block_count(config), "layers"), selected_heads, top_k,
+    return EncodeOptions(parse_indices(layers, config.output_layers, "layers"), selected_heads, top_k,
                          sites=list(sites or []))
 
 
@@ -204,15 +158,13 @@ def read_part(encoding: "Encoding", sequence: int) -> str | None:
 def lens_through(model: "TransformerModel") -> tuple[str, bool]:
     """What the logit lens (`TransformerModel.unembed`) reads a hidden state through, as people say it, and whether
     that is a prediction head (False: the input token embeddings of a model without an LM head)."""
-    from tfcli.model.transformer import LMHead
-
     stack = model.output_stack
     parts = ["the final norm"] if stack.final_norm is not None else []
     if stack.project_out is not None:
         parts.append("the output projection")
-    head = isinstance(model.head, LMHead)
+    head = model.lm_head is not None
     if head:
-        parts.append("the MLM head" if model.head.transform else "the LM head")
+        parts.append("the MLM head" if model.lm_head.transform else "the LM head")
     else:
         parts.append("the input token embeddings")
     return (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]), head
@@ -229,19 +181,6 @@ def stage_row(name: str, tensor: "Tensor", parameters: int, block: int | None = 
                     mean_value, math.sqrt(var_value), norm, block)
 
 
-def stacks(model: "TransformerModel") -> list[tuple[str, "Stack"]]:
-    """The model's stacks with the prefix of their site names: ("", stack), or the encoder's and the decoder's."""
-    if model.encoder is not None and model.decoder is not None:
-        return [("encoder.", model.encoder), ("decoder.", model.decoder)]
-    return [("", model.output_stack)]
-
-
-def sublayer_site(block: "Block", name: str) -> str:
-    """The site of what sublayer `name` (attn, cross_attn, mlp) adds to the residual stream: its output norm's output
-    where the block has output norms, else the sublayer's own output."""
-    return f"{name}_output_norm.out" if block.output_norms else f"{name}.out"
-
-
 @dataclass
 class StageSite:
     name: str
@@ -256,16 +195,13 @@ def stage_sites(model: "TransformerModel") -> list[StageSite]:
     from tfcli.model.transformer import count_parameters
 
     rows = []
-    for prefix, stack in stacks(model):
+    for prefix, stack in model.stacks():
         rows.append(StageSite(prefix + hidden_site(0),
                               count_parameters(model.token_embedding(stack), stack.embeddings, stack.project_in)))
         for i, block in enumerate(stack.blocks):
-            for name in ("attn", "cross_attn", "mlp"):
-                if name in block._modules:  # the sublayer and the norms that go with it (before, after or both)
-                    parts = [m for part, m in block.named_children() if part == name or part.startswith(name + "_")]
-                    rows.append(StageSite(f"{prefix}blocks.{i}.{sublayer_site(block, name)}",
-                                          count_parameters(*parts), i))
-            rows.append(StageSite(f"{prefix}blocks.{i}.resid_post", count_parameters(block)))
+            for name, parts in block.sublayers().items():  # the sublayer and the norms that go with it
+                rows.append(StageSite(block_site(i, block.output_site(name), prefix), count_parameters(*parts), i))
+            rows.append(StageSite(block_site(i, "resid_post", prefix), count_parameters(block)))
         if stack.final_norm is not None:
             rows.append(StageSite(prefix + "final_norm.out", count_parameters(stack.final_norm)))
     if model.head is not None:
@@ -281,7 +217,7 @@ def hidden_names(model: "TransformerModel", prefix: str, stack: "Stack") -> list
 
 
 def pattern_name(prefix: str, layer: int, cross: bool = False) -> str:
-    return f"{prefix}blocks.{layer}.{'cross_attn' if cross else 'attn'}.pattern"
+    return block_site(layer, "cross_attn.pattern" if cross else "attn.pattern", prefix)
 
 
 @dataclass
@@ -306,13 +242,13 @@ def encode_batch(model: "TransformerModel", tokenizer: "Tokenizer", encodings: l
     device = model.embed_tokens.weight.device
     ids, mask, type_ids = tokenizer.pad(encodings)
     inputs = {"input_ids": torch.tensor(ids, device=device), "attention_mask": torch.tensor(mask, device=device)}
-    if model.encoder is not None and model.encoder.embeddings.segments is not None:
+    if model.reads_segments:
         inputs["token_type_ids"] = torch.tensor(type_ids, device=device)
     if target is not None:
         inputs["decoder_input_ids"] = torch.tensor([target.ids] * len(encodings), device=device)
     kept = {site.name for site in stage_sites(model)}
     patterns = []
-    for prefix, stack in stacks(model):
+    for prefix, stack in model.stacks():
         kept.update(hidden_names(model, prefix, stack))
         layers = [i for i in (options.layers or range(len(stack.blocks))) if i < len(stack.blocks)]
         patterns += [pattern_name(prefix, i, cross) for i in layers
@@ -370,11 +306,9 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
     once). `logits`, the model's own (B, T, V) LM logits, stand in for the last block's: they are the same."""
     import torch
 
-    from tfcli.model.transformer import LMHead
-
     last = len(hidden_states) - 2
     blocks = list(range(last + 1)) if layers is None else layers
-    own = logits is not None and isinstance(model.head, LMHead)
+    own = logits is not None and model.lm_head is not None
     per_product = max(1, LENS_VALUES // (length * model.config.vocab_size))
     rows = []
     for start in range(0, len(blocks), per_product):
@@ -428,7 +362,7 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
 
     report.stages = [stage_row(site.name, text_value(site.name), site.parameters, site.block)
                      for site in stage_sites(model) if site.name in captured.values]
-    for prefix, stack in stacks(model):
+    for prefix, stack in model.stacks():
         kind = {"": "self", "encoder.": "encoder", "decoder.": "decoder"}[prefix]
         tokens, length = (t_tokens, t_len) if prefix == "decoder." else (encoding.tokens, n)
         blocks = range(len(stack.blocks))
@@ -438,7 +372,7 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
             report.attention += _maps("cross", captured, [pattern_name(prefix, i, cross=True) for i in blocks],
                                       row, t_len, n, options, t_tokens, encoding.tokens)
     if options.top_k and model.has_lens:  # no lens for narrower embeddings without an MLM head (ELECTRA, ALBERT)
-        prefix, stack = stacks(model)[-1]
+        prefix, stack = model.stacks()[-1]
         hidden = [captured.values[name] for name in hidden_names(model, prefix, stack)]
         report.lens = lens_rows(model, hidden, row, t_len, options.layers, options.top_k, tokenizer, captured.logits)
         report.lens_through, report.lens_predicts = lens_through(model)
@@ -451,7 +385,7 @@ def saved_tensors(model: "TransformerModel", captured: Captured, inputs: dict[st
     encoder-decoders prefix encoder./decoder. and add decoder.cross_attention.{i} and decoder.input_ids; the --sites
     ones under their site names."""
     tensors = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-    for prefix, stack in stacks(model):  # the save names take the stack's prefix as the site names do
+    for prefix, stack in model.stacks():  # the save names take the stack's prefix as the site names do
         tensors |= {f"{prefix}hidden.{i}": captured.values[name]
                     for i, name in enumerate(hidden_names(model, prefix, stack))}
         for cross, label in ((False, "attention"), (True, "cross_attention")):
@@ -537,7 +471,7 @@ def capture_batch_size(model: "TransformerModel", options: EncodeOptions, encodi
     length = max(len(e.ids) for e in encodings)
     cost = capture_cost(model, options, length, len(decoder_input.ids) if decoder_input else None)
     mb = human_size
-    what = f"{mb(cost.attention)} of attention ({_counted(cost.heads, 'heads')} x {cost.maps})"
+    what = f"{mb(cost.attention)} of attention ({counted(cost.heads, 'heads')} x {cost.maps})"
     if cost.sites:
         what += f" and {mb(cost.sites)} of --sites"
     hint = ("capture fewer layers with --layers (e.g. --layers -1) or heads with --heads, "

@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tfcli.analysis.inputs import padded
+from tfcli.analysis.names import block_site, every_block
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
@@ -194,15 +196,8 @@ def _added_special_ids(tokenizer: Tokenizer) -> set[int]:
 # ---------------------------------------------------------------- the scores of a batch
 
 
-def stacks_of(model: TransformerModel) -> list[tuple[str, int]]:
-    """(site prefix, layers) of each stack with self-attention, the encoder's first."""
-    if model.encoder is not None and model.decoder is not None:
-        return [("encoder.", len(model.encoder.blocks)), ("decoder.", len(model.decoder.blocks))]
-    return [("", len(model.output_stack.blocks))]
-
-
 def row_names(model: TransformerModel) -> list[str]:
-    return [f"{prefix}L{i}" for prefix, layers in stacks_of(model) for i in range(layers)]
+    return [f"{prefix}L{i}" for prefix, stack in model.stacks() for i in range(len(stack.blocks))]
 
 
 def sequences(config: ModelConfig, tokenizer: Tokenizer, encoding: Encoding) -> list[Sequence]:
@@ -305,16 +300,14 @@ def score_batch(model: TransformerModel, config: ModelConfig, tokenizer: Tokeniz
     import torch
 
     device = model.embed_tokens.weight.device
-    stacks = stacks_of(model)
+    stacks = model.stacks()
     hooks, scorers, found = {}, [], None
     inputs: dict[str, Tensor] = {}
-    for s, (prefix, layers) in enumerate(stacks):
+    for s, (prefix, stack) in enumerate(stacks):
         rows = [texts[s] for texts in batch]
-        width = max(len(row.ids) for row in rows)
-        weights, real, stack_found = pattern_masks(rows, width, options.exclude_first, options.exclude_self, device)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        ids = torch.tensor([row.ids + [pad] * (width - len(row.ids)) for row in rows], device=device)
-        mask = real.long()
+        ids, mask = padded([row.ids for row in rows], tokenizer, device)
+        weights, real, stack_found = pattern_masks(rows, ids.shape[1], options.exclude_first, options.exclude_self,
+                                                   device)
         if s == 0:
             inputs["input_ids"], inputs["attention_mask"] = ids, mask
             first = [row.special for row in rows]
@@ -324,16 +317,16 @@ def score_batch(model: TransformerModel, config: ModelConfig, tokenizer: Tokeniz
             inputs["decoder_input_ids"], inputs["decoder_attention_mask"] = ids, mask
         scorer = Scorer(weights, real)
         scorers.append(scorer)
-        hooks.update({f"{prefix}blocks.{i}.attn.pattern": scorer.hook(i) for i in range(layers)})
-    if type_ids is not None and model.encoder is not None and model.encoder.embeddings.segments is not None:
+        hooks.update({block_site(i, "attn.pattern", prefix): scorer.hook(i) for i in range(len(stack.blocks))})
+    if type_ids is not None and model.reads_segments:
         width = inputs["input_ids"].shape[1]
         inputs["token_type_ids"] = torch.tensor([t + [0] * (width - len(t)) for t in type_ids], device=device)
     input_ids = inputs.pop("input_ids")
     with torch.no_grad():
         model.run_with_hooks(input_ids, hooks, logits_to_keep=0, **inputs)
     grids = []
-    for scorer, (prefix, layers) in zip(scorers, stacks):
-        for i in range(layers):
+    for scorer, (_, stack) in zip(scorers, stacks):
+        for i in range(len(stack.blocks)):
             per = scorer.scores(i)
             grids.append(torch.stack([per[name] for name in DETECTORS], dim=-1).cpu())  # (B, H, D)
     scores = torch.stack(grids, dim=1)  # (B, R, H, D)
@@ -490,7 +483,8 @@ def attach_maps(model: TransformerModel, result: Heads) -> None:
                 if best is not None:
                     wanted.setdefault(best.text, set()).add((r, h))
     device = model.embed_tokens.weight.device
-    stacks = stacks_of(model)
+    names = every_block(model, "attn.pattern")  # one per row, as row_names
+    stack_of_row = [prefix for prefix, stack in model.stacks() for _ in stack.blocks]
     for index, cells in wanted.items():
         kept = result.kept[index]
         seqs = kept["sequences"]
@@ -498,10 +492,7 @@ def attach_maps(model: TransformerModel, result: Heads) -> None:
         if len(seqs) > 1:
             inputs["decoder_input_ids"] = torch.tensor([seqs[1].ids], device=device)
         ids = torch.tensor([seqs[0].ids], device=device)
-        names = [f"{prefix}blocks.{i}.attn.pattern" for prefix, layers in stacks for i in range(layers)]
         with torch.no_grad():
             _, cache = model.run_with_cache(ids, names, logits_to_keep=0, **inputs)
-        rows = [(s, name) for s, (prefix, layers) in enumerate(stacks) for name in
-                [f"{prefix}blocks.{i}.attn.pattern" for i in range(layers)]]
-        kept["maps"] = {(r, h): cache[rows[r][1]][0, h].float().cpu() for r, h in sorted(cells)}
-        kept["stack_of_row"] = {r: rows[r][0] for r, _ in cells}
+        kept["maps"] = {(r, h): cache[names[r]][0, h].float().cpu() for r, h in sorted(cells)}
+        kept["stack_of_row"] = {r: stack_of_row[r] for r, _ in cells}

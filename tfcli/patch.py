@@ -27,11 +27,14 @@ Shapes: T tokens, d the model width, H heads, G key/value heads, D head size, L 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tfcli.attribute import Token, model_input, parse_token, position_of
+from tfcli.analysis.inputs import model_input
+from tfcli.analysis.metric import Metric, Token, parse_label, parse_token, position_of
+from tfcli.analysis.names import KINDS, Kind, block_site, every_block
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
@@ -39,17 +42,11 @@ if TYPE_CHECKING:
 
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
-    from tfcli.model.transformer import Stack
+    from tfcli.model.transformer import BlockInputs, Stack
     from tfcli.tokenizer import Tokenizer
 
-KINDS = ("resid", "attn", "mlp", "heads", "heads-by-position", "q", "k", "v", "pattern")
 DEFAULT_SITES = ("resid", "attn", "mlp", "heads")
 METHODS = ("activation", "attribution", "both")
-SITE = {"resid": "resid_pre", "attn": "attn.out", "mlp": "mlp.out", "heads": "attn.z", "heads-by-position": "attn.z",
-        "q": "attn.q", "k": "attn.k", "v": "attn.v", "pattern": "attn.pattern"}
-BY_POSITION = ("resid", "attn", "mlp")  # layer x position
-BY_HEAD = ("heads", "q", "k", "v", "pattern")  # layer x head, every position
-KV_KINDS = ("k", "v")  # per key/value head
 BATCH_MB = 256  # the most memory one batch of patched runs may hold (activations, roughly)
 
 
@@ -66,7 +63,8 @@ class PatchOptions:
 
 @dataclass(frozen=True)
 class Patch:
-    """One patched site: a kind at a layer (of a stack: "", "encoder." or "decoder."), at one position and/or head."""
+    """One patched site: a kind (analysis.names.KINDS) at a layer (of a stack: "", "encoder." or "decoder."), at one
+    position and/or head, as the kind's axes say."""
 
     kind: str
     layer: int
@@ -76,11 +74,16 @@ class Patch:
 
     @property
     def name(self) -> str:
-        return f"{self.stack}blocks.{self.layer}.{SITE[self.kind]}"
+        return block_site(self.layer, KINDS[self.kind].leaf, self.stack)
 
     @property
     def grid(self) -> str:
         return self.stack + self.kind
+
+    @property
+    def cell(self) -> tuple[int, ...]:
+        """Where the patch's score goes in its layer's row of the grid: its index along each of the kind's axes."""
+        return tuple(getattr(self, axis) for axis in KINDS[self.kind].axes)
 
 
 @dataclass
@@ -165,17 +168,6 @@ def parse_sites(spec: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(part.strip() for part in spec.split(",") if part.strip()))
 
 
-def parse_label(config: ModelConfig, spec: str, option: str) -> Token:
-    """A classifier's label: its name or #index."""
-    names = config.label_names
-    if spec.startswith("#") and spec[1:].isdigit() and int(spec[1:]) < len(names):
-        return Token(names[int(spec[1:])], int(spec[1:]))
-    if spec in names:
-        return Token(spec, names.index(spec))
-    raise usage_error(f"{option} {spec!r} is not a label of {config.name}", f"its labels: {', '.join(names)} "
-                      f"(or #0 to #{len(names) - 1})")
-
-
 def pair_inputs(config: ModelConfig, tokenizer: Tokenizer, clean: str, corrupt: str) -> tuple[list[int], list[int]]:
     """The ids the model reads for the two texts (a decoder: as a prompt, without an appended end token); a
     LengthMismatch when their lengths differ, with the two tokenizations aligned."""
@@ -214,74 +206,34 @@ def align(clean: list[str], corrupt: list[str]) -> list[tuple[int | None, str | 
 # ---------------------------------------------------------------- the sites of a sweep
 
 
-def stacks(model: TransformerModel) -> list[tuple[str, Stack]]:
-    """The stacks whose sites are patched, with their site prefixes."""
-    if model.encoder is not None and model.decoder is not None:
-        return [("encoder.", model.encoder), ("decoder.", model.decoder)]
-    return [("", model.output_stack)]
-
-
 def patches(model: TransformerModel, kinds: tuple[str, ...], lengths: dict[str, int]) -> list[Patch]:
-    """Every site of the sweep, kind by kind, layer by layer; `lengths` by stack prefix."""
-    config = model.config
+    """Every site of the sweep, kind by kind, layer by layer, then along the kind's axes; `lengths` by stack."""
     out: list[Patch] = []
-    for prefix, stack in stacks(model):
-        layers, length = len(stack.blocks), lengths[prefix]
-        for kind in kinds:
-            heads = config.kv_heads if kind in KV_KINDS else config.num_attention_heads
-            for layer in range(layers):
-                if kind in BY_POSITION:
-                    out += [Patch(kind, layer, position=p, stack=prefix) for p in range(length)]
-                elif kind in BY_HEAD:
-                    out += [Patch(kind, layer, head=h, stack=prefix) for h in range(heads)]
-                else:
-                    out += [Patch(kind, layer, position=p, head=h, stack=prefix)
-                            for h in range(heads) for p in range(length)]
+    for prefix, stack in model.stacks():
+        for name in kinds:
+            kind = KINDS[name]
+            sizes = {"position": lengths[prefix], "head": kind.heads(model.config)}
+            for layer in range(len(stack.blocks)):
+                out += [Patch(name, layer, stack=prefix, **dict(zip(kind.axes, cell)))
+                        for cell in itertools.product(*(range(sizes[axis]) for axis in kind.axes))]
     return out
 
 
-def empty_grid(model: TransformerModel, kind: str, stack: Stack, length: int) -> list:
-    config = model.config
-    heads = config.kv_heads if kind in KV_KINDS else config.num_attention_heads
-    layers = len(stack.blocks)
-    if kind in BY_POSITION:
-        return [[None] * length for _ in range(layers)]
-    if kind in BY_HEAD:
-        return [[None] * heads for _ in range(layers)]
-    return [[[None] * length for _ in range(heads)] for _ in range(layers)]
+def empty_grid(kind: Kind, layers: int, heads: int, length: int) -> list:
+    """A layer's row per layer, nested along the kind's axes, every score None."""
+    sizes = [{"position": length, "head": heads}[axis] for axis in kind.axes]
+
+    def nested(sizes: list[int]) -> list:
+        return [None] * sizes[0] if len(sizes) == 1 else [nested(sizes[1:]) for _ in range(sizes[0])]
+
+    return [nested(sizes) for _ in range(layers)]
 
 
 def put(grids: dict[str, list], patch: Patch, value: float) -> None:
     row = grids[patch.grid][patch.layer]
-    if patch.kind in BY_POSITION:
-        row[patch.position] = value
-    elif patch.kind in BY_HEAD:
-        row[patch.head] = value
-    else:
-        row[patch.head][patch.position] = value
-
-
-# ---------------------------------------------------------------- the metric
-
-
-class Metric:
-    """The logit (difference) target - foil, at `position` of a token head's logits or of a classifier's labels."""
-
-    def __init__(self, target: int, foil: int | None, position: int | None):
-        self.target, self.foil, self.position = target, foil, position
-
-    def of_row(self, logits: Tensor) -> Tensor:
-        """(B, V) or (B, labels) -> (B,) in float64."""
-        logits = logits.double()
-        value = logits[:, self.target]
-        return value - logits[:, self.foil] if self.foil is not None else value
-
-    def __call__(self, logits: Tensor) -> Tensor:
-        """A model's logits, (B, T, V) or (B, labels) -> (B,)."""
-        return self.of_row(logits[:, self.position] if self.position is not None else logits)
-
-
-# ---------------------------------------------------------------- the run
+    for index in patch.cell[:-1]:
+        row = row[index]
+    row[patch.cell[-1]] = value
 
 
 def run(model: TransformerModel, tokenizer: Tokenizer, clean: str, corrupt: str, options: PatchOptions,
@@ -299,14 +251,12 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     """`run` on token ids of the same length (the texts only for the record)."""
     import torch
 
-    from tfcli.model.transformer import LMHead
-
     config = model.config
     target, foil = check_options(config, tokenizer, options)
     if len(ids_clean) != len(ids_corrupt):
         raise usage_error(f"the clean and corrupt ids differ in length ({len(ids_clean)} and {len(ids_corrupt)})")
     device = model.embed_tokens.weight.device
-    encoder_decoder = model.encoder is not None and model.decoder is not None
+    encoder_decoder = config.architecture == "encoder-decoder"
     inputs: dict[str, Any] = {}
     decoder_ids: list[int] | None = None
     if encoder_decoder:
@@ -316,19 +266,18 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     read_ids = decoder_ids if encoder_decoder else ids_clean
     position = None if classifier else position_of(read_ids, tokenizer, config, options.position)
     metric = Metric(target.id, foil and foil.id, position)
-    # the two runs compute an LM head's logits from the metric's position on only (what the backward pass of
-    # attribution patching goes through too), and read them at their first
+    # the two runs compute an LM head's logits (a position: not a classifier) from the metric's position on only
+    # (what the backward pass of attribution patching goes through too), and read them at their first
     kept, read = {}, metric
-    if position is not None and isinstance(model.head, LMHead):
+    if position is not None:
         kept, read = {"logits_to_keep": len(read_ids) - position}, Metric(target.id, foil and foil.id, 0)
     lengths = {"": len(ids_clean), "encoder.": len(ids_clean), "decoder.": len(decoder_ids or [])}
     sweep = patches(model, options.sites, lengths)
     names = sorted({p.name for p in sweep})
     clean_t = torch.tensor([ids_clean], device=device)
     corrupt_t = torch.tensor([ids_corrupt], device=device)
-    kv = [f"{prefix}blocks.{i}.attn.{w}" for prefix, stack in stacks(model) for i in range(len(stack.blocks))
-          for w in ("k", "v") if stack.causal]
-    resid = [f"{prefix}blocks.{i}.resid_pre" for prefix, stack in stacks(model) for i in range(len(stack.blocks))]
+    kv = every_block(model, "attn.k", causal=True) + every_block(model, "attn.v", causal=True)
+    resid = every_block(model, "resid_pre")
     estimate = options.method != "activation"  # the corrupt run keeps its graph, for one backward pass
     with torch.no_grad():
         clean_logits, clean_cache = model.run_with_cache(clean_t, names, **inputs, **kept)
@@ -342,8 +291,9 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
                          "choose a corrupt text (or a target and foil) on which the model behaves differently")
 
     def new_grids() -> dict[str, list]:
-        return {f"{prefix}{kind}": empty_grid(model, kind, stack, lengths[prefix])
-                for prefix, stack in stacks(model) for kind in options.sites}
+        return {f"{prefix}{kind}": empty_grid(KINDS[kind], len(stack.blocks), KINDS[kind].heads(config),
+                                              lengths[prefix])
+                for prefix, stack in model.stacks() for kind in options.sites}
 
     result = Patching(clean, corrupt, tokenizer.tokens(ids_clean),
                       tokenizer.tokens(ids_corrupt), ids_clean, ids_corrupt, position,
@@ -381,38 +331,27 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
 def attribution(logits: Tensor, cache: dict[str, Tensor], clean_cache: dict[str, Tensor], metric: Metric,
                 sweep: list[Patch], names: list[str]) -> list[float]:
     """(clean - corrupt) . d metric / d site, the gradient on the corrupt run (its `logits` and `cache`, kept with
-    their graph), for every patch of the sweep, from one backward pass."""
+    their graph), for every patch of the sweep, from one backward pass: the products summed over every axis of the
+    site but those the patch's kind selects along."""
     import torch
 
+    from tfcli.model import sites
+
     grads = dict(zip(names, torch.autograd.grad(metric(logits).sum(), [cache[n] for n in names], allow_unused=True)))
-    kinds: dict[str, set[str]] = {}
+    sums: dict[tuple[str, str], Tensor] = {}  # (site, kind) -> the products summed, along the kind's axes
     for patch in sweep:
-        kinds.setdefault(patch.name, set()).add(patch.kind)
-    sums: dict[tuple[str, str], list] = {}  # (site, kind) -> the products summed per position, head or both
-    for name in names:
-        grad = grads[name]
+        if (patch.name, patch.kind) in sums:
+            continue
+        grad = grads[patch.name]
         if grad is None:  # the metric does not depend on it (a site after the metric's position)
-            grad = torch.zeros_like(cache[name])
-        product = ((clean_cache[name].double() - cache[name].detach().double()) * grad.double())[0]
-        for kind in kinds[name]:
-            if kind in BY_POSITION:  # (T, d)
-                sums[name, kind] = product.sum(-1).tolist()
-            elif kind == "pattern":  # (H, T, S)
-                sums[name, kind] = product.sum((1, 2)).tolist()
-            elif kind in BY_HEAD:  # (T, H, D)
-                sums[name, kind] = product.sum((0, 2)).tolist()
-            else:  # (T, H, D) -> [head][position]
-                sums[name, kind] = product.sum(-1).T.tolist()
-    out = []
-    for patch in sweep:
-        summed = sums[patch.name, patch.kind]
-        if patch.kind in BY_POSITION:
-            out.append(summed[patch.position])
-        elif patch.kind in BY_HEAD:
-            out.append(summed[patch.head])
-        else:
-            out.append(summed[patch.head][patch.position])
-    return out
+            grad = torch.zeros_like(cache[patch.name])
+        clean, corrupt = clean_cache[patch.name].double(), cache[patch.name].detach().double()
+        product = ((clean - corrupt) * grad.double())[0]
+        position_axis, head_axis = sites.axes(patch.name)
+        kept = [{"position": position_axis, "head": head_axis}[axis] - 1 for axis in KINDS[patch.kind].axes]
+        summed = product.sum([d for d in range(product.dim()) if d not in kept])  # its axes in increasing order
+        sums[patch.name, patch.kind] = summed.permute([sorted(kept).index(d) for d in kept])
+    return [float(sums[patch.name, patch.kind][patch.cell]) for patch in sweep]
 
 
 def naive_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[str, Tensor], corrupt: Tensor,
@@ -435,147 +374,70 @@ def naive_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[s
 # ---------------------------------------------------------------- the fast sweep
 
 
-class _PrefixCache:
-    """Keys and values of the corrupt run before position `past` for every patched run of a batch: what attention
-    reads of the positions a patch cannot change (a causal stack). Quacks like model.attention.KVCache."""
-
-    def __init__(self, cache: dict[str, Tensor], prefix: str, past: int):
-        self.cache, self.prefix, self.length = cache, prefix, past
-        self.cross: dict[int, tuple[Tensor, Tensor]] = {}
-
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (B, G, T', D) of the positions past.. -> with the corrupt run's before them."""
-        import torch
-
-        if self.length == 0:
-            return k, v
-        out = []
-        for new, which in ((k, "k"), (v, "v")):
-            # the site is (1, T, G, D): the keys (values) after any rotation, as the cache holds them
-            old = self.cache[f"{self.prefix}blocks.{layer}.attn.{which}"][:, :self.length].transpose(1, 2)
-            out.append(torch.cat([old.expand(new.shape[0], -1, -1, -1).to(new.dtype), new], dim=2))
-        return out[0], out[1]
-
-
-@dataclass
-class _Context:
-    """What every block of a stack reads besides the residual stream, for queries at positions past .. past + T'
-    (Stack.forward computes the same for a whole pass)."""
-
-    mask: Any
-    window_mask: Any
-    rotary: Any
-    local_rotary: Any
-    relative: Any
-    cross_mask: Any
-
-
-def _context(stack: Stack, past: int, length: int, full: int, dtype, device, memory_length: int | None) -> _Context:
-    import torch
-
-    from tfcli.model.transformer import attention_mask_bias
-
-    positions = torch.arange(full, device=device)[None]  # the whole text's, as a full pass computes them
-    def turned(rotary):
-        if rotary is None:
-            return None
-        cos, sin = rotary(positions, dtype)
-        return cos[:, :, past:past + length], sin[:, :, past:past + length]
-
-    rotary = turned(stack.rotary)
-    local = turned(stack.local_rotary) if stack.local_rotary is not None else rotary
-    mask = attention_mask_bias(None, length, stack.causal, dtype, device, past)
-    window = attention_mask_bias(None, length, stack.causal, dtype, device, past, stack.window) \
-        if any(stack.sliding) else None
-    if stack.position_bias is not None:
-        bias = stack.position_bias(length, past + length, past).to(dtype)
-        mask = bias if mask is None else mask + bias
-        window = None if window is None else window + bias
-    relative = stack.relative_embeddings(length) if stack.relative_embeddings is not None else None
-    cross = attention_mask_bias(None, length, False, dtype, device) if memory_length is not None else None
-    return _Context(mask, window, rotary, local, relative, cross)
-
-
 def _hook(placed: list[tuple[int, Patch]], source: Tensor, start: int) -> Callable[[Tensor], Tensor]:
     """A hook on one site for a batch of patched runs: row r of `placed` (row, patch) gets the clean run's value
-    (`source`, the site of the whole text, batch 1) where its patch selects; positions counted from `start`."""
+    (`source`, the site of the whole text, batch 1) where its patch selects; the batch covers the positions from
+    `start` (a pattern: the queries, its keys from 0)."""
     import torch
 
-    kind = placed[0][1].kind
+    from tfcli.model import sites
+
+    name, axes = placed[0][1].name, KINDS[placed[0][1].kind].axes
+    position_axis, head_axis = sites.axes(name)
+    order = (position_axis,) if head_axis is None else (position_axis, head_axis)
     device = source.device
     rows = torch.tensor([r for r, _ in placed], device=device)
     heads = torch.tensor([p.head if p.head is not None else 0 for _, p in placed], device=device)
-    positions = torch.tensor([p.position if p.position is not None else 0 for _, p in placed], device=device)
+    positions = torch.tensor([p.position - start if p.position is not None else 0 for _, p in placed],
+                             device=device)
+    # the clean value as (T, [H,] ...): positions first, then heads
+    clean = source[0].movedim([axis - 1 for axis in order], list(range(len(order))))
 
     def hook(value: Tensor) -> Tensor:
         value = value.clone()
-        src = source[0].to(value.dtype)
-        if kind in BY_POSITION:  # (B, T', d)
-            value[rows, positions - start] = src[positions]
-        elif kind == "pattern":  # (B, H, T', S)
-            value[rows, heads] = src[heads, start:start + value.shape[2], :value.shape[3]]
-        elif kind in BY_HEAD:  # (B, T', H, D)
-            value[rows, :, heads] = src[start:start + value.shape[1]][:, heads].transpose(0, 1)
-        else:  # one head at one position: (B, T', H, D)
-            value[rows, positions - start, heads] = src[positions, heads]
+        patched = value.movedim(order, list(range(1, len(order) + 1)))  # a view: (B, T', [H,] ...)
+        src = clean[start:start + patched.shape[1]][..., :patched.shape[-1]].to(value.dtype)
+        if axes == ("position",):
+            patched[rows, positions] = src[positions]
+        elif axes == ("head",):  # every position
+            patched[rows, :, heads] = src[:, heads].transpose(0, 1)
+        else:  # one head at one position
+            patched[rows, positions, heads] = src[positions, heads]
         return value
     return hook
 
 
-def _run_stack(stack: Stack, prefix: str, batch: list[Patch], first: int, x_of: Callable[[int], Tensor],
-               clean_cache: dict[str, Tensor], corrupt_cache: dict[str, Tensor], start: int, stop: int,
-               full: int, memory: Tensor | None = None) -> Tensor:
-    """The patched runs of `batch` (sorted by layer) through `stack` from block `first`, over positions start ..
-    stop - 1: each joins the batch at its layer, entering with the corrupt run's stream there (`x_of(layer)`, (1,
-    T', d)). Returns the stack's output (B, T', d) after its final norm (and projection)."""
-    import torch
+def _hooks(chunk: list[Patch], clean_cache: dict[str, Tensor], start: int) -> dict[str, Callable[[Tensor], Tensor]]:
+    """The hooks of a batch of patched runs (row r: chunk[r]), by site; two kinds on one site (heads and
+    heads-by-position share attn.z) compose."""
+    by_site: dict[tuple[str, str], list[tuple[int, Patch]]] = {}
+    for row, patch in enumerate(chunk):
+        by_site.setdefault((patch.name, patch.kind), []).append((row, patch))
+    hooks: dict[str, Callable[[Tensor], Tensor]] = {}
+    for (name, _), placed in by_site.items():
+        hook = _hook(placed, clean_cache[name], start)
+        earlier = hooks.get(name)
+        hooks[name] = hook if earlier is None else (lambda value, a=earlier, b=hook: b(a(value)))
+    return hooks
 
+
+def _patched_runs(stack: Stack, prefix: str, chunk: list[Patch], resid: Callable[[int], Tensor],
+                  clean_cache: dict[str, Tensor], inputs: BlockInputs, start: int, cache: Any) -> Tensor:
+    """The patched runs of `chunk` (sorted by layer) through `stack`, over the positions `inputs` cover from
+    `start`: each joins the batch at its layer, entering with the corrupt run's stream there (`resid(layer)`, (1, T',
+    d)), and reads the corrupt run's keys and values before `start` (`cache`). Returns the stack's output (B, T', d)
+    after its final norm (and projection)."""
     from tfcli.model import Sites
+    from tfcli.model.sites import NO_SITES
 
-    entering = x_of(first)
-    ctx = _context(stack, start, stop - start, full, entering.dtype, entering.device,
-                   memory.shape[1] if memory is not None else None)
-    cache = _PrefixCache(corrupt_cache, prefix, start) if stack.causal and start > 0 else None
-    x = None if batch else entering  # no patch: the corrupt run itself, from block `first`
-    joined = 0
-    for layer in range(first, len(stack.blocks)):
-        here = [p for p in batch if p.layer == layer]
-        if here:
-            new = x_of(layer).expand(len(here), -1, -1)
-            x = new if x is None else torch.cat([x, new])
-        by_site: dict[tuple[str, str], list[tuple[int, Patch]]] = {}  # heads and heads-by-position share attn.z
-        for k, patch in enumerate(here):
-            by_site.setdefault((patch.name, patch.kind), []).append((joined + k, patch))
-        hooks: dict[str, Callable[[Tensor], Tensor]] = {}
-        for (name, _), placed in by_site.items():
-            hook = _hook(placed, clean_cache[name], start)
-            earlier = hooks.get(name)
-            hooks[name] = hook if earlier is None else (lambda value, a=earlier, b=hook: b(a(value)))
-        joined += len(here)
-        sites = Sites(hooks=hooks).scope(f"{prefix}blocks.{layer}") if hooks else None
-        sliding = stack.sliding[layer]
-        extra = {"sites": sites} if sites is not None else {}
-        x = stack.blocks[layer](
-            x, ctx.window_mask if sliding else ctx.mask, rotary=ctx.local_rotary if sliding else ctx.rotary,
-            memory=None if memory is None else memory.expand(x.shape[0], -1, -1) if memory.shape[0] == 1 else memory,
-            memory_mask=ctx.cross_mask, cache=cache, layer=layer, relative=ctx.relative, **extra)
-    if stack.final_norm is not None:
-        x = stack.final_norm(x)
-    if stack.project_out is not None:
-        x = stack.project_out(x)
-    return x
+    joining = {layer: len(list(group)) for layer, group in itertools.groupby(p.layer for p in chunk)}
+    hooks = _hooks(chunk, clean_cache, start)
+    sites = NO_SITES if not hooks else Sites(hooks=hooks).scope(prefix[:-1]) if prefix else Sites(hooks=hooks)
+    return stack.run_blocks(None, inputs, chunk[0].layer, cache, sites,
+                            lambda layer: resid(layer).expand(joining[layer], -1, -1) if layer in joining else None)
 
 
-def _head(model: TransformerModel, hidden: Tensor, metric: Metric, local: int | None) -> Tensor:
-    """The metric of each row of a stack's output (B, T', d); `local`: the metric's position in it."""
-    from tfcli.model.transformer import ClassificationHead
-
-    if isinstance(model.head, ClassificationHead):
-        return metric.of_row(model.head(hidden, None))
-    return metric.of_row(model.head(hidden[:, local]))
-
-
-def _chunks(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
+def _rows(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
     for k in range(0, len(batch), rows):
         yield batch[k:k + rows]
 
@@ -586,9 +448,11 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
     """The same scores as naive_sweep, batch by batch (see the module docstring): yields (patches, metric values)."""
     import torch
 
+    from tfcli.model.attention import PrefixKV
+    from tfcli.model.transformer import ModelOutput
+
     config = model.config
-    encoder_decoder = model.encoder is not None and model.decoder is not None
-    by_prefix = dict(stacks(model))
+    by_prefix = dict(model.stacks())
     groups: dict[tuple[str, int], list[Patch]] = {}
     skipped: list[Patch] = []
     for patch in sweep:
@@ -604,45 +468,53 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
     longest = max(t.shape[1] for t in corrupt_cache.values() if t.dim() >= 2)
     width = max(config.hidden_size, config.intermediate_size, config.num_attention_heads * longest)
     element = torch.finfo(model.embed_tokens.weight.dtype).bits // 8
-    full = {prefix: (corrupt_cache[f"{prefix}blocks.0.resid_pre"].shape[1]) for prefix, _ in stacks(model)}
-    corrupt_memory = None
-    if encoder_decoder:
-        with torch.no_grad():
-            corrupt_memory = _encoder_output(model, corrupt_cache)
+
+    def resid_of(prefix: str, start: int, stop: int) -> Callable[[int], Tensor]:
+        return lambda layer: corrupt_cache[block_site(layer, "resid_pre", prefix)][:, start:stop]
+
+    entering = {prefix: corrupt_cache[block_site(0, "resid_pre", prefix)] for prefix in by_prefix}
+    full = {prefix: x.shape[1] for prefix, x in entering.items()}
+    with torch.no_grad():
+        memory = None
+        if "encoder." in by_prefix:  # the corrupt run's memory, from the stream entering the encoder's last block
+            encoder, x = by_prefix["encoder."], entering["encoder."]
+            last = len(encoder.blocks) - 1
+            memory = encoder.run_blocks(resid_of("encoder.", 0, full["encoder."])(last),
+                                        _whole_pass(encoder, x), last)
+        whole = {prefix: _whole_pass(stack, entering[prefix], memory if prefix == "decoder." else None)
+                 for prefix, stack in by_prefix.items()}
     for (prefix, start), group in groups.items():
         stack = by_prefix[prefix]
         stop = position + 1 if stack.causal and position is not None else full[prefix]
-        length = stop - start
-        rows = max(1, int(batch_mb * 2**20 // (length * width * element * 8)))
+        rows = max(1, int(batch_mb * 2**20 // ((stop - start) * width * element * 8)))
         group.sort(key=lambda p: p.layer)
-        for chunk in _chunks(group, rows):
-            first = chunk[0].layer
-
-            def x_of(layer: int, prefix=prefix, start=start, stop=stop) -> Tensor:
-                return corrupt_cache[f"{prefix}blocks.{layer}.resid_pre"][:, start:stop]
-
+        given = None  # a causal stack's keys and values before `start`: the corrupt run's, (1, G, T, D) per layer
+        if stack.causal and start > 0:
+            given = [{i: corrupt_cache[block_site(i, f"attn.{which}", prefix)].transpose(1, 2)
+                      for i in range(len(stack.blocks))} for which in "kv"]
+        for chunk in _rows(group, rows):
+            cache = PrefixKV(*given, start) if given is not None else None  # its cross-attention's per batch
             with torch.no_grad():
+                hidden = _patched_runs(stack, prefix, chunk, resid_of(prefix, start, stop), clean_cache,
+                                       whole[prefix].rows(start, stop), start, cache)
                 if prefix == "encoder.":  # the patched memory, then the whole decoder
-                    memory = _run_stack(stack, prefix, chunk, first, x_of, clean_cache, corrupt_cache, 0,
-                                        full[prefix], full[prefix])
-                    decoder_ids = inputs["decoder_input_ids"]
-                    hidden = model.decoder(model.embed(decoder_ids, model.decoder).expand(len(chunk), -1, -1),
-                                           None, memory=memory)
-                    values = _head(model, hidden, metric, position)
+                    decoder_ids = inputs["decoder_input_ids"].expand(len(chunk), -1)
+                    logits = model(decoder_ids, decoder_input_ids=decoder_ids,
+                                   encoder_output=ModelOutput(hidden)).logits
+                    values = metric(logits)
+                elif position is None:  # a classifier: the labels of the whole text
+                    values = metric.of_row(model.head_logits(hidden))
                 else:
-                    hidden = _run_stack(stack, prefix, chunk, first, x_of, clean_cache, corrupt_cache, start, stop,
-                                        full[prefix], corrupt_memory)
-                    local = None if position is None else position - start
-                    values = _head(model, hidden, metric, local)
+                    local = position - start
+                    values = metric.of_row(model.head_logits(hidden[:, local:local + 1])[:, 0])
             yield chunk, [float(v) for v in values]
     if skipped:  # the metric is read before them: the corrupt run's value, unchanged
         yield skipped, [corrupt_value] * len(skipped)
 
 
-def _encoder_output(model: TransformerModel, corrupt_cache: dict[str, Tensor]) -> Tensor:
-    """The corrupt run's encoder output (the decoder's memory), from the stream entering its last block."""
-    stack = model.encoder
-    last = len(stack.blocks) - 1
-    return _run_stack(stack, "encoder.", [], last, lambda layer: corrupt_cache[f"encoder.blocks.{layer}.resid_pre"],
-                      {}, corrupt_cache, 0, corrupt_cache["encoder.blocks.0.resid_pre"].shape[1],
-                      corrupt_cache["encoder.blocks.0.resid_pre"].shape[1])
+def _whole_pass(stack: Stack, x: Tensor, memory: Tensor | None = None) -> BlockInputs:
+    """What a stack's blocks read in a whole pass over the tokens of x (1, T, d) (no padding), the memory given."""
+    import torch
+
+    positions = torch.arange(x.shape[1], device=x.device)[None]
+    return stack.block_inputs(positions, None, x.dtype, memory=memory)

@@ -16,7 +16,6 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     }
     function signed(v) { return v === null ? "" : (v >= 0 ? "+" : "") + v.toFixed(2); }
     const stackOf = (site) => (site.startsWith("encoder.") || site.startsWith("decoder.")) ? site.split(".")[0] : "";
-    const kindOf = (site) => site.slice(stackOf(site) ? stackOf(site).length + 1 : 0);
     const differing = new Set(s.differing);
     function positions(site) {
       const decoder = stackOf(site) === "decoder" && s.decoder_tokens;
@@ -43,13 +42,13 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       return el("div", {class: "scroll"}, el("table", {class: "grid"}, el("thead", {}, head), body));
     }
     function gridView(site, grid, what) {
-      const kind = kindOf(site);
+      const axes = s.kinds[site].axes.join(",");  // what a layer's row holds: positions, heads, or heads of positions
       let columns, rows, corner;
-      if (kind === "heads-by-position") {
+      if (axes === "head,position") {
         columns = positions(site);
         rows = grid.flatMap((layer, l) => layer.map((values, h) => ({label: "L" + l + "H" + h, values})));
         corner = "layer, head \\ position";
-      } else if (["resid", "attn", "mlp"].includes(kind)) {
+      } else if (axes === "position") {
         columns = positions(site);
         rows = grid.map((values, l) => ({label: "layer " + l, values}));
         corner = "layer \\ position";

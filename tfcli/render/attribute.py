@@ -1,5 +1,6 @@
 """`tfcli attribute` output: the components that write the logit, biggest first, with bars; a line per layer; the
-layer x head grid (--by head); the sum check; and the JSON Lines record."""
+layer x head grid (--by head); the sum check; the JSON Lines record; for --report, the page's section
+(`page_section`) and the figure (`figure`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from rich.text import Text
 from tfcli.render.layout import GAP, Column, shown, table, words
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from tfcli.attribute import Attribution
+    from tfcli.render.run_info import RunInfo
+    from tfcli.tokenizer import Tokenizer
 
 BAR_WIDTH = 24  # the bar of the largest value shown, when the width allows (at least MIN_BAR)
 MIN_BAR = 8
@@ -115,7 +120,7 @@ def record(result: Attribution) -> dict[str, Any]:
                            for c in result.components]}
 
 
-def page_section(result: Attribution) -> dict[str, Any]:
+def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """One text of `attribute` for the --report page (tfcli/data/report-attribute.js draws it)."""
     section = record(result)
     section.update(quantity=quantity(result), by=result.by, layers=result.layers, heads=result.heads,
@@ -132,7 +137,7 @@ def layer_sums(result: Attribution) -> tuple[list[float], list[float]]:
     return attention, mlp
 
 
-def figure(result: Attribution, run: Any) -> Any:
+def figure(result: Attribution, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """The figure of one text: each layer's attention and MLP as bars (and, with --by head, the layer x head
     heatmap), on one diverging scale: blue raises, red lowers the quantity."""
     import matplotlib

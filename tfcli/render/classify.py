@@ -1,4 +1,5 @@
-"""`tfcli classify` output: a table of labels and probabilities per text, and the --explain heat strip."""
+"""`tfcli classify` output: a table of labels and probabilities per text, and the --explain heat strip; the JSON
+Lines record; for --report, the page's section (`page_section`) and the figure (`figure`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from rich.text import Text
 from tfcli.render.layout import GAP, Column, fold, heat, heat_legend, shown, table, words, wrap
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from tfcli.classify import Classification, Explanation
+    from tfcli.render.run_info import RunInfo
+    from tfcli.tokenizer import Tokenizer
 
 BAR_WIDTH = 30  # the bar of probability 1, when the width allows (at least MIN_BAR)
 MIN_BAR = 10
@@ -71,3 +76,54 @@ def record(result: Classification) -> dict[str, Any]:
         e = result.explanation
         out["explain"] = {"layers": e.layers, "tokens": e.tokens, "weights": e.weights}
     return out
+
+
+# ---------------------------------------------------------------- the --report page and figure
+
+
+def page_section(result: Classification, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """One text of `classify` for the --report page: its JSON record (labels, probs, prediction, explain)."""
+    return record(result)
+
+
+def figure(result: Classification, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+    """Label probabilities, most probable on top, and with --explain the first token's attention strip, each
+    cell's weight written in it where it fits, and the uniform weight 1/n marked on the colour bar."""
+    import matplotlib
+
+    from tfcli.render.figure import (ATTENTION_COLOURS, CHAR_WIDTH, MIN_FONT, POINTS, blank_figure, caption,
+                                     label_axis, labels_size, text_colour)
+
+    ranked = result.ranked()
+    explain = result.explanation
+    width = max(6.0, min(16.0, 0.32 * len(explain.tokens) + 1.5)) if explain else 6.0
+    plot_width = width - 2.0
+    strip_height = 0.9 + labels_size(explain.tokens, plot_width) if explain else 0
+    figure = blank_figure(width, 1.6 + 0.25 * len(ranked) + strip_height)
+    caption(figure, f"tfcli classify: {result.text!r} -> {result.prediction}", run)
+    grid = figure.add_gridspec(2 if explain else 1, 1,
+                               height_ratios=[0.6 + 0.25 * len(ranked), strip_height] if explain else [1])
+    ax = figure.add_subplot(grid[0])
+    ax.barh(range(len(ranked)), [p for _, p in ranked], color="#2171b5")
+    ax.set_yticks(range(len(ranked)), [label for label, _ in ranked])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("probability")
+    if explain:
+        strip = figure.add_subplot(grid[1])
+        # the absolute scale, 0 to 1, as in the terminal and the page: near-uniform attention looks faint
+        cmap = matplotlib.colormaps[ATTENTION_COLOURS]
+        image = strip.imshow([explain.weights], cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+        where = f"layer {explain.layers[0]}" if len(explain.layers) == 1 else \
+            f"layers {explain.layers[0]}-{explain.layers[-1]}"
+        strip.set_title(f"what the first token attends to in {where}, mean over heads")
+        strip.set_yticks([])
+        label_axis(strip, "x", explain.tokens, plot_width)
+        cell = plot_width * POINTS / len(explain.tokens)  # points
+        if cell >= 4 * CHAR_WIDTH * MIN_FONT:  # room for "0.12"
+            for k, w in enumerate(explain.weights):
+                strip.text(k, 0, f"{w:.2f}", ha="center", va="center", fontsize=min(6.0, cell / (4 * CHAR_WIDTH)),
+                           color=text_colour(cmap, w))
+        colour_bar = figure.colorbar(image, ax=strip, label="weight; orange: 1/n")
+        colour_bar.ax.axhline(1 / len(explain.tokens), color="#e6550d", linewidth=1.5)
+    return figure

@@ -1,11 +1,13 @@
 """Render an `encode` report: the terminal view (tokens, stages, attention heatmaps, logit lens and a
-summary of every layer), the JSON Lines record and the --save safetensors file.
+summary of every layer), the JSON Lines record, and for --report the page's section (`page_section`) and the
+figure (`figure`).
 
 The terminal view shows some layers in detail (`View.detail`: by default the last one) and a line per
 position summarising every captured layer; the JSON record holds everything that was captured."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,13 +18,17 @@ from tfcli.render.layout import (GAP, Column, heat_legend, heat_row, key_column_
                                  words, wrap)
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
     from torch import Tensor
 
     from tfcli.encode import AttentionMap, StageRow, TextReport
+    from tfcli.render.run_info import RunInfo
+    from tfcli.tokenizer import Tokenizer
 
 KIND_TITLES = {"self": "attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention",
                "cross": "cross-attention (decoder query -> encoder key)"}
 ATTENTION_DECIMALS = 4  # the JSON's attention weights
+FIGURE_TITLES = {"self": "", "encoder": "encoder ", "decoder": "decoder ", "cross": "cross "}  # a figure's maps
 
 
 @dataclass
@@ -291,3 +297,97 @@ def _attention_record(amap: AttentionMap, weights: bool = True) -> dict[str, Any
     if weights:
         entry["weights"] = ((amap.weights.double() * scale).round() / scale).tolist()  # float64: 0.251, not 0.25099998
     return entry
+
+
+# ---------------------------------------------------------------- the --report page and figure
+
+
+def page_section(report: TextReport, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """One text of `encode` for the --report page: tokens, stages, every attention map (the mean's heads too,
+    when kept), lens."""
+    from tfcli.render.page import WEIGHT_SCALE, pack_weights
+
+    token_lists = {"tokens": report.tokens}
+    if report.target_tokens is not None:
+        token_lists["target"] = report.target_tokens
+
+    def list_name(tokens: list[str]) -> str:
+        return "target" if tokens is report.target_tokens else "tokens"
+
+    maps, matrices = [], []
+    for amap in report.attention:
+        heads = [(amap.head, amap.weights)]
+        if amap.heads is not None:
+            heads += list(enumerate(amap.heads))
+        for head, weights in heads:
+            maps.append({"kind": amap.kind, "layer": amap.layer, "head": head, "rows": weights.shape[0],
+                         "cols": weights.shape[1], "query": list_name(amap.query_tokens),
+                         "key": list_name(amap.key_tokens)})
+            matrices.append(weights)
+    vocabulary: dict[str, int] = {}  # the lens's tokens, each stored once
+    lens = [{"layer": row.layer,
+             "top": [[[vocabulary.setdefault(token, len(vocabulary)), _round(p)] for token, _, p in top]
+                     for top in row.top]}
+            for row in report.lens]
+    # a truncated text: what the model read (the terminal shows the same), and how much that is of the whole
+    cut = None if report.read_text is None and report.read_pair is None else {
+        "tokens": len(report.ids), "of_tokens": report.untruncated_length, "characters": len(report.shown_text),
+        "of_characters": len(report.text)}
+    return {"text": report.shown_text, "cut": cut, "tokens": token_lists,
+            "stages": [[s.name, s.shape, s.dtype, s.parameters, s.mean, s.std, s.norm] for s in report.stages],
+            "attention": {"maps": maps, "weights": pack_weights(matrices), "scale": WEIGHT_SCALE},
+            "lens": {"positions": "target" if report.target_tokens is not None else "tokens", "rows": lens,
+                     "vocabulary": list(vocabulary), "through": report.lens_through,
+                     "predicts": report.lens_predicts}}
+
+
+def _round(p: float) -> float:
+    return float(f"{p:.3g}")
+
+
+def figure(report: TextReport, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+    """The maps the terminal shows in full (`run.detail`; one row per layer when several heads are selected, else
+    wrapped four to a row), one colour bar (0 to 1), and the lens grid of every layer below."""
+    from tfcli.render.figure import (ATTENTION_COLOURS, blank_figure, caption, label_axis, labels_size, lens_grid,
+                                     lens_layout, panel_side)
+
+    layers = {kind: [m.layer for m in report.attention if m.kind == kind] for kind in {m.kind for m in report.attention}}
+    maps = [m for m in report.attention if in_detail(m.layer, layers[m.kind], run.detail)]
+    per_layer = max(1, sum(1 for m in maps if (m.kind, m.layer) == (maps[0].kind, maps[0].layer))) if maps else 1
+    columns = per_layer if per_layer > 1 else min(4, max(1, len(maps)))
+    rows = math.ceil(len(maps) / columns) if maps else 0
+    positions = report.target_tokens if report.target_tokens is not None else report.tokens
+    panel = panel_side(max(len(report.tokens), len(report.target_tokens or [])))
+    slot_width = panel + max((labels_size(m.query_tokens, panel) for m in maps), default=0) + 0.5
+    slot_height = panel + max((labels_size(m.key_tokens, panel) for m in maps), default=0) + 0.8
+    width = max(columns * slot_width + 1.2, 6.0)
+    lens = lens_layout(positions, [[top[0][0] for top in row.top] for row in report.lens], width - 2.0) \
+        if report.lens else None
+    lens_height = 0.3 + lens["row"] * len(report.lens) + lens["ticks"] if lens else 0
+    figure = blank_figure(width, rows * slot_height + lens_height + 1.0)
+    cut = f", {cut_note(report, report.read_text, report.text)}" if report.read_text is not None else ""
+    caption(figure, f"tfcli encode{cut}: {report.shown_text!r}", run)
+    grid = figure.add_gridspec(rows + (1 if lens else 0), columns,
+                               height_ratios=[slot_height] * rows + ([lens_height] if lens else []))
+    axes, image = [], None
+    for index, amap in enumerate(maps):
+        ax = figure.add_subplot(grid[index // columns, index % columns])
+        image = ax.imshow(amap.weights.float().cpu().numpy(), cmap=ATTENTION_COLOURS, vmin=0, vmax=1,
+                          interpolation="nearest", aspect="equal")
+        head = "mean of heads" if amap.head == "mean" else f"head {amap.head}"
+        ax.set_title(f"{FIGURE_TITLES[amap.kind]}layer {amap.layer}, {head}")
+        label_axis(ax, "y", amap.query_tokens, panel)
+        label_axis(ax, "x", amap.key_tokens, panel)
+        if index % columns == 0:
+            ax.set_ylabel("query")
+        if index + columns >= len(maps):  # the lowest map of its column
+            ax.set_xlabel("key")
+        axes.append(ax)
+    if image is not None:
+        figure.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+    if lens:
+        what = f"position, through {report.lens_through}" + ("" if report.lens_predicts else
+                                                               " (no LM head: not a prediction)")
+        lens_grid(figure.add_subplot(grid[rows, :]), positions, [f"layer {row.layer}" for row in report.lens],
+                  [[top[0][2] for top in row.top] for row in report.lens], lens, figure, what)
+    return figure

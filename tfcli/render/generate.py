@@ -1,7 +1,9 @@
-"""`tfcli generate` output: the step table (with the logit lens per layer) and the JSON Lines record."""
+"""`tfcli generate` output: the step table (with the logit lens per layer) and the JSON Lines record; for
+--report, the page's section (`page_section`) and the figure (`figure`)."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -10,8 +12,13 @@ from tfcli.generate import token_text
 from tfcli.render.layout import Column, layer_runs, table, words
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from tfcli.generate import Generation
+    from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
+
+LINEAR_FROM = 0.1  # the figure: a probability axis from 0 to 1 when every step is at least this probable, else log
 
 
 def _shown(tokenizer: Tokenizer, token_id: int) -> str:
@@ -75,3 +82,53 @@ def record(result: Generation, tokenizer: Tokenizer) -> dict[str, Any]:
         steps.append(record)
     return {"prompt": result.prompt, "ids": result.prompt_ids, "prompt_ids": result.prompt_ids,
             "generated_ids": result.generated_ids, "text": result.text, "steps": steps}
+
+
+# ---------------------------------------------------------------- the --report page and figure
+
+
+def page_section(result: Generation, tokenizer: Tokenizer) -> dict[str, Any]:
+    """One prompt of `generate` for the --report page: its JSON record (steps with token, prob, alternatives, lens)
+    and the text."""
+    return record(result, tokenizer) | {"full_text": result.full_text, "stopped_at_eos": result.stopped_at_eos}
+
+
+def figure(result: Generation, run: RunInfo, tokenizer: Tokenizer) -> Figure:
+    """Each new token's probability (bars, tokens along the bottom) and, with --lens, the layers x steps grid."""
+    from tfcli.render.figure import (CELL_TOKEN, CHAR_WIDTH, POINTS, blank_figure, caption, label_axis, labels_size,
+                                     lens_grid, lens_layout)
+
+    tokens = [repr(token_text(tokenizer, step.token_id)) for step in result.steps]
+    guesses = [[token_text(tokenizer, step.lens[layer][0]) for step in result.steps]
+               for layer in range(len(result.steps[0].lens))] if result.steps and result.steps[0].lens else []
+    # a step is as wide as its lens cells' tokens written across (so far as 16 inches allow)
+    longest = min(CELL_TOKEN, max((len(t) for row in guesses for t in row), default=0))
+    width = min(16.0, max(6.0, len(tokens) * max(0.35, 1.15 * longest * CHAR_WIDTH * 5.5 / POINTS) + 2))
+    plot_width = width - 2.0  # less the row labels and the colour bar
+    layers = len(guesses)
+    lens = lens_layout(tokens, guesses, plot_width) if guesses else None
+    bars_height = 2.2 + labels_size(tokens, plot_width)
+    lens_height = 0.3 + lens["row"] * layers + lens["ticks"] if lens else 0
+    figure = blank_figure(width, bars_height + lens_height + 1.0)
+    caption(figure, f"tfcli generate: {result.prompt!r} -> {result.text!r}", run)
+    grid = figure.add_gridspec(2 if lens else 1, 1, height_ratios=[bars_height, lens_height] if lens else [1])
+    ax = figure.add_subplot(grid[0])
+    bars = ax.bar(range(len(tokens)), [step.prob for step in result.steps], color="#2171b5")
+    if plot_width * POINTS / max(len(tokens), 1) >= 8:  # room for each probability, turned, above its bar
+        ax.bar_label(bars, [f"{step.prob:.2g}" for step in result.steps], rotation=90, fontsize=6, padding=2)
+    ax.set_xlim(-0.5, len(tokens) - 0.5)
+    lowest = min((step.prob for step in result.steps), default=1.0)
+    if lowest >= LINEAR_FROM:
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("probability")
+    else:  # on 0 to 1, a bar of 3e-4 would not show: a log axis down to the least probable step's decade
+        ax.set_yscale("log")
+        ax.set_ylim(10 ** math.floor(math.log10(max(lowest, 1e-12))), 1)
+        ax.set_ylabel("probability (log scale)")
+    ax.set_title("each new token's probability (the model's, before temperature and filtering)")
+    label_axis(ax, "x", tokens, plot_width)
+    if lens:
+        lens_grid(figure.add_subplot(grid[1]), tokens,
+                  ["emb" if layer == 0 else f"layer {layer}" for layer in range(layers)],
+                  [[step.lens[layer][1] for step in result.steps] for layer in range(layers)], lens, figure, "step")
+    return figure

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from tfcli.heads import Heads, TextHeads
     from tfcli.render.run_info import RunInfo
+    from tfcli.tokenizer import Tokenizer
 
 TITLES = {
     "previous": "previous token: share of attention on the token before the query",
@@ -147,7 +148,7 @@ def text_record(item: TextHeads) -> dict[str, Any]:
 # ---------------------------------------------------------------- the page and the figure
 
 
-def page_section(result: Heads) -> dict[str, Any]:
+def page_section(result: Heads, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The page's data: the record, the titles, and per detector and head the text where it scores highest (an
     index into `examples`, each with its tokens per stack and the maps of the heads that point to it)."""
     from tfcli.render.page import WEIGHT_SCALE, pack_weights
@@ -169,7 +170,7 @@ def page_section(result: Heads) -> dict[str, Any]:
     return section
 
 
-def figure(result: Heads, run: RunInfo) -> Figure:
+def figure(result: Heads, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """One layer x head heatmap per detector (0 to 1; entropy from 0 to its largest, in bits), three to a row."""
     import matplotlib
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from tfcli.analysis.names import Kind, kind_of
 from tfcli.render.layout import GAP, Column, shown, table, words
 
 if TYPE_CHECKING:
@@ -22,22 +23,12 @@ if TYPE_CHECKING:
 
     from tfcli.patch import Patching
     from tfcli.render.run_info import RunInfo
+    from tfcli.tokenizer import Tokenizer
 
 DEFAULT_TOP = 10
-BY_POSITION_KINDS = ("resid", "attn", "mlp")  # grids of layer x position
 # |score| at least this -> background, for positive and negative scores (256-colour palette, text kept readable)
 SHADES = ((0.75, "white on color(25)", "white on color(124)"), (0.4, "black on color(74)", "black on color(167)"),
           (0.15, "black on color(153)", "black on color(217)"))
-WHAT = {"resid": "the residual stream entering the block (blocks.{l}.resid_pre)",
-        "attn": "the attention's output (blocks.{l}.attn.out)", "mlp": "the MLP's output (blocks.{l}.mlp.out)",
-        "heads": "each head's output at every position (blocks.{l}.attn.z)",
-        "heads-by-position": "each head's output at one position (blocks.{l}.attn.z)",
-        "q": "each head's queries at every position (blocks.{l}.attn.q)",
-        "k": "each key/value head's keys at every position (blocks.{l}.attn.k)",
-        "v": "each key/value head's values at every position (blocks.{l}.attn.v)",
-        "pattern": "each head's attention pattern (blocks.{l}.attn.pattern)"}
-
-
 def score(value: float | None) -> str:
     return "" if value is None else f"{value:+.2f}"
 
@@ -60,15 +51,9 @@ def quantity(result: Patching) -> str:
     return f"{what} difference {result.target.token!r} - {result.foil.token!r}"
 
 
-def _kind(site: str) -> tuple[str, str]:
-    """`decoder.resid` -> ("decoder.", "resid")."""
-    stack, _, kind = site.rpartition(".") if site.startswith(("encoder.", "decoder.")) else ("", "", site)
-    return (stack + "." if stack else ""), kind
-
-
 def positions_of(result: Patching, site: str) -> list[str]:
     """The column labels of a site's positions: the clean tokens (an encoder-decoder's decoder: its input)."""
-    stack, _ = _kind(site)
+    stack, _ = kind_of(site)
     tokens = result.decoder_tokens if stack == "decoder." and result.decoder_tokens is not None else result.tokens_clean
     marked = set(result.differing) if stack != "decoder." else set()
     return [f"{i}{'*' if i in marked else ''}\n{shown(t)}" for i, t in enumerate(tokens)]
@@ -110,15 +95,15 @@ def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TO
 def grid_lines(result: Patching, site: str, grid: list, width: int, color: bool, label: str) -> list[Text]:
     """One site kind's grid: rows layers (heads-by-position: a row per layer and head), columns positions or heads;
     transposed when that fits and the other way does not, else paged."""
-    _, kind = _kind(site)
-    title = f"{label}{site}: {WHAT[kind]}"
-    if kind == "heads-by-position":
+    _, kind = kind_of(site)
+    title = f"{label}{site}: {kind.what}"
+    if kind.axes == ("head", "position"):
         rows = [f"L{layer}H{head}" for layer in range(len(grid)) for head in range(len(grid[layer]))]
         values = [grid[layer][head] for layer in range(len(grid)) for head in range(len(grid[layer]))]
         key = "head"
     else:
         rows, values, key = [str(layer) for layer in range(len(grid))], grid, "layer"
-    across_what = "position" if kind in BY_POSITION_KINDS or kind == "heads-by-position" else "head"
+    across_what = kind.axes[-1]  # what the columns are
     headers = positions_of(result, site) if across_what == "position" else \
         [f"H{h}" for h in range(len(grid[0]) if grid else 0)]
     columns = [Column.of(key, rows)] + [Column.of(header, [cell(row[c], color) for row in values], right=True)
@@ -177,19 +162,19 @@ def ranked(result: Patching) -> list[tuple[str, str, float, float | None]]:
     """Every computed site as (site kind, where, score, attribution estimate or None), largest |score| first."""
     out = []
     for site, grid in result.grids.items():
-        stack, kind = _kind(site)
+        stack, kind = kind_of(site)
         other = result.attribution_grids[site] if result.attribution_grids is not None else None
         tokens = result.decoder_tokens if stack == "decoder." and result.decoder_tokens else result.tokens_clean
         for layer, row in enumerate(grid):
             for k, value in enumerate(row):
                 estimate = other[layer][k] if other is not None else None
-                if kind == "heads-by-position":
+                if kind.axes == ("head", "position"):
                     for p, v in enumerate(value):
                         if v is not None:
                             out.append((site, f"L{layer}H{k} at {p} {shown(tokens[p])}", v,
                                         estimate[p] if estimate is not None else None))
                 elif value is not None:
-                    where = f"L{layer} at {k} {shown(tokens[k])}" if kind in BY_POSITION_KINDS else \
+                    where = f"L{layer} at {k} {shown(tokens[k])}" if kind.axes == ("position",) else \
                         f"L{layer}H{k}"
                     out.append((site, where, value, estimate))
     return sorted(out, key=lambda item: -abs(item[2]))
@@ -224,7 +209,7 @@ def record(result: Patching) -> dict[str, Any]:
     return out
 
 
-def page_section(result: Patching) -> dict[str, Any]:
+def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The page's data for one pair: the JSON record, what is measured, the positions that differ, the correlations
     (--method both), the top sites and whether the sweep was interrupted."""
     correlations = {}
@@ -233,12 +218,14 @@ def page_section(result: Patching) -> dict[str, Any]:
             r, n = correlation(flat(result.grids[site]), flat(result.attribution_grids[site]))
             correlations[site] = {"r": r, "n": n}
     top = [{"site": s, "where": w, "score": v, "attribution": e} for s, w, v, e in ranked(result)[:DEFAULT_TOP]]
-    return record(result) | {"quantity": quantity(result), "differing": result.differing,
+    kinds = {site: {"axes": list(kind.axes), "what": kind.what} for site in result.grids
+             for _, kind in [kind_of(site)]}  # the page reads a grid's layout from here, not from the kinds' names
+    return record(result) | {"quantity": quantity(result), "differing": result.differing, "kinds": kinds,
                              "correlations": correlations, "top": top, "interrupted": result.interrupted,
                              "done": result.done, "total": result.total}
 
 
-def figure(result: Patching, run: RunInfo) -> Figure:
+def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """A heatmap per site kind, rows layers (heads-by-position: layer and head), columns positions (clean tokens)
     or heads; with --method both its attribution estimate beside it. One diverging scale symmetric about 0 (at least
     -1 to 1) in a colour bar under them; each value written in its cell where the cell is large enough."""
@@ -252,18 +239,18 @@ def figure(result: Patching, run: RunInfo) -> Figure:
         twins.append(("attribution estimate", result.attribution_grids or result.grids))
     rows_of: list[tuple[str, list[str], list[str]]] = []  # per site kind: (site, row labels, column labels)
     for site, grid in result.grids.items():
-        _, kind = _kind(site)
+        _, kind = kind_of(site)
         tokens = [h.split("\n", 1)[1] + ("*" if "*" in h.split("\n", 1)[0] else "") for h in positions_of(result, site)]
-        if kind == "heads-by-position":
+        if kind.axes == ("head", "position"):
             rows_of.append((site, [f"L{layer}H{h}" for layer in range(len(grid)) for h in range(len(grid[layer]))],
                             tokens))
-        elif kind in BY_POSITION_KINDS:
+        elif kind.axes == ("position",):
             rows_of.append((site, [str(layer) for layer in range(len(grid))], tokens))
         else:
             rows_of.append((site, [str(layer) for layer in range(len(grid))], [f"H{h}" for h in range(len(grid[0]))]))
 
-    def data(grid: list, kind: str) -> Any:
-        flat_rows = [r for layer in grid for r in layer] if kind == "heads-by-position" else grid
+    def data(grid: list, kind: Kind) -> Any:
+        flat_rows = [r for layer in grid for r in layer] if len(kind.axes) == 2 else grid
         return np.array([[np.nan if v is None else v for v in row] for row in flat_rows], dtype=float)
 
     values = [v for _, grids in twins for grid in grids.values() for v in flat(grid) if v is not None]
@@ -283,7 +270,7 @@ def figure(result: Patching, run: RunInfo) -> Figure:
     image = None
     axes = []
     for index, ((site, rows, columns), cell_height) in enumerate(zip(rows_of, cell_heights)):
-        _, kind = _kind(site)
+        _, kind = kind_of(site)
         for column, (what, grids) in enumerate(twins):
             ax = fig.add_subplot(layout[index, column])
             cells = data(grids[site], kind)
@@ -292,7 +279,7 @@ def figure(result: Patching, run: RunInfo) -> Figure:
             label_axis(ax, "x", columns, panel_width - 0.6)
             label_axis(ax, "y", rows, cell_height * len(rows))
             if column == 0:
-                ax.set_ylabel("layer, head" if kind == "heads-by-position" else "layer")
+                ax.set_ylabel("layer, head" if len(kind.axes) == 2 else "layer")
             across = (panel_width - 0.6) * POINTS / max(len(columns), 1)  # a cell's width and height in points
             font = min(6.0, across / 4.5, cell_height * POINTS * 0.6)
             if font >= 4.0:

@@ -1,0 +1,48 @@
+"""Selections of layers and heads as people type them (`0,-1`, `8-11`, `-3-`, `all`)."""
+
+from __future__ import annotations
+
+import re
+
+from tfcli.errors import usage_error
+
+
+def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
+    """A selection of `count` items as people type it -> sorted indices; None or 'all' -> None (all of them).
+    Comma-separated parts, each an index or a range of them, negative counting from the end: '0,-1',
+    '8-11', '-3-' (the last three), '2-' (from 2 on), '-4--2', 'all'."""
+    if spec is None or spec.strip() == "all":
+        return None
+    hint = f"for example 0,-1 or 8-11 or -3- (the last three) or all; the model has {counted(count, what)} " \
+           f"(0 to {count - 1})"
+    indices: set[int] = set()
+    for part in spec.replace(" ", "").split(","):
+        match = RANGE.fullmatch(part)
+        if not match or not any(character.isdigit() for character in part):
+            raise usage_error(f"{what}: `{part}` is not an index or a range", hint, parameter=what)
+        first, dash, last = match.groups()
+        start = _index(first, 0, count, what, hint)
+        stop = _index(last, count - 1, count, what, hint) if dash else start
+        if stop < start:
+            raise usage_error(f"{what}: the range `{part}` is empty ({start} comes after {stop})", hint, parameter=what)
+        indices.update(range(start, stop + 1))
+    return sorted(indices)
+
+
+RANGE = re.compile(r"(-?\d+)?(?:(-)(-?\d+)?)?")  # 'a', 'a-', 'a-b', '-b' with negative numbers
+
+
+def _index(text: str | None, default: int, count: int, what: str, hint: str) -> int:
+    """One end of a selection: an index (negative counts from the end) checked against `count`."""
+    if text is None:
+        return default
+    index = int(text)
+    if not -count <= index < count:
+        raise usage_error(f"{what}: {index} is out of range: the model has {counted(count, what)}", hint,
+                          parameter=what)
+    return index % count
+
+
+def counted(count: int, what: str) -> str:
+    """'12 layers', '1 layer'."""
+    return f"{count} {what.removesuffix('s') if count == 1 else what}"

@@ -1,0 +1,432 @@
+"""The commands that show a forward pass: tokenize, config, encode, compare, classify, generate. Each declares and
+resolves its options, builds what it needs through `tfcli.cli.common`, calls its core module's pipeline
+(`tfcli/<command>.py`; tokenize's is `tfcli/tokens.py`) and shows what that yields through `emit` and the renderer
+of the same name in `tfcli/render/`. Heavy modules (torch, transformers, tokenizers) are imported inside the
+commands, so that `--help` is quick."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tfcli import __version__
+from tfcli.cli.common import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, SEED_RANGE, ColorOption,
+                              DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption, ModelOption,
+                              PairOption, ReportForceOption, ReportOption, RevisionOption, SeedOption,
+                              TextsArgument, WidthOption, app, build, emit, inputs, note, noted, output_console,
+                              say, started, stderr_is_terminal, tokenizer_of, warn, with_progress)
+from tfcli.errors import usage_error
+from tfcli.render.layout import print_lines
+from tfcli.render.report_file import check_report_path
+from tfcli.texts import CappedWarnings, tokenized
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+
+@app.command()
+def tokenize(
+    texts: TextsArgument = None,
+    pair: PairOption = None,
+    no_special: Annotated[bool, typer.Option("--no-special", help="Leave out special tokens ([CLS], [SEP], ...).")] = False,
+    max_length: Annotated[int | None, typer.Option("--max-length", metavar="N", help="Truncate to at most N tokens.")] = None,
+    model: ModelOption = None,
+    revision: RevisionOption = None,
+    file: FileOption = None,
+    json_output: JsonOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Show how texts split into tokens: ids, segments, and the characters each token covers.
+
+    \b
+    Examples:
+      tfcli tokenize "time flies like an arrow"
+      tail -f log.txt | tfcli tokenize --json -
+    """
+    from tfcli import tokens as core
+    from tfcli.render import tokens as render
+
+    out = output_console(width, color)
+    texts_in = inputs(texts, file, keep_blank=True)
+    tokenizer = noted(core.tokenizer_for(model, revision))
+    batches = with_progress(texts_in.batches(core.BATCH_SIZE), "tokenize", len)
+    encodings = core.run(tokenizer, batches, pair, not no_special, max_length, warn)
+    emit(encodings, out=out, json_output=json_output, record=render.record,
+         lines=lambda encoding, number: render.token_lines(encoding, number, tokenizer.name, out.width))
+
+
+def _one_source(positional: str | None, option: str | None) -> str | None:
+    """A model source given as the positional SRC or as --model SRC (one habit works everywhere), not both."""
+    if positional is not None and option is not None:
+        raise usage_error("give the model source once: as SRC or with --model, not both")
+    return positional if positional is not None else option
+
+
+@app.command("config")
+def show_config(
+    source: Annotated[str | None, typer.Argument(metavar="SRC", show_default=False,
+                                                 help="Path, bundled name or hub id (default: bert-base).")] = None,
+    model: ModelOption = None,
+    revision: RevisionOption = None,
+    sites: Annotated[bool, typer.Option("--sites", help="List the model's named sites (what run_with_cache keeps "
+                                        "and encode --sites saves) with their shapes.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON on stdout: one object.")] = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Print the resolved config of a model source and its parameter count, or with --sites its named sites.
+
+    \b
+    Examples:
+      tfcli config tiny
+      tfcli config --model path/to/checkpoint --json
+      tfcli config gpt2-small --sites
+    """
+    from tfcli.api import describe
+    from tfcli.render import config as render
+    from tfcli.sources import bundled_names
+
+    summary = describe(_one_source(source, model), revision, sites=sites)
+    if json_output:
+        from tfcli.render.jsonl import write_jsonl
+
+        write_jsonl([render.record(summary)])
+    else:
+        out = output_console(width, color)
+        lines = render.site_lines(summary, out.width) if sites else render.config_lines(summary, bundled_names(),
+                                                                                          out.width)
+        print_lines(out, lines)
+
+
+@app.command()
+def encode(
+    texts: TextsArgument = None,
+    model: ModelOption = None,
+    revision: RevisionOption = None,
+    layers: Annotated[str | None, typer.Option(metavar="LAYERS", help="Blocks to capture and show in full: 0,-1 or "
+                                               "8-11 or -3- (the last three) or all (default: capture all, show the "
+                                               "last in full and a line per position for the others).")] = None,
+    heads: Annotated[str | None, typer.Option(metavar="HEADS", help="Heads to show, e.g. 0,3 or 0-5 or all "
+                                              "(default: their mean).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", metavar="N", callback=NOT_NEGATIVE,
+                                              help="The logit lens's top N tokens per layer and position, in a "
+                                              "lens table of the layers shown in full and in --json; 0 switches the "
+                                              "lens off (default: 3 in --json, no lens table, the top token only in "
+                                              "the line per position).")] = None,
+    attention_top: Annotated[int | None, typer.Option("--attn-top", metavar="N", callback=AT_LEAST_ONE,
+                                                      help="Keys listed per query beside each attention map "
+                                                      "(default: up to 3, as many as fit beside it).")] = None,
+    pair: PairOption = None,
+    max_length: MaxLengthOption = None,
+    target: Annotated[str | None, typer.Option(metavar="TEXT", help="Decoder input of an encoder-decoder "
+                                               "(default: the start token).")] = None,
+    no_truncate: Annotated[bool, typer.Option("--no-truncate", help="Refuse texts longer than the position table "
+                                              "(or --max-length).")] = False,
+    save: Annotated[Path | None, typer.Option(metavar="FILE", help="Write input_ids, hidden.{i}, attention.{i}, "
+                                              "logits (and --sites) to FILE.safetensors.")] = None,
+    sites: Annotated[list[str] | None, typer.Option("--sites", metavar="PATTERN", help="Also keep these sites "
+                                                    "(names such as blocks.3.attn.z, `*` for any run of characters; "
+                                                    "repeatable): a table, in --json and --save under their names. "
+                                                    "`tfcli config SRC --sites` lists them.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite the --save or --report file if it exists.")] = False,
+    report: ReportOption = None,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    no_attention_weights: Annotated[bool, typer.Option("--no-attention-weights", help="With --json: leave each "
+                                                       "attention map's query x key `weights` out of the record (its "
+                                                       "max_key and max_weight stay): a 512-token record shrinks "
+                                                       "from megabytes to kilobytes.")] = False,
+    max_capture_mb: Annotated[float, typer.Option("--max-capture-mb", metavar="MB", callback=POSITIVE,
+                                                  help="Most memory a batch's captured attention, hidden states "
+                                                  "and logits may hold.")] = 1024,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Run a forward pass and show every stage's shape, the attention maps and the logit lens.
+
+    \b
+    Examples:
+      tfcli encode --model path/to/checkpoint \\
+          "The animal didn't cross the street because it was too tired"
+      tfcli encode --layers all --heads 0-3 --top-k 5 "time flies like an arrow"
+    """
+    from tfcli import encode as core
+    from tfcli.render import encode as render
+    from tfcli.sources import resolve_source
+
+    if no_attention_weights and not json_output:
+        raise usage_error("--no-attention-weights goes with --json", "add --json, or leave it out")
+    out = output_console(width, color)
+    texts_in = inputs(texts, file)
+    if save is not None:
+        core.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
+    if report is not None:
+        check_report_path(report, force, texts_in.count or 1)
+    source = resolve_source(model, revision)
+    options = core.check_options(source.config, layers, heads, core.DEFAULT_TOP_K if top_k is None else top_k, sites)
+    options.keep_heads = report is not None  # the page's head selector shows every head behind a mean
+    tokenizer = tokenizer_of(source)
+    decoder_input = core.decoder_input(source.config, tokenizer, target)
+    positions = source.config.max_position_embeddings
+    truncated = CappedWarnings(warn, "texts truncated")
+    chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length, no_truncate)
+              for batch in texts_in.batches(None if save is not None else core.MAX_BATCH))
+    chunks = started(chunks)
+    loaded = build(source, device, dtype, seed)
+    every_layer = list(range(max(source.config.num_hidden_layers, source.config.output_layers)))
+    detail = None if layers is None else options.layers if options.layers is not None else every_layer
+    view = render.View(detail, attention_top, out.color_system is not None, 1 if top_k is None else top_k,
+                       lens=top_k is not None)
+    save_to = None if save is None else core.SaveTo(save, force, {
+        "tfcli_version": __version__, "model": source.description, "weights": loaded.weights_description})
+    reports = core.run(loaded, tokenizer, with_progress(chunks, "encode", len), options, decoder_input,
+                       max_capture_mb, save_to, warn)
+    emit(reports, out=out, json_output=json_output,
+         record=lambda text_report: render.record(text_report, loaded.trained, source.weights, seed,
+                                                  attention_weights=not no_attention_weights),
+         lines=lambda text_report, number: render.report_lines(text_report, number, out.width, view),
+         after=None if save is None else lambda: say(f"saved {save}", whole=[str(save)]), truncated=truncated,
+         report=report, force=force, command="encode", model=loaded, source=source, detail=detail)
+    if not json_output and layers is None:  # last, where it is still on the screen when the run ends
+        note("showing the last layer in full and a line per position for every layer; see more with "
+             "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
+
+
+@app.command()
+def compare(
+    arguments: Annotated[list[str] | None, typer.Argument(metavar="SRC TEXT", show_default=False,
+                                                          help="A checkpoint directory (config.json + weights), unless "
+                                                          "--model gives it, then texts; `-` alone reads stdin.")] = None,
+    model: ModelOption = None,
+    revision: RevisionOption = None,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="float32, float16 or bfloat16: both models run in it.")] = "float32",
+    tolerance: Annotated[float | None, typer.Option(metavar="T", callback=POSITIVE, show_default=False,
+                                                    help="Largest difference that counts as a match (default: 1e-4 "
+                                                    "in float32; in bfloat16 0.05 and in float16 0.01 of each "
+                                                    "tensor's largest value).")] = None,
+    json_output: JsonOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Run transformers' own model on the same checkpoint and texts; print each tensor's max abs difference.
+    Exits 1 when a difference exceeds --tolerance.
+
+    \b
+    Examples:
+      tfcli compare path/to/checkpoint "time flies like an arrow"
+      tfcli compare --model path/to/checkpoint --json - < texts.txt
+    """
+    from tfcli import compare as core
+    from tfcli.render import compare as render
+
+    arguments = list(arguments or [])
+    if model is None:
+        if not arguments:
+            raise usage_error("no model source given", "tfcli compare SRC TEXT... or tfcli compare --model SRC TEXT...")
+        model = arguments.pop(0)
+    elif arguments and _names_a_model(arguments[0], model):
+        raise usage_error("give the model source once: as SRC or with --model, not both",
+                          f"with --model every argument is a text: tfcli compare --model {model} TEXT...")
+    out = output_console(width, color)
+    texts_in = inputs(arguments or None, file)
+    batches = started(texts_in.batches(1))
+    models = core.load(model, device, revision, dtype)
+    noted(models.tokenizer)
+    positions = models.resolved.config.max_position_embeddings
+    truncated = CappedWarnings(warn, "texts truncated")
+    chunks = (tokenized(models.tokenizer, batch, positions, truncated) for batch in batches)
+    worst, failed, tolerance_said = 0.0, 0, ""
+
+    def judged(comparisons: Iterator[core.Comparison]) -> Iterator[core.Comparison]:
+        """The same comparisons, the largest difference and the failures counted on the way."""
+        nonlocal worst, failed, tolerance_said
+        for comparison in comparisons:
+            worst = max(worst, comparison.worst_relative if comparison.relative else comparison.worst)
+            failed += not comparison.matches
+            tolerance_said = render.tolerance_words(comparison)
+            yield comparison
+
+    count = emit(judged(core.run_all(models, chunks, tolerance)), out=out, json_output=json_output,
+                 record=render.record, spaced=True, truncated=truncated,
+                 lines=lambda comparison, number: render.compare_lines(comparison, number, out.width))
+    if failed:
+        which = f"in {failed} of {count} texts " if count > 1 else ""
+        say(f"largest difference {worst:.3g} {which}exceeds {tolerance_said}")
+        raise typer.Exit(1)
+
+
+def _names_a_model(argument: str, model: str) -> bool:
+    """Whether compare's first text is in fact a model source (the --model one again, or a checkpoint path): the
+    mistake `tfcli compare ckpt --model ckpt hi`, which would otherwise run the path as a text."""
+    if argument == model:
+        return True
+    path = Path(argument)
+    try:
+        return (path.is_dir() and (path / "config.json").is_file()) or (
+            path.is_file() and path.suffix.lower() in (".json", ".yaml", ".yml", ".gguf", ".safetensors", ".bin"))
+    except OSError:  # a text too long to be a path
+        return False
+
+
+@app.command()
+def classify(
+    texts: TextsArgument = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with a "
+                                              "classification head (default: the bundled `classifier`, random "
+                                              "weights).")] = None,
+    revision: RevisionOption = None,
+    top: Annotated[int | None, typer.Option(metavar="N", callback=AT_LEAST_ONE,
+                                            help="Show only the N most probable labels in the table.")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="Show what the first token attends to in the last "
+                                          "layer(s), mean over heads.")] = False,
+    explain_layers: Annotated[int | None, typer.Option("--explain-layers", metavar="N", callback=AT_LEAST_ONE,
+                                                       help="Average --explain over the last N layers (default 1).")] = None,
+    pair: PairOption = None,
+    max_length: MaxLengthOption = None,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Classify texts: every label's probability and the prediction; --explain shows why.
+
+    \b
+    Examples:
+      tfcli classify --model path/to/classifier "I loved this film" "bad acting"
+      tfcli classify --model path/to/nli-model --explain "A man is eating." \\
+          --pair "Someone eats."
+    """
+    from tfcli import classify as core
+    from tfcli.render import classify as render
+    from tfcli.sources import resolve_source
+
+    if explain_layers is not None and not explain:
+        raise usage_error("--explain-layers goes with --explain", "add --explain to see the first token's attention")
+    out = output_console(width, color)
+    texts_in = inputs(texts, file)
+    if report is not None:
+        check_report_path(report, force, texts_in.count or 1)
+    source = resolve_source(model or "classifier", revision)
+    explained = (explain_layers or 1) if explain else 0
+    core.check_options(source.config, explained)  # before building a model for nothing
+    tokenizer = tokenizer_of(source)
+    positions = source.config.max_position_embeddings
+    truncated = CappedWarnings(warn, "texts truncated")
+    chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length)
+              for batch in texts_in.batches(core.BATCH_SIZE))
+    chunks = started(chunks)
+    loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these probabilities say nothing about the texts")
+
+    def lines(result: core.Classification, number: int) -> list[Text]:
+        shown = render.classification_lines(result, number, out.width, top)
+        return shown + ([] if result.explanation is None else render.explanation_lines(result.explanation, out.width))
+
+    emit(core.run(loaded, tokenizer, with_progress(chunks, "classify", len), explained), out=out,
+         json_output=json_output, record=render.record, lines=lines, spaced=True, truncated=truncated,
+         report=report, force=force, command="classify", model=loaded, source=source)
+
+
+@app.command()
+def generate(
+    prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT", show_default=False,
+                                                        help="Prompts to continue; `-` alone reads stdin, one per line.")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head "
+                                              "(default: the bundled `gpt2-small`, random weights).")] = None,
+    revision: RevisionOption = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", callback=AT_LEAST_ONE,
+                                                help="Stop after N new tokens.")] = 20,
+    greedy: Annotated[bool, typer.Option("--greedy", help="Take the most probable token each step (the default "
+                                         "when no sampling option is given).")] = False,
+    temperature: Annotated[float | None, typer.Option(metavar="T", callback=POSITIVE,
+                                                      help="Sample, dividing the logits by T (> 0).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", metavar="K", callback=AT_LEAST_ONE,
+                                              help="Sample from the K most probable tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", metavar="P", callback=PROBABILITY,
+                                                help="Sample from the most probable tokens whose probabilities "
+                                                "add up to P, in (0, 1].")] = None,
+    lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step.")] = False,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    file: Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
+                                              help="Read prompts from FILE, one per line.")] = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
+                                      help="Seed of the random weights (when the model has none) and of sampling.")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per prompt.")] = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Continue prompts token by token: the text appears as it is made, then a step table (probability,
+    alternatives, and with --lens each layer's guess).
+
+    \b
+    Examples:
+      tfcli generate --model path/to/gpt2 -n 10 --lens "time flies like"
+      tfcli generate --model path/to/gpt2 --temperature 0.8 --top-p 0.9 \\
+          --seed 1 "Once upon a time"
+    """
+    from tfcli import generate as core
+    from tfcli.model.decoding import Sampling
+    from tfcli.render import generate as render
+    from tfcli.sources import resolve_source
+
+    do_sample = any(option is not None for option in (temperature, top_k, top_p))
+    if greedy and do_sample:
+        raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
+                          "leave out --greedy to sample")
+    out = output_console(width, color)
+    prompts_in = inputs(prompts, file)
+    if report is not None:
+        check_report_path(report, force, prompts_in.count or 1)
+    sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
+    source = resolve_source(model or core.DEFAULT_MODEL, revision)
+    sampling.check(source.config.vocab_size)  # before the model is built
+    tokenizer = tokenizer_of(source)
+    batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
+               for batch in prompts_in.batches(1))
+    batches = started(batches)
+    loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these continuations say nothing about the prompts")
+    # the text appears once, as it is made: on stdout when that is the terminal (the table follows without it),
+    # else on stderr when that is a terminal (stdout, a file or pipe, gets the text with the table)
+    live = sys.stdout if out.is_terminal and not json_output else sys.stderr if stderr_is_terminal() else None
+
+    def show_text(piece: str) -> None:
+        live.write(piece)
+        live.flush()
+
+    def ended(generations: Iterator[core.Generation]) -> Iterator[core.Generation]:
+        """The same generations, each streamed text ended with its line."""
+        for generation in generations:
+            if live:
+                show_text("\n")
+            yield generation
+
+    generations = core.run(loaded, tokenizer, batches, sampling, max_new_tokens, lens, show_text if live else None,
+                           warn)
+    emit(ended(generations), out=out, json_output=json_output, record=lambda result: render.record(result, tokenizer),
+         lines=lambda result, number: render.generation_lines(result, tokenizer, number,
+                                                              seed if do_sample else None, out.width,
+                                                              with_text=live is not sys.stdout),
+         report=report, force=force, command="generate", model=loaded, source=source, tokenizer=tokenizer)
+
+

@@ -1,0 +1,251 @@
+"""The commands that ask why a model does what it does: patch (activation and attribution patching), attribute
+(direct logit attribution) and heads (what every head does). Each declares and resolves its options, builds what
+it needs through `tfcli.cli.common`, calls its core module (`tfcli/<command>.py`) and shows what that yields
+through `emit` and the renderer of the same name in `tfcli/render/`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+import typer
+
+from tfcli.cli.common import (AT_LEAST_ONE, SEED_RANGE, ColorOption, DeviceOption, DtypeOption, FileOption,
+                              JsonOption, MaxLengthOption, ModelOption, ReportForceOption, ReportOption,
+                              RevisionOption, SeedOption, TextsArgument, WidthOption, app, build, count_bar, emit,
+                              inputs, note, output_console, say_lines, started, stderr_width, tokenizer_of, warn,
+                              with_progress)
+from tfcli.render.report_file import check_report_path
+from tfcli.texts import CappedWarnings, tokenized
+
+
+@app.command()
+def patch(
+    clean: Annotated[str, typer.Argument(metavar="CLEAN", help="The clean text, whose behaviour is restored.",
+                                         show_default=False)],
+    corrupt: Annotated[str, typer.Argument(metavar="CORRUPT", help="The corrupted text (as many tokens as CLEAN), "
+                                           "into which clean activations are put back.", show_default=False)],
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM, "
+                                              "masked-LM or classifier head (default: the bundled `gpt2-small`, "
+                                              "random weights).")] = None,
+    revision: RevisionOption = None,
+    target: Annotated[str, typer.Option(metavar="TOKEN", help="The token whose logit is the metric: one token of the "
+                                        "model's tokenizer (\" Mary\" with its leading space for byte-level BPE) or "
+                                        "#ID; a classifier's label name or #index.", show_default=False)] = ...,
+    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits "
+                                             "target - foil.")] = None,
+    position: Annotated[int | None, typer.Option(metavar="N", help="The position the metric is read at, negative "
+                                                 "counting from the end (default: the last token; a masked-LM "
+                                                 "encoder: its [MASK]).")] = None,
+    sites: Annotated[str | None, typer.Option(metavar="KINDS", help="Comma-separated: resid, attn, mlp (per layer "
+                                              "and position), heads (per layer and head), heads-by-position, q, k, "
+                                              "v, pattern (default: resid,attn,mlp,heads).")] = None,
+    method: Annotated[str, typer.Option(metavar="METHOD", help="activation (patch each site for real), attribution "
+                                        "(the first-order estimate from one backward pass) or both.")] = "activation",
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Sites listed.")] = 10,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Put back activations of a clean run into a corrupted one, site by site, and see how much of the clean logit
+    (difference) each restores (activation patching; attribution patching estimates it from one backward pass).
+
+    \b
+    Examples:
+      tfcli patch -m path/to/gpt2 --target " Mary" --foil " John" \\
+          "When Mary and John went to the store, John gave a drink to" \\
+          "When John and Mary went to the store, Mary gave a drink to"
+      tfcli patch -m path/to/gpt2 CLEAN CORRUPT --target " Paris" --sites heads \\
+          --method both
+    """
+    from tfcli import patch as core
+    from tfcli.render import patch as render
+    from tfcli.sources import resolve_source
+
+    out = output_console(width, color)
+    if report is not None:
+        check_report_path(report, force, 1)
+    source = resolve_source(model or "gpt2-small", revision)
+    options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method)
+    tokenizer = tokenizer_of(source)
+    core.check_options(source.config, tokenizer, options)  # before the model is built
+    try:
+        ids_clean, ids_corrupt = core.pair_inputs(source.config, tokenizer, clean, corrupt)
+    except core.LengthMismatch as mismatch:
+        say_lines(render.alignment_lines(mismatch.rows, stderr_width(80)))
+        raise
+    loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these scores say nothing about a trained model")
+    with count_bar("patch", "sites") as progress:
+        result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, clean, corrupt)
+    emit([result], out=out, json_output=json_output, record=render.record,
+         lines=lambda patching, number: render.patch_lines(patching, out.width, out.color_system is not None, top),
+         report=report, force=force, command="patch", model=loaded, source=source)
+    if result.interrupted:
+        warn(f"interrupted: {result.done} of {result.total} sites patched")
+        raise typer.Exit(130)
+
+
+@app.command()
+def attribute(
+    texts: TextsArgument = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head "
+                                              "(default: the bundled `gpt2-small`, random weights).")] = None,
+    revision: RevisionOption = None,
+    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is split: one token of "
+                                               "the model's tokenizer (\" Mary\" with its leading space for "
+                                               "byte-level BPE) or #ID (default: the model's own top prediction).")] = None,
+    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="Split the difference of the logits target - foil "
+                                             "instead.")] = None,
+    position: Annotated[int | None, typer.Option(metavar="N", help="The position read, negative counting from the "
+                                                 "end (default: the last token).")] = None,
+    by: Annotated[str, typer.Option(metavar="WHAT", help="component (embeddings, each layer's attention and MLP), "
+                                    "head (each head) or neuron (the largest MLP neurons).")] = "component",
+    layers: Annotated[str | None, typer.Option(metavar="LAYERS", help="With --by head or neuron: the layers broken "
+                                               "into heads or neurons, e.g. 8-11 or -3- (default: all).")] = None,
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Components listed (with --by neuron, "
+                                     "also the neurons kept one by one).")] = 10,
+    max_length: MaxLengthOption = None,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: JsonOption = False,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Split a logit (or the difference of two) into the direct contribution of every component that writes to
+    the residual stream: embeddings, heads, MLPs, neurons, biases (direct logit attribution).
+
+    \b
+    Examples:
+      tfcli attribute -m path/to/gpt2 --target " Mary" --foil " John" --by head \\
+          "When Mary and John went to the store, John gave a drink to"
+      tfcli attribute -m path/to/gpt2 --by neuron --layers -2- \\
+          "The capital of France is"
+    """
+    from tfcli import attribute as core
+    from tfcli.analysis.indices import parse_indices
+    from tfcli.render import attribute as render
+    from tfcli.sources import resolve_source
+
+    out = output_console(width, color)
+    texts_in = inputs(texts, file)
+    if report is not None:
+        check_report_path(report, force, texts_in.count or 1)
+    source = resolve_source(model or "gpt2-small", revision)
+    core.check_model(source.config, by)  # before the model is built
+    selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
+    options = core.AttributeOptions(target, foil, position, by, selected, top)
+    tokenizer = tokenizer_of(source)
+    core.check_options(source.config, tokenizer, options)
+    truncated = CappedWarnings(warn, "texts truncated")
+    chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
+                               max_length=max_length) for batch in texts_in.batches(core.BATCH_SIZE))
+    loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these components say nothing about a trained model")
+    emit(core.run(loaded, tokenizer, with_progress(chunks, "attribute", len), options), out=out,
+         json_output=json_output, record=render.record,
+         lines=lambda result, number: render.attribution_lines(result, number, out.width, top), truncated=truncated,
+         report=report, force=force, command="attribute", model=loaded, source=source)
+
+
+@app.command()
+def heads(
+    texts: TextsArgument = None,
+    model: ModelOption = None,
+    revision: RevisionOption = None,
+    detect: Annotated[str | None, typer.Option(metavar="DETECTORS", help="Comma-separated: previous, duplicate, "
+                                               "induction (scored as TransformerLens's detect_head), first, "
+                                               "special, self (mean attention to them), entropy (bits) or all "
+                                               "(the default).")] = None,
+    exclude_first: Annotated[bool, typer.Option("--exclude-first", help="previous, duplicate, induction: leave out "
+                                                "the attention to the first token (exclude_bos).")] = False,
+    exclude_self: Annotated[bool, typer.Option("--exclude-self", help="previous, duplicate, induction: leave out "
+                                               "the attention of a token to itself (exclude_current_token).")] = False,
+    probe: Annotated[str | None, typer.Option(metavar="KIND", help="Run a probe instead of texts: induction (random "
+                                              "tokens repeated once, after the start token; --seed draws them).")] = None,
+    probe_length: Annotated[int | None, typer.Option("--probe-length", metavar="N", callback=AT_LEAST_ONE,
+                                                     help="Random tokens in the probe, before the repeat "
+                                                     "(default 50).")] = None,
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Heads listed per detector.")] = 5,
+    per_text: Annotated[bool, typer.Option("--per-text", help="Also each text's top heads (with --json, one object "
+                                           "per text before the run's).")] = False,
+    max_length: MaxLengthOption = None,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    file: FileOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
+                                      help="Seed of the random weights (when the model has none) and of the "
+                                      "probe's tokens.")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout: one object for the run (with "
+                                              "--per-text, one per text before it).")] = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Score every head over a text or a whole corpus: previous-token, duplicate-token and induction heads, and
+    the attention to the first token, special tokens and itself, and its entropy.
+
+    \b
+    Examples:
+      tfcli heads --model path/to/gpt2 --probe induction
+      tfcli heads -m bert-base-uncased --detect previous,special --file corpus.txt
+    """
+    from tfcli import heads as core
+    from tfcli.render import heads as render
+    from tfcli.sources import resolve_source
+
+    detectors = core.parse_detectors(detect)
+    core.check_probe(probe, probe_length, bool(texts) or file is not None)
+    out = output_console(width, color)
+    texts_in = inputs(texts, file) if probe is None else None
+    if report is not None:
+        check_report_path(report, force, 1)  # one report of the run, whatever the number of texts
+    source = resolve_source(model, revision)
+    options = core.HeadsOptions(detectors, exclude_first, exclude_self, per_text,
+                                keep_best=report is not None and report.suffix.lower() == ".html")
+    tokenizer = tokenizer_of(source)
+    length = probe_length or core.DEFAULT_PROBE_LENGTH
+    truncated = CappedWarnings(warn, "texts truncated")
+    if probe is not None:
+        core.probe_ids(source.config, tokenizer, length, seed)  # its checks, before the model is built
+    else:
+        chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
+                                   max_length=max_length) for batch in texts_in.batches(core.CHUNK))
+    loaded = build(source, device, dtype, seed)
+    if not loaded.trained:
+        warn("random weights: these scores say nothing about a trained model")
+    results = core.run_probe(loaded, tokenizer, options, length, seed) if probe is not None else \
+        core.run(loaded, tokenizer, with_progress(chunks, "heads", len), options)
+    summaries: list[core.Heads] = []
+
+    def each_text() -> Iterator[core.TextHeads]:
+        """Each text's scores (--per-text), as they come; the run's, last, put aside."""
+        for item in results:
+            if isinstance(item, core.TextHeads):
+                yield item
+            else:
+                summaries.append(item)
+
+    emit(each_text(), out=out, json_output=json_output, record=render.text_record,
+         lines=lambda item, number: render.text_lines(item, number, out.width, top))
+    summary = summaries[-1]
+    truncated.finish(summary.texts)
+    if json_output:
+        for line in summary.notes:
+            note(line)
+    emit([summary], out=out, json_output=json_output, record=render.record,
+         lines=lambda scores, number: render.heads_lines(scores, out.width, top),
+         after=(lambda: core.attach_maps(loaded, summary)) if options.keep_best else None,
+         report=report, force=force, command="heads", model=loaded, source=source)
