@@ -506,7 +506,7 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
                     values = metric.of_row(model.head_logits(hidden))
                 else:
                     local = position - start
-                    values = metric.of_row(model.head_logits(hidden[:, local:local + 1])[:, 0])
+                    values = metric.of_row(model.head_logits(hidden[:, local]))
             yield chunk, [float(v) for v in values]
     if skipped:  # the metric is read before them: the corrupt run's value, unchanged
         yield skipped, [corrupt_value] * len(skipped)

@@ -443,7 +443,8 @@ class TransformerModel(nn.Module):
 
     def head_logits(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """The head's output for the output stack's output (B, T, hidden): (B, T, V), (B, num_labels) (a classifier,
-        which pools the real tokens of `attention_mask`) or (B, T) (a discriminator)."""
+        which pools the real tokens of `attention_mask`) or (B, T) (a discriminator). An LM head also reads one
+        position's (B, hidden) -> (B, V)."""
         if isinstance(self.head, ClassificationHead):
             return self.head(hidden, attention_mask)
         return self.head(hidden)
