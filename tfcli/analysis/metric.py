@@ -32,7 +32,8 @@ def parse_token(tokenizer: Tokenizer, spec: str, option: str, vocab_size: int) -
     if spec.startswith("#") and spec[1:].isdigit():
         token_id = int(spec[1:])
         if token_id >= vocab_size:
-            raise usage_error(f"{option} {spec}: the model's vocabulary has {vocab_size} tokens (0 to {vocab_size - 1})")
+            raise usage_error(f"{option} {spec}: the model's vocabulary has {vocab_size} tokens "
+                              f"(0 to {vocab_size - 1})")
         return token_of(tokenizer, token_id)
     token_id = tokenizer.token_to_id(spec)
     if token_id is None:

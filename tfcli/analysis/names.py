@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def block_site(layer: int, leaf: str, stack: str = "") -> str:
-    """`blocks.{layer}.{leaf}` under the stack's prefix: block_site(3, "attn.z", "decoder.") -> decoder.blocks.3.attn.z."""
+    """`blocks.{layer}.{leaf}` under the stack's prefix: (3, "attn.z", "decoder.") -> decoder.blocks.3.attn.z."""
     return f"{stack}blocks.{layer}.{leaf}"
 
 
