@@ -324,6 +324,21 @@ def test_wide_heads_grid_goes_on_in_pages():
     assert "heads (page 2 of 2: heads 28-39)" in text and "top:  L1H9 0.900  L1H19 0.900" in text
 
 
+def test_a_wrapped_top_list_stays_under_its_first_head():
+    """entropy's top heads, wider with their unit, wrap at 60 columns: the second line starts under the first head,
+    not at the margin, where it read as a line of its own."""
+    from tfcli.render import heads as render
+    from tfcli.render.layout import screen_text
+
+    scores = [[0.01 * (i * 9 + h) for h in range(9)] for i in range(4)]
+    result = heads.Heads(1, ["entropy"], [f"L{i}" for i in range(4)], 9, {"entropy": scores}, {"entropy": 1})
+    lines = screen_text(render.heads_lines(result, 60, 8), 60).splitlines()
+    first = next(k for k, line in enumerate(lines) if line.startswith("top:  "))
+    assert lines[first] == "top:  L0H0 0.00 bits  L0H1 0.01 bits  L0H2 0.02 bits"
+    assert lines[first + 1] == "      L0H3 0.03 bits  L0H4 0.04 bits  L0H5 0.05 bits"
+    assert lines[first + 2] == "      L0H6 0.06 bits  L0H7 0.07 bits" and lines[first + 3] == "heads"
+
+
 def test_encoder_decoder_says_cross_attention_is_left_out(cli, checkpoint):
     path, _ = checkpoint("t5")
     result = cli("heads", "a b a b", "--model", str(path), "--width", "80", "--no-color")

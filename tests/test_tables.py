@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tfcli.render.generate import probability
+
 SENTENCE = "The animal didn't cross the street because it was too tired"
 
 
@@ -115,9 +117,10 @@ def test_generate_step_table_says_what_the_record_says(cli, peaked_gpt2):
     assert len(steps) == len(record["steps"]) == 3
     for row, step in zip(steps, record["steps"]):
         assert row[1] == repr(step["token"]) and row[2] == str(step["id"])
-        assert float(row[3]) == pytest.approx(step["prob"], rel=5e-3)
+        assert float(row[3]) == pytest.approx(step["prob"], rel=5e-3, abs=5e-4)  # 3 decimals, or 1.2e-04 below
+        assert re.fullmatch(r"[01]\.\d{3}|\d\.\de-\d\d", row[3]), row[3]  # 0.900 beside 0.702, never 0.9
         best_other = next(t for t in step["top"] if t["id"] != step["id"])
-        assert row[4].startswith(f"{best_other['token']!r} {best_other['prob']:.3g}")
+        assert row[4].startswith(f"{best_other['token']!r} {probability(best_other['prob'])}")
 
 
 def test_classify_table_says_what_the_record_says(cli, tmp_path, save_hf_model):

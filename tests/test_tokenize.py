@@ -192,3 +192,12 @@ def test_roberta_style_bpe_dir_gets_roberta_template(tmp_path):
     [pair] = ours.encode(["time flies"], ["time flies"])
     assert pair.ids == [bos, *words, eos, eos, *words, eos]
     assert ours.decode(single.ids) == "time flies"
+
+
+def test_the_tokenizer_is_named_as_such_after_each_text(cli, minilm_dir):
+    """A model's own tokenizer is named by its path: the last line says what the path is, not the bare path."""
+    result = cli("tokenize", "--model", str(minilm_dir), "time flies", "like an arrow", "--width", "200")
+    assert result.exit_code == 0, result.stderr
+    named = [line for line in result.stdout.splitlines() if str(minilm_dir) in line]
+    assert named == [f"tokenizer: {minilm_dir}"] * 2
+    assert cli("tokenize", "time flies").stdout.splitlines()[-1] == "tokenizer: bundled bert-base-uncased WordPiece"

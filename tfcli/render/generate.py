@@ -35,6 +35,12 @@ def generation_lines(result: Generation, tokenizer: Tokenizer, number: int, samp
     return lines + step_lines(result, tokenizer, f"prompt {number}: {ended}, {mode}", width)
 
 
+def probability(p: float) -> str:
+    """A probability with three decimals, so that a column reads alike (0.900 beside 0.702); under 0.001 in
+    scientific notation (1.2e-04), never a bare 0.000."""
+    return f"{p:.3f}" if p >= 0.0005 else f"{p:.1e}"
+
+
 def step_lines(result: Generation, tokenizer: Tokenizer, title: str, width: int) -> list[Text]:
     """One row per new token: its probability and the most probable alternatives; with the lens, what each
     hidden state (emb = the embeddings, then each block) would have predicted at that step."""
@@ -42,9 +48,9 @@ def step_lines(result: Generation, tokenizer: Tokenizer, title: str, width: int)
     columns = [Column.of("step", [str(s.index) for s in steps], right=True),
                Column.of("token", [_shown(tokenizer, s.token_id) + (" (end)" if s.eos else "") for s in steps]),
                Column.of("id", [str(s.token_id) for s in steps], right=True),
-               Column.of("prob", [f"{s.prob:.3g}" for s in steps], right=True),
-               Column("top alternatives", [[Text(f"{_shown(tokenizer, i)} {p:.3g}") for i, p in s.top if i != s.token_id]
-                                           for s in steps])]
+               Column.of("prob", [probability(s.prob) for s in steps], right=True),
+               Column("top alternatives", [[Text(f"{_shown(tokenizer, i)} {probability(p)}") for i, p in s.top
+                                            if i != s.token_id] for s in steps])]
     if _has_lens(result):
         columns.append(Column("lens: top token by layer (emb = embeddings)",
                               [lens_runs(s.lens, tokenizer) for s in steps], sep=" · "))

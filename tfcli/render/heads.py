@@ -87,7 +87,7 @@ def detector_lines(result: Heads, detector: str, width: int, top: int) -> list[T
     best = ranked(result, detector)[:top]
     items = [Text("top:", style="dim")] + [Text(label, style="bold") + Text(f" {_score(value, detector)}")
                                             for label, value in best]
-    lines += wrap(items, width)
+    lines += wrap(items, width, indent=len("top:  "))  # a wrapped list stays under its first head
     lines += grid_lines(result, detector, width)
     return lines
 

@@ -82,22 +82,24 @@ def fold(item: Text, width: int) -> list[Text]:
     return list(item.divide(offsets))
 
 
-def wrap(items: Sequence[Text | str], width: int, sep: str = "  ") -> list[Text]:
+def wrap(items: Sequence[Text | str], width: int, sep: str = "  ", indent: int = 0) -> list[Text]:
     """Items joined by `sep` into lines of at most `width` cells, broken only between items (sep "\\n":
-    one item per line). An item wider than `width` on its own is folded."""
+    one item per line), every line after the first starting `indent` spaces in. An item wider than `width` on its
+    own is folded."""
     if len(items) == 1 and not isinstance(items[0], str) and items[0].cell_len <= width:
         return [items[0]]  # the common case, kept fast: one item that fits
     lines: list[Text] = []
     line: Text | None = None
     for item in items:
-        for piece in fold(Text(item) if isinstance(item, str) else item, width):
+        for piece in fold(Text(item) if isinstance(item, str) else item, width - indent):
             if line is not None and sep != "\n" and line.cell_len + cell_len(sep) + piece.cell_len <= width:
                 line.append(sep)
                 line.append(piece)
             else:
                 if line is not None:
                     lines.append(line)
-                line = Text()  # not piece.copy(): its base style would spread over the whole line
+                # not piece.copy(): its base style would spread over the whole line
+                line = Text(" " * indent if lines else "")
                 line.append_text(piece)
     return lines + [line] if line is not None else [Text()]
 

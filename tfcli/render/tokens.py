@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 def token_lines(encoding: Encoding, number: int, tokenizer_name: str, width: int) -> list[Text]:
     """One row per token: position, token, id, segment, span start:end and the text it covers (blank for
-    specials), as lines of at most `width` cells; then which tokenizer."""
+    specials), as lines of at most `width` cells; then which tokenizer (`tokenizer: NAME`, NAME a path for a model's
+    own: said, not a bare path)."""
     rows = range(len(encoding.ids))
     spans = [("", "") if encoding.sequence_ids[i] is None else
              (f"{encoding.offsets[i][0]}:{encoding.offsets[i][1]}", repr(encoding.span_text(i))) for i in rows]
@@ -25,7 +26,7 @@ def token_lines(encoding: Encoding, number: int, tokenizer_name: str, width: int
                Column.of("span", [span for span, _ in spans], right=True),
                Column.of("text", [text for _, text in spans])]
     title = f"text {number}: {encoding.text!r}" + (f" + {encoding.pair!r}" if encoding.pair is not None else "")
-    return words(title, width, "bold") + table(columns, width, keys=2) + [Text(tokenizer_name, style="dim")]
+    return words(title, width, "bold") + table(columns, width, keys=2) + [Text(f"tokenizer: {tokenizer_name}", style="dim")]
 
 
 def record(encoding: Encoding) -> dict[str, Any]:
