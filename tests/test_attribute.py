@@ -296,3 +296,27 @@ def test_the_report_holds_what_the_json_says_and_a_figure_draws(cli, tiny_decode
     assert ">head<" in svg and ">layer<" in svg  # the grid's axes
     again = cli(*args, "--report", str(tmp_path / "a.svg"))
     assert again.exit_code == 1 and "already exists" in again.stderr  # nothing overwritten without --force
+
+
+def test_the_page_gets_the_runs_top_and_the_per_layer_table_with_its_running_total(cli, tiny_decoder, tmp_path):
+    """The page lists as many components as the terminal (the run's --top, 10 by default) and draws the terminal's
+    per-layer table, running total included: the rows come from the function the terminal's table is made of."""
+    from test_report import page_data
+
+    text = "time flies like an arrow"
+    for extra, top in (((), 10), (("--top", "3"), 3)):
+        report = tmp_path / f"top{top}.html"
+        result = cli("attribute", text, "--model", str(tiny_decoder), *extra, "--report", str(report), "--no-color",
+                     "--width", "120")
+        assert result.exit_code == 0, result.stderr
+        (section,) = page_data(report)["sections"]
+        assert section["top"] == top
+        lines = result.stdout.splitlines()
+        assert any(line.startswith(f"the {min(top, len(section['components']))} largest components") for line in lines)
+        start = lines.index("per layer") + 3
+        terminal = [line.split() for line in lines[start:start + len(section["per_layer"])]]
+        written = [[row["label"], *(f"{row[key]:+.4f}" for key in ("attention", "mlp", "total") if row[key] is not None)]
+                   for row in section["per_layer"]]
+        assert written == terminal
+        assert [row["label"] for row in section["per_layer"]] == ["embeddings", "0", "1", "biases"]
+        assert section["per_layer"][-1]["total"] == pytest.approx(section["total"], abs=1e-9)

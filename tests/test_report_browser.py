@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from tfcli.cli import app
 
 TEXT = "time flies like an arrow"
+HEADS_TEXTS = ["a b a b c", "one two one two", "the cat saw the cat"]
 TOKENS = ["[CLS]", "time", "flies", "like", "an", "arrow", "[SEP]"]
 BROWSER = os.environ.get("TFCLI_BROWSER") or shutil.which("chromium-headless-shell") or shutil.which("chromium")
 
@@ -42,7 +43,8 @@ def pages(tmp_path_factory, tiny_decoder, tiny_classifier):
     runs = {"encode": ["encode", "--model", "tiny", TEXT, "--save", str(folder / "t.safetensors")],
             "generate": ["generate", "--model", str(tiny_decoder), TEXT, "-n", "3", "--lens"],
             "classify": ["classify", "--model", str(tiny_classifier), TEXT, "--explain"],
-            "attribute": ["attribute", "--model", str(tiny_decoder), TEXT, "--by", "head"]}
+            "attribute": ["attribute", "--model", str(tiny_decoder), TEXT, "--by", "head", "--top", "4"],
+            "heads": ["heads", "--model", str(tiny_decoder), *HEADS_TEXTS]}
     for name, args in runs.items():
         result = CliRunner().invoke(app, [*args, "--report", str(folder / f"{name}.html")])
         assert result.exit_code == 0, result.stderr
@@ -178,19 +180,129 @@ def test_generate_and_classify_pages_draw_in_the_browser(browser, pages):
     page.close()
 
 
-def test_attribute_page_draws_layers_components_and_the_head_grid(browser, pages):
-    """The per-layer table, the largest components and the layer x head grid, where hovering a head reads out
-    its value: the one the page's data holds for it."""
+def terminal(*args: str) -> list[str]:
+    """The lines of a command's terminal view (no colour, 200 columns), run in-process."""
+    result = CliRunner().invoke(app, [*args, "--no-color", "--width", "200"])
+    assert result.exit_code == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def table_rows(lines: list[str], title: str, rows: int | None = None) -> list[list[str]]:
+    """The rows of the terminal table under `title` (after its header and rule; `rows` of them, else up to a blank
+    line), as words; its bars left out."""
+    start = lines.index(title) + 3
+    end = start + rows if rows is not None else next((k for k in range(start, len(lines)) if not lines[k].strip()),
+                                                     len(lines))
+    return [[word for word in line.split() if word.strip("█▒")] for line in lines[start:end]]
+
+
+def page_rows(page, selector: str) -> list[list[str]]:
+    """The rows of a page's table as the words of their cells (empty cells, such as bars, left out)."""
+    return [[word for cell in row.split("\t") for word in cell.split()]
+            for row in page.locator(selector).all_inner_texts()]
+
+
+def test_attribute_page_draws_layers_components_and_the_head_grid(browser, pages, tiny_decoder):
+    """The per-layer table with its running total, the run's --top largest components and the rest summed, each as
+    the terminal shows them, and the layer x head grid, where hovering a head reads out its value: the one the
+    page's data holds for it."""
     from test_report import page_data
 
     (section,) = page_data(pages / "attribute.html")["sections"]
     page = open_page(browser, pages / "attribute.html")
-    largest = f"THE {min(20, len(section['components']))} LARGEST COMPONENTS"
-    assert page.locator("section.report h3").all_inner_texts() == ["PER LAYER", largest, "EACH HEAD"]
+    assert page.locator("section.report h3").all_inner_texts() == ["PER LAYER", "THE 4 LARGEST COMPONENTS",
+                                                                   "EACH HEAD"]  # --top 4, as the terminal
+    lines = terminal("attribute", "--model", str(tiny_decoder), TEXT, "--by", "head", "--top", "4")
+    title = next(line for line in lines if line.startswith("the 4 largest components"))
+    assert page_rows(page, "table.components tbody tr") == table_rows(lines, title, 4)
+    assert page.inner_text("p.other") in lines  # "the other N: ... in all"
+    assert page.locator("table.per-layer thead th").all_inner_texts()[-1] == "running total"
+    per_layer = table_rows(lines, "per layer")
+    assert per_layer[0][0] == "embeddings" and per_layer[-1][0] == "biases"  # the tiny decoder has final biases
+    assert page_rows(page, "table.per-layer tbody tr") == per_layer
     assert f"sum of the {len(section['components'])} components" in page.inner_text("section.report p")
     assert page.locator("[data-head]").count() == section["layers"] * section["heads"]
     value = next(c["value"] for c in section["components"] if c["name"] == "L1H1")
     page.hover('[data-head="L1H1"]')
     assert page.inner_text(".readout") == f"L1H1: {value:+.4f}"
     assert page.errors == [] and page.requests == [(pages / "attribute.html").as_uri()]
+    page.close()
+
+
+# the page's compressed attention maps held back: what a browser shows before it has inflated them (a screenshot
+# taken at load, a print) is what is drawn without them. `window.release()` lets them through
+HOLD_INFLATION = """
+const gate = new Promise((resolve) => { window.release = resolve; });
+const arrayBuffer = Response.prototype.arrayBuffer;
+Response.prototype.arrayBuffer = function () { const read = arrayBuffer.call(this); return gate.then(() => read); };
+document.addEventListener("DOMContentLoaded", () => {
+  window.gridsAtFirst = document.querySelectorAll(".detector table.head-grid").length;
+});
+"""
+
+
+def test_heads_page_draws_its_grids_before_the_maps_are_inflated(browser, pages):
+    """The heads page drew nothing (a header and a summary) until its attention maps were inflated, so a screenshot
+    taken at load (headless Chromium's --screenshot) was empty. Its grids, top heads and legends are drawn in the
+    page's first script run; only a clicked head's map waits for the maps, and is drawn when they come."""
+    from test_report import page_data
+
+    (section,) = page_data(pages / "heads.html")["sections"]
+    counted = [d for d in section["detectors"] if section["counts"][d]]
+    assert section["examples"] and len(counted) >= 6
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.add_init_script(HOLD_INFLATION)
+    page.goto((pages / "heads.html").as_uri())  # until "load"
+    assert page.get_attribute("body", "data-ready") is None  # the maps are held back
+    assert page.evaluate("window.gridsAtFirst") == len(counted)  # drawn by the time the page's script has run
+    assert page.locator(".detector table.head-grid").count() == len(counted)
+    assert page.locator(".detector ol.top-heads").count() == len(counted)
+    assert page.locator(".detector .legend").count() == len(counted)
+    cell = page.locator('[data-detector="induction"] td.head-cell').first
+    cell.click()
+    detail = page.locator('[data-detector="induction"] .head-detail')
+    assert detail.inner_text() == "L0H0: reading its attention map\u2026" and detail.locator("canvas").count() == 0
+    page.evaluate("window.release()")
+    page.wait_for_selector("body[data-ready]")
+    assert page.get_attribute("body", "data-ready") == "1"
+    assert detail.locator("canvas").count() == 1 and detail.inner_text().startswith("L0H0 (mean ")
+    page.close()
+
+
+def test_heads_page_lists_the_top_heads_and_scales_each_grid_to_its_largest(browser, pages, tiny_decoder):
+    """Per detector the page lists the top heads with their scores as the terminal's `top:` line does, and shades
+    its grid from 0 to its largest score, which the legend gives as the terminal's grid title does; a listed head
+    opens its map as its cell does."""
+    from test_report import page_data
+
+    (section,) = page_data(pages / "heads.html")["sections"]
+    lines = terminal("heads", "--model", str(tiny_decoder), *HEADS_TEXTS)
+    tops = iter([line.split()[1:] for line in lines if line.startswith("top:")])
+    scales = iter([line for line in lines if line.startswith("heads: share of the largest, ")])
+    page = open_page(browser, pages / "heads.html")
+    for detector in section["detectors"]:
+        if not section["counts"][detector]:
+            continue
+        box = page.locator(f'[data-detector="{detector}"]')
+        listed = box.locator("ol.top-heads li").all_inner_texts()
+        assert " ".join(listed).split() == next(tops), detector
+        assert box.locator(".legend-max").inner_text() == next(scales).removeprefix("heads: share of the largest, ")
+        grid = section["scores"][detector]
+        best = max((v, f"{section['layers'][r]}H{h}") for r, row in enumerate(grid) for h, v in enumerate(row)
+                   if v is not None)[1]
+        darkest = box.locator(f'td.head-cell[data-head="{best}"]').evaluate("td => getComputedStyle(td).backgroundColor")
+        assert darkest == "rgb(8, 48, 107)", detector  # the ramp's end: the grid's largest score
+    box = page.locator('[data-detector="previous"]')
+    box.locator("ol.top-heads li").nth(1).click()
+    second = box.locator("ol.top-heads li").nth(1).inner_text().split()[0]
+    assert box.locator(".head-detail canvas").count() == 1 and box.locator(".head-detail b").inner_text() == second
+    # hovering its map reads out a weight between two of that text's tokens
+    listed = next(t for t in section["top"]["previous"] if t["label"] == second)
+    example = section["examples"][str(section["best"]["previous"][listed["row"]][listed["head"]])]
+    tokens, n = example["tokens"][0], len(example["tokens"][0])
+    canvas = box.locator(".head-detail canvas").bounding_box()
+    page.mouse.move(canvas["x"] + 0.5 * canvas["width"] / n, canvas["y"] + 1.5 * canvas["height"] / n)
+    readout = box.locator(".head-detail .readout").inner_text()
+    assert readout.startswith(f'query 1 "{tokens[1]}" \u2192 key 0 "{tokens[0]}": 0.'), readout
+    assert page.errors == [] and page.requests == [(pages / "heads.html").as_uri()]
     page.close()

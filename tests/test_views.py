@@ -242,3 +242,32 @@ def test_cli_width_and_colour_options(cli, tmp_path):
     assert max(cell_len(line) for line in ANSI.sub("", coloured.stdout).splitlines()) <= 70
     piped = cli("encode", "--model", str(model), text, env={"COLUMNS": "", "NO_COLOR": ""})
     assert "\x1b[" not in piped.stdout and max(cell_len(line) for line in piped.stdout.splitlines()) <= 120
+
+
+def test_a_long_text_is_echoed_in_three_lines_with_its_beginning_and_its_end():
+    """A text of hundreds of words was echoed whole above its results (42 lines for 5,500 tokens): now its
+    beginning and its end around ' ... ', at most three lines, what follows it kept whole; a short one as it is."""
+    from tfcli.render.layout import echo
+
+    text = " ".join(f"w{i}" for i in range(600))
+    for width in (80, 120):
+        lines = screen_text(echo("text 1: ", text, width, " (512 of its 1,728 tokens)"), width).splitlines()
+        said = " ".join(lines)
+        assert len(lines) <= 3 and all(len(line) <= width for line in lines), lines
+        assert said.startswith("text 1: 'w0 w1 w2 ") and " ... " in said
+        assert said.endswith(" w598 w599' (512 of its 1,728 tokens)"), said
+    assert screen_text(echo("text 1: ", "time flies", 80), 80) == "text 1: 'time flies'\n"
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_encode_and_attribute_echo_a_long_text_in_three_lines_saying_what_the_model_read(cli, tiny_decoder, width):
+    """encode (bert-base, 512 positions) and attribute (the tiny decoder, 64) on a 600-word text: the echo takes at
+    most three lines and says how much of the text the model read."""
+    text = " ".join(f"w{i}" for i in range(600))
+    for args, said in ((("encode",), "512 of its 1,728 tokens"),
+                       (("attribute", "--model", str(tiny_decoder)), "63 of its 1,728 tokens")):
+        result = cli(*args, text, "--width", str(width), "--no-color")
+        assert result.exit_code == 0, result.stderr
+        lines = result.stdout.splitlines()
+        echoed = lines[:next(k for k, line in enumerate(lines) if line.startswith(("tokens:", "position ")))]
+        assert 1 <= len(echoed) <= 3 and said in " ".join(echoed), echoed

@@ -51,6 +51,9 @@ class Attribution:
     heads: int
     softcap: float | None = None  # the final logit soft cap the decomposition stops before
     notes: list[str] = field(default_factory=list)
+    top: int = DEFAULT_TOP  # components listed: the run's --top (the terminal's and the page's lists)
+    read_text: str | None = None  # a truncated text: what the model read of it (None: all of it)
+    untruncated_length: int | None = None  # and how many tokens the whole text has
 
     @property
     def total(self) -> float:
@@ -138,4 +141,6 @@ def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Enc
                 yield Attribution(
                     encoding.text, token_ids, tokenizer.tokens(token_ids), position, target, foil, value,
                     decompose(model, cache, row, position, readout, options.by, options.layers, options.top),
-                    options.by, layers, config.num_attention_heads, model.lm_head.softcap)
+                    options.by, layers, config.num_attention_heads, model.lm_head.softcap, top=options.top,
+                    read_text=encoding.read_part(0),
+                    untruncated_length=encoding.untruncated_length if encoding.truncated else None)

@@ -145,16 +145,6 @@ class TextReport:
         return self.pair if self.read_pair is None else self.read_pair
 
 
-def read_part(encoding: "Encoding", sequence: int) -> str | None:
-    """What a truncated encoding kept of its text (sequence 0) or pair (1): the text up to the end of its last kept
-    token; None when nothing of it was cut."""
-    whole = encoding.text if sequence == 0 else encoding.pair
-    if not encoding.truncated or whole is None:
-        return None
-    end = max((stop for (_, stop), s in zip(encoding.offsets, encoding.sequence_ids) if s == sequence), default=0)
-    return whole[:end] if whole[end:].strip() else None
-
-
 def lens_through(model: "TransformerModel") -> tuple[str, bool]:
     """What the logit lens (`TransformerModel.unembed`) reads a hidden state through, as people say it, and whether
     that is a prediction head (False: the input token embeddings of a model without an LM head)."""
@@ -347,7 +337,7 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
     n = len(encoding.ids)
     report = TextReport(encoding.text, encoding.tokens, encoding.ids, encoding.pair)
     if encoding.truncated:
-        report.read_text, report.read_pair = read_part(encoding, 0), read_part(encoding, 1)
+        report.read_text, report.read_pair = encoding.read_part(0), encoding.read_part(1)
         report.untruncated_length = encoding.untruncated_length
     t_tokens, t_len = encoding.tokens, n  # the output stack's tokens: the decoder's input in an encoder-decoder
     if target is not None:

@@ -61,6 +61,7 @@ class HeadsOptions:
     exclude_self: bool = False
     per_text: bool = False
     keep_best: bool = False  # remember, per detector and head, the text where it scores highest (for the page)
+    top: int = DEFAULT_TOP  # heads listed per detector (the terminal's and the page's lists)
 
 
 @dataclass
@@ -105,6 +106,7 @@ class Heads:
     notes: list[str] = field(default_factory=list)
     ids: list[int] | None = None  # the probe's
     probe: str | None = None  # "induction" for a probe run
+    top: int = DEFAULT_TOP  # heads listed per detector: the run's --top, for the page
     # for the page (keep_best): per detector, [[Best per head] per row] and the texts they point to, each with
     # its sequences per stack and, once `attach_maps` ran, the maps {(row, head): (queries, keys) tensor}
     best: dict[str, list[list[Best | None]]] | None = None
@@ -394,7 +396,7 @@ class Totals:
                            for r in range(len(layers))]
                     for d, name in enumerate(DETECTORS) if name in detectors}
         return Heads(self.texts, list(detectors), layers, heads, means, counts, options.exclude_first,
-                     options.exclude_self, best=best, kept=dict(self.kept))
+                     options.exclude_self, best=best, kept=dict(self.kept), top=options.top)
 
 
 def torch_nan(like: Tensor) -> Tensor:

@@ -53,6 +53,15 @@ class Encoding:
     truncated: bool
     untruncated_length: int  # number of tokens before truncation
 
+    def read_part(self, sequence: int) -> str | None:
+        """What a truncated encoding kept of its text (sequence 0) or pair (1): the text up to the end of its last
+        kept token; None when nothing of it was cut."""
+        whole = self.text if sequence == 0 else self.pair
+        if not self.truncated or whole is None:
+            return None
+        end = max((stop for (_, stop), s in zip(self.offsets, self.sequence_ids) if s == sequence), default=0)
+        return whole[:end] if whole[end:].strip() else None
+
     def span_text(self, position: int) -> str:
         """The substring of the original text (or pair) that token `position` covers."""
         sequence = self.sequence_ids[position]

@@ -25,24 +25,29 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     section.append(el("div", {class: "tokens"}, ...s.tokens.map((t, k) => el("span", {
       class: "tok", style: k === s.position ? "border-color:#e6550d;font-weight:600" : ""}, t))));
 
-    // per layer: attention (heads and bias) and MLP, as signed bars
-    const layers = s.layers, attention = new Array(layers).fill(0), mlp = new Array(layers).fill(0);
-    for (const c of s.components)
-      if (c.layer !== null) ((c.name.includes(".mlp") || c.neuron !== null) ? mlp : attention)[c.layer] += c.value;
-    const largest = Math.max(...attention.map(Math.abs), ...mlp.map(Math.abs));
-    section.append(el("h3", {}, "per layer"), el("table", {class: "labels"},
+    // per layer, as the terminal's table (the rows made in Python, `layer_rows`): the embeddings, what each layer's
+    // attention (heads and bias) and MLP write, as signed bars, the final biases; and the running total
+    const rows = s.per_layer, cell = (v) => (v === null ? "" : signed(v));
+    const largest = Math.max(0, ...rows.flatMap((r) => [r.attention, r.mlp]).filter((v) => v !== null).map(Math.abs));
+    section.append(el("h3", {}, "per layer"), el("table", {class: "labels per-layer"},
       el("thead", {}, el("tr", {}, el("th", {class: "left"}, "layer"), el("th", {}, "attention"), el("th", {}),
-                                   el("th", {}, "mlp"), el("th", {}))),
-      el("tbody", {}, ...attention.map((a, l) => el("tr", {},
-        el("td", {class: "left"}, String(l)), el("td", {}, signed(a)), el("td", {class: "left"}, bar(a, largest)),
-        el("td", {}, signed(mlp[l])), el("td", {class: "left"}, bar(mlp[l], largest)))))));
+                                   el("th", {}, "mlp"), el("th", {}), el("th", {}, "running total"))),
+      el("tbody", {}, ...rows.map((r) => el("tr", {},
+        el("td", {class: "left"}, r.label),
+        el("td", {}, cell(r.attention)), el("td", {class: "left"}, r.attention === null ? "" : bar(r.attention, largest)),
+        el("td", {}, cell(r.mlp)), el("td", {class: "left"}, r.mlp === null ? "" : bar(r.mlp, largest)),
+        el("td", {}, signed(r.total)))))));
 
-    // the largest components
-    const ranked = [...s.components].sort((a, b) => Math.abs(b.value) - Math.abs(a.value)).slice(0, 20);
+    // the run's --top largest components, as the terminal lists them, and the rest summed
+    const sorted = [...s.components].sort((a, b) => Math.abs(b.value) - Math.abs(a.value));
+    const ranked = sorted.slice(0, s.top), rest = sorted.slice(s.top);
     const top = ranked.length ? Math.abs(ranked[0].value) : 0;
-    section.append(el("h3", {}, "the " + ranked.length + " largest components"), el("table", {class: "labels"},
+    section.append(el("h3", {}, "the " + ranked.length + " largest components"), el("table", {class: "labels components"},
       el("tbody", {}, ...ranked.map((c) => el("tr", {}, el("td", {class: "left"}, c.name), el("td", {}, signed(c.value)),
                                                  el("td", {class: "left"}, bar(c.value, top)))))));
+    if (rest.length)
+      section.append(el("p", {class: "note other"}, "the other " + rest.length + ": " +
+                        signed(rest.reduce((sum, c) => sum + c.value, 0)) + " in all"));
 
     if (s.by === "head") {  // the layer x head grid, hover for the value
       const heads = {};

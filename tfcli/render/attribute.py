@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.render.layout import GAP, Column, shown, table, words
+from tfcli.render.layout import GAP, Column, echo, shown, table, words
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 BAR_WIDTH = 24  # the bar of the largest value shown, when the width allows (at least MIN_BAR)
 MIN_BAR = 8
 POSITIVE, NEGATIVE = "█", "▒"  # told apart without colour; green and red only add to it
+FINAL_BIASES = ("final_norm_bias", "unembed_bias")  # after the last layer: the per-layer table's last row
 
 
 def bar(value: float, largest: float, width: int) -> Text:
@@ -40,7 +41,9 @@ def quantity(result: Attribution) -> str:
 def attribution_lines(result: Attribution, number: int, width: int, top: int) -> list[Text]:
     """The terminal view of one text: what is attributed, the sum check, the top components with bars, a line per
     layer and, with --by head, the layer x head grid. Lines of at most `width` cells."""
-    lines = words(f"text {number}: {result.text!r}", width, "bold")
+    cut = "" if result.read_text is None else \
+        f" (as the model read it: {len(result.ids):,} of its {result.untruncated_length:,} tokens)"
+    lines = echo(f"text {number}: ", result.read_text or result.text, width, cut)
     lines += words(f"position {result.position} {shown(result.tokens[result.position])}: the {quantity(result)} "
                    f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
     lines += check_lines(result, width)
@@ -74,26 +77,32 @@ def component_lines(result: Attribution, width: int, top: int) -> list[Text]:
     return lines
 
 
-def layer_lines(result: Attribution, width: int) -> list[Text]:
-    """A line per layer: what its attention (heads and bias) and its MLP (all of it) write, and the running total;
-    the embeddings first, the biases of the final norm and the unembedding last."""
+def layer_rows(result: Attribution) -> list[tuple[str, float | None, float | None, float]]:
+    """The per-layer table of every view, (label, attention, mlp, running total) a row: the embeddings first
+    (attention and mlp None), a row per layer (what its attention, heads and bias, and its MLP, all of it, write),
+    the biases of the final norm and the unembedding last, where the model has them."""
     attention, mlp = layer_sums(result)
-    after = sum(c.value for c in result.components if c.name in ("final_norm_bias", "unembed_bias"))
+    after = sum(c.value for c in result.components if c.name in FINAL_BIASES)
     before = sum(c.value for c in result.components if c.layer is None) - after
-    labels, attn_cells, mlp_cells, totals = ["embeddings"], [""], [""], [before]
+    rows: list[tuple[str, float | None, float | None, float]] = [("embeddings", None, None, before)]
     for layer in range(result.layers):
-        labels.append(str(layer))
-        attn_cells.append(f"{attention[layer]:+.4f}")
-        mlp_cells.append(f"{mlp[layer]:+.4f}")
-        totals.append(totals[-1] + attention[layer] + mlp[layer])
-    if any(c.name in ("final_norm_bias", "unembed_bias") for c in result.components):
-        labels.append("biases")
-        attn_cells.append("")
-        mlp_cells.append("")
-        totals.append(totals[-1] + after)
-    columns = [Column.of("layer", labels), Column.of("attention", attn_cells, right=True),
-               Column.of("mlp", mlp_cells, right=True),
-               Column.of("running total", [f"{t:+.4f}" for t in totals], right=True)]
+        rows.append((str(layer), attention[layer], mlp[layer], rows[-1][3] + attention[layer] + mlp[layer]))
+    if any(c.name in FINAL_BIASES for c in result.components):
+        rows.append(("biases", None, None, rows[-1][3] + after))
+    return rows
+
+
+def layer_lines(result: Attribution, width: int) -> list[Text]:
+    """A line per layer (`layer_rows`): what its attention and its MLP write, and the running total."""
+    rows = layer_rows(result)
+
+    def cell(value: float | None) -> str:
+        return "" if value is None else f"{value:+.4f}"
+
+    columns = [Column.of("layer", [label for label, *_ in rows]),
+               Column.of("attention", [cell(a) for _, a, _, _ in rows], right=True),
+               Column.of("mlp", [cell(m) for _, _, m, _ in rows], right=True),
+               Column.of("running total", [cell(t) for *_, t in rows], right=True)]
     return table(columns, width, title="per layer")
 
 
@@ -121,10 +130,14 @@ def record(result: Attribution) -> dict[str, Any]:
 
 
 def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """One text of `attribute` for the --report page (tfcli/data/report-attribute.js draws it)."""
+    """One text of `attribute` for the --report page (tfcli/data/report-attribute.js draws it): the record, and
+    what the terminal shows that the page shows too: `top` (the run's --top, the components listed) and
+    `per_layer` (`layer_rows`, as {label, attention, mlp, total})."""
     section = record(result)
     section.update(quantity=quantity(result), by=result.by, layers=result.layers, heads=result.heads,
-                   softcap=result.softcap)
+                   softcap=result.softcap, top=result.top,
+                   per_layer=[{"label": label, "attention": a, "mlp": m, "total": t}
+                              for label, a, m, t in layer_rows(result)])
     return section
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.render.layout import GAP, Column, fold, heat, heat_legend, shown, table, words, wrap
+from tfcli.render.layout import GAP, Column, echo, fold, heat, heat_legend, shown, table, words, wrap
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -39,8 +39,8 @@ def classification_lines(result: Classification, number: int, width: int, top: i
     room = width - min(labels.natural_width(), width // 2) - probs.natural_width() - marks.natural_width() - 3 * GAP
     bar_width = max(MIN_BAR, min(BAR_WIDTH, room))
     bars = Column.of("", [Text(bar(p, bar_width), style="cyan") for _, p in ranked])
-    title = f"text {number}: {result.text!r}" + (f" + {result.pair!r}" if result.pair is not None else "")
-    return (words(title, width, "bold") + table([labels, probs, bars, marks], width)
+    title = echo(f"text {number}: ", result.text, width, f" + {result.pair!r}" if result.pair is not None else "")
+    return (title + table([labels, probs, bars, marks], width)
             + [Text(f"prediction: {prediction}")])
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.render.layout import (GAP, Column, heat_legend, heat_row, key_column_widths, layer_runs, shown, table,
+from tfcli.render.layout import (GAP, Column, echo, heat_legend, heat_row, key_column_widths, layer_runs, shown, table,
                                  words, wrap)
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class View:
 
 def report_lines(report: TextReport, number: int, width: int, view: View = View()) -> list[Text]:
     """The terminal view of one text, as lines of at most `width` cells."""
-    lines = words(heading(report, number), width, "bold")
+    lines = heading(report, number, width)
     if report.pair is not None:
         lines += words(pair_heading(report), width)
     lines += token_lines("tokens", report.tokens, width)
@@ -62,11 +62,12 @@ def report_lines(report: TextReport, number: int, width: int, view: View = View(
     return lines + ([Text()] + summary if summary else [])
 
 
-def heading(report: TextReport, number: int) -> str:
-    """`text 1: 'time flies'`; of a truncated text, only what the model read, saying how much that is."""
+def heading(report: TextReport, number: int, width: int) -> list[Text]:
+    """`text 1: 'time flies'`; of a truncated text, only what the model read, saying how much that is; a long text
+    in at most three lines (its beginning and end: the tokens follow in full)."""
     if report.read_text is None:
-        return f"text {number}: {report.text!r}"
-    return f"text {number}, {cut_note(report, report.read_text, report.text)}: {report.read_text!r}"
+        return echo(f"text {number}: ", report.text, width)
+    return echo(f"text {number}, {cut_note(report, report.read_text, report.text)}: ", report.read_text, width)
 
 
 def pair_heading(report: TextReport) -> str:

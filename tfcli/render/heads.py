@@ -67,9 +67,7 @@ def heads_lines(result: Heads, width: int, top: int) -> list[Text]:
     for detector in result.detectors:
         lines += [Text()] + detector_lines(result, detector, width, top)
     lines += [Text()] + heat_legend(width)
-    if "entropy" in result.detectors and result.counts["entropy"]:
-        largest = max((v for row in result.scores["entropy"] for v in row if not math.isnan(v)), default=0.0)
-        lines += words(f"entropy's grid: the share of its largest, {largest:.2f} bits", width, "dim")
+    lines += words("each grid: a head's score as a share of that grid's largest, given above it", width, "dim")
     return lines
 
 
@@ -92,21 +90,26 @@ def detector_lines(result: Heads, detector: str, width: int, top: int) -> list[T
     return lines
 
 
+def largest(result: Heads, detector: str) -> float:
+    """The largest score of a detector's grid (0.0 when no head has one): the top of its scale in every view, the
+    terminal's grid (a head's share of it), the page's and the figure's (their darkest colour)."""
+    return max((v for row in result.scores[detector] for v in row if not math.isnan(v)), default=0.0)
+
+
 def grid_lines(result: Heads, detector: str, width: int) -> list[Text]:
-    """The layer x head grid: one heat glyph per head (paged by heads when it does not fit)."""
+    """The layer x head grid: one heat glyph per head, its share of the grid's largest score (said in the title),
+    paged by heads when it does not fit."""
     grid = result.scores[detector]
-    scale = 1.0
-    if detector in UNIT:
-        largest = max((v for row in grid for v in row if not math.isnan(v)), default=0.0)
-        scale = largest or 1.0
+    top = largest(result, detector)
+    scale = top or 1.0  # an all-zero grid stays blank
     columns = [Column.of("layer", list(result.layers))]
     for h in range(result.heads):
         cells = [heat(0.0 if math.isnan(row[h]) else row[h] / scale) for row in grid]
         column = Column.of(str(h), cells)
         column.gap = 1
         columns.append(column)
-    return table(columns, width, title=Text("heads", style="dim"),
-                 page_note=lambda page: f"heads {page[0].header}-{page[-1].header}")
+    title = Text(f"heads: share of the largest, {_score(top, detector)}", style="dim")
+    return table(columns, width, title=title, page_note=lambda page: f"heads {page[0].header}-{page[-1].header}")
 
 
 def text_lines(item: TextHeads, number: int, width: int, top: int) -> list[Text]:
@@ -149,29 +152,45 @@ def text_record(item: TextHeads) -> dict[str, Any]:
 
 
 def page_section(result: Heads, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """The page's data: the record, the titles, and per detector and head the text where it scores highest (an
-    index into `examples`, each with its tokens per stack and the maps of the heads that point to it)."""
+    """The page's data: the record, the titles, per detector the top of its grid's scale (`largest`) and its
+    `--top` heads as the terminal lists them (`top`, `top_heads`), and per detector and head the text where it
+    scores highest (an index into `examples`, each with its tokens per stack and the maps of the heads that point
+    to it)."""
     from tfcli.render.page import WEIGHT_SCALE, pack_weights
 
     section = record(result) | {"heads": result.heads, "titles": {d: TITLES[d] for d in result.detectors},
-                                "notes": result.notes, "probe": result.probe, "best": {}, "examples": {}}
+                                "notes": result.notes, "probe": result.probe, "best": {}, "examples": {},
+                                "largest": {d: largest(result, d) for d in result.detectors},
+                                "top": {d: top_heads(result, d) for d in result.detectors}}
     if result.best:
         section["best"] = {d: [[None if b is None else b.text for b in row] for row in grid]
                            for d, grid in result.best.items() if d in result.detectors}
+        # a row's stack, as the index of its tokens in `tokens` (the sequences are in the order of the stacks,
+        # and so of the rows' prefixes: "", or "encoder." then "decoder.")
+        prefixes = list(dict.fromkeys(name[:name.rindex("L")] for name in result.layers))
         for index, kept in result.kept.items():
             maps = kept.get("maps", {})
             stack_of_row = kept.get("stack_of_row", {})
             cells = sorted(maps)
             section["examples"][str(index)] = {
                 "text": kept["text"], "tokens": [s.tokens for s in kept["sequences"]],
-                "maps": [{"row": r, "head": h, "stack": stack_of_row.get(r, 0), "size": int(maps[(r, h)].shape[0])}
-                         for r, h in cells],
+                "maps": [{"row": r, "head": h, "stack": prefixes.index(stack_of_row.get(r, prefixes[0])),
+                          "size": int(maps[(r, h)].shape[0])} for r, h in cells],
                 "weights": pack_weights([maps[cell] for cell in cells]), "scale": WEIGHT_SCALE}
     return section
 
 
+def top_heads(result: Heads, detector: str) -> list[dict[str, Any]]:
+    """The run's `--top` heads of a detector, as the terminal's `top:` line lists them: {label, row, head, score,
+    written (the score as the terminal writes it)}."""
+    where = {result.label(r, h): (r, h) for r in range(len(result.layers)) for h in range(result.heads)}
+    return [{"label": label, "row": where[label][0], "head": where[label][1], "score": value,
+             "written": _score(value, detector)} for label, value in ranked(result, detector)[:result.top]]
+
+
 def figure(result: Heads, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
-    """One layer x head heatmap per detector (0 to 1; entropy from 0 to its largest, in bits), three to a row."""
+    """One layer x head heatmap per detector, each from 0 to its own largest score (said on its colour bar), three
+    to a row."""
     import matplotlib
 
     from tfcli.render.figure import ATTENTION_COLOURS, blank_figure, caption, text_colour
@@ -189,9 +208,7 @@ def figure(result: Heads, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     for k, detector in enumerate(detectors):
         ax = fig.add_subplot(rows, columns, k + 1)
         grid = [[float("nan") if v is None else v for v in row] for row in _finite(result.scores[detector])]
-        top = 1.0
-        if detector in UNIT:
-            top = max((v for row in grid for v in row if not math.isnan(v)), default=1.0) or 1.0
+        top = largest(result, detector) or 1.0  # an all-zero grid stays white
         image = ax.imshow(grid, cmap=cmap, vmin=0, vmax=top, aspect="auto", interpolation="nearest")
         ax.set_title(f"{detector} ({_plural(result.counts[detector], 'text')})")
         ax.set_xlabel("head")
@@ -207,5 +224,8 @@ def figure(result: Heads, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
                     if not math.isnan(value):
                         ax.text(h, r, f"{value:.1f}" if detector in UNIT else f"{value:.2f}".lstrip("0"),
                                 ha="center", va="center", fontsize=4.5, color=text_colour(cmap, value / top))
-        fig.colorbar(image, ax=ax, shrink=0.8, label="bits" if detector in UNIT else "score")
+        what = "mean entropy" if detector in UNIT else "score"
+        scale = f"0 to the largest, {_score(largest(result, detector), detector)}" if result.counts[detector] \
+            else "no text counted"
+        fig.colorbar(image, ax=ax, shrink=0.8, label=f"{what}: {scale}")
     return fig

@@ -120,6 +120,25 @@ def words(text: Text | str, width: int, style: str = "") -> list[Text]:
     return [piece for line in lines for piece in fold(line, width)]
 
 
+ECHO_LINES = 3  # a text echoed above its results takes at most this many lines
+
+
+def echo(head: str, text: str, width: int, tail: str = "", style: str = "bold") -> list[Text]:
+    """`head` then the text as Python writes it (`'...'`) then `tail`, in at most ECHO_LINES lines: a longer text
+    shows its beginning and its end around ` ... ` (what was left out in between is said by `tail`, or by the
+    caller's counts), cut at spaces. The text is the input, not a result: a result is never cut."""
+    whole = words(f"{head}{text!r}{tail}", width, style)
+    budget = ECHO_LINES * width - len(head) - len(tail) - 8
+    while len(whole) > ECHO_LINES and budget > 20:
+        half = budget // 2
+        start, end = text[:half].rsplit(" ", 1)[0], text[-half:].split(" ", 1)[-1]
+        gap = "\ue000"  # not printable: repr escapes it, and no text holds its escape
+        shown = repr(f"{start}{gap}{end}").replace("\\ue000", " ... ")
+        whole = words(f"{head}{shown}{tail}", width, style)
+        budget = budget * 4 // 5
+    return whole
+
+
 @dataclass
 class Column:
     """One column of a `table`: a header (its lines stacked, bottom-aligned) and, per row, the items of the
