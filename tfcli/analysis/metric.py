@@ -48,6 +48,18 @@ def parse_token(tokenizer: Tokenizer, spec: str, option: str, vocab_size: int) -
     return Token(tokenizer.id_to_token(token_id) or spec, token_id)
 
 
+def spacing_hint(tokenizer: Tokenizer, spec: str | None, option: str) -> str | None:
+    """A warning for a token given without its leading space (`--target Mary`) where the tokenizer has the spaced
+    one too (" Mary", the word after a space, which is what follows "gave a drink to"); None otherwise."""
+    if spec is None or spec.startswith((" ", "#")) or tokenizer.token_to_id(spec) is None:
+        return None
+    spaced = tokenizer.encode([" " + spec], add_special_tokens=False)[0]
+    if len(spaced.ids) != 1 or tokenizer.id_to_token(spaced.ids[0]) == spec:
+        return None
+    return (f"{option} {spec!r} is the token without a leading space; {' ' + spec!r} (#{spaced.ids[0]}) is one "
+            f"token too, the word as it follows a space: give {option} \" {spec}\" for that one")
+
+
 def token_of(tokenizer: Tokenizer, token_id: int) -> Token:
     """The token of an id, `<id>` where the tokenizer has none."""
     return Token(tokenizer.id_to_token(token_id) or f"<{token_id}>", token_id)
