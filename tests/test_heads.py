@@ -411,8 +411,6 @@ def test_encoder_decoder_says_cross_attention_is_left_out(cli, checkpoint):
     assert "cross-attention left out" in result.stdout and "decoder.L1" in result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="tfcli/cli/why.py does not pass the run's --top into HeadsOptions yet: add "
-                   "top=top to its core.HeadsOptions(...) call, then drop this mark")
 def test_the_page_lists_the_runs_top_heads(cli, tiny_decoder, tmp_path):
     path = tmp_path / "heads.html"
     result = cli("heads", "a b a b c", "--model", str(tiny_decoder), "--top", "2", "--report", str(path))

@@ -29,6 +29,9 @@ COMPARED_TENSOR = {"name", "shape", "max_abs_diff", "allowed"}
 ATTRIBUTE = {"text", "ids", "tokens", "position", "target", "foil", "logit", "total", "components"}
 ATTRIBUTE_TOKEN = {"token", "id"}
 COMPONENT = {"name", "layer", "head", "neuron", "value"}
+PATCH = {"clean", "corrupt", "tokens_clean", "tokens_corrupt", "ids_clean", "ids_corrupt", "position", "target", "foil",
+         "clean_value", "corrupt_value", "small_gap", "method", "positions", "grids"}
+PATCH_TOKEN = {"token", "id"}
 
 SIZES = "hidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\nintermediate_size: 64\n" \
         "max_position_embeddings: 32\n"
@@ -138,6 +141,19 @@ def test_attribute_record(cli, models):
         assert set(record) == ATTRIBUTE and set(record["target"]) == ATTRIBUTE_TOKEN
         assert record["foil"] is None if not foil else set(record["foil"]) == ATTRIBUTE_TOKEN
         assert record["components"] and all(set(c) == COMPONENT for c in record["components"])
+
+
+def test_patch_record(cli, models):
+    for method, extra in (("activation", set()), ("both", {"attribution_grids"})):
+        (record,) = records(cli("patch", "time flies like an arrow", "time flies like a banana", "--model",
+                                models["decoder"], "--target", "#1996", "--foil", "#2000", "--method", method,
+                                "--sites", "resid,heads", "--json"))
+        assert set(record) == PATCH | extra and set(record["target"]) == set(record["foil"]) == PATCH_TOKEN
+        assert set(record["grids"]) == {"resid", "heads"} and isinstance(record["small_gap"], bool)
+    (seq2seq,) = records(cli("patch", "time flies", "time flew", "--model", models["seq2seq"], "--target", "#1996",
+                             "--sites", "resid", "--json"))
+    assert set(seq2seq) == PATCH | {"decoder_tokens"} and seq2seq["foil"] is None
+    assert set(seq2seq["grids"]) == {"encoder.resid", "decoder.resid"}
 
 
 def test_config_record(cli, models):

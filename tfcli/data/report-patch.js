@@ -1,7 +1,9 @@
 // tfcli patch --report PAGE.html: one heat grid per site kind (rows layers, columns positions or heads), signed
 // scores on a diverging scale (blue restores the clean value, red works against it, white: no effect), the value
-// written in each cell and on hover; with --method both, the attribution estimate's grid beside each, and the
-// top sites. Registered for report.js, which draws the page's frame and calls it once per section.
+// written in each cell and on hover; with --method both, the attribution estimate's grid beside each (the two
+// halves of the page, scrolled together when wider than that), and the top sites of each kind. What needs saying
+// (a small gap, the sites scored 0 without a run, the positions swept, an interruption) comes in the data, as the
+// terminal says it. Registered for report.js, which draws the page's frame and calls it once per section.
 "use strict";
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
   patch: async function (section, s, number, LIB) {
@@ -16,54 +18,66 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     }
     function signed(v) { return v === null ? "" : (v >= 0 ? "+" : "") + v.toFixed(2); }
     const stackOf = (site) => (site.startsWith("encoder.") || site.startsWith("decoder.")) ? site.split(".")[0] : "";
-    const differing = new Set(s.differing);
+    const differing = new Set(s.differing), swept = new Set(s.positions);
+    // a column: its position (and * where the texts differ) over its token, and what hover says of it
     function positions(site) {
       const decoder = stackOf(site) === "decoder" && s.decoder_tokens;
       return (decoder ? s.decoder_tokens : s.tokens_clean).map((t, k) => ({
-        label: k + (!decoder && differing.has(k) ? "*" : "") + " " + t,
+        label: [k + (!decoder && differing.has(k) ? "*" : ""), t],
         tip: k + ": clean " + quoted(t) + (!decoder && s.tokens_corrupt[k] !== t ? ", corrupt " + quoted(s.tokens_corrupt[k]) : ""),
+        swept: decoder || swept.has(k),
       }));
     }
     // rows (label, values), columns (label, tip) -> a table with hover readouts
     function heatGrid(title, corner, columns, rows, top, what) {
       const head = el("tr", {}, el("th", {class: "left"}, corner),
-        ...columns.map((c) => el("th", {"data-tip": c.tip}, c.label)));
+        ...columns.map((c) => el("th", {"data-tip": c.tip}, ...[].concat(...c.label.map((part, k) => k ? [el("br"), part] : [part])))));
       const body = el("tbody");
       for (const row of rows) {
         const tr = el("tr", {}, el("th", {class: "left"}, row.label));
         row.values.forEach((v, k) => {
-          const td = el("td", {"data-tip": title + "\n" + row.label + ", " + columns[k].tip + "\n" + what + ": " +
-                                (v === null ? "not computed (interrupted)" : v.toFixed(4))}, signed(v));
+          const missing = columns[k].swept === false ? "not patched (--positions)" : "not computed (interrupted)";
+          const td = el("td", {"data-tip": title + "\n" + row.tip + ", " + columns[k].tip + "\n" + what + ": " +
+                                (v === null ? missing : v.toFixed(4))}, signed(v));
           diverging(td, v, top);
           tr.append(td);
         });
         body.append(tr);
       }
-      return el("div", {class: "scroll"}, el("table", {class: "grid"}, el("thead", {}, head), body));
+      return el("div", {class: "scroll"}, el("table", {class: "grid patch-grid"}, el("thead", {}, head), body));
     }
     function gridView(site, grid, what) {
       const axes = s.kinds[site].axes.join(",");  // what a layer's row holds: positions, heads, or heads of positions
       let columns, rows, corner;
       if (axes === "head,position") {
         columns = positions(site);
-        rows = grid.flatMap((layer, l) => layer.map((values, h) => ({label: "L" + l + "H" + h, values})));
-        corner = "layer, head \\ position";
+        rows = grid.flatMap((layer, l) => layer.map((values, h) => ({label: "L" + l + "H" + h,
+                                                                     tip: "layer " + l + ", head " + h, values})));
+        corner = "layer, head";
       } else if (axes === "position") {
         columns = positions(site);
-        rows = grid.map((values, l) => ({label: "layer " + l, values}));
-        corner = "layer \\ position";
+        rows = grid.map((values, l) => ({label: String(l), tip: "layer " + l, values}));
+        corner = "layer";
       } else {
-        columns = grid[0].map((_, h) => ({label: "H" + h, tip: "head " + h}));
-        rows = grid.map((values, l) => ({label: "layer " + l, values}));
-        corner = "layer \\ head";
+        columns = grid[0].map((_, h) => ({label: ["H" + h], tip: "head " + h}));
+        rows = grid.map((values, l) => ({label: String(l), tip: "layer " + l, values}));
+        corner = "layer";
       }
       const flat = rows.flatMap((r) => r.values).filter((v) => v !== null);
       const top = Math.max(1, ...flat.map(Math.abs));
       return heatGrid(site, corner, columns, rows, top, what);
     }
+    // the two halves of a pair scroll together: the same columns stay side by side
+    function together(a, b) {
+      const follow = (from, to) => from.addEventListener("scroll", () => {
+        if (to.scrollLeft !== from.scrollLeft) to.scrollLeft = from.scrollLeft;
+      });
+      follow(a, b);
+      follow(b, a);
+    }
     function key(top) {
-      const ramp = el("span", {class: "ramp", style: "background:linear-gradient(to right, rgb(" + RED + "), rgb(" +
-                               WHITE + "), rgb(" + BLUE + "))"});
+      const ramp = el("span", {class: "ramp"});
+      ramp.style.background = "linear-gradient(to right, rgb(" + RED + "), rgb(" + WHITE + "), rgb(" + BLUE + "))";
       return el("div", {class: "legend"}, "-" + top, ramp, "+" + top,
                 el("span", {class: "legend-what"}, "score: 1 restores the clean value, 0 no effect, negative works against it"));
     }
@@ -76,28 +90,37 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
                   "differ between the texts."),
       el("p", {class: "note"}, {activation: "Activation patching: each site of the corrupt run replaced by the clean run's, one at a time.",
                                 attribution: "Attribution patching: the first-order estimate (clean - corrupt) \u00b7 gradient, from one backward pass.",
-                                both: "Activation patching (left) beside its attribution estimate (right)."}[s.method] +
-                               (s.interrupted ? " Interrupted: " + s.done + " of " + s.total + " sites (grey: not computed)." : "")));
+                                both: "Activation patching (left) beside its attribution estimate (right)."}[s.method]),
+      ...s.notes.map((n) => el("p", {class: n.style === "yellow" ? "note patch-warning" : "note"}, n.text)));
     const what = s.method === "attribution" ? "estimate" : "score";
     for (const site of Object.keys(s.grids)) {
       const box = el("div", {class: "patch-site"}, el("h3", {}, site));
+      const reached = s.reached[site];
+      const missing = el("p", {class: "note"}, "not reached: the sweep was interrupted before this kind's first patched run");
       if (s.attribution_grids) {
         const c = s.correlations[site];
-        box.append(el("p", {class: "note"}, c && c.r !== null ? "correlation of the two: r = " + c.r.toFixed(3) + " over " + c.n + " sites" : ""),
-          el("div", {class: "views"}, el("div", {}, el("h4", {}, "activation"), gridView(site, s.grids[site], "score")),
-                                     el("div", {}, el("h4", {}, "attribution estimate"), gridView(site, s.attribution_grids[site], "estimate"))));
+        const left = reached ? gridView(site, s.grids[site], "score") : missing;
+        const right = gridView(site, s.attribution_grids[site], "estimate");
+        if (reached) together(left, right);
+        box.append(el("p", {class: "note"}, reached && c && c.r !== null ? "correlation of the two: r = " + c.r.toFixed(3) + " over " + c.n + " sites" : ""),
+          el("div", {class: "views patch-views"}, el("div", {}, el("h4", {}, "activation"), left),
+                                                   el("div", {}, el("h4", {}, "attribution estimate"), right)));
       } else {
-        box.append(gridView(site, s.grids[site], what));
+        box.append(reached ? gridView(site, s.grids[site], what) : missing);
       }
       section.append(box);
     }
     section.append(key(1));
-    const head = ["site", "where", what].concat(s.attribution_grids ? ["attribution"] : []);
-    const topRows = s.top.map((t) => el("tr", {},
-      el("td", {class: "left"}, t.site), el("td", {class: "left"}, t.where), el("td", {}, t.score.toFixed(4)),
-      s.attribution_grids ? el("td", {}, t.attribution === null ? "" : t.attribution.toFixed(4)) : null));
-    section.append(el("h3", {}, "the largest scores"), el("div", {class: "scroll"}, el("table", {},
-      el("thead", {}, el("tr", {}, ...head.map((h, k) => el("th", {class: k < 2 ? "left" : ""}, h)))),
-      el("tbody", {}, ...topRows))));
+    if (s.top.length) {
+      const head = ["site", "where", what].concat(s.attribution_grids ? ["attribution"] : []);
+      const topRows = s.top.map((t) => el("tr", {},
+        el("td", {class: "left"}, t.site), el("td", {class: "left"}, t.where), el("td", {}, t.score.toFixed(4)),
+        s.attribution_grids ? el("td", {}, t.attribution === null ? "" : t.attribution.toFixed(4)) : null));
+      const kinds = new Set(s.top.map((t) => t.site)).size;
+      section.append(el("h3", {}, "the " + s.top_each + " largest scores" + (kinds > 1 ? " of each site kind" : "")),
+        el("div", {class: "scroll"}, el("table", {},
+          el("thead", {}, el("tr", {}, ...head.map((h, k) => el("th", {class: k < 2 ? "left" : ""}, h)))),
+          el("tbody", {}, ...topRows))));
+    }
   },
 });

@@ -1,11 +1,14 @@
-"""`tfcli patch` output: what is measured (the metric on the clean and the corrupt text), one grid per site kind
-(rows: layers; columns: positions, labelled with the clean tokens, `*` where the two texts differ, or heads), the
-top sites as a list, with --method both the attribution estimate beside each and their correlation; the JSON
-record; the page's section data and the figure.
+"""`tfcli patch` output: what is measured (the metric on the clean and the corrupt text), what needs saying beside
+the scores (`notes`: a small gap, the positions that score 0 without a run, the positions swept, an interruption),
+one grid per site kind (rows: layers; columns: positions, labelled with the clean tokens, `*` where the two texts
+differ, or heads), the top sites of each kind, with --method both the attribution estimate beside each and their
+correlation; the JSON record; the page's section data and the figure.
 
 Scores are signed, 1 = the clean value restored, 0 = no effect: each cell is its number (`+0.85`, `-0.12`), so the
 grid reads without colour; colour adds a diverging shade (blue restores, red works against it). A grid wider than
-the terminal is shown transposed (positions as rows) when that fits, else in pages of columns; nothing is cut.
+the terminal is shown transposed (positions as rows) when that fits, else in pages of columns; nothing is cut. The
+first view leaves out of a grid the rows and columns with no |score| of SHOWN or more, naming them (`full`: none);
+JSON, the page and the figure have every cell.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from tfcli.analysis.names import Kind, kind_of
+from tfcli.patch import SMALL_GAP
 from tfcli.render.layout import GAP, Column, shown, table, words
 
 if TYPE_CHECKING:
@@ -25,7 +29,8 @@ if TYPE_CHECKING:
     from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
 
-DEFAULT_TOP = 10
+DEFAULT_TOP = 5  # sites listed per site kind
+SHOWN = 0.05  # the first view leaves out a grid's rows and columns with no |score| this large (--full: all)
 # |score| at least this -> background, for positive and negative scores (256-colour palette, text kept readable)
 SHADES = ((0.75, "white on color(25)", "white on color(124)"), (0.4, "black on color(74)", "black on color(167)"),
           (0.15, "black on color(153)", "black on color(217)"))
@@ -59,9 +64,92 @@ def positions_of(result: Patching, site: str) -> list[str]:
     return [f"{i}{'*' if i in marked else ''}\n{shown(t)}" for i, t in enumerate(tokens)]
 
 
-def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TOP) -> list[Text]:
-    """The terminal view: the texts, the metric, a grid per site kind (and its attribution twin with --method
-    both), the top sites. Lines of at most `width` cells."""
+def ranges(values: list[int]) -> str:
+    """Sorted integers as runs: [0, 2, 3, 4, 7] -> '0, 2-4, 7'."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def head_ranges(pairs: list[tuple[int, int]], heads: int) -> str:
+    """(layer, head) pairs in order, as people read them: runs of whole layers as `L0-L5`, the heads of another
+    layer as `L6H0-H2,H5`."""
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in pairs:
+        by_layer.setdefault(layer, []).append(head)
+    parts: list[str] = []
+    whole: list[int] = []  # a run of whole layers, not yet said
+
+    def flush() -> None:
+        if whole:
+            parts.append(f"L{whole[0]}" if len(whole) == 1 else f"L{whole[0]}-L{whole[-1]}")
+            whole.clear()
+
+    for layer, hs in by_layer.items():
+        if len(hs) == heads:
+            if whole and layer != whole[-1] + 1:
+                flush()
+            whole.append(layer)
+        else:
+            flush()
+            parts.append(f"L{layer}H" + ",H".join(ranges(hs).replace("-", "-H").split(", ")))
+    flush()
+    return ", ".join(parts)
+
+
+def notes(result: Patching) -> list[tuple[str, str]]:
+    """What the scores need said beside them, as (sentence, style): a small gap, the sites scored 0 without a run,
+    the positions swept, an interruption. The view and the page both say them."""
+    out = []
+    if result.small_gap:
+        size = max(abs(result.clean_value), abs(result.corrupt_value), 1.0)
+        out.append((f"warning: the corrupt text barely moves the metric: clean - corrupt = "
+                    f"{result.clean_value - result.corrupt_value:+.4f}, under {SMALL_GAP:g} x {size:.4f} (its size); "
+                    "every score is divided by that gap, so changes of the metric too small to mean anything read as "
+                    "large scores", "yellow"))
+    swept = result.positions if result.positions is not None else list(range(len(result.tokens_clean)))
+    if result.unchanged:
+        first = result.first_difference
+        before = [p for p in swept if result.before_first and first is not None and p < first]
+        after = [p for p in swept if result.position is not None and result.decoder_tokens is None
+                 and p > result.position]
+        where = [f"{ranges(before)} (before the first difference)"] if before else []
+        where += [f"{ranges(after)} (after the metric's)"] if after else []
+        plural = "s" if len(before) + len(after) > 1 else ""
+        count = counted_sites(result.unchanged)
+        out.append((f"position{plural} {' and '.join(where)} score{'' if plural else 's'} exactly 0 without a run: "
+                    f"on a causal model a patch there changes nothing ({count})" if where else
+                    f"{count} score exactly 0 without a run: a patch there changes nothing", "dim"))
+    if result.positions is not None:
+        out.append((f"positions swept (--positions): {ranges(result.positions)} of 0-{len(result.tokens_clean) - 1}; "
+                    "the others are not patched (blank)", "dim"))
+    if result.interrupted:
+        if result.done == 0:
+            out.append(("interrupted before any patched run finished: no activation score to show", "yellow"))
+        else:
+            missed = [site for site in result.grids if result.runs.get(site) and not result.finished.get(site)]
+            out.append((f"interrupted: {result.done} of {result.total} patched runs finished; only those are shown"
+                        + (f" (not reached: {', '.join(missed)})" if missed else ""), "yellow"))
+    return out
+
+
+def counted_sites(count: int) -> str:
+    return f"{count} site{'' if count == 1 else 's'}"
+
+
+def reached(result: Patching, site: str) -> bool:
+    """Whether a site kind's activation grid has anything to show: a run finished (or it needs none)."""
+    return result.method == "attribution" or not result.runs.get(site) or bool(result.finished.get(site))
+
+
+def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TOP, full: bool = False) -> list[Text]:
+    """The terminal view: the texts, the metric, what needs saying (notes), a grid per site kind (and its attribution
+    twin with --method both), the top sites of each kind. Unless `full`, a grid leaves out its rows and columns with
+    no |score| of SHOWN or more, naming them. Lines of at most `width` cells."""
     lines = words(f"clean:   {result.clean!r}", width, "bold") + words(f"corrupt: {result.corrupt!r}", width, "bold")
     where = "" if result.position is None else \
         f" at position {result.position} {shown((result.decoder_tokens or result.tokens_clean)[result.position])}"
@@ -77,35 +165,108 @@ def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TO
               "estimate"}[result.method]
     lines += words(f"{method}; score = (patched - corrupt) / (clean - corrupt): 1 restores the clean value, 0 has "
                    "no effect, negative works against it", width, "dim")
-    if result.interrupted:
-        lines += words(f"interrupted: {result.done} of {result.total} sites patched; the others are blank", width,
-                       "yellow")
+    for sentence, style in notes(result):
+        lines += words(sentence, width, style)
+    nothing = result.interrupted and result.done == 0
+    left_out = False
     for site, grid in result.grids.items():
-        lines += [Text()] + grid_lines(result, site, grid, width, color, "")
+        twins = [("", grid)] if reached(result, site) and not nothing else []
         if result.attribution_grids is not None:
-            estimate = result.attribution_grids[site]
-            lines += [Text()] + grid_lines(result, site, estimate, width, color, "attribution estimate: ")
-            r, n = correlation(flat(grid), flat(estimate))
+            twins.append(("attribution estimate: ", result.attribution_grids[site]))
+        if not twins:
+            continue
+        rows, columns = _kept(result, site, [g for _, g in twins], full)
+        what = "score or estimate" if len(twins) == 2 else "estimate" if twins[0][0] or \
+            result.method == "attribution" else "score"
+        if not rows:  # nothing of SHOWN or more
+            lines += [Text()] + words(f"{site}: no |{what}| ≥ {SHOWN:g} (--full shows the grid)", width)
+            left_out = True
+            continue
+        for label, values in twins:
+            lines += [Text()] + grid_lines(result, site, values, width, color, label, rows, columns)
+        if len(twins) == 2:
+            r, n = correlation(flat(grid), flat(twins[1][1]))
             lines += words(f"{site}: activation and attribution correlate r = {r:+.3f} over {n} sites" if r is not None
                            else f"{site}: too few sites to correlate", width)
-    lines += [Text()] + top_lines(result, width, top)
+        said = _left_out_note(site, grid, rows, columns, what)
+        if said:
+            lines += words(said, width, "dim")
+            left_out = True
+    if not nothing or result.method == "attribution":
+        best = top_lines(result, width, top)
+        lines += [Text()] + best if best else []
+    if left_out:
+        lines += [Text()] + words("--full shows every grid whole", width, "dim")
     return lines
 
 
-def grid_lines(result: Patching, site: str, grid: list, width: int, color: bool, label: str) -> list[Text]:
+def _matrix(grid: list, kind: Kind) -> list[list[float | None]]:
+    """A grid as the view's rows (layers; heads-by-position: each layer's heads) of columns."""
+    return [row for layer in grid for row in layer] if len(kind.axes) == 2 else grid
+
+
+def _kept(result: Patching, site: str, grids: list[list], full: bool) -> tuple[list[int], list[int]]:
+    """The rows and columns of a site kind's grids (and twin) shown: every one with `full`, else those with a
+    |value| of SHOWN or more in one of them."""
+    _, kind = kind_of(site)
+    matrices = [_matrix(g, kind) for g in grids]
+    height, breadth = len(matrices[0]), len(matrices[0][0]) if matrices[0] else 0
+    if full:
+        return list(range(height)), list(range(breadth))
+
+    def big(v: float | None) -> bool:
+        return v is not None and abs(v) >= SHOWN
+
+    rows = [r for r in range(height) if any(big(v) for m in matrices for v in m[r])]
+    columns = [c for c in range(breadth) if any(big(m[r][c]) for m in matrices for r in range(height))]
+    return rows, columns
+
+
+def _left_out_note(site: str, grid: list, rows: list[int], columns: list[int], what: str) -> str:
+    """Which rows and columns the compact view left out of a site kind's grid (`what` its cells are), and how
+    many."""
+    _, kind = kind_of(site)
+    matrix = _matrix(grid, kind)
+    height, breadth = len(matrix), len(matrix[0]) if matrix else 0
+    gone_rows = [r for r in range(height) if r not in set(rows)]
+    gone_columns = [c for c in range(breadth) if c not in set(columns)]
+    parts = []
+    if gone_rows:
+        if len(kind.axes) == 2:
+            heads = len(grid[0])
+            parts.append(f"heads {head_ranges([divmod(r, heads) for r in gone_rows], heads)} ({len(gone_rows)} of "
+                         f"{height})")
+        else:
+            parts.append(f"layers {ranges(gone_rows)} ({len(gone_rows)} of {height})")
+    if gone_columns:
+        across = kind.axes[-1]
+        named = ranges(gone_columns) if across == "position" else ", ".join(f"H{c}" for c in gone_columns)
+        parts.append(f"{across}s {named} ({len(gone_columns)} of {breadth})")
+    if not parts:
+        return ""
+    return f"{site}: left out, no |{what}| ≥ {SHOWN:g}: {'; '.join(parts)}"
+
+
+def grid_lines(result: Patching, site: str, grid: list, width: int, color: bool, label: str,
+               rows_kept: list[int] | None = None, columns_kept: list[int] | None = None) -> list[Text]:
     """One site kind's grid: rows layers (heads-by-position: a row per layer and head), columns positions or heads;
-    transposed when that fits and the other way does not, else paged."""
+    transposed when that fits and the other way does not, else paged. `rows_kept`, `columns_kept`: the rows and
+    columns shown (default: all)."""
     _, kind = kind_of(site)
     title = f"{label}{site}: {kind.what}"
     if kind.axes == ("head", "position"):
         rows = [f"L{layer}H{head}" for layer in range(len(grid)) for head in range(len(grid[layer]))]
-        values = [grid[layer][head] for layer in range(len(grid)) for head in range(len(grid[layer]))]
         key = "head"
     else:
-        rows, values, key = [str(layer) for layer in range(len(grid))], grid, "layer"
+        rows, key = [str(layer) for layer in range(len(grid))], "layer"
+    values = _matrix(grid, kind)
     across_what = kind.axes[-1]  # what the columns are
     headers = positions_of(result, site) if across_what == "position" else \
-        [f"H{h}" for h in range(len(grid[0]) if grid else 0)]
+        [f"H{h}" for h in range(len(values[0]) if values else 0)]
+    rows_kept = list(range(len(rows))) if rows_kept is None else rows_kept
+    columns_kept = list(range(len(headers))) if columns_kept is None else columns_kept
+    rows, values = [rows[r] for r in rows_kept], [[values[r][c] for c in columns_kept] for r in rows_kept]
+    headers = [headers[c] for c in columns_kept]
     columns = [Column.of(key, rows)] + [Column.of(header, [cell(row[c], color) for row in values], right=True)
                                         for c, header in enumerate(headers)]
     if _width(columns) > width:
@@ -158,49 +319,66 @@ def correlation(a: list[float | None], b: list[float | None]) -> tuple[float | N
     return (sxy / math.sqrt(sxx * syy), n) if sxx > 0 and syy > 0 else (None, n)
 
 
-def ranked(result: Patching) -> list[tuple[str, str, float, float | None]]:
-    """Every computed site as (site kind, where, score, attribution estimate or None), largest |score| first."""
-    out = []
+def ranked(result: Patching) -> dict[str, list[tuple[str, str, float, float | None]]]:
+    """Per site kind, every computed site as (site kind, where, score, attribution estimate or None), largest
+    |score| first; `where` marks a position where the texts differ with `*`, as the grids do."""
+    out: dict[str, list[tuple[str, str, float, float | None]]] = {}
+    differing = set(result.differing)
     for site, grid in result.grids.items():
         stack, kind = kind_of(site)
+        if not reached(result, site) or (result.interrupted and result.done == 0 and result.method != "attribution"):
+            continue
+        decoder = stack == "decoder." and result.decoder_tokens is not None
+        tokens = result.decoder_tokens if decoder else result.tokens_clean
+
+        def at(p: int) -> str:
+            return f"at {p}{'*' if p in differing and not decoder else ''} {shown(tokens[p])}"
+
         other = result.attribution_grids[site] if result.attribution_grids is not None else None
-        tokens = result.decoder_tokens if stack == "decoder." and result.decoder_tokens else result.tokens_clean
+        items = []
         for layer, row in enumerate(grid):
             for k, value in enumerate(row):
                 estimate = other[layer][k] if other is not None else None
                 if kind.axes == ("head", "position"):
                     for p, v in enumerate(value):
                         if v is not None:
-                            out.append((site, f"L{layer}H{k} at {p} {shown(tokens[p])}", v,
-                                        estimate[p] if estimate is not None else None))
+                            items.append((site, f"L{layer}H{k} {at(p)}", v,
+                                          estimate[p] if estimate is not None else None))
                 elif value is not None:
-                    where = f"L{layer} at {k} {shown(tokens[k])}" if kind.axes == ("position",) else \
-                        f"L{layer}H{k}"
-                    out.append((site, where, value, estimate))
-    return sorted(out, key=lambda item: -abs(item[2]))
+                    where = f"L{layer} {at(k)}" if kind.axes == ("position",) else f"L{layer}H{k}"
+                    items.append((site, where, value, estimate))
+        out[site] = sorted(items, key=lambda item: -abs(item[2]))
+    return out
 
 
 def top_lines(result: Patching, width: int, top: int) -> list[Text]:
-    """The `top` sites by |score|, with the attribution estimate beside each under --method both."""
-    best = ranked(result)[:top]
+    """The `top` sites of each site kind by |score|, with the attribution estimate beside each under --method
+    both; no lines when nothing was computed."""
+    per_kind = ranked(result)
+    best = [item for items in per_kind.values() for item in items[:top]]
+    if not best:
+        return []
     label = "attribution estimate" if result.method == "attribution" else "score"
     columns = [Column.of("site", [site for site, _, _, _ in best]), Column.of("where", [w for _, w, _, _ in best]),
                Column.of(label, [f"{v:+.4f}" for _, _, v, _ in best], right=True)]
     if result.attribution_grids is not None:
         columns.append(Column.of("attribution", [f"{e:+.4f}" if e is not None else "" for _, _, _, e in best],
                                  right=True))
-    return table(columns, width, keys=2, title=f"the {len(best)} sites with the largest scores")
+    each = " of each site kind" if len(per_kind) > 1 else ""
+    return table(columns, width, keys=2, title=f"the {top} sites with the largest scores{each}")
 
 
 def record(result: Patching) -> dict[str, Any]:
     """The patch JSON record: clean, corrupt, tokens_clean, tokens_corrupt, ids_clean, ids_corrupt, position, target,
-    foil, clean_value, corrupt_value, method, grids (and attribution_grids with --method both; decoder_tokens for an
-    encoder-decoder)."""
+    foil, clean_value, corrupt_value, small_gap, method, positions, grids (and attribution_grids with --method both;
+    decoder_tokens for an encoder-decoder)."""
     out = {"clean": result.clean, "corrupt": result.corrupt, "tokens_clean": result.tokens_clean,
            "tokens_corrupt": result.tokens_corrupt, "ids_clean": result.ids_clean, "ids_corrupt": result.ids_corrupt,
            "position": result.position, "target": {"token": result.target.token, "id": result.target.id},
            "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
-           "clean_value": result.clean_value, "corrupt_value": result.corrupt_value, "method": result.method,
+           "clean_value": result.clean_value, "corrupt_value": result.corrupt_value, "small_gap": result.small_gap,
+           "method": result.method,
+           "positions": result.positions if result.positions is not None else list(range(len(result.ids_clean))),
            "grids": result.grids}
     if result.attribution_grids is not None:
         out["attribution_grids"] = result.attribution_grids
@@ -211,18 +389,24 @@ def record(result: Patching) -> dict[str, Any]:
 
 def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The page's data for one pair: the JSON record, what is measured, the positions that differ, the correlations
-    (--method both), the top sites and whether the sweep was interrupted."""
+    (--method both), the top sites of each kind, what needs saying (`notes`, as the view says it), whether the sweep
+    was interrupted and which grids it reached."""
     correlations = {}
     if result.attribution_grids is not None:
         for site in result.grids:
             r, n = correlation(flat(result.grids[site]), flat(result.attribution_grids[site]))
             correlations[site] = {"r": r, "n": n}
-    top = [{"site": s, "where": w, "score": v, "attribution": e} for s, w, v, e in ranked(result)[:DEFAULT_TOP]]
+    top = [{"site": s, "where": w, "score": v, "attribution": e}
+           for items in ranked(result).values() for s, w, v, e in items[:DEFAULT_TOP]]
     kinds = {site: {"axes": list(kind.axes), "what": kind.what} for site in result.grids
              for _, kind in [kind_of(site)]}  # the page reads a grid's layout from here, not from the kinds' names
     return record(result) | {"quantity": quantity(result), "differing": result.differing, "kinds": kinds,
-                             "correlations": correlations, "top": top, "interrupted": result.interrupted,
-                             "done": result.done, "total": result.total}
+                             "correlations": correlations, "top": top, "top_each": DEFAULT_TOP,
+                             "notes": [{"text": text, "style": style} for text, style in notes(result)],
+                             "reached": {site: reached(result, site) and not (result.interrupted and result.done == 0
+                                                                              and result.method != "attribution")
+                                         for site in result.grids},
+                             "interrupted": result.interrupted, "done": result.done, "total": result.total}
 
 
 def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
@@ -263,12 +447,12 @@ def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
     longest = max(len(label) for _, _, columns in rows_of for label in columns)
     cell_heights = [max(0.12, min(0.3, 9.0 / len(rows))) for _, rows, _ in rows_of]  # a tall grid: thinner rows
     heights = [0.6 + h * len(rows) + 0.09 * longest for h, (_, rows, _) in zip(cell_heights, rows_of)]
-    fig = blank_figure(width, 1.2 + sum(heights))
+    bar = 0.8  # the colour bar's own row under the grids, a little space, its ticks and label: clear of the caption
+    fig = blank_figure(width, 1.2 + sum(heights) + bar)
     caption(fig, f"tfcli patch: {quantity(result)}, clean {result.clean_value:+.3f}, corrupt "
                  f"{result.corrupt_value:+.3f}; {result.clean!r} vs {result.corrupt!r}", run)
-    layout = fig.add_gridspec(len(rows_of), len(twins), height_ratios=heights)
+    layout = fig.add_gridspec(len(rows_of) + 1, len(twins), height_ratios=heights + [bar])
     image = None
-    axes = []
     for index, ((site, rows, columns), cell_height) in enumerate(zip(rows_of, cell_heights)):
         _, kind = kind_of(site)
         for column, (what, grids) in enumerate(twins):
@@ -287,8 +471,8 @@ def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
                     if not np.isnan(v):
                         ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=font,
                                 color=text_colour(cmap, (v + top) / (2 * top)))
-            axes.append(ax)
     if image is not None:
-        fig.colorbar(image, ax=axes, location="bottom", shrink=0.6, aspect=40,
+        middle = layout[-1, :].subgridspec(2, 3, width_ratios=[1, 3, 1], height_ratios=[0.2, 0.6])[1, 1]
+        fig.colorbar(image, cax=fig.add_subplot(middle), orientation="horizontal",
                      label="score: 1 restores the clean value, 0 no effect, negative works against it")
     return fig
