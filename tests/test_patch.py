@@ -310,6 +310,7 @@ def test_different_lengths_are_refused_with_both_tokenizations_aligned(cli, peak
     assert lines[-1].startswith("hint: ")
     aligned = "\n".join(lines[:-2])
     assert "'mary'" in aligned and "'-'" in aligned and "'jane'" in aligned and "+" in aligned
+    assert "(= the same, ≠ differs, - only in clean, + only in corrupt)" in " ".join(aligned.split())  # every mark
 
 
 def test_the_same_metric_is_refused_naming_both_values(cli, peaked):

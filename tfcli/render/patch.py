@@ -291,8 +291,8 @@ def alignment_lines(rows: list[tuple[int | None, str | None, int | None, str | N
                Column.of("", [mark for _, _, _, _, mark in rows]),
                Column.of("#", ["" if j is None else str(j) for _, _, j, _, _ in rows], right=True),
                Column.of("corrupt", ["" if t is None else repr(t) for _, _, _, t, _ in rows])]
-    return table(columns, width, keys=0, title="the two tokenizations, aligned (≠ differs, - only in clean, + only "
-                 "in corrupt)")
+    return table(columns, width, keys=0, title="the two tokenizations, aligned (= the same, ≠ differs, - only in "
+                 "clean, + only in corrupt)")
 
 
 def _width(columns: list[Column]) -> int:
