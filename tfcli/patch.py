@@ -349,8 +349,10 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     sweep = patches(model, options.sites, lengths, positions)
     stacks = dict(model.stacks())
     first = next((i for i, (a, b) in enumerate(zip(ids_clean, ids_corrupt)) if a != b), None)
-    fixed = [patch for patch in sweep if unchanged(patch, stacks, first, position)]  # 0 without a run
-    sweep = [patch for patch in sweep if not unchanged(patch, stacks, first, position)]
+    fixed, run = [], []  # fixed: 0 without a run
+    for patch in sweep:
+        (fixed if unchanged(patch, stacks, first, position) else run).append(patch)
+    sweep = run
     names = sorted({p.name for p in sweep} | {p.name for p in fixed})
     clean_t = torch.tensor([ids_clean], device=device)
     corrupt_t = torch.tensor([ids_corrupt], device=device)
@@ -399,8 +401,7 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
             result.grids, result.done, result.finished = attributed, len(sweep), dict(result.runs)
             return result
         result.attribution_grids = attributed
-    sweeper = fast_sweep(model, sweep, clean_cache, corrupt_cache, metric, inputs, position, corrupt_value,
-                         options.batch_mb) \
+    sweeper = fast_sweep(model, sweep, clean_cache, corrupt_cache, metric, inputs, position, options.batch_mb) \
         if options.fast else naive_sweep(model, sweep, clean_cache, corrupt_t, metric, inputs)
     try:
         if progress is not None:
@@ -533,8 +534,9 @@ def _rows(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
 
 def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[str, Tensor],
                corrupt_cache: dict[str, Tensor], metric: Metric, inputs: dict[str, Any], position: int | None,
-               corrupt_value: float, batch_mb: float = BATCH_MB) -> Iterator[tuple[list[Patch], list[float]]]:
-    """The same scores as naive_sweep, batch by batch (see the module docstring): yields (patches, metric values)."""
+               batch_mb: float = BATCH_MB) -> Iterator[tuple[list[Patch], list[float]]]:
+    """The same scores as naive_sweep, batch by batch (see the module docstring): yields (patches, metric values).
+    The sweep holds no patch that cannot change the metric (`unchanged`: run_ids scores those 0 without a run)."""
     import torch
 
     from tfcli.model.attention import PrefixKV
@@ -543,17 +545,9 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
     config = model.config
     by_prefix = dict(model.stacks())
     groups: dict[tuple[str, int], list[Patch]] = {}
-    skipped: list[Patch] = []
-    for patch in sweep:
-        stack = by_prefix[patch.stack]
-        if stack.causal and patch.position is not None and position is not None:
-            if patch.position > position:  # a causal stack: a patch after the metric's position changes nothing
-                skipped.append(patch)
-                continue
-            start = patch.position
-        else:
-            start = 0
-        groups.setdefault((patch.stack, start), []).append(patch)
+    for patch in sweep:  # a causal stack: the run covers the positions from the patched one on
+        causal = by_prefix[patch.stack].causal and patch.position is not None and position is not None
+        groups.setdefault((patch.stack, patch.position if causal else 0), []).append(patch)
     longest = max(t.shape[1] for t in corrupt_cache.values() if t.dim() >= 2)
     width = max(config.hidden_size, config.intermediate_size, config.num_attention_heads * longest)
     element = torch.finfo(model.embed_tokens.weight.dtype).bits // 8
@@ -597,8 +591,6 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
                     local = position - start
                     values = metric.of_row(model.head_logits(hidden[:, local]))
             yield chunk, [float(v) for v in values]
-    if skipped:  # the metric is read before them: the corrupt run's value, unchanged
-        yield skipped, [corrupt_value] * len(skipped)
 
 
 def _whole_pass(stack: Stack, x: Tensor, memory: Tensor | None = None) -> BlockInputs:
