@@ -16,14 +16,16 @@ Shapes: T tokens, d the model width, H heads, D head size, F MLP width, V vocabu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tfcli.analysis.dataset import Line, LineSpec, mean_spread
 from tfcli.analysis.inputs import model_input, padded
 from tfcli.analysis.metric import Metric, Token, parse_token, position_of, token_of
-from tfcli.analysis.residual import BY, Component, before_cap, decompose, final_state, writer_sites
-from tfcli.errors import usage_error
+from tfcli.analysis.residual import BY, Component, before_cap, decompose, final_state, kept_neurons, writer_sites
+from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
@@ -114,33 +116,163 @@ def check_options(config: ModelConfig, tokenizer: Tokenizer, options: AttributeO
     return target, foil
 
 
+@dataclass
+class Prompt:
+    """One text to attribute, read: its ids, its target (None: the model's top prediction), foil and position."""
+
+    text: str
+    ids: list[int]
+    target: Token | None
+    foil: Token | None
+    position: int
+    encoding: Encoding | None = None  # a text of the command line (for what the model read of a long one)
+    line: int | None = None  # a dataset's line
+
+
 def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Encoding]], options: AttributeOptions,
         batch_size: int = BATCH_SIZE) -> Iterator[Attribution]:
     """Attribute tokenized texts, chunk by chunk (a stream's batches), in padded batches of `batch_size`; yields one
     Attribution per text, in order. A text gives the same numbers alone or in any batch (right padding, causal
     or masked attention)."""
     config = model.config
-    fixed_target, foil = check_options(config, tokenizer, options)
+    target, foil = check_options(config, tokenizer, options)
+    for encodings in chunks:
+        prompts = []
+        for encoding in encodings:
+            ids = model_input(config, encoding)
+            prompts.append(Prompt(encoding.text, ids, target, foil, position_of(ids, tokenizer, config,
+                                                                                options.position), encoding))
+        yield from run_prompts(model, tokenizer, prompts, options, batch_size)
+
+
+def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt], options: AttributeOptions,
+                batch_size: int = BATCH_SIZE, neurons: int | None = None) -> Iterator[Attribution]:
+    """Attribute prompts, each with its own target, foil and position, in padded batches of `batch_size`; yields
+    one Attribution per prompt, in order. `neurons`: with --by neuron, the neurons kept one by one (default: the
+    options' top)."""
+    config = model.config
     device = model.embed_tokens.weight.device
     names = writer_sites(model, options.by)
     layers = len(model.output_stack.blocks)
-    for encodings in chunks:
-        for start in range(0, len(encodings), batch_size):
-            batch = encodings[start:start + batch_size]
-            rows = [model_input(config, encoding) for encoding in batch]
-            positions = [position_of(ids, tokenizer, config, options.position) for ids in rows]
-            ids, mask = padded(rows, tokenizer, device)
-            logits, cache = model.run_with_cache(ids, names, attention_mask=mask)
-            state = final_state(model, cache)
-            for row, (encoding, token_ids, position) in enumerate(zip(batch, rows, positions)):
-                scores = logits[row, position].double()
-                target = fixed_target or token_of(tokenizer, int(scores.argmax()))
-                readout = model.readout(target.id, foil and foil.id)
-                value = float(Metric(target.id, foil and foil.id, None).of_row(scores[None])[0]) \
-                    if model.lm_head.softcap is None else before_cap(readout, state[row, position])
-                yield Attribution(
-                    encoding.text, token_ids, tokenizer.tokens(token_ids), position, target, foil, value,
-                    decompose(model, cache, row, position, readout, options.by, options.layers, options.top),
-                    options.by, layers, config.num_attention_heads, model.lm_head.softcap, top=options.top,
-                    read_text=encoding.read_part(0),
-                    untruncated_length=encoding.untruncated_length if encoding.truncated else None)
+    for start in range(0, len(prompts), batch_size):
+        batch = prompts[start:start + batch_size]
+        ids, mask = padded([prompt.ids for prompt in batch], tokenizer, device)
+        logits, cache = model.run_with_cache(ids, names, attention_mask=mask)
+        state = final_state(model, cache)
+        for row, prompt in enumerate(batch):
+            position, foil = prompt.position, prompt.foil
+            scores = logits[row, position].double()
+            target = prompt.target or token_of(tokenizer, int(scores.argmax()))
+            readout = model.readout(target.id, foil and foil.id)
+            value = float(Metric(target.id, foil and foil.id, None).of_row(scores[None])[0]) \
+                if model.lm_head.softcap is None else before_cap(readout, state[row, position])
+            encoding = prompt.encoding
+            yield Attribution(
+                prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), position, target, foil, value,
+                decompose(model, cache, row, position, readout, options.by, options.layers,
+                          options.top if neurons is None else neurons),
+                options.by, layers, config.num_attention_heads, model.lm_head.softcap, top=options.top,
+                read_text=encoding.read_part(0) if encoding is not None else None,
+                untruncated_length=encoding.untruncated_length if encoding is not None and encoding.truncated
+                else None)
+
+
+# ---------------------------------------------------------------- over a dataset
+
+ATTRIBUTE_LINE = LineSpec(("text",), ("target", "foil", "position"), aliases={"clean": "text"}, ignored=("corrupt",))
+
+
+def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Prompt:
+    """A dataset line checked as a single run's text and options are (one token each, the position in range),
+    before any model is built. A patch dataset's line reads as its clean text."""
+    fields = line.fields
+    vocab = config.vocab_size
+    target = parse_token(tokenizer, fields["target"], "target", vocab) if fields["target"] is not None else None
+    foil = parse_token(tokenizer, fields["foil"], "foil", vocab) if fields["foil"] is not None else None
+    encoding = tokenizer.encode([fields["text"]])[0]
+    ids = model_input(config, encoding)
+    limit = config.max_position_embeddings
+    if limit and len(ids) > limit and config.position == "learned":
+        raise usage_error(f"the text has {len(ids)} tokens: the model has {limit} positions")
+    return Prompt(fields["text"], ids, target, foil, position_of(ids, tokenizer, config, fields["position"]),
+                  line=line.number)
+
+
+@dataclass
+class DatasetAttribution(Attribution):
+    """The aggregate over a dataset's prompts: each component's `value` its mean over the `n` prompts (each with its
+    own target and foil), `spread[name]` its (standard deviation, 95% bootstrap low, high; None without
+    resamples); `logit` the mean of the model's values, `worst` the largest |sum of the components - model's value|
+    of any prompt. `target`/`foil`/`position` are None where the lines differ."""
+
+    dataset: str = ""
+    n: int = 0
+    prompts: int = 0
+    skipped: int = 0
+    resamples: int = 0
+    spread: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
+    worst: float = 0.0
+    foil_each: bool = False
+    interrupted: bool = False
+
+
+def run_dataset(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt], options: AttributeOptions,
+                resamples: int, dataset: str = "", skipped: int = 0,
+                each: Callable[[Attribution], None] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> DatasetAttribution:
+    """Attribute every prompt, then aggregate (see DatasetAttribution). `each(result)` gets each prompt's result as a
+    single run gives it, in order; `progress(prompts done, prompts)`. With --by neuron every neuron is kept per
+    prompt and the `top` largest |mean| are listed. Ctrl-C (KeyboardInterrupt) aggregates the prompts finished."""
+    import torch
+
+    every = options.by == "neuron"
+    rows: list[list[float]] = []
+    logits, worst = [], 0.0
+    first: Attribution | None = None
+    metrics, positions = set(), set()
+    interrupted = False
+    try:
+        for result in run_prompts(model, tokenizer, prompts, options, neurons=10**9 if every else None):
+            if first is None:
+                first = result
+            elif [c.name for c in result.components] != [c.name for c in first.components]:
+                raise TfcliError("the prompts' components differ: this is a bug in tfcli")
+            rows.append([c.value for c in result.components])
+            logits.append(result.logit)
+            worst = max(worst, abs(result.total - result.logit))
+            metrics.add((result.target.id, result.foil and result.foil.id))
+            positions.add(result.position)
+            if each is not None:
+                each(dataclasses.replace(result, components=kept_neurons(result.components, options.top))
+                     if every else result)
+            if progress is not None:
+                progress(len(rows), len(prompts))
+    except KeyboardInterrupt:
+        interrupted = True
+    if first is None:
+        raise KeyboardInterrupt  # interrupted before a prompt finished: nothing to aggregate
+    values = torch.tensor(rows, dtype=torch.float64)  # (N, components)
+    names = [c.name for c in first.components]
+    components = [dataclasses.replace(c, value=v) for c, v in zip(first.components, values.mean(0).tolist())]
+    if every:  # the neurons of the largest |mean|, the rest folded into their layer's rest, per prompt too
+        kept = kept_neurons(components, options.top)
+        index = {name: i for i, name in enumerate(names)}
+        fold = torch.zeros(len(names), len(kept), dtype=torch.float64)
+        rest = {c.layer: j for j, c in enumerate(kept) if c.name.endswith(".mlp_rest")}
+        for j, c in enumerate(kept):
+            fold[index[c.name], j] = 1.0
+        kept_names = {c.name for c in kept}
+        for c in first.components:
+            if c.neuron is not None and c.name not in kept_names:
+                fold[index[c.name], rest[c.layer]] = 1.0
+        values, components = values @ fold, kept
+    mean, std, low, high = mean_spread(values, resamples)
+    components = [dataclasses.replace(c, value=v) for c, v in zip(components, mean.tolist())]
+    spread = {c.name: (float(std[j]), None if low is None else float(low[j]), None if high is None else
+                       float(high[j])) for j, c in enumerate(components)}
+    same = len(metrics) == 1
+    return DatasetAttribution(
+        "", [], [], first.position if len(positions) == 1 else None, first.target if same else None,
+        first.foil if same else None, sum(logits) / len(logits), components, options.by, first.layers, first.heads,
+        first.softcap, top=options.top, dataset=dataset, n=len(rows), prompts=len(prompts), skipped=skipped,
+        resamples=resamples, spread=spread, worst=worst, foil_each=first.foil is not None, interrupted=interrupted)

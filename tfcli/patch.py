@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 from tfcli.analysis.indices import parse_indices
 from tfcli.analysis.inputs import model_input
 from tfcli.analysis.metric import Metric, Token, parse_label, parse_token, position_of
-from tfcli.analysis.names import KINDS, Kind, block_site, every_block
+from tfcli.analysis.dataset import Line, LineSpec
+from tfcli.analysis.names import KINDS, Kind, block_site, every_block, kind_of
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class Patching:
     ids_clean: list[int]
     ids_corrupt: list[int]
     position: int | None  # None: a classifier's labels have no position
-    target: Token
+    target: Token | None  # None: a dataset's lines have different ones
     foil: Token | None
     clean_value: float
     corrupt_value: float
@@ -130,6 +131,10 @@ class Patching:
     runs: dict[str, int] = field(default_factory=dict)  # per grid: the patched runs it needs
     finished: dict[str, int] = field(default_factory=dict)  # per grid: those finished
 
+    def column_label(self, column: int) -> str:
+        """How a grid's column by position is named: its position."""
+        return str(column)
+
     @property
     def differing(self) -> list[int]:
         """The positions where the two prompts' tokens differ."""
@@ -143,6 +148,11 @@ class Patching:
     def small_gap(self) -> bool:
         """|clean - corrupt| is small against the metric's size (SMALL_GAP): the scores magnify noise."""
         return small_gap(self.clean_value, self.corrupt_value)
+
+
+def same_value(clean: float, corrupt: float) -> bool:
+    """The clean and corrupt values are equal (to 1e-6 of their size): no score can be normalised by their gap."""
+    return abs(clean - corrupt) < 1e-6 * max(1.0, abs(clean))
 
 
 def small_gap(clean: float, corrupt: float) -> bool:
@@ -180,16 +190,25 @@ def check_options(config: ModelConfig, tokenizer: Tokenizer, options: PatchOptio
     if unknown or not options.sites:
         raise usage_error(f"sites: unknown `{','.join(unknown)}`" if unknown else "sites: none given",
                           f"choose from {', '.join(KINDS)} (default {','.join(DEFAULT_SITES)})", parameter="sites")
+    return check_metric(config, tokenizer, options.target, options.foil, options.position)
+
+
+def check_metric(config: ModelConfig, tokenizer: Tokenizer, target_spec: str, foil_spec: str | None,
+                 position: int | None, prefix: str = "--") -> tuple[Token, Token | None]:
+    """The target and foil (tokens, or labels for a classifier), as options (`prefix` "--") or a dataset line's
+    keys (prefix "")."""
     if config.head == "classifier":
-        if options.position is not None:
-            raise usage_error("--position is for a token's logit: a classifier's labels are read from the whole text")
-        target = parse_label(config, options.target, "--target")
-        foil = parse_label(config, options.foil, "--foil") if options.foil is not None else None
+        if position is not None:
+            raise usage_error(f"{prefix}position is for a token's logit: a classifier's labels are read from the "
+                              "whole text")
+        target = parse_label(config, target_spec, f"{prefix}target")
+        foil = parse_label(config, foil_spec, f"{prefix}foil") if foil_spec is not None else None
     else:
-        target = parse_token(tokenizer, options.target, "--target", config.vocab_size)
-        foil = parse_token(tokenizer, options.foil, "--foil", config.vocab_size) if options.foil is not None else None
+        target = parse_token(tokenizer, target_spec, f"{prefix}target", config.vocab_size)
+        foil = parse_token(tokenizer, foil_spec, f"{prefix}foil", config.vocab_size) if foil_spec is not None else None
     if foil is not None and foil.id == target.id:
-        raise usage_error(f"--target and --foil are the same ({target.token!r}): their difference is always 0")
+        raise usage_error(f"{prefix}target and {prefix}foil are the same ({target.token!r}): their difference is "
+                          "always 0")
     return target, foil
 
 
@@ -310,8 +329,10 @@ def run(model: TransformerModel, tokenizer: Tokenizer, clean: str, corrupt: str,
 
 def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int], ids_corrupt: list[int],
             options: PatchOptions, progress: Callable[[int, int], None] | None = None, clean: str = "",
-            corrupt: str = "") -> Patching:
-    """`run` on token ids of the same length (the texts only for the record)."""
+            corrupt: str = "", differences: bool = False) -> Patching:
+    """`run` on token ids of the same length (the texts only for the record). `differences`: the grids hold
+    patched - corrupt, not normalised, and texts with the same metric are not refused (a dataset's pairs, whose
+    scores are normalised over the whole dataset)."""
     import torch
 
     config = model.config
@@ -364,7 +385,7 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     corrupt_names = names if options.method == "attribution" else sorted(set(names + kv + resid))
     corrupt_logits, corrupt_cache = model.run_with_cache(corrupt_t, corrupt_names, grad=estimate, **inputs, **kept)
     clean_value, corrupt_value = float(read(clean_logits)[0]), float(read(corrupt_logits.detach())[0])
-    if abs(clean_value - corrupt_value) < 1e-6 * max(1.0, abs(clean_value)):
+    if not differences and same_value(clean_value, corrupt_value):
         what = "logit difference" if foil is not None else "logit"
         raise TfcliError(f"nothing to restore: the clean and corrupt texts give the same {what} "
                          f"({clean_value:+.6f} and {corrupt_value:+.6f})",
@@ -385,7 +406,7 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     result.finished = dict.fromkeys(result.grids, 0)
     if decoder_ids is not None:
         result.decoder_tokens = tokenizer.tokens(decoder_ids)
-    scale = clean_value - corrupt_value
+    scale = 1.0 if differences else clean_value - corrupt_value
     for patch in fixed:
         put(result.grids, patch, 0.0)
     if options.method in ("attribution", "both"):
@@ -599,3 +620,238 @@ def _whole_pass(stack: Stack, x: Tensor, memory: Tensor | None = None) -> BlockI
 
     positions = torch.arange(x.shape[1], device=x.device)[None]
     return stack.block_inputs(positions, None, x.dtype, memory=memory)
+
+
+# ---------------------------------------------------------------- over a dataset
+
+PATCH_LINE = LineSpec(("clean", "corrupt", "target"), ("foil", "position"))
+ALIGNS = ("start", "end")
+
+
+@dataclass
+class Pair:
+    """One checked line of a patch dataset."""
+
+    line: int
+    clean: str
+    corrupt: str
+    ids_clean: list[int]
+    ids_corrupt: list[int]
+    target: str  # as the line gives them
+    foil: str | None
+    position: int | None
+    end: int  # where `--align end` counts back from: the metric's position (a stack that reads the texts), else the
+    # last token
+
+
+def check_pair(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
+    """A dataset line checked as a single run's texts and options are (one token each, the pair's lengths, the
+    position in range), before any model is built."""
+    fields = line.fields
+    check_metric(config, tokenizer, fields["target"], fields["foil"], fields["position"], prefix="")
+    try:
+        ids_clean, ids_corrupt = pair_inputs(config, tokenizer, fields["clean"], fields["corrupt"])
+    except LengthMismatch as mismatch:
+        raise usage_error(mismatch.message.split(":")[0]) from None
+    end = len(ids_clean) - 1
+    if config.head != "classifier" and config.architecture != "encoder-decoder":
+        end = position_of(ids_clean, tokenizer, config, fields["position"])
+    elif fields["position"] is not None and config.head != "classifier":
+        position_of([0], tokenizer, config, fields["position"])  # an encoder-decoder's metric: the decoder's first
+    return Pair(line.number, fields["clean"], fields["corrupt"], ids_clean, ids_corrupt, fields["target"],
+                fields["foil"], fields["position"], end)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """How the pairs' positions line up in the grids by position: `align` "start" (every pair the same length:
+    column = position) or "end" (column k of `count`: `count - k` positions back from the pair's `end`, its
+    metric's position); `swept` the columns the kinds by position patch."""
+
+    align: str
+    count: int
+    swept: tuple[int, ...]
+
+    def position(self, pair: Pair, column: int) -> int:
+        return column if self.align == "start" else pair.end - (self.count - 1 - column)
+
+
+def columns_of(pairs: list[Pair], kinds: tuple[str, ...], align: str | None, positions: str | None) -> Columns | None:
+    """The columns of a dataset's grids by position (None: no kind by position). Pairs of different lengths need
+    `align` "end"; without it they are refused, naming the lengths found."""
+    if align is not None and align not in ALIGNS:
+        raise usage_error(f"align must be one of {', '.join(ALIGNS)}, got `{align}`", parameter="align")
+    if not any("position" in KINDS[kind].axes for kind in kinds):
+        return None
+    lengths = sorted({len(pair.ids_clean) for pair in pairs})
+    if align != "end" and len(lengths) > 1:
+        found = ", ".join(str(n) for n in lengths[:8]) + (", ..." if len(lengths) > 8 else "")
+        raise usage_error(f"the pairs have different lengths ({found} tokens): the kinds by position "
+                          f"({', '.join(k for k in kinds if 'position' in KINDS[k].axes)}) need their positions in "
+                          "common", "give --align end (positions counted back from the metric's), or only kinds by "
+                          "head (--sites heads,q,k,v,pattern)")
+    count = lengths[0] if align != "end" else min(pair.end for pair in pairs) + 1
+    swept = parse_indices(positions, count, "positions", has="the texts have")
+    return Columns(align or "start", count, tuple(range(count) if swept is None else swept))
+
+
+@dataclass
+class DatasetPatching(Patching):
+    """The aggregate over a dataset's pairs: `grids` the scores, (mean patched - mean corrupt) / (mean clean - mean
+    corrupt) over the `n` pairs used (TransformerLens's convention), `intervals` their 95% bootstrap intervals
+    over pairs ([low, high] per cell; None with no resample), `restored_share` the share of pairs (those whose own
+    clean and corrupt values differ: `n - equal`) in which the site restores at least half of its own difference.
+    Positions are the `columns`' (tokens_clean: the first pair's tokens there; `varying`: the columns where the
+    pairs' tokens differ). `target`/`foil` are None when the lines differ. `pairs`: the pairs to run (`n` fewer
+    after an interruption)."""
+
+    dataset: str = ""
+    n: int = 0
+    pairs: int = 0
+    skipped: int = 0
+    equal: int = 0
+    resamples: int = 0
+    intervals: dict[str, list] | None = None
+    attribution_intervals: dict[str, list] | None = None
+    restored_share: dict[str, list] | None = None
+    align: str | None = None  # None: no kind by position
+    foil_each: bool = True  # the lines give foils (the metric is a difference)
+    varying: list[int] = field(default_factory=list)
+    corrupted: list[int] = field(default_factory=list)  # the columns where some pair's clean and corrupt differ
+    small_gaps: int = 0  # pairs whose own gap is small (SMALL_GAP)
+
+    @property
+    def differing(self) -> list[int]:
+        return self.varying
+
+    def column_label(self, column: int) -> str:
+        return str(column) if self.align != "end" else str(column - len(self.tokens_clean))
+
+
+def run_dataset(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], options: PatchOptions,
+                columns: Columns | None, resamples: int, dataset: str = "", skipped: int = 0,
+                each: Callable[[Patching], None] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> DatasetPatching:
+    """Patch every pair (`columns`: the positions swept in each), then aggregate. `each(result)` gets each pair's
+    result as a single run gives it, in order; `progress(pairs done, pairs)`. Ctrl-C (KeyboardInterrupt)
+    aggregates the pairs finished (`interrupted`)."""
+    done: list[tuple[Pair, Patching]] = []
+    interrupted = False
+    try:
+        for pair in pairs:
+            positions = None if columns is None else [columns.position(pair, c) for c in columns.swept]
+            single = PatchOptions(pair.target, pair.foil, pair.position, options.sites, options.method, options.fast,
+                                  options.batch_mb, positions)
+            result = run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt, single, clean=pair.clean,
+                             corrupt=pair.corrupt, differences=True)
+            if result.interrupted:
+                raise KeyboardInterrupt
+            done.append((pair, result))
+            if each is not None:
+                each(normalised(result))
+            if progress is not None:
+                progress(len(done), len(pairs))
+    except KeyboardInterrupt:
+        interrupted = True
+    return aggregate(done, columns, resamples, options.method, dataset, len(pairs), skipped, interrupted)
+
+
+def normalised(result: Patching) -> Patching:
+    """A pair's result with its grids of differences (patched - corrupt) as scores, as a single run gives them
+    (None everywhere when its clean and corrupt values are the same)."""
+    import dataclasses
+
+    equal = same_value(result.clean_value, result.corrupt_value)
+    scale = result.clean_value - result.corrupt_value
+
+    def scores(grid: Any) -> Any:
+        if isinstance(grid, list):
+            return [scores(item) for item in grid]
+        return None if grid is None or equal else grid / scale + 0.0
+
+    def each(grids: dict[str, list] | None) -> dict[str, list] | None:
+        return None if grids is None else {site: scores(grid) for site, grid in grids.items()}
+
+    return dataclasses.replace(result, grids=each(result.grids), attribution_grids=each(result.attribution_grids))
+
+
+def aggregate(done: list[tuple[Pair, Patching]], columns: Columns | None, resamples: int, method: str,
+              dataset: str, pairs: int, skipped: int, interrupted: bool) -> DatasetPatching:
+    """The dataset's scores, intervals and shares from each pair's differences (see DatasetPatching)."""
+    import torch
+
+    from tfcli.analysis.dataset import ratio_of_means, share_restored
+
+    if not done:
+        raise KeyboardInterrupt  # interrupted before a pair finished: nothing to aggregate
+    results = [r for _, r in done]
+    first_pair, first = done[0]
+    gaps = torch.tensor([r.clean_value - r.corrupt_value for r in results], dtype=torch.float64)
+    equal = torch.tensor([same_value(r.clean_value, r.corrupt_value) for r in results])
+    if bool(equal.all()):
+        raise TfcliError(f"nothing to restore: every pair's clean and corrupt texts give the same metric "
+                         f"({len(done)} pair{'s' if len(done) > 1 else ''})",
+                         "choose corrupt texts (or targets and foils) on which the model behaves differently")
+    at = [[columns.position(pair, c) for c in range(columns.count)] for pair, _ in done] if columns else None
+    out: dict[str, dict[str, list | None]] = {name: {} for name in ("grids", "intervals", "restored_share",
+                                                                    "attribution_grids", "attribution_intervals")}
+    for grids, intervals in (("grids", "intervals"), ("attribution_grids", "attribution_intervals")):
+        if getattr(first, grids) is None:
+            continue
+        for site in first.grids:
+            values = torch.stack([grid_tensor(getattr(r, grids)[site], site, at and at[i])
+                                  for i, r in enumerate(results)])  # (N, layers, *axes)
+            shape, flat = values.shape[1:], values.reshape(len(done), -1)
+            score, low, high = ratio_of_means(flat, gaps, resamples)
+            out[grids][site] = nested(score.reshape(shape))
+            out[intervals][site] = None if low is None else nested(torch.stack([low, high], -1).reshape(*shape, 2))
+            if grids == "grids":
+                out["restored_share"][site] = nested(share_restored(flat, gaps, equal).reshape(shape))
+    tokens, varying, corrupted = first.tokens_clean, [], []
+    if at is not None:
+        tokens = [first.tokens_clean[p] for p in at[0]]
+        for c in range(columns.count):
+            clean = {r.ids_clean[a[c]] for r, a in zip(results, at)}
+            varying += [c] if len(clean) > 1 else []
+            corrupted += [c] if any(r.ids_clean[a[c]] != r.ids_corrupt[a[c]] for r, a in zip(results, at)) else []
+    metric = {(r.target.id, r.foil and r.foil.id) for r in results}
+    same_metric = len(metric) == 1
+    positions = {r.position for r in results}
+    count = columns.count if columns else len(first.ids_clean)
+    return DatasetPatching(
+        "", "", tokens, [], [], [], positions.pop() if len(positions) == 1 else None,
+        first.target if same_metric else None, first.foil if same_metric else None,
+        float(torch.tensor([r.clean_value for r in results], dtype=torch.float64).mean()),
+        float(torch.tensor([r.corrupt_value for r in results], dtype=torch.float64).mean()), method, out["grids"],
+        out["attribution_grids"] or None, done=len(done), total=pairs, interrupted=interrupted,
+        decoder_tokens=first.decoder_tokens, label_metric=first.label_metric,
+        positions=None if columns is None or len(columns.swept) == count else list(columns.swept),
+        dataset=dataset, n=len(done), pairs=pairs, skipped=skipped, equal=int(equal.sum()), resamples=resamples,
+        intervals=out["intervals"] if resamples else None,
+        attribution_intervals=(out["attribution_intervals"] or None) if resamples else None,
+        restored_share=out["restored_share"], align=columns.align if columns else None,
+        foil_each=first.foil is not None, varying=varying,
+        corrupted=corrupted, small_gaps=sum(small_gap(r.clean_value, r.corrupt_value) for r in results))
+
+
+def grid_tensor(grid: list, site: str, at: list[int] | None) -> Tensor:
+    """A pair's grid of one site kind as float64 (layers, *axes), NaN where not computed; along the positions of a
+    stack that reads the texts, the columns' positions `at` (None: no kind by position)."""
+    import torch
+
+    stack, kind = kind_of(site)
+    values = torch.tensor(none_to_nan(grid), dtype=torch.float64)
+    if "position" in kind.axes and stack != "decoder." and at is not None:
+        values = values.index_select(1 + kind.axes.index("position"), torch.tensor(at))
+    return values
+
+
+def none_to_nan(grid: Any) -> Any:
+    return [none_to_nan(item) for item in grid] if isinstance(grid, list) else \
+        float("nan") if grid is None else grid
+
+
+def nested(values: Tensor) -> list:
+    """A tensor as nested lists, NaN as None (JSON's null)."""
+    return [nested(row) for row in values] if values.dim() > 1 else \
+        [None if v != v else v + 0.0 for v in values.tolist()]

@@ -82,7 +82,7 @@ def decompose(model: TransformerModel, cache: dict[str, Tensor], row: int, posit
               by: str = "component", layers: list[int] | None = None, neurons: int = 10) -> list[Component]:
     """The components of row `row` of a batch's cache (of `writer_sites`) at `position`: with `by` head or neuron
     the blocks of `layers` (None: all) broken into heads or neurons (the `neurons` largest |value| kept one by one,
-    the rest of each MLP as `L{l}.mlp_rest`); then the readout's constants (the final norm's and the unembedding's
+    the rest of each MLP as `L{l}.mlp_rest`: `kept_neurons`); then the readout's constants (the final norm's and the unembedding's
     biases). They sum to the model's own logit (difference) before a soft cap."""
     def at(name: str) -> Tensor:
         return cache[name][row, position]
@@ -118,15 +118,30 @@ def decompose(model: TransformerModel, cache: dict[str, Tensor], row: int, posit
             add(f"L{i}.mlp_rest", mlp, layer=i)  # the rest of that MLP: the neurons kept are taken out below
         else:
             add(f"L{i}.mlp", mlp, layer=i)
-    if each_neuron:
-        kept = sorted(each_neuron, key=lambda c: -abs(c.value))[:neurons]
-        rest = {c.name: c for c in components if c.name.endswith(".mlp_rest")}
-        for neuron in kept:
-            rest[f"L{neuron.layer}.mlp_rest"].value -= neuron.value
-        components += sorted(kept, key=lambda c: (c.layer, c.neuron))
     for name, value in readout.constants.items():
         add(name, value)
+    if each_neuron:  # each MLP's rest: without the neurons kept one by one
+        for component in components:
+            if component.name.endswith(".mlp_rest"):
+                component.value -= sum(c.value for c in each_neuron if c.layer == component.layer)
+        components = kept_neurons(components + each_neuron, neurons)
     return components
+
+
+def kept_neurons(components: list[Component], neurons: int) -> list[Component]:
+    """Components with every neuron of some layers one by one (and each such layer's `L{l}.mlp_rest` without them)
+    -> the same with only the `neurons` largest |value| kept one by one, after the rest, in order of layer and
+    neuron; the others added back into their layer's rest."""
+    each = [c for c in components if c.neuron is not None]
+    kept = sorted(each, key=lambda c: -abs(c.value))[:neurons]
+    names = {c.name for c in kept}
+    rest = {c.layer: Component(c.name, c.value, c.layer) for c in components if c.name.endswith(".mlp_rest")}
+    for c in each:
+        if c.name not in names:
+            rest[c.layer].value += c.value
+    others = [rest[c.layer] if c.name.endswith(".mlp_rest") else c for c in components if c.neuron is None]
+    after = max(i for i, c in enumerate(others) if c.layer is not None) + 1  # the readout's constants stay last
+    return others[:after] + sorted(kept, key=lambda c: (c.layer, c.neuron)) + others[after:]
 
 
 def before_cap(readout: Readout, state: Tensor) -> float:

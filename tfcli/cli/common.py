@@ -394,6 +394,15 @@ ReportOption = Annotated[Path | None, typer.Option(
     "--report", metavar="PATH", dir_okay=False,
     help="Also write the results to PATH: an interactive page (.html) or a figure (.svg, .png, .pdf).")]
 ReportForceOption = Annotated[bool, typer.Option("--force", help="Overwrite the --report file if it exists.")]
+DatasetOption = Annotated[str | None, typer.Option(
+    "--dataset", metavar="FILE", help="Run over a dataset instead: JSON Lines, one item per line (`-`: stdin); "
+    "prints the aggregate with its spread (docs/datasets.md).")]
+SkipBadOption = Annotated[bool, typer.Option("--skip-bad", help="With --dataset: skip the lines that cannot be used "
+                                             "(saying why on stderr) instead of refusing the dataset.")]
+BootstrapOption = Annotated[int | None, typer.Option(metavar="N", help="With --dataset: resamples of the 95% "
+                                                     "bootstrap interval over items (default 1000; 0: none).")]
+PerItemOption = Annotated[bool, typer.Option("--per-item", help="With --dataset: first each item's result, as a "
+                                             "single run prints it, then the aggregate.")]
 WidthOption = Annotated[int | None, typer.Option(
     "--width", metavar="N", callback=WIDE_ENOUGH,
     help="Lay tables out for N columns (default: $COLUMNS, else the terminal's width, else 120).")]

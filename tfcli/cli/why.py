@@ -10,11 +10,12 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (AT_LEAST_ONE, SEED_RANGE, ColorOption, DeviceOption, DtypeOption, FileOption,
-                              JsonOption, MaxLengthOption, ModelOption, ReportForceOption, ReportOption,
-                              RevisionOption, SeedOption, TextsArgument, WidthOption, app, build, count_bar, emit,
-                              inputs, note, output_console, say_lines, started, stderr_width, tokenizer_of, warn,
-                              with_progress)
+from tfcli.cli.common import (AT_LEAST_ONE, SEED_RANGE, BootstrapOption, ColorOption, DatasetOption, DeviceOption,
+                              DtypeOption, FileOption, JsonOption, MaxLengthOption, ModelOption, PerItemOption,
+                              ReportForceOption, ReportOption, RevisionOption, SeedOption, SkipBadOption,
+                              TextsArgument, WidthOption, app, build, count_bar, emit, inputs, note, output_console,
+                              say_lines, started, stderr_width, tokenizer_of, warn, with_progress)
+from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, tokenized
 
@@ -31,17 +32,19 @@ def warn_spacing(tokenizer, target: str | None, foil: str | None) -> None:
 
 @app.command()
 def patch(
-    clean: Annotated[str, typer.Argument(metavar="CLEAN", help="The clean text, whose behaviour is restored.",
-                                         show_default=False)],
-    corrupt: Annotated[str, typer.Argument(metavar="CORRUPT", help="The corrupted text (as many tokens as CLEAN), "
-                                           "into which clean activations are put back.", show_default=False)],
+    clean: Annotated[str | None, typer.Argument(metavar="CLEAN", help="The clean text, whose behaviour is "
+                                                "restored.", show_default=False)] = None,
+    corrupt: Annotated[str | None, typer.Argument(metavar="CORRUPT", help="The corrupted text (as many tokens as "
+                                                  "CLEAN), into which clean activations are put back.",
+                                                  show_default=False)] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM, "
                                               "masked-LM or classifier head (default: the bundled `gpt2-small`, "
                                               "random weights).")] = None,
     revision: RevisionOption = None,
     target: Annotated[str, typer.Option(metavar="TOKEN", help="The token whose logit is the metric: one token of the "
                                         "model's tokenizer (\" Mary\" with its leading space for byte-level BPE) or "
-                                        "#ID; a classifier's label name or #index.", show_default=False)] = ...,
+                                        "#ID; a classifier's label name or #index (with --dataset: each "
+                                        "line's).", show_default=False)] = None,
     foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits "
                                              "target - foil.")] = None,
     position: Annotated[int | None, typer.Option(metavar="N", help="The position the metric is read at, negative "
@@ -59,12 +62,19 @@ def patch(
                                      "kind.")] = 5,
     full: Annotated[bool, typer.Option("--full", help="Show every grid whole (by default the view leaves out the "
                                        "rows and columns with no |score| of 0.05 or more, naming them).")] = False,
+    dataset: DatasetOption = None,
+    align: Annotated[str | None, typer.Option(metavar="WHERE", help="With --dataset of pairs of different lengths: "
+                                              "end (positions counted back from the metric's: -1, -2, ...).")] = None,
+    bootstrap: BootstrapOption = None,
+    per_item: PerItemOption = False,
+    skip_bad: SkipBadOption = False,
     report: ReportOption = None,
     force: ReportForceOption = False,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout (with --dataset: the "
+                                              "aggregate, after each item's with --per-item).")] = False,
     width: WidthOption = None,
     color: ColorOption = None,
 ) -> None:
@@ -88,6 +98,24 @@ def patch(
     out = output_console(width, color)
     if report is not None:
         check_report_path(report, force, 1)
+    if dataset is not None:
+        if clean is not None:
+            raise usage_error("give CLEAN CORRUPT or --dataset, not both")
+        for name, value in (("target", target), ("foil", foil), ("position", position)):
+            if value is not None:
+                raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
+        patch_dataset(dataset, model, revision, core.PatchOptions("", None, None, core.parse_sites(sites), method),
+                      positions, align, bootstrap, per_item, skip_bad, out, json_output, top, full, report, force,
+                      device, dtype, seed)
+        return
+    for name, value in (("--align", align), ("--bootstrap", bootstrap), ("--per-item", per_item or None),
+                        ("--skip-bad", skip_bad or None)):
+        if value is not None:
+            raise usage_error(f"{name} is for a --dataset")
+    if clean is None or corrupt is None:
+        raise usage_error("give a CLEAN and a CORRUPT text (or --dataset FILE)")
+    if target is None:
+        raise usage_error("give --target: the token whose logit is the metric", parameter="target")
     source = resolve_source(model or "gpt2-small", revision)
     options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method)
     tokenizer = tokenizer_of(source)
@@ -114,6 +142,84 @@ def patch(
         raise typer.Exit(130)
 
 
+def dataset_items(dataset: str, spec, check, skip_bad: bool, bootstrap: int | None, what: str) -> tuple[list, int, int]:
+    """A dataset's items, every line read and checked before the model is built (a bad one refused naming its line,
+    or skipped and counted with --skip-bad), the metric of one kind over them, and the bootstrap's resamples: (items,
+    lines skipped, resamples)."""
+    from tfcli.analysis.dataset import BOOTSTRAP, check_bootstrap, check_one_metric, checked, read_lines
+
+    bad = CappedWarnings(warn, "bad lines skipped")
+    items = [item for _, item in checked(read_lines(dataset, spec), check, skip_bad,
+                                         lambda message: bad.add(f"skipped {message}"))]
+    bad.finish()
+    check_one_metric([(item.line, item.foil is not None) for item in items])
+    resamples = check_bootstrap(BOOTSTRAP if bootstrap is None else bootstrap, len(items), bootstrap is not None)
+    if bootstrap is None and not resamples:
+        warn(f"no bootstrap interval: {len(items)} {what} are too few for one to mean anything")
+    return items, bad.count, resamples
+
+
+def emit_dataset(run, each_lines, record, out, json_output: bool, per_item: bool, what: str, **report) -> None:
+    """Runs a dataset (`run(each, progress)` -> the aggregate) with a progress bar of items on stderr, shows each
+    item's result as a single run does (--per-item) and then the aggregate; Ctrl-C shows the aggregate of the items
+    finished and exits 130."""
+    def each(result) -> None:
+        if per_item:
+            emit([result], out=out, json_output=json_output, record=record, lines=each_lines)
+    try:
+        with count_bar(report["command"], what) as progress:
+            result = run(each, progress)
+    except KeyboardInterrupt:
+        warn(f"interrupted before any of the {what} finished: nothing to show")
+        raise typer.Exit(130) from None
+    emit([result], out=out, json_output=json_output, record=record, lines=each_lines, **report)
+    if result.interrupted:
+        warn(f"interrupted: {result.n} {what} finished; the aggregate is theirs")
+        raise typer.Exit(130)
+
+
+def patch_dataset(dataset: str, model: str | None, revision: str | None, options, positions: str | None,
+                  align: str | None, bootstrap: int | None, per_item: bool, skip_bad: bool, out, json_output: bool,
+                  top: int, full: bool, report, force: bool, device: str, dtype: str, seed: int) -> None:
+    """`tfcli patch --dataset`: each pair patched, then the aggregate (docs/datasets.md)."""
+    from tfcli import patch as core
+    from tfcli.render import patch as render
+    from tfcli.sources import resolve_source
+
+    source = resolve_source(model or "gpt2-small", revision)
+    tokenizer = tokenizer_of(source)
+    core.check_options(source.config, tokenizer, core.PatchOptions("#0", None, None, options.sites, options.method))
+    pairs, skipped, resamples = dataset_items(dataset, core.PATCH_LINE,
+                                              lambda line: core.check_pair(source.config, tokenizer, line),
+                                              skip_bad, bootstrap, "pairs")
+    columns = core.columns_of(pairs, options.sites, align, positions)
+    loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
+    emit_dataset(lambda each, progress: core.run_dataset(loaded, tokenizer, pairs, options, columns, resamples,
+                                                         dataset, skipped, each, progress),
+                 lambda result, number: render.patch_lines(result, out.width, out.color_system is not None, top,
+                                                           full),
+                 render.record, out, json_output, per_item, "pairs", report=report, force=force, command="patch",
+                 model=loaded, source=source)
+
+
+def attribute_dataset(dataset: str, source, options, bootstrap: int | None, per_item: bool, skip_bad: bool, out,
+                      json_output: bool, report, force: bool, device: str, dtype: str, seed: int) -> None:
+    """`tfcli attribute --dataset`: each prompt attributed, then each component's mean with its spread."""
+    from tfcli import attribute as core
+    from tfcli.render import attribute as render
+
+    tokenizer = tokenizer_of(source)
+    prompts, skipped, resamples = dataset_items(dataset, core.ATTRIBUTE_LINE,
+                                                lambda line: core.check_prompt(source.config, tokenizer, line),
+                                                skip_bad, bootstrap, "prompts")
+    loaded = build(source, device, dtype, seed, "these components say nothing about a trained model")
+    emit_dataset(lambda each, progress: core.run_dataset(loaded, tokenizer, prompts, options, resamples, dataset,
+                                                         skipped, each, progress),
+                 lambda result, number: render.attribution_lines(result, number, out.width, options.top),
+                 render.record, out, json_output, per_item, "prompts", report=report, force=force,
+                 command="attribute", model=loaded, source=source)
+
+
 @app.command()
 def attribute(
     texts: TextsArgument = None,
@@ -135,6 +241,10 @@ def attribute(
                                      "also the neurons kept one by one).")] = 10,
     max_length: MaxLengthOption = None,
     file: FileOption = None,
+    dataset: DatasetOption = None,
+    bootstrap: BootstrapOption = None,
+    per_item: PerItemOption = False,
+    skip_bad: SkipBadOption = False,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
@@ -160,13 +270,31 @@ def attribute(
     from tfcli.sources import resolve_source
 
     out = output_console(width, color)
-    texts_in = inputs(texts, file)
+    if dataset is not None:
+        if texts or file is not None:
+            raise usage_error("give texts (or --file) or --dataset, not both")
+        for name, value in (("target", target), ("foil", foil), ("position", position), ("max-length", max_length)):
+            if value is not None:
+                raise usage_error(f"--{name} is read from each line of the dataset" if name != "max-length" else
+                                  "--max-length is for texts: a dataset's lines are read whole")
+    else:
+        for name, value in (("--bootstrap", bootstrap), ("--per-item", per_item or None),
+                            ("--skip-bad", skip_bad or None)):
+            if value is not None:
+                raise usage_error(f"{name} is for a --dataset")
+    texts_in = inputs(texts, file) if dataset is None else None
     if report is not None:
-        check_report_path(report, force, texts_in.count or 1)
+        check_report_path(report, force, 1 if dataset is not None else texts_in.count or 1)
     source = resolve_source(model or "gpt2-small", revision)
     core.check_model(source.config, by)  # before the model is built
     selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
     options = core.AttributeOptions(target, foil, position, by, selected, top)
+    if dataset is not None:
+        if layers is not None and by == "component":
+            raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")
+        attribute_dataset(dataset, source, options, bootstrap, per_item, skip_bad, out, json_output, report, force,
+                          device, dtype, seed)
+        return
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
     core.check_options(source.config, tokenizer, options)

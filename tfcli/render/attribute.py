@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from tfcli.attribute import Attribution, DatasetAttribution
 from tfcli.render.layout import GAP, Column, echo, shown, table, words
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from tfcli.attribute import Attribution
     from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
 
@@ -32,7 +32,10 @@ def bar(value: float, largest: float, width: int) -> Text:
 
 
 def quantity(result: Attribution) -> str:
-    """`logit of ' Mary'` or `logit difference ' Mary' - ' John'`."""
+    """`logit of ' Mary'` or `logit difference ' Mary' - ' John'` (a dataset whose lines differ: each line's)."""
+    if result.target is None:
+        return "logit difference of each line's target - foil" if isinstance(result, DatasetAttribution) and \
+            result.foil_each else "logit of each line's target"
     if result.foil is None:
         return f"logit of {result.target.token!r}"
     return f"logit difference {result.target.token!r} - {result.foil.token!r}"
@@ -41,16 +44,36 @@ def quantity(result: Attribution) -> str:
 def attribution_lines(result: Attribution, number: int, width: int, top: int) -> list[Text]:
     """The terminal view of one text: what is attributed, the sum check, the top components with bars, a line per
     layer and, with --by head, the layer x head grid. Lines of at most `width` cells."""
-    cut = "" if result.read_text is None else \
-        f" (as the model read it: {len(result.ids):,} of its {result.untruncated_length:,} tokens)"
-    lines = echo(f"text {number}: ", result.read_text or result.text, width, cut)
-    lines += words(f"position {result.position} {shown(result.tokens[result.position])}: the {quantity(result)} "
-                   f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
-    lines += check_lines(result, width)
+    if isinstance(result, DatasetAttribution):
+        lines = dataset_header(result, width)
+    else:
+        cut = "" if result.read_text is None else \
+            f" (as the model read it: {len(result.ids):,} of its {result.untruncated_length:,} tokens)"
+        lines = echo(f"text {number}: ", result.read_text or result.text, width, cut)
+        lines += words(f"position {result.position} {shown(result.tokens[result.position])}: the {quantity(result)} "
+                       f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
+        lines += check_lines(result, width)
     lines += [Text()] + component_lines(result, width, top)
     lines += [Text()] + layer_lines(result, width)
     if result.by == "head":
         lines += [Text()] + head_grid_lines(result, width)
+    return lines
+
+
+def dataset_header(result: DatasetAttribution, width: int) -> list[Text]:
+    """A dataset's prompts, the metric's mean, how a component's mean and spread read, the sum check."""
+    skipped = f" ({result.skipped} bad line{'' if result.skipped == 1 else 's'} skipped)" if result.skipped else ""
+    lines = words(f"dataset {result.dataset}: {result.n} prompt{'' if result.n == 1 else 's'}{skipped}", width,
+                  "bold")
+    where = "each line's position" if result.position is None else f"position {result.position}"
+    ids = "" if result.target is None else \
+        f" (#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")"
+    lines += words(f"the {quantity(result)}{ids} at {where}: mean over the prompts {result.logit:+.4f}", width)
+    spread = f"; [low, high]: the 95% bootstrap interval of the mean ({result.resamples} resamples)" \
+        if result.resamples else ""
+    lines += words(f"each component: its mean over the prompts, std its standard deviation{spread}", width, "dim")
+    lines += words(f"sum of the {len(result.components)} means: {result.total:+.4f}; in every prompt the components "
+                   f"sum to the model's value (differ by at most {result.worst:.1e})", width)
     return lines
 
 
@@ -66,11 +89,20 @@ def component_lines(result: Attribution, width: int, top: int) -> list[Text]:
     ranked = sorted(result.components, key=lambda c: -abs(c.value))
     shown_rows, rest = ranked[:top], ranked[top:]
     names = Column.of("component", [c.name for c in shown_rows])
-    values = Column.of("value", [f"{c.value:+.4f}" for c in shown_rows], right=True)
+    dataset = isinstance(result, DatasetAttribution)
+    values = Column.of("mean" if dataset else "value", [f"{c.value:+.4f}" for c in shown_rows], right=True)
     room = width - names.natural_width() - values.natural_width() - 2 * GAP
     largest = max((abs(c.value) for c in shown_rows), default=0.0)
+    spread: list[Column] = []
+    if dataset:
+        stats = [result.spread[c.name] for c in shown_rows]
+        spread.append(Column.of("std", [f"{std:.4f}" for std, _, _ in stats], right=True))
+        if result.resamples:
+            spread.append(Column.of("95% interval", [f"[{low:+.4f}, {high:+.4f}]" for _, low, high in stats],
+                                    right=True))
+        room -= sum(c.natural_width() + GAP for c in spread)
     bars = Column.of("", [bar(c.value, largest, max(MIN_BAR, min(BAR_WIDTH, room))) for c in shown_rows])
-    lines = table([names, values, bars], width, title=f"the {len(shown_rows)} largest components "
+    lines = table([names, values, *spread, bars], width, title=f"the {len(shown_rows)} largest components "
                                                       f"({POSITIVE} raises, {NEGATIVE} lowers the {quantity(result)})")
     if rest:
         lines += words(f"the other {len(rest)}: {sum(c.value for c in rest):+.4f} in all", width, "dim")
@@ -120,13 +152,30 @@ def head_grid_lines(result: Attribution, width: int) -> list[Text]:
 
 def record(result: Attribution) -> dict[str, Any]:
     """The attribute JSON Lines record: text, ids, tokens, position, target, foil, logit (the model's own value),
-    total (the sum of the components), components."""
+    total (the sum of the components), components. A dataset's: dataset_record."""
+    if isinstance(result, DatasetAttribution):
+        return dataset_record(result)
     return {"text": result.text, "ids": result.ids, "tokens": result.tokens, "position": result.position,
             "target": {"token": result.target.token, "id": result.target.id},
             "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
             "logit": result.logit, "total": result.total,
             "components": [{"name": c.name, "layer": c.layer, "head": c.head, "neuron": c.neuron, "value": c.value}
                            for c in result.components]}
+
+
+def dataset_record(result: DatasetAttribution) -> dict[str, Any]:
+    """The aggregate's record: a single run's keys where they apply (position, target, foil: null where the lines
+    differ; logit: the mean of the model's values; total: the sum of the means) and dataset, n, prompts, skipped,
+    bootstrap, worst (the largest |sum of the components - model's value| of a prompt), interrupted, components
+    as {name, layer, head, neuron, mean, std, low, high} (low, high: null with --bootstrap 0)."""
+    return {"dataset": result.dataset, "n": result.n, "prompts": result.prompts, "skipped": result.skipped,
+            "bootstrap": result.resamples, "interrupted": result.interrupted, "position": result.position,
+            "target": {"token": result.target.token, "id": result.target.id} if result.target is not None else None,
+            "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
+            "logit": result.logit, "total": result.total, "worst": result.worst,
+            "components": [{"name": c.name, "layer": c.layer, "head": c.head, "neuron": c.neuron, "mean": c.value,
+                            "std": result.spread[c.name][0], "low": result.spread[c.name][1],
+                            "high": result.spread[c.name][2]} for c in result.components]}
 
 
 def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, Any]:

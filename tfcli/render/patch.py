@@ -14,18 +14,17 @@ JSON, the page and the figure have every cell.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.text import Text
 
 from tfcli.analysis.names import Kind, kind_of
-from tfcli.patch import SMALL_GAP
+from tfcli.patch import SMALL_GAP, DatasetPatching, Patching
 from tfcli.render.layout import GAP, Column, shown, table, words
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from tfcli.patch import Patching
     from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
 
@@ -51,6 +50,9 @@ def cell(value: float | None, color: bool) -> Text:
 
 def quantity(result: Patching) -> str:
     what = "label" if result.label_metric else "logit"
+    if result.target is None:  # a dataset whose lines have different ones
+        return f"{what} difference of each line's target - foil" if result.foil_each else \
+            f"{what} of each line's target"
     if result.foil is None:
         return f"{what} of {result.target.token!r}"
     return f"{what} difference {result.target.token!r} - {result.foil.token!r}"
@@ -61,7 +63,7 @@ def positions_of(result: Patching, site: str) -> list[str]:
     stack, _ = kind_of(site)
     tokens = result.decoder_tokens if stack == "decoder." and result.decoder_tokens is not None else result.tokens_clean
     marked = set(result.differing) if stack != "decoder." else set()
-    return [f"{i}{'*' if i in marked else ''}\n{shown(t)}" for i, t in enumerate(tokens)]
+    return [f"{result.column_label(i)}{'*' if i in marked else ''}\n{shown(t)}" for i, t in enumerate(tokens)]
 
 
 def ranges(values: list[int]) -> str:
@@ -104,6 +106,8 @@ def head_ranges(pairs: list[tuple[int, int]], heads: int) -> str:
 def notes(result: Patching) -> list[tuple[str, str]]:
     """What the scores need said beside them, as (sentence, style): a small gap, the sites scored 0 without a run,
     the positions swept, an interruption. The view and the page both say them."""
+    if isinstance(result, DatasetPatching):
+        return dataset_notes(result)
     out = []
     if result.small_gap:
         size = max(abs(result.clean_value), abs(result.corrupt_value), 1.0)
@@ -137,6 +141,26 @@ def notes(result: Patching) -> list[tuple[str, str]]:
     return out
 
 
+def dataset_notes(result: DatasetPatching) -> list[tuple[str, str]]:
+    """What a dataset's scores need said beside them: a small gap of the means, pairs whose own gap is small, the
+    columns swept, an interruption."""
+    out = []
+    if result.small_gap:
+        out.append((f"warning: over the dataset the corrupt texts barely move the metric: mean clean - mean corrupt "
+                    f"= {result.clean_value - result.corrupt_value:+.4f}; every score is divided by that gap",
+                    "yellow"))
+    if result.small_gaps:
+        out.append((f"{counted(result.small_gaps, 'pair')} of {result.n} barely move{'s' if result.small_gaps == 1 else ''} "
+                    f"the metric (|clean - corrupt| under {SMALL_GAP:g} of its size): their own shares read noise",
+                    "dim"))
+    if result.positions is not None:
+        out.append((f"positions swept (--positions): {ranges_of(result, result.positions)}; the others are not "
+                    "patched (blank)", "dim"))
+    if result.interrupted:
+        out.append((f"interrupted: {result.n} of {result.pairs} pairs finished; the aggregate is theirs", "yellow"))
+    return out
+
+
 def counted_sites(count: int) -> str:
     return f"{count} site{'' if count == 1 else 's'}"
 
@@ -150,21 +174,7 @@ def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TO
     """The terminal view: the texts, the metric, what needs saying (notes), a grid per site kind (and its attribution
     twin with --method both), the top sites of each kind. Unless `full`, a grid leaves out its rows and columns with
     no |score| of SHOWN or more, naming them. Lines of at most `width` cells."""
-    lines = words(f"clean:   {result.clean!r}", width, "bold") + words(f"corrupt: {result.corrupt!r}", width, "bold")
-    where = "" if result.position is None else \
-        f" at position {result.position} {shown((result.decoder_tokens or result.tokens_clean)[result.position])}"
-    ids = f"#{result.target.id}" + (f", #{result.foil.id}" if result.foil is not None else "")
-    lines += words(f"the {quantity(result)}{where} ({ids}): clean {result.clean_value:+.4f}, corrupt "
-                   f"{result.corrupt_value:+.4f}", width)
-    if result.differing:
-        pairs = ", ".join(f"{i} {shown(result.tokens_clean[i])!r}/{shown(result.tokens_corrupt[i])!r}"
-                          for i in result.differing)
-        lines += words(f"the texts differ at {pairs} (* in the grids)", width)
-    method = {"activation": "activation patching", "attribution": "attribution patching (the first-order estimate "
-              "from one backward pass)", "both": "activation patching, each grid followed by its attribution "
-              "estimate"}[result.method]
-    lines += words(f"{method}; score = (patched - corrupt) / (clean - corrupt): 1 restores the clean value, 0 has "
-                   "no effect, negative works against it", width, "dim")
+    lines = dataset_header(result, width) if isinstance(result, DatasetPatching) else header(result, width)
     for sentence, style in notes(result):
         lines += words(sentence, width, style)
     nothing = result.interrupted and result.done == 0
@@ -198,6 +208,66 @@ def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TO
     if left_out:
         lines += [Text()] + words("--full shows every grid whole", width, "dim")
     return lines
+
+
+METHODS = {"activation": "activation patching", "attribution": "attribution patching (the first-order estimate from "
+           "one backward pass)", "both": "activation patching, each grid followed by its attribution estimate"}
+
+
+def header(result: Patching, width: int) -> list[Text]:
+    """A pair's texts, the metric on both, where they differ, how a score reads."""
+    lines = words(f"clean:   {result.clean!r}", width, "bold") + words(f"corrupt: {result.corrupt!r}", width, "bold")
+    where = "" if result.position is None else \
+        f" at position {result.position} {shown((result.decoder_tokens or result.tokens_clean)[result.position])}"
+    ids = f"#{result.target.id}" + (f", #{result.foil.id}" if result.foil is not None else "")
+    lines += words(f"the {quantity(result)}{where} ({ids}): clean {result.clean_value:+.4f}, corrupt "
+                   f"{result.corrupt_value:+.4f}", width)
+    if result.differing:
+        pairs = ", ".join(f"{i} {shown(result.tokens_clean[i])!r}/{shown(result.tokens_corrupt[i])!r}"
+                          for i in result.differing)
+        lines += words(f"the texts differ at {pairs} (* in the grids)", width)
+    lines += words(f"{METHODS[result.method]}; score = (patched - corrupt) / (clean - corrupt): 1 restores the clean "
+                   "value, 0 has no effect, negative works against it", width, "dim")
+    return lines
+
+
+def dataset_header(result: DatasetPatching, width: int) -> list[Text]:
+    """A dataset's pairs, the metric's means, how a score, its interval and its share read, and what the columns
+    are."""
+    counts = [f"{counted(result.skipped, 'bad line')} skipped"] if result.skipped else []
+    counts += [f"{counted(result.equal, 'pair')} whose clean and corrupt values are equal, left out of the "
+               "shares"] if result.equal else []
+    lines = words(f"dataset {result.dataset}: {counted(result.n, 'pair')}" + (f" ({'; '.join(counts)})" if counts
+                                                                             else ""), width, "bold")
+    where = "" if result.position is None else " at the last position" if result.align == "end" else \
+        f" at position {result.position}"
+    ids = "" if result.target is None else \
+        f" (#{result.target.id}" + (f", #{result.foil.id}" if result.foil is not None else "") + ")"
+    lines += words(f"the {quantity(result)}{where}{ids}, mean over the pairs: clean {result.clean_value:+.4f}, "
+                   f"corrupt {result.corrupt_value:+.4f}", width)
+    spread = f"; [low, high]: its 95% bootstrap interval over pairs ({result.resamples} resamples)" \
+        if result.resamples else ""
+    lines += words(f"{METHODS[result.method]}; score = (mean patched - mean corrupt) / (mean clean - mean corrupt) "
+                   f"over the pairs: 1 restores the clean value, 0 has no effect{spread}; restored: the share of "
+                   "pairs in which the site restores at least half of that pair's own difference", width, "dim")
+    if result.align is not None:
+        start = "positions" if result.align == "start" else \
+            "positions counted back from the metric's (-1: the metric's position)"
+        marks = f"; * where the pairs' tokens differ" if result.varying else ""
+        corrupted = f"; clean and corrupt differ at {ranges_of(result, result.corrupted)}" if result.corrupted else ""
+        lines += words(f"columns: {start}, labelled with the first pair's tokens{marks}{corrupted}", width, "dim")
+    return lines
+
+
+def ranges_of(result: DatasetPatching, columns: list[int]) -> str:
+    """Columns as people read them: their labels, runs joined."""
+    if result.align != "end":
+        return ranges(columns)
+    return ", ".join(result.column_label(c) for c in columns)
+
+
+def counted(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
 
 
 def _matrix(grid: list, kind: Kind) -> list[list[float | None]]:
@@ -319,10 +389,21 @@ def correlation(a: list[float | None], b: list[float | None]) -> tuple[float | N
     return (sxy / math.sqrt(sxx * syy), n) if sxx > 0 and syy > 0 else (None, n)
 
 
-def ranked(result: Patching) -> dict[str, list[tuple[str, str, float, float | None]]]:
-    """Per site kind, every computed site as (site kind, where, score, attribution estimate or None), largest
-    |score| first; `where` marks a position where the texts differ with `*`, as the grids do."""
-    out: dict[str, list[tuple[str, str, float, float | None]]] = {}
+class Ranked(NamedTuple):
+    """A computed site in a top list: its kind, where (`L3 at 9* ' John'`, `L6H9`), its score, its attribution
+    estimate (--method both) and its cell in the grid (layer, then its index along the kind's axes)."""
+
+    site: str
+    where: str
+    score: float
+    estimate: float | None
+    cell: tuple[int, ...]
+
+
+def ranked(result: Patching) -> dict[str, list[Ranked]]:
+    """Per site kind, every computed site, largest |score| first; `where` marks a position where the texts differ
+    with `*`, as the grids do."""
+    out: dict[str, list[Ranked]] = {}
     differing = set(result.differing)
     for site, grid in result.grids.items():
         stack, kind = kind_of(site)
@@ -332,7 +413,8 @@ def ranked(result: Patching) -> dict[str, list[tuple[str, str, float, float | No
         tokens = result.decoder_tokens if decoder else result.tokens_clean
 
         def at(p: int) -> str:
-            return f"at {p}{'*' if p in differing and not decoder else ''} {shown(tokens[p])}"
+            label = result.column_label(p) if not decoder else str(p)
+            return f"at {label}{'*' if p in differing and not decoder else ''} {shown(tokens[p])}"
 
         other = result.attribution_grids[site] if result.attribution_grids is not None else None
         items = []
@@ -340,30 +422,47 @@ def ranked(result: Patching) -> dict[str, list[tuple[str, str, float, float | No
             for k, value in enumerate(row):
                 estimate = other[layer][k] if other is not None else None
                 if kind.axes == ("head", "position"):
-                    for p, v in enumerate(value):
-                        if v is not None:
-                            items.append((site, f"L{layer}H{k} {at(p)}", v,
-                                          estimate[p] if estimate is not None else None))
+                    items += [Ranked(site, f"L{layer}H{k} {at(p)}", v, estimate[p] if estimate is not None else None,
+                                     (layer, k, p)) for p, v in enumerate(value) if v is not None]
                 elif value is not None:
                     where = f"L{layer} {at(k)}" if kind.axes == ("position",) else f"L{layer}H{k}"
-                    items.append((site, where, value, estimate))
-        out[site] = sorted(items, key=lambda item: -abs(item[2]))
+                    items.append(Ranked(site, where, value, estimate, (layer, k)))
+        out[site] = sorted(items, key=lambda item: -abs(item.score))
     return out
+
+
+def at_cell(grid: list, cell: tuple[int, ...]) -> Any:
+    for index in cell:
+        grid = grid[index]
+    return grid
+
+
+def spread(result: DatasetPatching, item: Ranked) -> tuple[str, str]:
+    """A dataset's site: its interval ('[+0.12, +0.40]', '' without) and restored share ('63%')."""
+    low_high = at_cell(result.intervals[item.site], item.cell) if result.intervals is not None else None
+    share = at_cell(result.restored_share[item.site], item.cell) if result.restored_share is not None else None
+    return ("" if low_high is None else f"[{low_high[0]:+.2f}, {low_high[1]:+.2f}]",
+            "" if share is None else f"{share:.0%}")
 
 
 def top_lines(result: Patching, width: int, top: int) -> list[Text]:
     """The `top` sites of each site kind by |score|, with the attribution estimate beside each under --method
-    both; no lines when nothing was computed."""
+    both, and over a dataset each score's interval and restored share; no lines when nothing was computed."""
     per_kind = ranked(result)
     best = [item for items in per_kind.values() for item in items[:top]]
     if not best:
         return []
     label = "attribution estimate" if result.method == "attribution" else "score"
-    columns = [Column.of("site", [site for site, _, _, _ in best]), Column.of("where", [w for _, w, _, _ in best]),
-               Column.of(label, [f"{v:+.4f}" for _, _, v, _ in best], right=True)]
+    columns = [Column.of("site", [item.site for item in best]), Column.of("where", [item.where for item in best]),
+               Column.of(label, [f"{item.score:+.4f}" for item in best], right=True)]
+    if isinstance(result, DatasetPatching):
+        spreads = [spread(result, item) for item in best]
+        if result.intervals is not None:
+            columns.append(Column.of("95% interval", [low_high for low_high, _ in spreads], right=True))
+        columns.append(Column.of("restored", [share for _, share in spreads], right=True))
     if result.attribution_grids is not None:
-        columns.append(Column.of("attribution", [f"{e:+.4f}" if e is not None else "" for _, _, _, e in best],
-                                 right=True))
+        columns.append(Column.of("attribution", [f"{item.estimate:+.4f}" if item.estimate is not None else ""
+                                                 for item in best], right=True))
     each = " of each site kind" if len(per_kind) > 1 else ""
     return table(columns, width, keys=2, title=f"the {top} sites with the largest scores{each}")
 
@@ -371,17 +470,49 @@ def top_lines(result: Patching, width: int, top: int) -> list[Text]:
 def record(result: Patching) -> dict[str, Any]:
     """The patch JSON record: clean, corrupt, tokens_clean, tokens_corrupt, ids_clean, ids_corrupt, position, target,
     foil, clean_value, corrupt_value, small_gap, method, positions, grids (and attribution_grids with --method both;
-    decoder_tokens for an encoder-decoder)."""
+    decoder_tokens for an encoder-decoder). A dataset's: dataset_record."""
+    if isinstance(result, DatasetPatching):
+        return dataset_record(result)
     out = {"clean": result.clean, "corrupt": result.corrupt, "tokens_clean": result.tokens_clean,
            "tokens_corrupt": result.tokens_corrupt, "ids_clean": result.ids_clean, "ids_corrupt": result.ids_corrupt,
-           "position": result.position, "target": {"token": result.target.token, "id": result.target.id},
-           "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
+           "position": result.position, "target": token_record(result.target), "foil": token_record(result.foil),
            "clean_value": result.clean_value, "corrupt_value": result.corrupt_value, "small_gap": result.small_gap,
            "method": result.method,
            "positions": result.positions if result.positions is not None else list(range(len(result.ids_clean))),
            "grids": result.grids}
     if result.attribution_grids is not None:
         out["attribution_grids"] = result.attribution_grids
+    if result.decoder_tokens is not None:
+        out["decoder_tokens"] = result.decoder_tokens
+    return out
+
+
+def token_record(token: Any) -> dict[str, Any] | None:
+    return None if token is None else {"token": token.token, "id": token.id}
+
+
+def dataset_record(result: DatasetPatching) -> dict[str, Any]:
+    """The aggregate's JSON record: a single run's keys where they apply (position, target, foil: null where the
+    lines differ; clean_value and corrupt_value: the means; grids: the aggregate scores) and dataset, n, pairs,
+    skipped, equal, small_gaps, interrupted, align, columns (each column's label; null without a kind by
+    position), tokens_clean (the first pair's tokens there), varying, corrupted, bootstrap, intervals
+    (shaped as grids, [low, high] per cell; null with --bootstrap 0), restored_share (shaped as grids);
+    with --method both attribution_grids and attribution_intervals."""
+    columns = len(result.tokens_clean)
+    out = {"dataset": result.dataset, "n": result.n, "pairs": result.pairs, "skipped": result.skipped,
+           "equal": result.equal, "small_gaps": result.small_gaps, "interrupted": result.interrupted,
+           "align": result.align, "columns": [result.column_label(c) for c in range(columns)] if result.align else None,
+           "tokens_clean": result.tokens_clean if result.align else None, "varying": result.varying,
+           "corrupted": result.corrupted, "position": result.position, "target": token_record(result.target),
+           "foil": token_record(result.foil), "clean_value": result.clean_value,
+           "corrupt_value": result.corrupt_value, "small_gap": result.small_gap, "method": result.method,
+           "positions": result.positions if result.positions is not None else
+           (list(range(columns)) if result.align else None),
+           "grids": result.grids, "bootstrap": result.resamples, "intervals": result.intervals,
+           "restored_share": result.restored_share}
+    if result.attribution_grids is not None:
+        out["attribution_grids"] = result.attribution_grids
+        out["attribution_intervals"] = result.attribution_intervals
     if result.decoder_tokens is not None:
         out["decoder_tokens"] = result.decoder_tokens
     return out
@@ -396,8 +527,8 @@ def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any
         for site in result.grids:
             r, n = correlation(flat(result.grids[site]), flat(result.attribution_grids[site]))
             correlations[site] = {"r": r, "n": n}
-    top = [{"site": s, "where": w, "score": v, "attribution": e}
-           for items in ranked(result).values() for s, w, v, e in items[:DEFAULT_TOP]]
+    top = [{"site": item.site, "where": item.where, "score": item.score, "attribution": item.estimate}
+           for items in ranked(result).values() for item in items[:DEFAULT_TOP]]
     kinds = {site: {"axes": list(kind.axes), "what": kind.what} for site in result.grids
              for _, kind in [kind_of(site)]}  # the page reads a grid's layout from here, not from the kinds' names
     return record(result) | {"quantity": quantity(result), "differing": result.differing, "kinds": kinds,
