@@ -4,8 +4,8 @@ shared helpers of `tfcli.cli.common`, calls its core module's pipeline (`tfcli/<
 in `tfcli/render/`. No model logic and no pipeline live here.
 
 The commands are in `see.py` (tokenize, config, encode, compare, classify, generate: a forward pass shown) and
-`why.py` (patch, attribute, heads: what makes a model do what it does); importing them registers them with `app`,
-in the order `tfcli --help` lists them.
+`why.py` (patch, attribute, heads: what makes a model do what it does), then `task.py` (task: the datasets those
+read); importing them registers them with `app`, in the order `tfcli --help` lists them.
 
 Option ranges are checked where the options are declared; what depends on the model is checked by
 the core against the config, before any model is built, and reported with the option's name.
@@ -16,7 +16,7 @@ Results go to stdout (a console laid out for --width and --color); warnings, pro
 
 from __future__ import annotations
 
-from tfcli.cli import see, why  # noqa: F401  (their commands register with `app`)
+from tfcli.cli import see, why, task  # noqa: F401  (their commands register with `app`)
 from tfcli.cli.common import app
 
 __all__ = ["app", "main"]
