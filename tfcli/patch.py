@@ -422,7 +422,8 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
             result.grids, result.done, result.finished = attributed, len(sweep), dict(result.runs)
             return result
         result.attribution_grids = attributed
-    sweeper = fast_sweep(model, sweep, clean_cache, corrupt_cache, metric, inputs, position, options.batch_mb) \
+    sweeper = fast_sweep(model, sweep, clean_cache, corrupt_cache, metric, inputs, position, options.batch_mb,
+                         first) \
         if options.fast else naive_sweep(model, sweep, clean_cache, corrupt_t, metric, inputs)
     try:
         if progress is not None:
@@ -555,9 +556,11 @@ def _rows(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
 
 def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[str, Tensor],
                corrupt_cache: dict[str, Tensor], metric: Metric, inputs: dict[str, Any], position: int | None,
-               batch_mb: float = BATCH_MB) -> Iterator[tuple[list[Patch], list[float]]]:
+               batch_mb: float = BATCH_MB, first: int | None = None) -> Iterator[tuple[list[Patch], list[float]]]:
     """The same scores as naive_sweep, batch by batch (see the module docstring): yields (patches, metric values).
-    The sweep holds no patch that cannot change the metric (`unchanged`: run_ids scores those 0 without a run)."""
+    The sweep holds no patch that cannot change the metric (`unchanged`: run_ids scores those 0 without a run).
+    A patch of every position (a head, q, k, v, pattern) on the causal stack that reads the texts runs from the
+    `first` position where they differ: before it the clean and corrupt values are the same."""
     import torch
 
     from tfcli.model.attention import PrefixKV
@@ -566,9 +569,11 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
     config = model.config
     by_prefix = dict(model.stacks())
     groups: dict[tuple[str, int], list[Patch]] = {}
-    for patch in sweep:  # a causal stack: the run covers the positions from the patched one on
-        causal = by_prefix[patch.stack].causal and patch.position is not None and position is not None
-        groups.setdefault((patch.stack, patch.position if causal else 0), []).append(patch)
+    for patch in sweep:  # a causal stack: the run covers the positions from the patched one (or the first) on
+        causal = by_prefix[patch.stack].causal and position is not None
+        start = 0 if not causal else patch.position if patch.position is not None else \
+            first if patch.stack == "" and first is not None else 0
+        groups.setdefault((patch.stack, start), []).append(patch)
     longest = max(t.shape[1] for t in corrupt_cache.values() if t.dim() >= 2)
     width = max(config.hidden_size, config.intermediate_size, config.num_attention_heads * longest)
     element = torch.finfo(model.embed_tokens.weight.dtype).bits // 8
