@@ -262,3 +262,11 @@ def test_a_dataset_is_read_from_stdin(cli, peaked, tmp_path):
     text = "".join(json.dumps(p) + "\n" for p in ioi(3))
     result = cli("attribute", "-m", str(peaked), "--dataset", "-", "--json", input=text)
     assert records(result)[-1]["n"] == 3
+
+
+def test_skip_bad_skips_lines_that_cannot_be_read_too(cli, peaked, tmp_path):
+    items = [json.dumps(p) for p in ioi(11)] + ["{not json", json.dumps({**ioi(1)[0], "targte": "x"})]
+    result = cli("patch", "-m", str(peaked), "--dataset", write(tmp_path, items), "--skip-bad", "--sites", "heads",
+                 "--json")
+    assert records(result)[-1]["skipped"] == 2 and records(result)[-1]["n"] == 11
+    assert "skipped line 12: not JSON" in result.stderr and "skipped line 13: unknown key `targte`" in result.stderr

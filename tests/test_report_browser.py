@@ -306,3 +306,32 @@ def test_heads_page_lists_the_top_heads_and_scales_each_grid_to_its_largest(brow
     assert readout.startswith(f'query 1 "{tokens[1]}" \u2192 key 0 "{tokens[0]}": 0.'), readout
     assert page.errors == [] and page.requests == [(pages / "heads.html").as_uri()]
     page.close()
+
+
+def test_dataset_pages_draw_the_aggregate_with_its_spread_on_hover(browser, tmp_path, tiny_decoder):
+    """patch and attribute --dataset --report: the page draws the aggregate as the view heads it (the dataset and
+    its count), each grid cell's hover gives its bootstrap interval and share of pairs restored, each component
+    its standard deviation and interval; no script error."""
+    import json
+
+    words = ["mary", "john", "tom", "anna", "paul", "kate", "mark", "lisa", "sarah", "david"]
+    lines = [{"clean": f"when {a} and {b} went home {b} gave it to", "corrupt": f"when {b} and {a} went home {a} gave "
+              "it to", "target": a, "foil": b} for a, b in zip(words, words[3:] + words[:3])]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    for command, extra in (("patch", ["--sites", "resid,heads"]), ("attribute", ["--by", "head"])):
+        path = tmp_path / f"{command}.html"
+        result = CliRunner().invoke(app, [command, "--model", str(tiny_decoder), "--dataset", str(data), *extra,
+                                          "--report", str(path)])
+        assert result.exit_code == 0, result.stderr
+        page = open_page(browser, path)
+        assert page.errors == [] and "could not draw" not in page.inner_text("body")
+        assert page.inner_text("h2") == f"dataset {data}: 10 {'pairs' if command == 'patch' else 'prompts'}"
+        if command == "patch":
+            tip = page.get_attribute(".patch-grid td", "data-tip")
+            assert "95% interval: [" in tip and "% of pairs" in tip
+            assert "95% interval" in page.locator("thead").last.inner_text()  # the top sites' table
+        else:
+            page.hover(".head-cell")
+            assert "95% interval [" in page.inner_text(".readout") and "std " in page.inner_text(".readout")
+        page.close()

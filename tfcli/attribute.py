@@ -212,6 +212,7 @@ class DatasetAttribution(Attribution):
     resamples: int = 0
     spread: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
     worst: float = 0.0
+    layer_std: tuple[list[float], list[float]] = ([], [])  # each layer's attention and MLP: std over the prompts
     foil_each: bool = False
     interrupted: bool = False
 
@@ -266,6 +267,13 @@ def run_dataset(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
             if c.neuron is not None and c.name not in kept_names:
                 fold[index[c.name], rest[c.layer]] = 1.0
         values, components = values @ fold, kept
+    layers = first.layers
+    per_layer = torch.zeros(len(components), 2 * layers, dtype=torch.float64)  # component -> its layer's side
+    for j, c in enumerate(components):
+        if c.layer is not None:
+            per_layer[j, c.layer + layers * c.in_mlp] = 1.0
+    sums = values @ per_layer  # (N, 2 L): each prompt's attention and MLP per layer
+    layer_std = sums.std(0) if len(sums) > 1 else torch.zeros(2 * layers, dtype=torch.float64)
     mean, std, low, high = mean_spread(values, resamples)
     components = [dataclasses.replace(c, value=v) for c, v in zip(components, mean.tolist())]
     spread = {c.name: (float(std[j]), None if low is None else float(low[j]), None if high is None else
@@ -275,4 +283,6 @@ def run_dataset(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
         "", [], [], first.position if len(positions) == 1 else None, first.target if same else None,
         first.foil if same else None, sum(logits) / len(logits), components, options.by, first.layers, first.heads,
         first.softcap, top=options.top, dataset=dataset, n=len(rows), prompts=len(prompts), skipped=skipped,
-        resamples=resamples, spread=spread, worst=worst, foil_each=first.foil is not None, interrupted=interrupted)
+        resamples=resamples, spread=spread, worst=worst, layer_std=(layer_std[:layers].tolist(),
+                                                                    layer_std[layers:].tolist()),
+        foil_each=first.foil is not None, interrupted=interrupted)

@@ -61,9 +61,9 @@ class BadLine(TfcliError):
         self.number = number
 
 
-def read_lines(path: str, spec: LineSpec) -> list[Line]:
-    """The lines of a JSON Lines file (`-`: stdin), each checked against `spec`; blank lines are skipped. An
-    unreadable file is a usage error; a bad line a BadLine. Nothing is kept of a file that fails."""
+def read_lines(path: str) -> list[tuple[int, str]]:
+    """The lines of a JSON Lines file (`-`: stdin) with their numbers, blank lines left out; `parse_line` reads
+    each. An unreadable or empty file is a usage error."""
     if path == "-":
         data = sys.stdin.buffer.read()
         name = "stdin"
@@ -82,7 +82,7 @@ def read_lines(path: str, spec: LineSpec) -> list[Line]:
     except UnicodeDecodeError as exc:
         number = data[:exc.start].count(b"\n") + 1
         raise BadLine(number, f"not UTF-8 text (byte {exc.start} of {name})") from None
-    lines = [parse_line(number, line, spec) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise usage_error(f"dataset {name} is empty: it has no line", "give one JSON object per line",
                           parameter="dataset")
@@ -133,17 +133,17 @@ def line_of(number: int, value: Any, spec: LineSpec) -> Line:
     return Line(number, fields)
 
 
-def checked(lines: list[Line], check: Callable[[Line], T], skip_bad: bool,
-            skipped: Callable[[str], None]) -> list[tuple[Line, T]]:
-    """Each line with what `check` makes of it. A line whose check fails (a TfcliError) stops everything, its
-    error naming the line; with `skip_bad` it is left out and `skipped(message)` told why. No line left: an
-    error."""
-    kept: list[tuple[Line, T]] = []
-    for line in lines:
+def checked(lines: list[tuple[int, str]], spec: LineSpec, check: Callable[[Line], T], skip_bad: bool,
+            skipped: Callable[[str], None]) -> list[T]:
+    """What `check` makes of each line (numbered text, read against `spec`). A line that cannot be read or whose
+    check fails (a TfcliError) stops everything, its error naming the line; with `skip_bad` it is left out and
+    `skipped(message)` told why. No line left: an error."""
+    kept: list[T] = []
+    for number, text in lines:
         try:
-            kept.append((line, check(line)))
+            kept.append(check(parse_line(number, text, spec)))
         except TfcliError as exc:
-            error = exc if isinstance(exc, BadLine) else BadLine(line.number, exc.message, exc.hint)
+            error = exc if isinstance(exc, BadLine) else BadLine(number, exc.message, exc.hint)
             if not skip_bad:
                 raise error from None
             skipped(error.message)

@@ -34,6 +34,11 @@ class Component:
     head: int | None = None
     neuron: int | None = None
 
+    @property
+    def in_mlp(self) -> bool:
+        """Whether it is (part of) an MLP's output, else of an attention's or the embeddings'."""
+        return ".mlp" in self.name or self.neuron is not None
+
 
 def writer_sites(model: TransformerModel, by: str) -> list[str]:
     """The sites a decomposition of the output stack reads, every one of which the model has: the embeddings' writers,

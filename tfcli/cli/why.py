@@ -149,8 +149,7 @@ def dataset_items(dataset: str, spec, check, skip_bad: bool, bootstrap: int | No
     from tfcli.analysis.dataset import BOOTSTRAP, check_bootstrap, check_one_metric, checked, read_lines
 
     bad = CappedWarnings(warn, "bad lines skipped")
-    items = [item for _, item in checked(read_lines(dataset, spec), check, skip_bad,
-                                         lambda message: bad.add(f"skipped {message}"))]
+    items = checked(read_lines(dataset), spec, check, skip_bad, lambda message: bad.add(f"skipped {message}"))
     bad.finish()
     check_one_metric([(item.line, item.foil is not None) for item in items])
     resamples = check_bootstrap(BOOTSTRAP if bootstrap is None else bootstrap, len(items), bootstrap is not None)

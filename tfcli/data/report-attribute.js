@@ -17,13 +17,21 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     }
     const readout = el("div", {class: "readout"}, "\u00a0");
 
-    section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)));
-    const cap = s.softcap === null ? "" : " (before the final soft cap at " + s.softcap + ")";
-    section.append(el("p", {}, "the " + s.quantity + " at position " + s.position + " " + quoted(s.tokens[s.position]) +
-      ": model's value" + cap + " " + signed(s.logit) + "; sum of the " + s.components.length + " components " +
-      signed(s.total) + " (differ by " + Math.abs(s.total - s.logit).toExponential(1) + ")"));
-    section.append(el("div", {class: "tokens"}, ...s.tokens.map((t, k) => el("span", {
-      class: "tok", style: k === s.position ? "border-color:#e6550d;font-weight:600" : ""}, t))));
+    const dataset = s.dataset !== undefined;  // the aggregate over a dataset: each component's mean and spread
+    // over a dataset, what a component's spread is: its standard deviation and 95% interval over the prompts
+    const spread = (c) => !dataset ? "" : " (std " + c.std.toFixed(4) +
+      (c.low === null ? "" : ", 95% interval [" + signed(c.low) + ", " + signed(c.high) + "]") + ")";
+    if (dataset) {
+      section.append(el("h2", {}, s.header[0]), ...s.header.slice(1).map((line, k) => el("p", {class: k === 1 ? "note" : ""}, line)));
+    } else {
+      section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)));
+      const cap = s.softcap === null ? "" : " (before the final soft cap at " + s.softcap + ")";
+      section.append(el("p", {}, "the " + s.quantity + " at position " + s.position + " " + quoted(s.tokens[s.position]) +
+        ": model's value" + cap + " " + signed(s.logit) + "; sum of the " + s.components.length + " components " +
+        signed(s.total) + " (differ by " + Math.abs(s.total - s.logit).toExponential(1) + ")"));
+      section.append(el("div", {class: "tokens"}, ...s.tokens.map((t, k) => el("span", {
+        class: "tok", style: k === s.position ? "border-color:#e6550d;font-weight:600" : ""}, t))));
+    }
 
     // per layer, as the terminal's table (the rows made in Python, `layer_rows`): the embeddings, what each layer's
     // attention (heads and bias) and MLP write, as signed bars, the final biases; and the running total
@@ -44,6 +52,8 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     const top = ranked.length ? Math.abs(ranked[0].value) : 0;
     section.append(el("h3", {}, "the " + ranked.length + " largest components"), el("table", {class: "labels components"},
       el("tbody", {}, ...ranked.map((c) => el("tr", {}, el("td", {class: "left"}, c.name), el("td", {}, signed(c.value)),
+                                                 ...(dataset ? [el("td", {}, "std " + c.std.toFixed(4)),
+                                                                el("td", {}, c.low === null ? "" : "[" + signed(c.low) + ", " + signed(c.high) + "]")] : []),
                                                  el("td", {class: "left"}, bar(c.value, top)))))));
     if (rest.length)
       section.append(el("p", {class: "note other"}, "the other " + rest.length + ": " +
@@ -51,7 +61,8 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
 
     if (s.by === "head") {  // the layer x head grid, hover for the value
       const heads = {};
-      for (const c of s.components) if (c.head !== null) heads[c.layer + "," + c.head] = c.value;
+      const byHead = {};
+      for (const c of s.components) if (c.head !== null) { heads[c.layer + "," + c.head] = c.value; byHead[c.layer + "," + c.head] = c; }
       const values = Object.values(heads), scale = Math.max(...values.map(Math.abs)) || 1;
       const rows = [...new Set(s.components.filter((c) => c.head !== null).map((c) => c.layer))];
       const head = el("tr", {}, el("th", {}, "layer"), ...Array.from({length: s.heads}, (_, h) => el("th", {}, "H" + h)));
@@ -59,7 +70,9 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         const v = heads[l + "," + h];
         const cell = el("td", {class: "head-cell", "data-head": "L" + l + "H" + h,
                                style: "width:22px;height:18px;background:" + (v === undefined ? "#fff" : diverging(v / scale))});
-        cell.addEventListener("mouseenter", () => { readout.textContent = "L" + l + "H" + h + ": " + signed(v); });
+        cell.addEventListener("mouseenter", () => {
+          readout.textContent = "L" + l + "H" + h + ": " + signed(v) + spread(byHead[l + "," + h]);
+        });
         return cell;
       })));
       section.append(el("h3", {}, "each head"),

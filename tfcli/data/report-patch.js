@@ -18,10 +18,26 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     }
     function signed(v) { return v === null ? "" : (v >= 0 ? "+" : "") + v.toFixed(2); }
     const stackOf = (site) => (site.startsWith("encoder.") || site.startsWith("decoder.")) ? site.split(".")[0] : "";
-    const differing = new Set(s.differing), swept = new Set(s.positions);
+    const differing = new Set(s.dataset !== undefined ? s.varying : s.differing), swept = new Set(s.positions);
+    // over a dataset, a cell's hover also says its bootstrap interval and the share of pairs it restores
+    function spread(site, cell) {
+      if (s.dataset === undefined) return "";
+      const at = (grid) => cell.reduce((g, k) => (g === null || g === undefined ? null : g[k]), grid);
+      const interval = s.intervals ? at(s.intervals[site]) : null, share = at(s.restored_share[site]);
+      return (interval ? "\n95% interval: [" + interval[0].toFixed(4) + ", " + interval[1].toFixed(4) + "]" : "") +
+             (share !== null ? "\nrestores half of its pair's difference in " + Math.round(100 * share) + "% of pairs" : "");
+    }
     // a column: its position (and * where the texts differ) over its token, and what hover says of it
     function positions(site) {
       const decoder = stackOf(site) === "decoder" && s.decoder_tokens;
+      if (s.dataset !== undefined && !decoder) {  // a dataset's columns: positions (or counted back from the metric's)
+        return s.tokens_clean.map((t, k) => ({
+          label: [s.columns[k] + (differing.has(k) ? "*" : ""), t],
+          tip: "position " + s.columns[k] + ": " + quoted(t) + " in the first pair" +
+               (differing.has(k) ? " (the pairs' tokens differ here)" : ""),
+          swept: swept.has(k),
+        }));
+      }
       return (decoder ? s.decoder_tokens : s.tokens_clean).map((t, k) => ({
         label: [k + (!decoder && differing.has(k) ? "*" : ""), t],
         tip: k + ": clean " + quoted(t) + (!decoder && s.tokens_corrupt[k] !== t ? ", corrupt " + quoted(s.tokens_corrupt[k]) : ""),
@@ -29,7 +45,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       }));
     }
     // rows (label, values), columns (label, tip) -> a table with hover readouts
-    function heatGrid(title, corner, columns, rows, top, what) {
+    function heatGrid(title, corner, columns, rows, top, what, site) {
       const head = el("tr", {}, el("th", {class: "left"}, corner),
         ...columns.map((c) => el("th", {"data-tip": c.tip}, ...[].concat(...c.label.map((part, k) => k ? [el("br"), part] : [part])))));
       const body = el("tbody");
@@ -38,7 +54,8 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         row.values.forEach((v, k) => {
           const missing = columns[k].swept === false ? "not patched (--positions)" : "not computed (interrupted)";
           const td = el("td", {"data-tip": title + "\n" + row.tip + ", " + columns[k].tip + "\n" + what + ": " +
-                                (v === null ? missing : v.toFixed(4))}, signed(v));
+                                (v === null ? missing : v.toFixed(4)) + (what === "score" ? spread(site, row.cell.concat([k])) : "")},
+                        signed(v));
           diverging(td, v, top);
           tr.append(td);
         });
@@ -51,21 +68,23 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       let columns, rows, corner;
       if (axes === "head,position") {
         columns = positions(site);
-        rows = grid.flatMap((layer, l) => layer.map((values, h) => ({label: "L" + l + "H" + h,
+        rows = grid.flatMap((layer, l) => layer.map((values, h) => ({label: "L" + l + "H" + h, cell: [l, h],
                                                                      tip: "layer " + l + ", head " + h, values})));
         corner = "layer, head";
       } else if (axes === "position") {
         columns = positions(site);
-        rows = grid.map((values, l) => ({label: String(l), tip: "layer " + l, values}));
+        rows = grid.map((values, l) => ({label: String(l), cell: [l], tip: "layer " + l, values}));
         corner = "layer";
       } else {
         columns = grid[0].map((_, h) => ({label: ["H" + h], tip: "head " + h}));
-        rows = grid.map((values, l) => ({label: String(l), tip: "layer " + l, values}));
+        rows = grid.map((values, l) => ({label: String(l), cell: [l], tip: "layer " + l, values}));
         corner = "layer";
       }
       const flat = rows.flatMap((r) => r.values).filter((v) => v !== null);
       const top = Math.max(1, ...flat.map(Math.abs));
-      return heatGrid(site, corner, columns, rows, top, what);
+      const view = heatGrid(site, corner, columns, rows, top, what, site);
+      view.append(key(top));  // each grid's own scale
+      return view;
     }
     // the two halves of a pair scroll together: the same columns stay side by side
     function together(a, b) {
@@ -78,16 +97,22 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     function key(top) {
       const ramp = el("span", {class: "ramp"});
       ramp.style.background = "linear-gradient(to right, rgb(" + RED + "), rgb(" + WHITE + "), rgb(" + BLUE + "))";
-      return el("div", {class: "legend"}, "-" + top, ramp, "+" + top,
+      const shown = Number.isInteger(top) ? String(top) : top.toFixed(2);
+      return el("div", {class: "legend"}, "-" + shown, ramp, "+" + shown,
                 el("span", {class: "legend-what"}, "score: 1 restores the clean value, 0 no effect, negative works against it"));
     }
-    const where = s.position === null ? "" : " at position " + s.position + " " +
-      quoted((s.decoder_tokens || s.tokens_clean)[s.position]);
+    if (s.dataset !== undefined) {  // the aggregate over a dataset: what the view says above its grids
+      section.append(el("h2", {}, s.header[0]), ...s.header.slice(1).map((line, k) => el("p", {class: k ? "note" : ""}, line)));
+    } else {
+      const where = s.position === null ? "" : " at position " + s.position + " " +
+        quoted((s.decoder_tokens || s.tokens_clean)[s.position]);
+      section.append(
+        el("h2", {}, "pair " + number + ": " + quoted(s.clean) + " vs " + quoted(s.corrupt)),
+        el("p", {}, "The " + s.quantity + where + ": clean " + s.clean_value.toFixed(4) + ", corrupt " +
+                    s.corrupt_value.toFixed(4) + ". Each cell: (patched - corrupt) / (clean - corrupt). Positions marked * " +
+                    "differ between the texts."));
+    }
     section.append(
-      el("h2", {}, "pair " + number + ": " + quoted(s.clean) + " vs " + quoted(s.corrupt)),
-      el("p", {}, "The " + s.quantity + where + ": clean " + s.clean_value.toFixed(4) + ", corrupt " +
-                  s.corrupt_value.toFixed(4) + ". Each cell: (patched - corrupt) / (clean - corrupt). Positions marked * " +
-                  "differ between the texts."),
       el("p", {class: "note"}, {activation: "Activation patching: each site of the corrupt run replaced by the clean run's, one at a time.",
                                 attribution: "Attribution patching: the first-order estimate (clean - corrupt) \u00b7 gradient, from one backward pass.",
                                 both: "Activation patching (left) beside its attribution estimate (right)."}[s.method]),
@@ -110,11 +135,12 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       }
       section.append(box);
     }
-    section.append(key(1));
     if (s.top.length) {
-      const head = ["site", "where", what].concat(s.attribution_grids ? ["attribution"] : []);
+      const spreads = s.dataset !== undefined ? (s.intervals ? ["95% interval", "restored"] : ["restored"]) : [];
+      const head = ["site", "where", what].concat(spreads, s.attribution_grids ? ["attribution"] : []);
       const topRows = s.top.map((t) => el("tr", {},
         el("td", {class: "left"}, t.site), el("td", {class: "left"}, t.where), el("td", {}, t.score.toFixed(4)),
+        ...(spreads.length === 2 ? [el("td", {}, t.interval)] : []), ...(spreads.length ? [el("td", {}, t.restored)] : []),
         s.attribution_grids ? el("td", {}, t.attribution === null ? "" : t.attribution.toFixed(4)) : null));
       const kinds = new Set(s.top.map((t) => t.site)).size;
       section.append(el("h3", {}, "the " + s.top_each + " largest scores" + (kinds > 1 ? " of each site kind" : "")),

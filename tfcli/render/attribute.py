@@ -183,6 +183,9 @@ def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, 
     what the terminal shows that the page shows too: `top` (the run's --top, the components listed) and
     `per_layer` (`layer_rows`, as {label, attention, mlp, total})."""
     section = record(result)
+    if isinstance(result, DatasetAttribution):  # what the view says above the lists; each component's value: its mean
+        section.update(header=[line.plain for line in dataset_header(result, 10**6)],
+                       components=[c | {"value": c["mean"]} for c in section["components"]])
     section.update(quantity=quantity(result), by=result.by, layers=result.layers, heads=result.heads,
                    softcap=result.softcap, top=result.top,
                    per_layer=[{"label": label, "attention": a, "mlp": m, "total": t}
@@ -195,7 +198,7 @@ def layer_sums(result: Attribution) -> tuple[list[float], list[float]]:
     attention, mlp = [0.0] * result.layers, [0.0] * result.layers
     for c in result.components:
         if c.layer is not None:
-            (mlp if ".mlp" in c.name or c.neuron is not None else attention)[c.layer] += c.value
+            (mlp if c.in_mlp else attention)[c.layer] += c.value
     return attention, mlp
 
 
@@ -211,20 +214,26 @@ def figure(result: Attribution, run: RunInfo, tokenizer: Tokenizer | None) -> Fi
     grid_rows = result.by == "head"
     height = 2.6 + (0.3 * result.layers + 0.9 if grid_rows else 0)
     figure = blank_figure(max(5.0, 0.32 * result.layers + 1.6), height + 1.0)
-    caption(figure, f"tfcli attribute: {quantity(result)} at position {result.position} "
-                    f"{result.tokens[result.position]!r} of {result.text!r}", run)
+    if isinstance(result, DatasetAttribution):
+        caption(figure, f"tfcli attribute: {quantity(result)}, each component's mean over the {result.n} prompts of "
+                        f"{result.dataset} (error bars: the standard deviation over the prompts)", run)
+    else:
+        caption(figure, f"tfcli attribute: {quantity(result)} at position {result.position} "
+                        f"{result.tokens[result.position]!r} of {result.text!r}", run)
     grid = figure.add_gridspec(2 if grid_rows else 1, 1, height_ratios=[2.6, 0.3 * result.layers + 0.9]
                                if grid_rows else [1])
     bars = figure.add_subplot(grid[0])
     x = np.arange(result.layers)
-    bars.bar(x - 0.2, attention, 0.4, label="attention", color="#2171b5")
-    bars.bar(x + 0.2, mlp, 0.4, label="MLP", color="#e6550d")
+    errors = result.layer_std if isinstance(result, DatasetAttribution) else (None, None)
+    bars.bar(x - 0.2, attention, 0.4, label="attention", color="#2171b5", yerr=errors[0], error_kw={"linewidth": 0.6})
+    bars.bar(x + 0.2, mlp, 0.4, label="MLP", color="#e6550d", yerr=errors[1], error_kw={"linewidth": 0.6})
     bars.axhline(0, color="0.3", linewidth=0.6)
     bars.set_xticks(x)
     bars.set_xlabel("layer")
     bars.set_ylabel("direct contribution")
     bars.legend(fontsize=6, frameon=False)
-    bars.set_title(f"model's value {result.logit:+.4f}; sum of the {len(result.components)} components "
+    mean = "mean " if isinstance(result, DatasetAttribution) else ""
+    bars.set_title(f"{mean}model's value {result.logit:+.4f}; sum of the {len(result.components)} {mean}components "
                    f"{result.total:+.4f}", fontsize=7)
     if grid_rows:
         values = np.full((result.layers, result.heads), np.nan)

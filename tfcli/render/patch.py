@@ -522,6 +522,8 @@ def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any
     """The page's data for one pair: the JSON record, what is measured, the positions that differ, the correlations
     (--method both), the top sites of each kind, what needs saying (`notes`, as the view says it), whether the sweep
     was interrupted and which grids it reached."""
+    kinds = {site: {"axes": list(kind.axes), "what": kind.what} for site in result.grids
+             for _, kind in [kind_of(site)]}  # the page reads a grid's layout from here, not from the kinds' names
     correlations = {}
     if result.attribution_grids is not None:
         for site in result.grids:
@@ -529,8 +531,13 @@ def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any
             correlations[site] = {"r": r, "n": n}
     top = [{"site": item.site, "where": item.where, "score": item.score, "attribution": item.estimate}
            for items in ranked(result).values() for item in items[:DEFAULT_TOP]]
-    kinds = {site: {"axes": list(kind.axes), "what": kind.what} for site in result.grids
-             for _, kind in [kind_of(site)]}  # the page reads a grid's layout from here, not from the kinds' names
+    if isinstance(result, DatasetPatching):  # each top site's interval and share, and how the view heads it
+        for entry, item in zip(top, [item for items in ranked(result).values() for item in items[:DEFAULT_TOP]]):
+            entry["interval"], entry["restored"] = spread(result, item)
+        return record(result) | {"quantity": quantity(result), "kinds": kinds, "top": top, "top_each": DEFAULT_TOP,
+                                 "header": [line.plain for line in dataset_header(result, 10**6)],
+                                 "notes": [{"text": text, "style": style} for text, style in notes(result)],
+                                 "reached": dict.fromkeys(result.grids, True), "correlations": {}}
     return record(result) | {"quantity": quantity(result), "differing": result.differing, "kinds": kinds,
                              "correlations": correlations, "top": top, "top_each": DEFAULT_TOP,
                              "notes": [{"text": text, "style": style} for text, style in notes(result)],
@@ -552,6 +559,8 @@ def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
     twins = [("activation patching", result.grids)] if result.method != "attribution" else []
     if result.attribution_grids is not None or result.method == "attribution":
         twins.append(("attribution estimate", result.attribution_grids or result.grids))
+    if isinstance(result, DatasetPatching) and result.restored_share is not None:  # the spread over the pairs
+        twins.append(("share of pairs restored (≥ half)", result.restored_share))
     rows_of: list[tuple[str, list[str], list[str]]] = []  # per site kind: (site, row labels, column labels)
     for site, grid in result.grids.items():
         _, kind = kind_of(site)
@@ -580,8 +589,10 @@ def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
     heights = [0.6 + h * len(rows) + 0.09 * longest for h, (_, rows, _) in zip(cell_heights, rows_of)]
     bar = 0.8  # the colour bar's own row under the grids, a little space, its ticks and label: clear of the caption
     fig = blank_figure(width, 1.2 + sum(heights) + bar)
+    subject = f"over the {result.n} pairs of {result.dataset} (means)" if isinstance(result, DatasetPatching) else \
+        f"{result.clean!r} vs {result.corrupt!r}"
     caption(fig, f"tfcli patch: {quantity(result)}, clean {result.clean_value:+.3f}, corrupt "
-                 f"{result.corrupt_value:+.3f}; {result.clean!r} vs {result.corrupt!r}", run)
+                 f"{result.corrupt_value:+.3f}; {subject}", run)
     layout = fig.add_gridspec(len(rows_of) + 1, len(twins), height_ratios=heights + [bar])
     image = None
     for index, ((site, rows, columns), cell_height) in enumerate(zip(rows_of, cell_heights)):
