@@ -19,16 +19,9 @@ PLACES = ["store", "park", "school", "office"]
 
 
 @pytest.fixture(scope="module")
-def peaked(tmp_path_factory):
-    """A tiny GPT-2-shaped checkpoint on the bundled BERT vocabulary, weights large enough to have opinions."""
-    import transformers
-
-    path = tmp_path_factory.mktemp("peaked")
-    config = transformers.GPT2Config(vocab_size=30522, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                     bos_token_id=101, eos_token_id=102, pad_token_id=0, initializer_range=0.3)
-    torch.manual_seed(1)
-    transformers.GPT2LMHeadModel(config).eval().save_pretrained(path)
-    return path
+def peaked(peaked_gpt2):
+    """A tiny GPT-2 on the bundled BERT vocabulary that predicts with conviction (tests/conftest.py)."""
+    return peaked_gpt2[0]
 
 
 def ioi(count: int, lengths_differ: bool = False) -> list[dict]:
