@@ -509,3 +509,31 @@ def test_steering_layers_pick_blocks(checkpoints):
     assert set(hooks) == {"blocks.2.resid_post"}
     with pytest.raises(TfcliError, match="does not fit"):
         steer.steering_hooks(model, [{1: torch.ones(48)}], [1.0])
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_steered_generation_equals_transformers_generate_with_the_hook(checkpoints, name):
+    """The hooks run on every pass of the generation loop, the prompt's and each new token's (with the KV cache):
+    greedy tokens equal transformers' generate with the vector added to the block's output, and differ from the
+    unsteered ones."""
+    path, hf, blocks = checkpoints[name]
+    model = tfcli.load_model(str(path))
+    torch.manual_seed(2)
+    vector = {1: 6.0 * torch.randn(32)}
+    hooks = steer.steering_hooks(model, [vector], [1.0])
+
+    def hook(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        return (hidden + vector[1], *output[1:]) if isinstance(output, tuple) else hidden + vector[1]
+
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231]])
+    handle = blocks[1].register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            theirs = hf.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    finally:
+        handle.remove()
+    ours = model.generate(ids, max_new_tokens=8, hooks=hooks)
+    plain = model.generate(ids, max_new_tokens=8)
+    assert ours.tolist() == theirs.tolist()
+    assert ours.tolist() != plain.tolist()  # the vector changes what is generated

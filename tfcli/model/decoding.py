@@ -22,7 +22,7 @@ from torch import nn
 
 from tfcli.errors import TfcliError, usage_error
 from tfcli.model.attention import KVCache
-from tfcli.model.sites import NO_SITES, Sites, hidden_site
+from tfcli.model.sites import NO_SITES, Hook, Sites, hidden_site
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
@@ -132,8 +132,9 @@ def force(tokens: Tensor, config: ModelConfig, length: int, last: bool) -> Tenso
 @torch.inference_mode()
 def decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
            max_new_tokens: int = 20, sampling: Sampling | None = None, use_cache: bool = True,
-           lens: bool = False) -> Iterator[StepTensors]:
-    """Yield one StepTensors per new token until max_new_tokens or every row has hit end of sequence.
+           lens: bool = False, hooks: dict[str, Hook] | None = None) -> Iterator[StepTensors]:
+    """Yield one StepTensors per new token until max_new_tokens or every row has hit end of sequence. `hooks` (by
+    site name) run on every pass, the prompt's and each step's (steering).
 
     input_ids (B, T): the prompt (decoder-only, left-padded for batches) or the encoder input
     (encoder-decoder: the decoder starts from the start token). With use_cache, the prompt runs once and
@@ -177,7 +178,7 @@ def decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = 
     step_input = sequence
     logits_kept = 0 if lens else 1  # with the lens, its product with the unembedding makes the logits
     for step in range(max_new_tokens):
-        sites = Sites(keep) if lens else NO_SITES
+        sites = Sites(keep if lens else None, hooks) if lens or hooks else NO_SITES
         if seq2seq:
             out = model(input_ids, attention_mask=mask, decoder_input_ids=step_input, cache=cache,
                         encoder_output=encoder_output, logits_to_keep=logits_kept, sites=sites)
@@ -208,7 +209,7 @@ def decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = 
 
 def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, do_sample: bool, temperature: float,
              top_k: int | None, top_p: float | None, seed: int | None, use_cache: bool,
-             attention_mask: Tensor | None) -> Tensor:
+             attention_mask: Tensor | None, hooks: dict[str, Hook] | None = None) -> Tensor:
     """Prompt + new ids (B, T + new), as transformers' generate returns them; for an encoder-decoder, the
     decoder's ids starting with the decoder start token. Rows that finish early are padded. The defaults are
     TransformerModel.generate's, the public entry."""
@@ -217,19 +218,21 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, do_sample
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     sequence = model.start_tokens(input_ids.shape[0], input_ids.device) if seq2seq else input_ids
-    new = [step.tokens for step in decode(model, input_ids, attention_mask, max_new_tokens, sampling, use_cache)]
+    new = [step.tokens for step in decode(model, input_ids, attention_mask, max_new_tokens, sampling, use_cache,
+                                          hooks=hooks)]
     return torch.cat([sequence, torch.stack(new, dim=1)], dim=1)  # max_new_tokens >= 1: never empty
 
 
 @torch.no_grad()
 def stream(model: nn.Module, input_ids: Tensor, max_new_tokens: int = 20, sampling: Sampling | None = None,
-           use_cache: bool = True, lens: bool = False, top: int = 5) -> Iterator[Step]:
-    """One prompt (1, T) -> a Step per new token, as soon as it is chosen."""
+           use_cache: bool = True, lens: bool = False, top: int = 5,
+           hooks: dict[str, Hook] | None = None) -> Iterator[Step]:
+    """One prompt (1, T) -> a Step per new token, as soon as it is chosen (`hooks`: as decode runs them)."""
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.shape[0] != 1:
         raise ValueError("stream takes one prompt; use generate for batches")
-    for index, step in enumerate(decode(model, input_ids, None, max_new_tokens, sampling, use_cache, lens)):
+    for index, step in enumerate(decode(model, input_ids, None, max_new_tokens, sampling, use_cache, lens, hooks)):
         probs = step.logits[0].softmax(dim=-1)
         token = int(step.tokens[0])
         best = probs.topk(min(top, probs.shape[-1]))

@@ -506,11 +506,13 @@ class TransformerModel(nn.Module):
 
     def generate(self, input_ids: Tensor, max_new_tokens: int = 20, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 use_cache: bool = True, attention_mask: Tensor | None = None) -> Tensor:
+                 use_cache: bool = True, attention_mask: Tensor | None = None,
+                 hooks: dict[str, Hook] | None = None) -> Tensor:
         """Prompt + new ids (B, T + new) like transformers' generate (encoder-decoders: the decoder's ids,
-        start token first); greedy unless do_sample. See tfcli/model/decoding.py."""
+        start token first); greedy unless do_sample; `hooks` by site name run on every pass (steering:
+        tfcli.steer.steering_hooks). See tfcli/model/decoding.py."""
         return generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, use_cache,
-                        attention_mask)
+                        attention_mask, hooks)
 
 
 SYMBOLS = {10_007: "B", 10_009: "T", 10_037: "S"}  # sizes no model has (primes): each stands for its letter
