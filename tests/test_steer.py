@@ -537,3 +537,55 @@ def test_steered_generation_equals_transformers_generate_with_the_hook(checkpoin
     plain = model.generate(ids, max_new_tokens=8)
     assert ours.tolist() == theirs.tolist()
     assert ours.tolist() != plain.tolist()  # the vector changes what is generated
+
+
+def test_generate_steer_adds_the_file_s_vector_times_its_strength(cli, checkpoints, tmp_path):
+    """`generate --steer FILE:STRENGTH` generates what transformers generates with the file's direction times the
+    strength added to each block's output (greedy, JSON tokens); several --steer add up; --steer-layers picks the
+    blocks; a strength that is not a number and a vector of another width are refused before the model is built."""
+    path, hf, blocks = checkpoints["gpt2"]
+    torch.manual_seed(3)
+    vector = {1: torch.randn(32), 2: torch.randn(32)}
+    file = tmp_path / "v.safetensors"
+    write_vector(file, vector, "gpt2")
+
+    def generated(*args):
+        result = cli("generate", "-m", str(path), "this is a test", "-n", "6", "--json", *args)
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)["generated_ids"], result.stderr
+
+    def transformers_generates(added):
+        ids = torch.tensor([tokenizer_of(path).encode(["this is a test"])[0].ids[:-1]])  # a prompt: no [SEP]
+        handles = [blocks[layer].register_forward_hook(
+            lambda module, args, output, v=v: (output[0] + v, *output[1:]) if isinstance(output, tuple) else output + v)
+            for layer, v in added.items()]
+        try:
+            with torch.no_grad():
+                out = hf.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return out[0, ids.shape[1]:].tolist()
+
+    steered, said = generated("--steer", f"{file}:3")
+    assert steered == transformers_generates({1: 3 * vector[1], 2: 3 * vector[2]})[:len(steered)]
+    assert "steering: " in said and "at blocks 1-2" in said
+    twice, _ = generated("--steer", f"{file}:1", "--steer", f"{file}:2")
+    assert twice == steered
+    only, _ = generated("--steer", f"{file}:3", "--steer-layers", "2")
+    assert only == transformers_generates({2: 3 * vector[2]})[:len(only)]
+    plain, _ = generated()
+    assert plain != steered  # it could fail: the vector changes the continuation
+
+
+def test_generate_steer_refusals_come_before_the_model(cli, checkpoints, tmp_path, no_model_built):
+    path = checkpoints["gpt2"][0]
+    file = tmp_path / "wide.safetensors"
+    write_vector(file, {1: torch.ones(48)}, "gpt2")
+    for args, message in (([f"{file}:strong"], "the strength `strong` is not a number"),
+                          ([str(file)], "is 48 wide"),
+                          ([str(tmp_path / "none.gguf")], "no such file")):
+        result = cli("generate", "-m", str(path), "hello", "--steer", *args)
+        assert result.exit_code == 2 and message in result.stderr, result.stderr
+    result = cli("generate", "-m", str(path), "hello", "--steer-normalize")
+    assert result.exit_code == 2 and "go with --steer" in result.stderr

@@ -47,3 +47,14 @@ def _index(text: str | None, default: int, count: int, what: str, hint: str, has
 def counted(count: int, what: str) -> str:
     """'12 layers', '1 layer'."""
     return f"{count} {what.removesuffix('s') if count == 1 else what}"
+
+
+def spans(indices: list[int]) -> str:
+    """Sorted indices as people write them, the inverse of parse_indices: [0, 2, 3, 4, 7] -> '0, 2-4, 7'."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

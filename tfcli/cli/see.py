@@ -341,6 +341,38 @@ def classify(
          report=report, force=force, command="classify", model=loaded, source=source)
 
 
+def steering(specs: list[str] | None, layers: str | None, normalize: bool, config) -> tuple | None:
+    """--steer PATH[:STRENGTH] (repeated), --steer-layers and --steer-normalize, read and checked against the
+    model's config before it is built: (vectors, strengths, normalize, layers) for steer.steering_hooks, or None
+    without --steer (said on stderr: which files, strengths and blocks)."""
+    if not specs:
+        if layers is not None or normalize:
+            raise usage_error("--steer-layers and --steer-normalize go with --steer PATH[:STRENGTH]")
+        return None
+    from tfcli.analysis.indices import parse_indices, spans
+    from tfcli.analysis.vectors import load_vector
+
+    vectors, strengths = [], []
+    for spec in specs:
+        path, _, strength = spec.rpartition(":")
+        if not path or Path(spec).exists():
+            path, strength = spec, "1"
+        try:
+            value = float(strength)
+        except ValueError:
+            raise usage_error(f"--steer {spec}: the strength `{strength}` is not a number",
+                              "give PATH or PATH:STRENGTH, e.g. happy.gguf:4 or happy.gguf:-2") from None
+        vectors.append(load_vector(path, config))
+        strengths.append(value)
+    chosen = parse_indices(layers, config.num_hidden_layers, "steer-layers")
+    blocks = sorted({layer for vector in vectors for layer in vector if chosen is None or layer in chosen})
+    if not blocks:
+        raise usage_error("--steer-layers leaves no block of the vectors to steer")
+    note(f"steering: {', '.join(specs)} at blocks {spans(blocks)}" + (" (each position's norm kept)" if normalize
+                                                                         else ""))
+    return vectors, strengths, normalize, chosen
+
+
 @app.command()
 def generate(
     prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT", show_default=False,
@@ -360,6 +392,14 @@ def generate(
                                                 help="Sample from the most probable tokens whose probabilities "
                                                 "add up to P, in (0, 1].")] = None,
     lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step.")] = False,
+    steer: Annotated[list[str] | None, typer.Option(metavar="PATH[:STRENGTH]", help="Add a steering vector (a "
+                                                    "control-vector .gguf or .safetensors: tfcli steer fit, llama.cpp, "
+                                                    "repeng) times STRENGTH (default 1) to each of its blocks' output, "
+                                                    "at every position; several add up.")] = None,
+    steer_layers: Annotated[str | None, typer.Option("--steer-layers", metavar="LAYERS", help="Steer only these "
+                                                     "blocks of the vectors, e.g. 10-20 (default: all they have).")] = None,
+    steer_normalize: Annotated[bool, typer.Option("--steer-normalize", help="Keep each position's norm as it was "
+                                                  "before the vector was added (repeng's normalize).")] = False,
     report: ReportOption = None,
     force: ReportForceOption = False,
     file: Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
@@ -380,6 +420,7 @@ def generate(
       tfcli generate --model path/to/gpt2 -n 10 --lens "time flies like"
       tfcli generate --model path/to/gpt2 --temperature 0.8 --top-p 0.9 \\
           --seed 1 "Once upon a time"
+      tfcli generate --model path/to/model.gguf --steer happy.gguf:4 "I feel"
     """
     from tfcli import generate as core
     from tfcli.model.decoding import Sampling
@@ -397,6 +438,7 @@ def generate(
     sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
     source = resolve_source(model or core.DEFAULT_MODEL, revision)
     sampling.check(source.config.vocab_size)  # before the model is built
+    vectors = steering(steer, steer_layers, steer_normalize, source.config)
     tokenizer = tokenizer_of(source)
     batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
                for batch in prompts_in.batches(1))
@@ -417,8 +459,13 @@ def generate(
                 show_text("\n")
             yield generation
 
+    hooks = None
+    if vectors is not None:
+        from tfcli.steer import steering_hooks
+
+        hooks = steering_hooks(loaded, *vectors)
     generations = core.run(loaded, tokenizer, batches, sampling, max_new_tokens, lens, show_text if live else None,
-                           warn)
+                           warn, hooks)
     emit(ended(generations), out=out, json_output=json_output, record=lambda result: render.record(result, tokenizer),
          lines=lambda result, number: render.generation_lines(result, tokenizer, number,
                                                               seed if do_sample else None, out.width,
