@@ -284,3 +284,28 @@ def peaked_gpt2(tmp_path_factory, save_hf_model):
         model.transformer.ln_f.bias.normal_(0.0, 1.0)
     model.save_pretrained(path)
     return path, model
+
+
+@pytest.fixture(scope="session")
+def byte_level_gpt2(tmp_path_factory):
+    """(path, clean, corrupt): a tiny random GPT-2 checkpoint with a byte-level BPE tokenizer of its own (GPT-2's
+    kind, trained here on the two indirect-object sentences clean and corrupt: " Mary" is one token, its vocabulary
+    entry `ĠMary`)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    clean = "When Mary and John went to the store, John gave a drink to"
+    corrupt = "When John and Mary went to the store, Mary gave a drink to"
+    path = tmp_path_factory.mktemp("byte-level-gpt2")
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator([clean, corrupt] * 20, trainers.BpeTrainer(
+        vocab_size=320, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    backend.save(str(path / "tokenizer.json"))
+    assert all(backend.token_to_id(token) is not None for token in ("ĠMary", "ĠJohn", "Ġto"))
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=backend.get_vocab_size(), n_embd=32, n_layer=2, n_head=4,
+                               n_positions=64)).save_pretrained(path)
+    return path, clean, corrupt

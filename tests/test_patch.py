@@ -763,9 +763,9 @@ def test_the_first_view_leaves_out_what_is_all_but_0_and_full_shows_it(cli, peak
         assert gone_columns  # [CLS] and "when" at least: the check could not pass by itself
         note = next(line for line in short.stdout.splitlines() if line.startswith(f"{kind}: left out, no |score| ≥ "
                                                                                    "0.05: "))
-        from tfcli.render.patch import ranges
-        assert f"positions {ranges(gone_columns)} ({len(gone_columns)} of 14)" in note
-        assert (f"layers {ranges(gone_rows)} ({len(gone_rows)} of 3)" in note) == bool(gone_rows)
+        from tfcli.analysis.indices import spans
+        assert f"positions {spans(gone_columns)} ({len(gone_columns)} of 14)" in note
+        assert (f"layers {spans(gone_rows)} ({len(gone_rows)} of 3)" in note) == bool(gone_rows)
     assert "[CLS]" not in short.stdout and "[CLS]" in full.stdout and "left out" not in full.stdout
     assert "--full shows every grid whole" in short.stdout and "--full shows" not in full.stdout
 

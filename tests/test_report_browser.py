@@ -335,3 +335,40 @@ def test_dataset_pages_draw_the_aggregate_with_its_spread_on_hover(browser, tmp_
             page.hover(".head-cell")
             assert "95% interval [" in page.inner_text(".readout") and "std " in page.inner_text(".readout")
         page.close()
+
+
+def test_pages_show_a_byte_level_tokens_text(browser, tmp_path, byte_level_gpt2):
+    """On a byte-level BPE checkpoint the pages draw each token's text, never its vocabulary entry (`ĠMary`): the
+    token lists and the grids' columns with a space as ␣ (said beside them), the hovers and headings quoted
+    (`" Mary"`) with the id; no script error."""
+    path, clean, corrupt = byte_level_gpt2
+    metric = ["--target", " Mary", "--foil", " John"]
+    runs = {"encode": ["encode", clean], "attribute": ["attribute", clean, *metric],
+            "patch": ["patch", clean, corrupt, *metric, "--sites", "resid"],
+            "heads": ["heads", clean, corrupt]}
+    for name, args in runs.items():
+        report = tmp_path / f"{name}.html"
+        result = CliRunner().invoke(app, [args[0], "--model", str(path), *args[1:], "--report", str(report)])
+        assert result.exit_code == 0, result.stderr
+        page = open_page(browser, report)
+        body = page.inner_text("body")
+        assert page.errors == [] and "could not draw" not in body, name
+        assert "Ġ" not in body and "\u2423 = a space" in body or name == "heads", name
+        if name == "encode":
+            assert page.locator(".tokens").first.inner_text().split()[:3] == ["When", "\u2423Mary", "\u2423and"]
+            assert page.get_attribute(".tokens .tok >> nth=1", "data-tip") == 'position 1: " Mary"'
+            assert page.locator(".headview .col.left span").all_inner_texts()[1] == "\u2423Mary"
+        elif name == "attribute":
+            assert page.locator(".tokens .tok").all_inner_texts()[1] == "\u2423Mary"
+            assert " \" to\" (#" in body and "logit difference ' Mary' - ' John'" in body
+        elif name == "patch":
+            headers = page.locator(".patch-grid thead th").all_inner_texts()
+            assert "1*\n\u2423Mary" in headers, headers
+            assert 'clean " Mary" (#' in page.get_attribute(".patch-grid thead th >> nth=2", "data-tip")
+        else:  # a head's map reads out the tokens' texts on hover
+            page.locator('[data-detector="previous"] td.head-cell').first.click()
+            page.wait_for_selector('[data-detector="previous"] .head-detail canvas')
+            page.hover('[data-detector="previous"] .head-detail canvas', position={"x": 3, "y": 3})
+            readout = page.inner_text('[data-detector="previous"] .head-detail .readout')
+            assert readout.startswith('query 0 "When" \u2192 key 0 "When"') and "Ġ" not in readout, readout
+        page.close()

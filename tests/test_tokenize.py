@@ -201,3 +201,64 @@ def test_the_tokenizer_is_named_as_such_after_each_text(cli, minilm_dir):
     named = [line for line in result.stdout.splitlines() if str(minilm_dir) in line]
     assert named == [f"tokenizer: {minilm_dir}"] * 2
     assert cli("tokenize", "time flies").stdout.splitlines()[-1] == "tokenizer: bundled bert-base-uncased WordPiece"
+
+
+# ---------------------------------------------------------------- a token as a person reads it (issue 39, item 10)
+
+
+def test_a_byte_level_token_reads_as_the_text_it_stands_for(gpt2_style_dir, cli):
+    """`text_of`: byte-level BPE's `Ġflies` is ` flies` (its leading space kept), a newline's `Ċ` is `\\n`, half of
+    `é` (U+FFFD when decoded alone) and nothing else stays its vocabulary entry, an id past the vocabulary is `<id>`;
+    `tokenize`, where the vocabulary entries are the subject, still shows `Ġflies`."""
+    tokenizer = load_tokenizer(gpt2_style_dir)
+    flies, newline, half = (tokenizer.token_to_id(t) for t in ("Ġflies", "Ċ", "Ã"))
+    assert tokenizer.text_of(flies) == " flies" and tokenizer.text_of(newline) == "\n"
+    assert tokenizer.decode([half]) == "\ufffd" and tokenizer.text_of(half) == "Ã"
+    assert tokenizer.text_of(tokenizer.eos_token_id) == "<|endoftext|>"  # a special token reads as its name
+    assert tokenizer.text_of(10**6) == f"<{10**6}>"
+    [encoding] = tokenizer.encode(["time flies"])
+    assert tokenizer.texts(encoding.ids) == ["time", " flies"]
+    result = cli("tokenize", "--model", str(gpt2_style_dir), "time flies", "--width", "120")
+    assert result.exit_code == 0, result.stderr
+    assert "Ġflies" in result.stdout
+    [record] = records(cli("tokenize", "--json", "--model", str(gpt2_style_dir), "time flies"))
+    assert record["tokens"] == ["time", "Ġflies"]
+
+
+def test_wordpiece_tokens_read_as_they_are(bundled):
+    """WordPiece: a continuation keeps its `##` (it continues a word: decoding it alone would drop the sign) and the
+    special tokens read as their names."""
+    for token in ("##ing", "[CLS]", "[SEP]", "[MASK]", "time"):
+        assert bundled.text_of(bundled.token_to_id(token)) == token
+
+
+def test_a_sentencepiece_token_keeps_its_leading_space(tmp_path):
+    """SentencePiece (Llama's tokenizer.json: ▁ read as a space, the first one stripped when decoding) and Marian:
+    `▁Mary` is ` Mary`, as ` Mary` reads after another word, not the `Mary` that decoding it alone gives; a byte
+    token `<0x0A>` is `\\n`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "\u2581Mary": 2, "\u2581": 3, "M": 4, "<0x0A>": 5, "\u2581\u2581": 6, "ary": 7}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, fuse_unk=True, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(content=" ", left=1)])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = load_tokenizer(tmp_path)
+    assert tokenizer.decode([2]) == "Mary"  # what decoding it alone gives
+    assert [tokenizer.text_of(i) for i in range(8)] == ["<unk>", "<s>", " Mary", " ", "M", "\n", "  ", "ary"]
+
+
+def test_a_long_texts_tokens_are_decoded_once_per_id(gpt2_style_dir, monkeypatch):
+    """`texts` caches each id's text: a 5,000-token text costs a decode per distinct id, not per token (encode,
+    attribute and patch show every token of a long text)."""
+    tokenizer = load_tokenizer(gpt2_style_dir)
+    [encoding] = tokenizer.encode([" ".join(["time flies like an arrow", "fruit flies like a banana"] * 500)])
+    assert len(encoding.ids) >= 5000
+    whole, calls = tokenizer.decode(encoding.ids), []
+    decode = tokenizer.decode
+    monkeypatch.setattr(tokenizer, "decode", lambda ids, **options: calls.append(ids) or decode(ids, **options))
+    assert "".join(tokenizer.texts(encoding.ids)) == whole
+    assert len(calls) == len(set(encoding.ids)) < 20
+    tokenizer.texts(encoding.ids)
+    assert len(calls) == len(set(encoding.ids))

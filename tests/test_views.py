@@ -271,3 +271,85 @@ def test_encode_and_attribute_echo_a_long_text_in_three_lines_saying_what_the_mo
         lines = result.stdout.splitlines()
         echoed = lines[:next(k for k, line in enumerate(lines) if line.startswith(("tokens:", "position ")))]
         assert 1 <= len(echoed) <= 3 and said in " ".join(echoed), echoed
+
+
+# ---------------------------------------------------------------- a token as it reads (issue 39, item 10)
+
+def page_data(path) -> dict:
+    """The data a --report page draws."""
+    found = re.search(r'<script id="tfcli-data" type="application/json">(.*?)</script>', path.read_text("utf-8"), re.S)
+    return json.loads(found.group(1).replace("<\\/", "</"))
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_byte_level_tokens_read_as_their_text_in_every_view(cli, byte_level_gpt2, width):
+    """attribute, patch and encode show the text a token stands for, never its vocabulary entry (`ĠMary`): quoted
+    where a sentence names one (`' Mary'`, with its id where it is the position read), a space as ␣ where tokens
+    stand as labels (the grids' columns, the token list: the view says what ␣ is); a quoted token is never cut
+    across lines. JSON keeps the vocabulary entries, and tokenize, whose subject they are, shows them."""
+    import tfcli
+
+    path, clean, corrupt = byte_level_gpt2
+    model = str(path)
+    tokenizer = tfcli.load_tokenizer(model)
+    ids = tokenizer.encode([clean])[0].ids
+    mary, john, to = (tokenizer.token_to_id(t) for t in ("ĠMary", "ĠJohn", "Ġto"))
+    last = len(ids) - 1
+    metric = ("--target", " Mary", "--foil", " John")
+    shown = ["--width", str(width), "--no-color"]
+    runs = {"attribute": ("attribute", "-m", model, clean, *metric),
+            "patch": ("patch", "-m", model, clean, corrupt, *metric, "--sites", "resid", "--full"),
+            "encode": ("encode", "-m", model, clean)}
+    screens = {}
+    for name, args in runs.items():
+        result = cli(*args, *shown)
+        assert result.exit_code == 0, result.stderr
+        lines = check_screen(result.stdout.rstrip("\n"), width)
+        assert not [line for line in lines if "Ġ" in line], name
+        assert not [line for line in lines if re.search(r"(^|\s)'\s*$", line)], name  # no line ends inside a quote
+        screens[name] = " ".join(" ".join(lines).split())  # the sentences as they read, whatever the width
+    assert f"position {last} ' to' (#{to}): the logit difference ' Mary' - ' John' (#{mary}, #{john})" in \
+        screens["attribute"]
+    assert f"the logit difference ' Mary' - ' John' (#{mary}, #{john}) at position {last} ' to' (#{to}): clean " \
+        in screens["patch"]
+    assert "the texts differ at 1 ' Mary'/' John', 3 ' John'/' Mary', 9 ' John'/' Mary' (* in the grids)" in \
+        screens["patch"]
+    assert "␣ = a space" in screens["patch"] and "1* " in screens["patch"] and " ␣Mary " in screens["patch"]
+    assert screens["encode"].startswith(f"text 1: {clean!r} tokens (␣ = a space): 0 When 1 ␣Mary 2 ␣and 3 ␣John")
+    # --json: the vocabulary entries, as before
+    records = {name: json.loads(cli(*args, "--json").stdout.splitlines()[0]) for name, args in runs.items()}
+    assert records["attribute"]["tokens"][1] == "ĠMary" and records["attribute"]["target"]["token"] == "ĠMary"
+    assert records["patch"]["tokens_clean"][1] == "ĠMary" and records["patch"]["foil"]["token"] == "ĠJohn"
+    assert records["encode"]["tokens"][1] == "ĠMary"
+    tokenized = cli("tokenize", "-m", model, clean, *shown)
+    assert tokenized.exit_code == 0 and "ĠMary" in tokenized.stdout
+
+
+def test_byte_level_tokens_read_as_their_text_on_the_pages_and_figures(cli, byte_level_gpt2, tmp_path):
+    """The --report pages get each token's text beside the record's vocabulary entries (`tokens_shown`, ...), and a
+    figure labels its axes with the texts, a space as ␣, as the terminal does."""
+    path, clean, corrupt = byte_level_gpt2
+    model = str(path)
+    metric = ("--target", " Mary", "--foil", " John")
+    runs = {"attribute": ("attribute", "-m", model, clean, *metric),
+            "patch": ("patch", "-m", model, clean, corrupt, *metric, "--sites", "resid"),
+            "encode": ("encode", "-m", model, clean)}
+    for name, args in runs.items():
+        for suffix in (".html", ".svg"):
+            path = tmp_path / f"{name}{suffix}"
+            result = cli(*args, "--report", str(path))
+            assert result.exit_code == 0, result.stderr
+    attribute, patch, encode = (page_data(tmp_path / f"{name}.html")["sections"][0] for name in runs)
+    assert attribute["tokens"][1] == "ĠMary" and attribute["tokens_shown"][1] == " Mary"
+    assert attribute["quantity"] == "logit difference ' Mary' - ' John'"
+    assert patch["tokens_clean"][1] == "ĠMary" and patch["tokens_clean_shown"][1] == " Mary"
+    assert patch["tokens_corrupt_shown"][1] == " John" and patch["decoder_tokens_shown"] is None
+    assert encode["tokens"]["tokens"][1] == "ĠMary" and encode["tokens_shown"]["tokens"][1] == " Mary"
+    assert len(encode["lens"]["vocabulary_shown"]) == len(encode["lens"]["vocabulary"])
+    assert not any("Ġ" in text for text in encode["lens"]["vocabulary_shown"])
+    for name in runs:
+        svg = (tmp_path / f"{name}.svg").read_text("utf-8")
+        assert "Ġ" not in svg, name
+    assert "␣Mary" in (tmp_path / "patch.svg").read_text("utf-8")
+    assert "␣Mary" in (tmp_path / "encode.svg").read_text("utf-8")
+    assert "' to' (#" in (tmp_path / "attribute.svg").read_text("utf-8")

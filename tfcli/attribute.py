@@ -56,6 +56,7 @@ class Attribution:
     top: int = DEFAULT_TOP  # components listed: the run's --top (the terminal's and the page's lists)
     read_text: str | None = None  # a truncated text: what the model read of it (None: all of it)
     untruncated_length: int | None = None  # and how many tokens the whole text has
+    token_texts: list[str] = field(default_factory=list)  # the text each token stands for (Tokenizer.texts): shown
 
     @property
     def total(self) -> float:
@@ -174,7 +175,7 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
                 options.by, layers, config.num_attention_heads, model.lm_head.softcap, top=options.top,
                 read_text=encoding.read_part(0) if encoding is not None else None,
                 untruncated_length=encoding.untruncated_length if encoding is not None and encoding.truncated
-                else None)
+                else None, token_texts=tokenizer.texts(prompt.ids))
 
 
 # ---------------------------------------------------------------- over a dataset

@@ -31,6 +31,7 @@ class Explanation:
     layers: list[int]
     tokens: list[str]
     weights: list[float]  # one per input token, summing to 1
+    texts: list[str] | None = None  # the text each token stands for (Tokenizer.texts): shown; None: the tokens
 
 
 @dataclass
@@ -104,7 +105,8 @@ def classify(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Enco
             explanation = None
             if layers:
                 n = len(encoding.ids)
-                explanation = Explanation(layers, list(encoding.tokens), first[row, :n].tolist())
+                explanation = Explanation(layers, list(encoding.tokens), first[row, :n].tolist(),
+                                          tokenizer.texts(encoding.ids))
             results.append(Classification(encoding.text, list(encoding.ids), list(model.config.label_names),
                                           probs[row].tolist(), explanation, encoding.pair))
     return results

@@ -63,6 +63,7 @@ class DecoderInput:
 
     ids: list[int]
     tokens: list[str]
+    texts: list[str] = field(default_factory=list)  # the text each token stands for (Tokenizer.texts)
 
 
 def decoder_input(config: "ModelConfig", tokenizer: "Tokenizer", target: str | None) -> DecoderInput | None:
@@ -77,7 +78,7 @@ def decoder_input(config: "ModelConfig", tokenizer: "Tokenizer", target: str | N
     ids = [start_token_id(config)]
     if target:
         ids += tokenizer.target_ids(target)
-    return DecoderInput(ids, tokenizer.tokens(ids))
+    return DecoderInput(ids, tokenizer.tokens(ids), tokenizer.texts(ids))
 
 
 @dataclass
@@ -101,6 +102,8 @@ class AttentionMap:
     query_tokens: list[str]
     key_tokens: list[str]
     heads: "Tensor | None" = None  # (heads, queries, keys) behind a mean map, when options.keep_heads
+    query_texts: list[str] | None = None  # the text each token stands for (Tokenizer.texts); None: the tokens
+    key_texts: list[str] | None = None
 
     def top(self, k: int) -> tuple[list[list[int]], list[list[float]]]:
         """Per query, the k keys it attends to most (most first) and their weights: ([q][k] keys, [q][k] weights).
@@ -113,6 +116,7 @@ class AttentionMap:
 class LensRow:
     layer: int  # block index; its output goes through the final norm / head
     top: list[list[tuple[str, int, float]]]  # per position: top-k (token, id, probability)
+    texts: list[list[str]] | None = None  # per position: the text each top token stands for; None: the tokens
 
 
 @dataclass
@@ -123,6 +127,8 @@ class TextReport:
     pair: str | None = None  # the second segment (--pair), when given
     target_tokens: list[str] | None = None  # encoder-decoder: the decoder's input
     target_ids: list[int] | None = None
+    token_texts: list[str] | None = None  # the text each token stands for (Tokenizer.texts); None: the tokens
+    target_token_texts: list[str] | None = None
     stages: list[StageRow] = field(default_factory=list)
     attention: list[AttentionMap] = field(default_factory=list)
     lens: list[LensRow] = field(default_factory=list)
@@ -268,7 +274,8 @@ def _keep_heads(selected: dict[str, "Tensor"], name: str, heads: list[int]):
 
 
 def _maps(kind: str, captured: Captured, names: list[str], row: int, q_len: int, k_len: int,
-          options: EncodeOptions, query_tokens: list[str], key_tokens: list[str]) -> list[AttentionMap]:
+          options: EncodeOptions, query_tokens: list[str], key_tokens: list[str], query_texts: list[str],
+          key_texts: list[str]) -> list[AttentionMap]:
     """The attention maps of one text from the batch's patterns (`names`: one per layer of the stack)."""
     maps = []
     for layer, name in enumerate(names):
@@ -278,10 +285,12 @@ def _maps(kind: str, captured: Captured, names: list[str], row: int, q_len: int,
         if options.heads is None:
             # the capture holds every head for the mean anyway: keeping them costs no extra capture
             every_head = weights.clone() if options.keep_heads else None  # a copy: frees the batch's tensor
-            maps.append(AttentionMap(kind, layer, "mean", weights.mean(0), query_tokens, key_tokens, every_head))
+            maps.append(AttentionMap(kind, layer, "mean", weights.mean(0), query_tokens, key_tokens, every_head,
+                                     query_texts, key_texts))
         else:
             # the capture kept only options.heads, in that order
-            maps += [AttentionMap(kind, layer, h, weights[i], query_tokens, key_tokens) for i, h in enumerate(options.heads)]
+            maps += [AttentionMap(kind, layer, h, weights[i], query_tokens, key_tokens, None, query_texts, key_texts)
+                     for i, h in enumerate(options.heads)]
     return maps
 
 
@@ -314,8 +323,10 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
             values, ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
             # one tolist per layer, not one per position: this runs for every record of a stream
             # a model's vocabulary may be larger than its tokenizer's (padded for speed): such ids show as <id>
+            ids_list = ids.tolist()
             rows.append(LensRow(layer, [[(tokenizer.id_to_token(i) or f"<{i}>", i, p) for i, p in zip(pos_ids, pos_vals)]
-                                        for pos_ids, pos_vals in zip(ids.tolist(), values.tolist())]))
+                                        for pos_ids, pos_vals in zip(ids_list, values.tolist())],
+                                [tokenizer.texts(pos_ids) for pos_ids in ids_list]))
     return rows
 
 
@@ -335,14 +346,17 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
                 target: DecoderInput | None, options: EncodeOptions, tokenizer: "Tokenizer") -> TextReport:
     """The report of one text (row `row` of a padded batch), sliced to its real tokens."""
     n = len(encoding.ids)
-    report = TextReport(encoding.text, encoding.tokens, encoding.ids, encoding.pair)
+    report = TextReport(encoding.text, encoding.tokens, encoding.ids, encoding.pair,
+                        token_texts=tokenizer.texts(encoding.ids))
     if encoding.truncated:
         report.read_text, report.read_pair = encoding.read_part(0), encoding.read_part(1)
         report.untruncated_length = encoding.untruncated_length
     t_tokens, t_len = encoding.tokens, n  # the output stack's tokens: the decoder's input in an encoder-decoder
+    t_texts = report.token_texts
     if target is not None:
         report.target_tokens, report.target_ids = target.tokens, target.ids
-        t_tokens, t_len = target.tokens, len(target.ids)
+        report.target_token_texts = target.texts or tokenizer.texts(target.ids)
+        t_tokens, t_len, t_texts = target.tokens, len(target.ids), report.target_token_texts
 
     def text_value(name: str) -> "Tensor":
         if name == "logits" and model.config.head == "classifier":  # (B, labels): no positions
@@ -354,13 +368,14 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
                      for site in stage_sites(model) if site.name in captured.values]
     for prefix, stack in model.stacks():
         kind = {"": "self", "encoder.": "encoder", "decoder.": "decoder"}[prefix]
-        tokens, length = (t_tokens, t_len) if prefix == "decoder." else (encoding.tokens, n)
+        tokens, texts, length = (t_tokens, t_texts, t_len) if prefix == "decoder." else \
+            (encoding.tokens, report.token_texts, n)
         blocks = range(len(stack.blocks))
         report.attention += _maps(kind, captured, [pattern_name(prefix, i) for i in blocks], row, length, length,
-                                  options, tokens, tokens)
+                                  options, tokens, tokens, texts, texts)
         if prefix == "decoder.":
             report.attention += _maps("cross", captured, [pattern_name(prefix, i, cross=True) for i in blocks],
-                                      row, t_len, n, options, t_tokens, encoding.tokens)
+                                      row, t_len, n, options, t_tokens, encoding.tokens, t_texts, report.token_texts)
     if options.top_k and model.has_lens:  # no lens for narrower embeddings without an MLM head (ELECTRA, ALBERT)
         prefix, stack = model.stacks()[-1]
         hidden = [captured.values[name] for name in hidden_names(model, prefix, stack)]

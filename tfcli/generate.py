@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.model.decoding import Sampling, Step
+    from tfcli.model.sites import Hook
     from tfcli.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "gpt2-small"  # the bundled default (bert-base) is an encoder and cannot generate
@@ -67,10 +68,10 @@ def prompts(config: ModelConfig, tokenizer: Tokenizer, texts: list[str], max_new
 
 def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[Prompt]], sampling: Sampling,
         max_new_tokens: int, lens: bool = False, on_text: Callable[[str], None] | None = None,
-        warn: Callable[[str], None] | None = None) -> Iterator[Generation]:
+        warn: Callable[[str], None] | None = None, hooks: dict[str, Hook] | None = None) -> Iterator[Generation]:
     """Generate for each prompt of a stream of batches (`prompts`), yielding each prompt's generation in order;
     `warn` hears when fewer than `max_new_tokens` fit after a prompt, and on_text receives each new piece of text
-    as soon as it is decoded."""
+    as soon as it is decoded; `hooks` (by site name: steering) run on every pass."""
     number = 0
     for batch in batches:
         for prompt in batch:
@@ -79,12 +80,14 @@ def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[Pr
                 tokens = f"{prompt.budget} new token{'s' if prompt.budget != 1 else ''}"
                 warn(f"prompt {number}: only {tokens} fit in the model's {model.config.max_position_embeddings} "
                      "positions")
-            yield generate_one(model, tokenizer, prompt, sampling, lens, on_text)
+            yield generate_one(model, tokenizer, prompt, sampling, lens, on_text, hooks)
 
 
 def generate_one(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, sampling: Sampling,
-                 lens: bool = False, on_text: Callable[[str], None] | None = None) -> Generation:
-    """Generate for one prompt; on_text receives each new piece of text as soon as it is decoded."""
+                 lens: bool = False, on_text: Callable[[str], None] | None = None,
+                 hooks: dict[str, Hook] | None = None) -> Generation:
+    """Generate for one prompt; on_text receives each new piece of text as soon as it is decoded; `hooks` run on
+    every pass."""
     import torch
 
     from tfcli.model.decoding import stream
@@ -96,7 +99,7 @@ def generate_one(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, 
         on_text(result.full_text)
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt.ids], dtype=torch.long, device=device)
-    for step in stream(model, input_ids, prompt.budget, sampling, lens=lens):
+    for step in stream(model, input_ids, prompt.budget, sampling, lens=lens, hooks=hooks):
         result.steps.append(step)
         result.generated_ids.append(step.token_id)
         full = tokenizer.decode(context + result.generated_ids)
@@ -108,11 +111,3 @@ def generate_one(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, 
     result.text = (result.full_text[len(prompt_text):] if context and result.full_text.startswith(prompt_text)
                    else tokenizer.decode(result.generated_ids))
     return result
-
-
-def token_text(tokenizer: Tokenizer, token_id: int) -> str:
-    """A token as it reads: decoded where that gives clean text, else its vocabulary entry."""
-    text = tokenizer.decode([token_id], skip_special_tokens=False)
-    if not text or "\ufffd" in text:
-        text = tokenizer.id_to_token(token_id) or f"<{token_id}>"
-    return text

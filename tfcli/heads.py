@@ -71,6 +71,7 @@ class Sequence:
     ids: list[int]
     tokens: list[str]
     special: list[bool]
+    texts: list[str] | None = None  # the text each token stands for (Tokenizer.texts): shown; None: the tokens
 
 
 @dataclass
@@ -209,12 +210,12 @@ def sequences(config: ModelConfig, tokenizer: Tokenizer, encoding: Encoding) -> 
 
     ids = list(encoding.ids)
     special = [s is None for s in encoding.sequence_ids]
-    own = Sequence(ids, tokenizer.tokens(ids), special)
+    own = Sequence(ids, tokenizer.tokens(ids), special, tokenizer.texts(ids))
     if config.architecture != "encoder-decoder":
         return [own]
     start = start_token_id(config)
     decoder_ids = [start] + ids
-    return [own, Sequence(decoder_ids, tokenizer.tokens(decoder_ids), [True] + special)]
+    return [own, Sequence(decoder_ids, tokenizer.tokens(decoder_ids), [True] + special, tokenizer.texts(decoder_ids))]
 
 
 def pattern_masks(rows: list[Sequence], width: int, exclude_first: bool, exclude_self: bool,
@@ -426,13 +427,14 @@ def run_probe(model: TransformerModel, tokenizer: Tokenizer, options: HeadsOptio
     """The induction probe (probe_ids) scored as one text; its Heads carries its ids."""
     config = model.config
     ids, special = probe_ids(config, tokenizer, length, seed)
-    own = Sequence(ids, tokenizer.tokens(ids), special)
+    own = Sequence(ids, tokenizer.tokens(ids), special, tokenizer.texts(ids))
     stacks = [own]
     if config.architecture == "encoder-decoder":
         from tfcli.model.transformer import start_token_id
 
         decoder_ids = [start_token_id(config)] + ids
-        stacks.append(Sequence(decoder_ids, tokenizer.tokens(decoder_ids), [True] + special))
+        stacks.append(Sequence(decoder_ids, tokenizer.tokens(decoder_ids), [True] + special,
+                               tokenizer.texts(decoder_ids)))
     text = f"induction probe: {length} random tokens (seed {seed}), repeated"
     totals = Totals(len(row_names(model)), config.num_attention_heads, options.keep_best)
     yield from _score_items(model, config, tokenizer, [(text, stacks, None)], options, totals, 1)

@@ -130,6 +130,10 @@ class Patching:
     before_first: bool = False  # the causal stack reading the texts: positions before `first_difference` unchanged
     runs: dict[str, int] = field(default_factory=dict)  # per grid: the patched runs it needs
     finished: dict[str, int] = field(default_factory=dict)  # per grid: those finished
+    # the text each token stands for (Tokenizer.texts), what the views show; the tokens_* are vocabulary entries
+    token_texts_clean: list[str] = field(default_factory=list)
+    token_texts_corrupt: list[str] = field(default_factory=list)
+    decoder_token_texts: list[str] | None = None
 
     def column_label(self, column: int) -> str:
         """How a grid's column by position is named: its position."""
@@ -161,8 +165,8 @@ def small_gap(clean: float, corrupt: float) -> bool:
 
 
 class LengthMismatch(TfcliError):
-    """The clean and corrupt texts tokenize to different lengths; `rows` align them: (clean index, clean token,
-    corrupt index, corrupt token, mark) with None where one side has no token, mark `=`, `≠`, `+` or `-`."""
+    """The clean and corrupt texts tokenize to different lengths; `rows` align them: (clean index, clean token's
+    text, corrupt index, corrupt token's text, mark) with None where one side has no token, mark `=`, `≠`, `+` or `-`."""
 
     def __init__(self, message: str, hint: str, rows: list[tuple[int | None, str | None, int | None, str | None, str]]):
         super().__init__(message, hint, exit_code=2)
@@ -207,7 +211,7 @@ def check_metric(config: ModelConfig, tokenizer: Tokenizer, target_spec: str, fo
         target = parse_token(tokenizer, target_spec, f"{prefix}target", config.vocab_size)
         foil = parse_token(tokenizer, foil_spec, f"{prefix}foil", config.vocab_size) if foil_spec is not None else None
     if foil is not None and foil.id == target.id:
-        raise usage_error(f"{prefix}target and {prefix}foil are the same ({target.token!r}): their difference is "
+        raise usage_error(f"{prefix}target and {prefix}foil are the same ({target.text!r}): their difference is "
                           "always 0")
     return target, foil
 
@@ -235,7 +239,7 @@ def pair_inputs(config: ModelConfig, tokenizer: Tokenizer, clean: str, corrupt: 
         if limit and len(row) > limit and config.position == "learned":
             raise usage_error(f"the {text} text has {len(row)} tokens: the model has {limit} positions")
     if len(ids[0]) != len(ids[1]) or empty:
-        tokens = [tokenizer.tokens(row) for row in ids]
+        tokens = [tokenizer.texts(row) for row in ids]  # as people read them: ' Mary', not 'ĠMary'
         hint = "reword one so that both have the same number of tokens (swap words that are one token each)"
         if empty:
             other = ("corrupt", "clean")[("clean", "corrupt").index(empty[0])]
@@ -400,12 +404,13 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
                       tokenizer.tokens(ids_corrupt), ids_clean, ids_corrupt, position,
                       target, foil, clean_value, corrupt_value, options.method, new_grids(), total=len(sweep),
                       label_metric=classifier, positions=positions, unchanged=len(fixed),
-                      before_first="" in stacks and stacks[""].causal)
+                      before_first="" in stacks and stacks[""].causal, token_texts_clean=tokenizer.texts(ids_clean),
+                      token_texts_corrupt=tokenizer.texts(ids_corrupt))
     result.runs = {grid: 0 for grid in result.grids} | {
         grid: len(list(group)) for grid, group in itertools.groupby(sorted(p.grid for p in sweep))}
     result.finished = dict.fromkeys(result.grids, 0)
     if decoder_ids is not None:
-        result.decoder_tokens = tokenizer.tokens(decoder_ids)
+        result.decoder_tokens, result.decoder_token_texts = tokenizer.tokens(decoder_ids), tokenizer.texts(decoder_ids)
     scale = 1.0 if differences else clean_value - corrupt_value
     for patch in fixed:
         put(result.grids, patch, 0.0)
@@ -812,9 +817,10 @@ def aggregate(done: list[tuple[Pair, Patching]], columns: Columns | None, resamp
             out[intervals][site] = None if low is None else nested(torch.stack([low, high], -1).reshape(*shape, 2))
             if grids == "grids":
                 out["restored_share"][site] = nested(share_restored(flat, gaps, equal).reshape(shape))
-    tokens, varying, corrupted = first.tokens_clean, [], []
+    tokens, texts, varying, corrupted = first.tokens_clean, first.token_texts_clean, [], []
     if at is not None:
         tokens = [first.tokens_clean[p] for p in at[0]]
+        texts = [first.token_texts_clean[p] for p in at[0]] if first.token_texts_clean else []
         for c in range(columns.count):
             clean = {r.ids_clean[a[c]] for r, a in zip(results, at)}
             varying += [c] if len(clean) > 1 else []
@@ -829,7 +835,8 @@ def aggregate(done: list[tuple[Pair, Patching]], columns: Columns | None, resamp
         float(torch.tensor([r.clean_value for r in results], dtype=torch.float64).mean()),
         float(torch.tensor([r.corrupt_value for r in results], dtype=torch.float64).mean()), method, out["grids"],
         out["attribution_grids"] or None, done=len(done), total=pairs, interrupted=interrupted,
-        decoder_tokens=first.decoder_tokens, label_metric=first.label_metric,
+        decoder_tokens=first.decoder_tokens, decoder_token_texts=first.decoder_token_texts,
+        label_metric=first.label_metric, token_texts_clean=texts,
         positions=None if columns is None or len(columns.swept) == count else list(columns.swept),
         dataset=dataset, n=len(done), pairs=pairs, skipped=skipped, equal=int(equal.sum()), resamples=resamples,
         intervals=out["intervals"] if resamples else None,

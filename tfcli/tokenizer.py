@@ -109,6 +109,19 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
+    def text_of(self, token_id: int) -> str:
+        """The text a token stands for, as a person reads it (`text_of`); cached per id, so that a long text's
+        tokens cost a decode per distinct id."""
+        texts = self.__dict__.setdefault("_texts", {})  # (MarianTokenizer has its own __init__)
+        text = texts.get(token_id)
+        if text is None:
+            text = texts[token_id] = text_of(self, token_id)
+        return text
+
+    def texts(self, ids: list[int]) -> list[str]:
+        """Each id's text (`text_of`): what the views show where `tokens` gives the vocabulary entries."""
+        return [self.text_of(i) for i in ids]
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -193,6 +206,27 @@ class Tokenizer:
             padded([e.attention_mask for e in encodings], 0),
             padded([e.type_ids for e in encodings], 0),
         )
+
+
+def text_of(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token as it reads: the text it stands for, decoded alone (byte-level BPE's `ĠMary` is ` Mary`, `Ċ` is
+    `\\n`, SentencePiece's `<0x0A>` is `\\n`), with the leading spaces of a SentencePiece piece (`▁Mary`: ` Mary`)
+    that its decoder drops at the start of a text; the vocabulary entry where decoding gives no clean text (part of
+    a character, U+FFFD, or nothing). WordPiece decodes a lone token as it is: `##ing` keeps its `##` (it continues
+    a word) and `[CLS]` stays `[CLS]`. `<ID>` for an id the vocabulary lacks (a model's may be larger).
+    `Tokenizer.text_of` caches it per id."""
+    token = tokenizer.id_to_token(token_id)
+    if token is None:
+        return f"<{token_id}>"
+    text = tokenizer.decode([token_id], skip_special_tokens=False)
+    if token.startswith(_METASPACE) and _METASPACE not in text:  # the decoder read ▁ as a space, and stripped it
+        text = " " * (len(token) - len(token.lstrip(_METASPACE))) + text.lstrip(" ")
+    if not text or "\ufffd" in text:
+        return token
+    return text
+
+
+_METASPACE = "\u2581"  # SentencePiece's mark of a space: `▁Mary`
 
 
 def _cut_after(text: str, encoding, tokens: int) -> str:

@@ -20,10 +20,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class Token:
-    """A token (or a classifier's label) as people read it, and its id (index)."""
+    """A token (or a classifier's label) and its id (index): `token` its vocabulary entry (`ĠMary`, what JSON
+    records), `text` the text it stands for (` Mary`, `Tokenizer.text_of`: what a person reads; a label's name)."""
 
     token: str
     id: int
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        self.text = self.text or self.token
 
 
 def parse_token(tokenizer: Tokenizer, spec: str, option: str, vocab_size: int) -> Token:
@@ -45,7 +50,7 @@ def parse_token(tokenizer: Tokenizer, spec: str, option: str, vocab_size: int) -
             raise usage_error(f"{option} {spec!r} is not one token of {tokenizer.name}: it reads as "
                               f"{len(encoding.ids)} ({pieces})",
                               "give one token (byte-level BPE tokens carry their leading space: \" Mary\") or #ID")
-    return Token(tokenizer.id_to_token(token_id) or spec, token_id)
+    return Token(tokenizer.id_to_token(token_id) or spec, token_id, tokenizer.text_of(token_id))
 
 
 def spacing_hint(tokenizer: Tokenizer, spec: str | None, option: str) -> str | None:
@@ -62,7 +67,7 @@ def spacing_hint(tokenizer: Tokenizer, spec: str | None, option: str) -> str | N
 
 def token_of(tokenizer: Tokenizer, token_id: int) -> Token:
     """The token of an id, `<id>` where the tokenizer has none."""
-    return Token(tokenizer.id_to_token(token_id) or f"<{token_id}>", token_id)
+    return Token(tokenizer.id_to_token(token_id) or f"<{token_id}>", token_id, tokenizer.text_of(token_id))
 
 
 def parse_label(config: ModelConfig, spec: str, option: str) -> Token:

@@ -3,7 +3,7 @@
 "use strict";
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
   attribute: async function (section, s, number, LIB) {
-    const {el, quoted} = LIB;
+    const {el, quoted, label, spaceNote} = LIB;
     const signed = (v) => (v >= 0 ? "+" : "") + v.toFixed(4);
     // v in [-1, 1] -> white to blue (positive) or red (negative)
     function diverging(v) {
@@ -26,11 +26,13 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     } else {
       section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)));
       const cap = s.softcap === null ? "" : " (before the final soft cap at " + s.softcap + ")";
-      section.append(el("p", {}, "the " + s.quantity + " at position " + s.position + " " + quoted(s.tokens[s.position]) +
-        ": model's value" + cap + " " + signed(s.logit) + "; sum of the " + s.components.length + " components " +
+      section.append(el("p", {}, "the " + s.quantity + " at position " + s.position + " " + quoted(s.tokens_shown[s.position]) +
+        " (#" + s.ids[s.position] + "): model's value" + cap + " " + signed(s.logit) + "; sum of the " + s.components.length + " components " +
         signed(s.total) + " (differ by " + Math.abs(s.total - s.logit).toExponential(1) + ")"));
-      section.append(el("div", {class: "tokens"}, ...s.tokens.map((t, k) => el("span", {
-        class: "tok", style: k === s.position ? "border-color:#e6550d;font-weight:600" : ""}, t))));
+      // each token's text (tokens_shown), a space as \u2423; its vocabulary entry and id on hover
+      section.append(el("div", {class: "tokens"}, ...s.tokens_shown.map((t, k) => el("span", {
+        class: "tok", style: k === s.position ? "border-color:#e6550d;font-weight:600" : "",
+        "data-tip": "position " + k + ": " + quoted(t) + " (#" + s.ids[k] + ")"}, label(t)))), ...spaceNote(s.tokens_shown));
     }
 
     // per layer, as the terminal's table (the rows made in Python, `layer_rows`): the embeddings, what each layer's

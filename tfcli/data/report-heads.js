@@ -30,7 +30,8 @@
           maps[m.row + "," + m.head] = {size: m.size, stack: m.stack, offset: offset};
           offset += m.size * m.size;
         }
-        examples[index] = {text: ex.text, tokens: ex.tokens, maps: maps, values: values, scale: ex.scale};
+        // each stack's tokens as the text each stands for (tokens_shown), read out quoted on hover
+        examples[index] = {text: ex.text, tokens: ex.tokens_shown, maps: maps, values: values, scale: ex.scale};
       }
       loaded = true;
       for (const draw of waiting.splice(0)) draw();

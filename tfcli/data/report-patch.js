@@ -7,7 +7,7 @@
 "use strict";
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
   patch: async function (section, s, number, LIB) {
-    const {el, quoted} = LIB;
+    const {el, quoted, label, spaceNote} = LIB;
     const BLUE = [33, 102, 172], RED = [178, 24, 43], WHITE = [247, 247, 247];
     // a score -> background on a scale symmetric about 0, full colour at |score| >= top
     function diverging(node, value, top) {
@@ -27,20 +27,23 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       return (interval ? "\n95% interval: [" + interval[0].toFixed(4) + ", " + interval[1].toFixed(4) + "]" : "") +
              (share !== null ? "\nrestores half of its pair's difference in " + Math.round(100 * share) + "% of pairs" : "");
     }
-    // a column: its position (and * where the texts differ) over its token, and what hover says of it
+    // a column: its position (and * where the texts differ) over its token's text (*_shown, a space as \u2423), and
+    // what hover says of it
     function positions(site) {
-      const decoder = stackOf(site) === "decoder" && s.decoder_tokens;
+      const decoder = stackOf(site) === "decoder" && s.decoder_tokens_shown;
       if (s.dataset !== undefined && !decoder) {  // a dataset's columns: positions (or counted back from the metric's)
-        return s.tokens_clean.map((t, k) => ({
-          label: [s.columns[k] + (differing.has(k) ? "*" : ""), t],
+        return s.tokens_clean_shown.map((t, k) => ({
+          label: [s.columns[k] + (differing.has(k) ? "*" : ""), label(t)],
           tip: "position " + s.columns[k] + ": " + quoted(t) + " in the first pair" +
                (differing.has(k) ? " (the pairs' tokens differ here)" : ""),
           swept: swept.has(k),
         }));
       }
-      return (decoder ? s.decoder_tokens : s.tokens_clean).map((t, k) => ({
-        label: [k + (!decoder && differing.has(k) ? "*" : ""), t],
-        tip: k + ": clean " + quoted(t) + (!decoder && s.tokens_corrupt[k] !== t ? ", corrupt " + quoted(s.tokens_corrupt[k]) : ""),
+      return (decoder ? s.decoder_tokens_shown : s.tokens_clean_shown).map((t, k) => ({
+        label: [k + (!decoder && differing.has(k) ? "*" : ""), label(t)],
+        tip: k + ": clean " + quoted(t) + (decoder ? "" : " (#" + s.ids_clean[k] + ")") +
+             (!decoder && s.ids_corrupt[k] !== s.ids_clean[k] ? ", corrupt " + quoted(s.tokens_corrupt_shown[k]) +
+              " (#" + s.ids_corrupt[k] + ")" : ""),
         swept: decoder || swept.has(k),
       }));
     }
@@ -105,7 +108,8 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       section.append(el("h2", {}, s.header[0]), ...s.header.slice(1).map((line, k) => el("p", {class: k ? "note" : ""}, line)));
     } else {
       const where = s.position === null ? "" : " at position " + s.position + " " +
-        quoted((s.decoder_tokens || s.tokens_clean)[s.position]);
+        quoted((s.decoder_tokens_shown || s.tokens_clean_shown)[s.position]) +
+        (s.decoder_tokens_shown ? "" : " (#" + s.ids_clean[s.position] + ")");
       section.append(
         el("h2", {}, "pair " + number + ": " + quoted(s.clean) + " vs " + quoted(s.corrupt)),
         el("p", {}, "The " + s.quantity + where + ": clean " + s.clean_value.toFixed(4) + ", corrupt " +
@@ -116,7 +120,9 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       el("p", {class: "note"}, {activation: "Activation patching: each site of the corrupt run replaced by the clean run's, one at a time.",
                                 attribution: "Attribution patching: the first-order estimate (clean - corrupt) \u00b7 gradient, from one backward pass.",
                                 both: "Activation patching (left) beside its attribution estimate (right)."}[s.method]),
-      ...s.notes.map((n) => el("p", {class: n.style === "yellow" ? "note patch-warning" : "note"}, n.text)));
+      ...s.notes.map((n) => el("p", {class: n.style === "yellow" ? "note patch-warning" : "note"}, n.text)),
+      ...(Object.values(s.kinds).some((k) => k.axes.includes("position")) ?
+          spaceNote((s.tokens_clean_shown || []).concat(s.decoder_tokens_shown || [])) : []));
     const what = s.method === "attribution" ? "estimate" : "score";
     for (const site of Object.keys(s.grids)) {
       const box = el("div", {class: "patch-site"}, el("h3", {}, site));

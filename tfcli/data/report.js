@@ -26,6 +26,16 @@
   function fmt(p) { return p >= 0.001 || p === 0 ? p.toFixed(3) : p.toExponential(1); }
   function short(token, width) { return token.length <= width ? token : token.slice(0, width - 1) + "\u2026"; }
   function quoted(token) { return JSON.stringify(token); }
+  // a token's text where it stands unquoted (a list of tokens, a grid's header), as the terminal shows it: each
+  // space as ␣ (" Mary" -> "␣Mary"), control characters escaped ("\n"); `...spaceNote(texts)` says what ␣ is
+  const ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"};
+  function label(text) {
+    return text.replace(/[\u0000-\u001f\u007f-\u009f]/g,
+                        (c) => ESCAPES[c] || "\\x" + c.charCodeAt(0).toString(16).padStart(2, "0")).replace(/ /g, "\u2423");
+  }
+  function spaceNote(texts) {
+    return texts.some((t) => t.includes(" ")) ? [el("p", {class: "note"}, "\u2423 = a space")] : [];
+  }
   function counted(n) { return n.toLocaleString("en-US"); }
   // "0 [white-to-navy ramp] top (what)": the key to a shading; `mark` (in [0, 1]) is drawn on the ramp
   function legend(top, what, mark) {
@@ -91,8 +101,9 @@
     return el("header", {}, el("h1", {}, "tfcli " + run.command), dl);
   }
 
+  // each token's text (a section's tokens_shown), a space as \u2423 (`spaceNote` says so), quoted on hover
   function tokenLine(tokens) {
-    return el("div", {class: "tokens"}, ...tokens.map((t, i) => el("span", {class: "tok", "data-tip": "position " + i + ": " + quoted(t)}, t)));
+    return el("div", {class: "tokens"}, ...tokens.map((t, i) => el("span", {class: "tok", "data-tip": "position " + i + ": " + quoted(t)}, label(t))));
   }
 
   // ---------------------------------------------------------------- encode: attention
@@ -101,7 +112,7 @@
   const headName = (h) => (h === "mean" ? "mean of heads" : "head " + h);
 
   function attentionView(s, maps, scale, detail) {
-    const tokensOf = (m, side) => s.tokens[m[side]];
+    const tokensOf = (m, side) => s.tokens_shown[m[side]];  // the text each token stands for
     const kinds = [...new Set(maps.map((m) => m.kind))];
     const kindSel = el("select", {class: "kind"}, ...kinds.map((k) => el("option", {value: k}, KINDS[k])));
     const layerSel = el("select", {class: "layer"});
@@ -159,7 +170,7 @@
       const font = Math.min(12, cell - 2), labelled = font >= 7;
       const ctx = canvas.getContext("2d");
       ctx.font = font + "px system-ui, sans-serif";
-      const widest = (tokens) => Math.max(0, ...tokens.map((t) => ctx.measureText(short(t, 14)).width));
+      const widest = (tokens) => Math.max(0, ...tokens.map((t) => ctx.measureText(short(label(t), 14)).width));
       // too many tokens for their labels: every `every`-th position number instead
       const every = labelled ? 1 : (cell >= 8 ? 5 : 10), indexFont = 10;
       const x0 = labelled ? Math.ceil(widest(queries)) + 8 : 26, y0 = labelled ? Math.ceil(widest(keys)) + 8 : 26;
@@ -176,9 +187,9 @@
         }
       if (labelled) {
         ctx.fillStyle = "#1b1f24"; ctx.textBaseline = "middle"; ctx.textAlign = "right";
-        queries.forEach((t, i) => ctx.fillText(short(t, 14), x0 - 4, y0 + (i + 0.5) * cell));
+        queries.forEach((t, i) => ctx.fillText(short(label(t), 14), x0 - 4, y0 + (i + 0.5) * cell));
         ctx.save(); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left";
-        keys.forEach((t, j) => ctx.fillText(short(t, 14), -y0 + 4, x0 + (j + 0.5) * cell));
+        keys.forEach((t, j) => ctx.fillText(short(label(t), 14), -y0 + 4, x0 + (j + 0.5) * cell));
         ctx.restore();
       } else {
         ctx.fillStyle = "#5b6470"; ctx.font = indexFont + "px system-ui, sans-serif"; ctx.textBaseline = "middle";
@@ -203,7 +214,7 @@
       const m = state.map, queries = tokensOf(m, "query"), keys = tokensOf(m, "key"), f = state.focus;
       const top = darkest(m);  // the other column's tokens take the colours of the heatmap's row or column
       const column = (node, tokens, side) => node.replaceChildren(...tokens.map((t, i) => {
-        const span = el("span", {"data-side": side, "data-index": i}, t);
+        const span = el("span", {"data-side": side, "data-index": i}, label(t));
         if (f && f.side === side && f.index === i) span.classList.add("picked");
         else if (f && f.side !== side) {
           const w = side === "key" ? weight(m, f.index, i) : weight(m, i, f.index);
@@ -241,7 +252,7 @@
         const ranked = others.map((t, k) => [t, k, side === "query" ? weight(m, f.index, k) : weight(m, k, f.index)])
           .sort((a, b) => b[2] - a[2]).slice(0, 6);
         const what = side === "query" ? " (query " + f.index + ") attends most to: " : " (key " + f.index + ") is attended most by: ";
-        return el("span", {class: side}, quoted(mine) + what + ranked.map(([t, k, w]) => t + " [" + k + "] " + fmt(w)).join(", "));
+        return el("span", {class: side}, quoted(mine) + what + ranked.map(([t, k, w]) => label(t) + " [" + k + "] " + fmt(w)).join(", "));
       }));
     }
 
@@ -286,28 +297,31 @@
       el("div", {class: "views"}, el("div", {class: "heatmap-box"}, canvas, key, readout), headview), focusLine);
   }
 
-  // A layers x columns grid of top tokens, each cell shaded by its probability (0 to 1), the top list on hover.
+  // A layers x columns grid of top tokens (their texts, a space as \u2423), each cell shaded by its probability (0 to 1),
+  // the top list on hover.
   const CELL = 16;  // characters of a token shown in a grid cell or header; the whole token is on hover
   function grid(caption, columns, rows, what) {
     const table = el("table", {class: "grid"},
       el("thead", {}, el("tr", {}, el("th", {class: "left"}, caption),
-        ...columns.map((c, k) => el("th", {"data-tip": k + ": " + quoted(c)}, short(c, CELL))))));
+        ...columns.map((c, k) => el("th", {"data-tip": k + ": " + quoted(c)}, short(label(c), CELL))))));
     const body = el("tbody");
     for (const row of rows) {
       const tr = el("tr", {}, el("th", {class: "left"}, row.label));
       row.cells.forEach((cell) => {
-        const td = el("td", {"data-tip": cell.tip}, short(cell.token, CELL));
+        const td = el("td", {"data-tip": cell.tip}, short(label(cell.token), CELL));
         shade(td, cell.prob);
         tr.append(td);
       });
       body.append(tr);
     }
     table.append(body);
-    return el("div", {}, el("div", {class: "scroll"}, table), legend("1", what || "probability of the top token"));
+    return el("div", {}, el("div", {class: "scroll"}, table),
+              ...spaceNote(columns.concat(...rows.map((row) => row.cells.map((cell) => cell.token)))),
+              legend("1", what || "probability of the top token"));
   }
 
   function lensView(s) {
-    const positions = s.tokens[s.lens.positions], vocabulary = s.lens.vocabulary;
+    const positions = s.tokens_shown[s.lens.positions], vocabulary = s.lens.vocabulary_shown;
     const rows = s.lens.rows.map((row) => ({
       label: "layer " + row.layer,
       cells: row.top.map((top, p) => ({
@@ -346,8 +360,9 @@
         parts.push(counted(s.cut.characters) + " of " + counted(s.cut.of_characters) + " characters");
       heading = "text " + number + ", as the model read it (" + parts.join("; ") + "): ";
     }
-    section.append(el("h2", {}, heading + quoted(s.text)), tokenLine(s.tokens.tokens));
-    if (s.tokens.target) section.append(el("p", {class: "note"}, "decoder input:"), tokenLine(s.tokens.target));
+    section.append(el("h2", {}, heading + quoted(s.text)), tokenLine(s.tokens_shown.tokens));
+    if (s.tokens_shown.target) section.append(el("p", {class: "note"}, "decoder input:"), tokenLine(s.tokens_shown.target));
+    section.append(...spaceNote(s.tokens_shown.tokens.concat(s.tokens_shown.target || [])));
     const maps = s.attention.maps;
     if (maps.length) {
       const values = await inflate(s.attention.weights);
@@ -415,18 +430,18 @@
         el("p", {class: "note"}, "What the first token (the one the classifier reads) attends to in " + where +
            ", mean over heads, shaded from 0 to 1; hover a token for its weight. Spread evenly, each token would get 1/" +
            e.tokens.length + " = " + fmt(even) + " (the orange mark)."),
-        el("div", {class: "tokens explain"}, ...e.tokens.map((t, k) => {
-          const span = el("span", {class: "tok", "data-tip": quoted(t) + " [" + k + "]: " + fmt(e.weights[k])}, t);
+        el("div", {class: "tokens explain"}, ...e.tokens_shown.map((t, k) => {
+          const span = el("span", {class: "tok", "data-tip": quoted(t) + " [" + k + "]: " + fmt(e.weights[k])}, label(t));
           shade(span, e.weights[k]);
           return span;
-        })), legend("1", "weight; orange: 1/n = " + fmt(even) + ", the largest here " + fmt(Math.max(...e.weights)), even));
+        })), ...spaceNote(e.tokens_shown), legend("1", "weight; orange: 1/n = " + fmt(even) + ", the largest here " + fmt(Math.max(...e.weights)), even));
     }
   }
 
   // ---------------------------------------------------------------- page
   // an analysis command's script (report-attribute.js, ...) has put its renderer in window.tfcliRenderers; it
   // draws with the helpers in LIB
-  const LIB = {el, rgb, colour, shade, fmt, short, quoted, counted, legend, inflate};
+  const LIB = {el, rgb, colour, shade, fmt, short, quoted, label, spaceNote, counted, legend, inflate};
   const RENDER = Object.assign({encode: renderEncode, generate: renderGenerate, classify: renderClassify},
                                window.tfcliRenderers || {});
   async function main() {

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from tfcli.attribute import Attribution, DatasetAttribution
-from tfcli.render.layout import GAP, Column, echo, shown, table, words
+from tfcli.render.layout import GAP, GLUE, Column, echo, plain, quoted, table, words
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -32,13 +32,26 @@ def bar(value: float, largest: float, width: int) -> Text:
 
 
 def quantity(result: Attribution) -> str:
-    """`logit of ' Mary'` or `logit difference ' Mary' - ' John'` (a dataset whose lines differ: each line's)."""
+    """`logit of ' Mary'` or `logit difference ' Mary' - ' John'` (a dataset whose lines differ: each line's): the
+    tokens' texts `quoted` (a page or a figure takes it through `plain`)."""
     if result.target is None:
         return "logit difference of each line's target - foil" if isinstance(result, DatasetAttribution) and \
             result.foil_each else "logit of each line's target"
     if result.foil is None:
-        return f"logit of {result.target.token!r}"
-    return f"logit difference {result.target.token!r} - {result.foil.token!r}"
+        return f"logit of {quoted(result.target.text)}"
+    return f"logit difference {quoted(result.target.text)} - {quoted(result.foil.text)}"
+
+
+def token_texts(result: Attribution) -> list[str]:
+    """The text each token stands for (` Mary`), as the views show them; the vocabulary entries where the result
+    has no texts (one built by hand)."""
+    return result.token_texts or result.tokens
+
+
+def position_words(result: Attribution) -> str:
+    """`position 13 ' to' (#288)`: the position read, its token's text (`quoted`) and id."""
+    where = result.position
+    return f"position {where} {quoted(token_texts(result)[where])}{GLUE}(#{result.ids[where]})"
 
 
 def attribution_lines(result: Attribution, number: int, width: int, top: int) -> list[Text]:
@@ -50,7 +63,7 @@ def attribution_lines(result: Attribution, number: int, width: int, top: int) ->
         cut = "" if result.read_text is None else \
             f" (as the model read it: {len(result.ids):,} of its {result.untruncated_length:,} tokens)"
         lines = echo(f"text {number}: ", result.read_text or result.text, width, cut)
-        lines += words(f"position {result.position} {shown(result.tokens[result.position])}: the {quantity(result)} "
+        lines += words(f"{position_words(result)}: the {quantity(result)} "
                        f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
         lines += check_lines(result, width)
     lines += [Text()] + component_lines(result, width, top)
@@ -180,14 +193,15 @@ def dataset_record(result: DatasetAttribution) -> dict[str, Any]:
 
 def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """One text of `attribute` for the --report page (tfcli/data/report-attribute.js draws it): the record, and
-    what the terminal shows that the page shows too: `top` (the run's --top, the components listed) and
-    `per_layer` (`layer_rows`, as {label, attention, mlp, total})."""
+    what the terminal shows that the page shows too: `top` (the run's --top, the components listed),
+    `per_layer` (`layer_rows`, as {label, attention, mlp, total}) and `tokens_shown` (the text each token stands
+    for, as the view shows them; `tokens` keeps the vocabulary entries)."""
     section = record(result)
     if isinstance(result, DatasetAttribution):  # what the view says above the lists; each component's value: its mean
         section.update(header=[line.plain for line in dataset_header(result, 10**6)],
                        components=[c | {"value": c["mean"]} for c in section["components"]])
-    section.update(quantity=quantity(result), by=result.by, layers=result.layers, heads=result.heads,
-                   softcap=result.softcap, top=result.top,
+    section.update(quantity=plain(quantity(result)), by=result.by, layers=result.layers, heads=result.heads,
+                   softcap=result.softcap, top=result.top, tokens_shown=token_texts(result),
                    per_layer=[{"label": label, "attention": a, "mlp": m, "total": t}
                               for label, a, m, t in layer_rows(result)])
     return section
@@ -215,11 +229,11 @@ def figure(result: Attribution, run: RunInfo, tokenizer: Tokenizer | None) -> Fi
     height = 2.6 + (0.3 * result.layers + 0.9 if grid_rows else 0)
     figure = blank_figure(max(5.0, 0.32 * result.layers + 1.6), height + 1.0)
     if isinstance(result, DatasetAttribution):
-        caption(figure, f"tfcli attribute: {quantity(result)}, each component's mean over the {result.n} prompts of "
-                        f"{result.dataset} (error bars: the standard deviation over the prompts)", run)
+        caption(figure, plain(f"tfcli attribute: {quantity(result)}, each component's mean over the {result.n} prompts "
+                              f"of {result.dataset} (error bars: the standard deviation over the prompts)"), run)
     else:
-        caption(figure, f"tfcli attribute: {quantity(result)} at position {result.position} "
-                        f"{result.tokens[result.position]!r} of {result.text!r}", run)
+        caption(figure, plain(f"tfcli attribute: {quantity(result)} at {position_words(result)} of {result.text!r}"),
+                run)
     grid = figure.add_gridspec(2 if grid_rows else 1, 1, height_ratios=[2.6, 0.3 * result.layers + 0.9]
                                if grid_rows else [1])
     bars = figure.add_subplot(grid[0])

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.render.layout import GAP, Column, echo, fold, heat, heat_legend, shown, table, words, wrap
+from tfcli.render.layout import (GAP, SPACE_NOTE, Column, echo, fold, has_space, heat, heat_legend, table, token_label,
+                                 words, wrap)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -44,15 +45,23 @@ def classification_lines(result: Classification, number: int, width: int, top: i
             + [Text(f"prediction: {prediction}")])
 
 
+def labels_of(explanation: Explanation) -> list[str]:
+    """Each token's text as a label (`token_label`: ` Mary` as `␣Mary`), as every view shows them."""
+    return [token_label(t) for t in (explanation.texts if explanation.texts is not None else explanation.tokens)]
+
+
 def explanation_lines(explanation: Explanation, width: int, top: int = 3) -> list[Text]:
-    """The tokens, each with a shade line under it: its weight on the same absolute scale as encode's
-    heatmaps (the glyph, coloured when colour is on); then the most attended tokens with their weights."""
+    """The tokens (their texts, a space as ␣), each with a shade line under it: its weight on the same absolute
+    scale as encode's heatmaps (the glyph, coloured when colour is on); then the most attended tokens with their
+    weights."""
     layers = explanation.layers
     where = f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}-{layers[-1]}"
-    lines = words(f"why: first token's attention in {where}, mean over heads", width, "dim")
+    labels = labels_of(explanation)
+    said = f"; {SPACE_NOTE}" if has_space(labels) else ""
+    lines = words(f"why: first token's attention in {where}, mean over heads{said}", width, "dim")
     tokens, shades = Text(), Text()
-    for token, weight in zip(explanation.tokens, explanation.weights):
-        for piece in fold(Text(shown(token)), width):
+    for token, weight in zip(labels, explanation.weights):
+        for piece in fold(Text(token), width):
             if tokens.cell_len and tokens.cell_len + 1 + piece.cell_len > width:
                 lines += [tokens, shades]
                 tokens, shades = Text(), Text()
@@ -62,8 +71,8 @@ def explanation_lines(explanation: Explanation, width: int, top: int = 3) -> lis
             tokens.append_text(piece)
             shades.append(heat(weight).plain * piece.cell_len, style=heat(weight).style)
     lines += [tokens, shades] if tokens.cell_len else []
-    ranked = sorted(zip(explanation.tokens, explanation.weights), key=lambda pair: -pair[1])[:top]
-    most = [Text("most attended:")] + [Text(f"{shown(token)} {weight:.3f}") for token, weight in ranked]
+    ranked = sorted(zip(labels, explanation.weights), key=lambda pair: -pair[1])[:top]
+    most = [Text("most attended:")] + [Text(f"{token} {weight:.3f}") for token, weight in ranked]
     return lines + wrap(most, width) + heat_legend(width)
 
 
@@ -82,8 +91,13 @@ def record(result: Classification) -> dict[str, Any]:
 
 
 def page_section(result: Classification, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """One text of `classify` for the --report page: its JSON record (labels, probs, prediction, explain)."""
-    return record(result)
+    """One text of `classify` for the --report page: its JSON record (labels, probs, prediction, explain; explain's
+    `tokens_shown`: the text each token stands for, what the page shows)."""
+    section = record(result)
+    if result.explanation is not None:
+        e = result.explanation
+        section["explain"] = section["explain"] | {"tokens_shown": e.texts if e.texts is not None else e.tokens}
+    return section
 
 
 def figure(result: Classification, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
@@ -96,11 +110,13 @@ def figure(result: Classification, run: RunInfo, tokenizer: Tokenizer | None) ->
 
     ranked = result.ranked()
     explain = result.explanation
+    labels = labels_of(explain) if explain else []
     width = max(6.0, min(16.0, 0.32 * len(explain.tokens) + 1.5)) if explain else 6.0
     plot_width = width - 2.0
-    strip_height = 0.9 + labels_size(explain.tokens, plot_width) if explain else 0
+    strip_height = 0.9 + labels_size(labels, plot_width) if explain else 0
     figure = blank_figure(width, 1.6 + 0.25 * len(ranked) + strip_height)
-    caption(figure, f"tfcli classify: {result.text!r} -> {result.prediction}", run)
+    caption(figure, f"tfcli classify: {result.text!r} -> {result.prediction}" +
+            (f" ({SPACE_NOTE})" if has_space(labels) else ""), run)
     grid = figure.add_gridspec(2 if explain else 1, 1,
                                height_ratios=[0.6 + 0.25 * len(ranked), strip_height] if explain else [1])
     ax = figure.add_subplot(grid[0])
@@ -118,7 +134,7 @@ def figure(result: Classification, run: RunInfo, tokenizer: Tokenizer | None) ->
             f"layers {explain.layers[0]}-{explain.layers[-1]}"
         strip.set_title(f"what the first token attends to in {where}, mean over heads")
         strip.set_yticks([])
-        label_axis(strip, "x", explain.tokens, plot_width)
+        label_axis(strip, "x", labels, plot_width)
         cell = plot_width * POINTS / len(explain.tokens)  # points
         if cell >= 4 * CHAR_WIDTH * MIN_FONT:  # room for "0.12"
             for k, w in enumerate(explain.weights):

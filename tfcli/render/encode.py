@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.render.layout import (GAP, Column, echo, heat_legend, heat_row, key_column_widths, layer_runs, shown, table,
-                                 words, wrap)
+from tfcli.render.layout import (GAP, SPACE_NOTE, Column, echo, has_space, heat_legend, heat_row, key_column_widths,
+                                 layer_runs, table, token_label, words, wrap)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -47,9 +47,9 @@ def report_lines(report: TextReport, number: int, width: int, view: View = View(
     lines = heading(report, number, width)
     if report.pair is not None:
         lines += words(pair_heading(report), width)
-    lines += token_lines("tokens", report.tokens, width)
+    lines += token_lines("tokens", texts_of(report), width)
     if report.target_tokens is not None:
-        lines += token_lines("decoder input", report.target_tokens, width)
+        lines += token_lines("decoder input", target_texts_of(report), width)
     lines += [Text()] + stage_lines(report.stages, width, view.detail)
     if report.sites:
         lines += [Text()] + site_lines(report.sites, width)
@@ -94,10 +94,42 @@ def _some_layer_not_in_detail(report: TextReport, detail: list[int] | None) -> b
                for layer in layers)
 
 
-def token_lines(label: str, tokens: list[str], width: int) -> list[Text]:
-    """`label:` then each token with its position, wrapped between tokens: `tokens: 0 [CLS]  1 the ...`."""
-    items = [Text(f"{i} {shown(t)}") for i, t in enumerate(tokens)]
-    return wrap([Text(f"{label}: ") + items[0], *items[1:]], width)
+def texts_of(report: TextReport) -> list[str]:
+    """The text each token stands for (` Mary`; WordPiece's `##ing` and `[CLS]` as they are): what the views show
+    (the vocabulary entries where the report has none)."""
+    return report.token_texts if report.token_texts is not None else report.tokens
+
+
+def target_texts_of(report: TextReport) -> list[str]:
+    """The decoder input's texts (`texts_of`), an encoder-decoder's."""
+    return report.target_token_texts if report.target_token_texts is not None else report.target_tokens or []
+
+
+def positions_texts(report: TextReport) -> list[str]:
+    """The texts of the positions the lens reads: the decoder input's in an encoder-decoder, else the text's."""
+    return target_texts_of(report) if report.target_tokens is not None else texts_of(report)
+
+
+def query_texts(amap: AttentionMap) -> list[str]:
+    return amap.query_texts if amap.query_texts is not None else amap.query_tokens
+
+
+def key_texts(amap: AttentionMap) -> list[str]:
+    return amap.key_texts if amap.key_texts is not None else amap.key_tokens
+
+
+def lens_texts(row: LensRow) -> list[list[str]]:
+    """Per position, the text of each of a lens row's top tokens."""
+    return row.texts if row.texts is not None else [[token for token, _, _ in top] for top in row.top]
+
+
+def token_lines(label: str, texts: list[str], width: int) -> list[Text]:
+    """`label:` then each token's text (`token_label`: a space as ␣, said in the label when one shows) with its
+    position, wrapped between tokens: `tokens: 0 [CLS]  1 the ...`, `tokens (␣ = a space): 0 When  1 ␣Mary ...`."""
+    labels = [token_label(t) for t in texts]
+    items = [Text(f"{i} {t}") for i, t in enumerate(labels)]
+    said = f" ({SPACE_NOTE})" if has_space(labels) else ""
+    return wrap([Text(f"{label}{said}: ") + items[0], *items[1:]], width)
 
 
 def stage_lines(stages: list[StageRow], width: int, detail: list[int] | None) -> list[Text]:
@@ -147,7 +179,7 @@ def heatmap_lines(amap: AttentionMap, width: int, top: int | None = None, color:
     the keys numbered as in the token list and paged when they do not fit; beside it, the `top` keys each
     query attends to most, with their weights (None: up to 3, as many as fit beside the map)."""
     weights = amap.weights.tolist()
-    queries = Column.of("query", [f"{i} {shown(t)}" for i, t in enumerate(amap.query_tokens)])
+    queries = Column.of("query", [f"{i} {token_label(t)}" for i, t in enumerate(query_texts(amap))])
     count = len(amap.key_tokens)
     label = key_column_widths([queries], width)[0] + GAP
     # a space between cells when the whole map fits so (and the keys each query attends to most fit beside
@@ -182,7 +214,8 @@ def heatmap_lines(amap: AttentionMap, width: int, top: int | None = None, color:
 def _most_attended(amap: AttentionMap, top: int) -> Column:
     """Per query, the `top` keys it attends to most: `2 animal 0.31` (key 2, weight 0.31)."""
     keys, weights = amap.top(top)
-    return Column("attends most to", [[Text(f"{k} {shown(amap.key_tokens[k])} {w:.2f}")
+    texts = key_texts(amap)
+    return Column("attends most to", [[Text(f"{k} {token_label(texts[k])} {w:.2f}")
                                        for rank, (k, w) in enumerate(zip(ks, ws)) if rank == 0 or w >= 0.005]
                                       for ks, ws in zip(keys, weights)])
 
@@ -190,11 +223,12 @@ def _most_attended(amap: AttentionMap, top: int) -> Column:
 def lens_lines(report: TextReport, width: int, detail: list[int] | None, top: int) -> list[Text]:
     """The logit lens of the layers in detail: a row per position, a column per layer, the top tokens
     with their probabilities (a long text grows downwards; more layers go on further pages)."""
-    positions = report.target_tokens if report.target_tokens is not None else report.tokens
+    positions = positions_texts(report)
     rows = [r for r in report.lens if in_detail(r.layer, [x.layer for x in report.lens], detail)]
-    columns = [Column.of("position", [f"{i} {shown(t)}" for i, t in enumerate(positions)])]
-    columns += [Column(f"layer {row.layer}", [[Text(f"{shown(token)} {p:.2g}") for token, _, p in tops[:top]]
-                                              for tops in row.top]) for row in rows]
+    columns = [Column.of("position", [f"{i} {token_label(t)}" for i, t in enumerate(positions)])]
+    columns += [Column(f"layer {row.layer}", [[Text(f"{token_label(text)} {p:.2g}")
+                                               for text, (_, _, p) in zip(texts[:top], tops[:top])]
+                                              for texts, tops in zip(lens_texts(row), row.top)]) for row in rows]
     if sum(GAP + c.natural_width() for c in columns) - GAP > width:  # not on one page so: a token per line
         for column in columns[1:]:
             column.sep = "\n"
@@ -216,6 +250,7 @@ def summary_lines(report: TextReport, width: int) -> list[Text]:
     """Every captured layer at a glance, a row per position: the key each query attends to most and the
     token each position predicts, runs of layers that agree merged (`0-3: 2 animal` = layers 0 to 3)."""
     tables: dict[tuple[str, ...], list[Column]] = {}  # query tokens -> their columns
+    texts: dict[tuple[str, ...], list[str]] = {}  # query tokens -> their texts, shown
     groups: dict[tuple[str, str], list[AttentionMap]] = {}
     for amap in report.attention:
         groups.setdefault((amap.kind, str(amap.head)), []).append(amap)
@@ -223,20 +258,25 @@ def summary_lines(report: TextReport, width: int) -> list[Text]:
         header = ("" if kind == "self" else f"{kind}: ") + "attends most to" + ("" if head == "mean" else f" (head {head})")
         tops = [(m.layer, m.top(1)[0]) for m in maps]
         cells = []
+        keys_shown = key_texts(maps[0])
         for query in range(len(maps[0].query_tokens)):
             runs = layer_runs([(layer, keys[query][0]) for layer, keys in tops])
-            cells.append([Text(f"{_layers(a, b)}: {k} {shown(maps[0].key_tokens[k])}") for a, b, k in runs])
+            cells.append([Text(f"{_layers(a, b)}: {k} {token_label(keys_shown[k])}") for a, b, k in runs])
         tables.setdefault(tuple(maps[0].query_tokens), []).append(Column(header, cells))
+        texts.setdefault(tuple(maps[0].query_tokens), query_texts(maps[0]))
     if report.lens:
         positions = tuple(report.target_tokens if report.target_tokens is not None else report.tokens)
+        tops_shown = [lens_texts(row) for row in report.lens]
         cells = []
         for position in range(len(positions)):
-            runs = layer_runs([(row.layer, row.top[position][0][0]) for row in report.lens])
-            cells.append([Text(f"{_layers(a, b)}: {shown(token)}") for a, b, token in runs])
+            runs = layer_runs([(row.layer, (row.top[position][0][1], shown[position][0]))  # (id, text): runs of a token
+                               for row, shown in zip(report.lens, tops_shown)])
+            cells.append([Text(f"{_layers(a, b)}: {token_label(text)}") for a, b, (_, text) in runs])
         tables.setdefault(positions, []).append(Column(LENS_COLUMN[report.lens_predicts], cells))
+        texts.setdefault(positions, positions_texts(report))
     lines = []
     for tokens, columns in tables.items():
-        keys = Column.of("position", [f"{i} {shown(t)}" for i, t in enumerate(tokens)])
+        keys = Column.of("position", [f"{i} {token_label(t)}" for i, t in enumerate(texts[tokens])])
         title = ("every layer, a line per position: runs of layers that agree merged (`1-5: 0 [CLS]`: "
                  "layers 1 to 5 attend most to key 0, [CLS])")
         lines += ([Text()] if lines else []) + table([keys, *columns], width, title=title)
@@ -305,12 +345,15 @@ def _attention_record(amap: AttentionMap, weights: bool = True) -> dict[str, Any
 
 def page_section(report: TextReport, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """One text of `encode` for the --report page: tokens, stages, every attention map (the mean's heads too,
-    when kept), lens."""
+    when kept), lens. `tokens` and the lens's `vocabulary` are vocabulary entries; `tokens_shown` and
+    `vocabulary_shown` (one for one) the text each stands for, what the page shows."""
     from tfcli.render.page import WEIGHT_SCALE, pack_weights
 
     token_lists = {"tokens": report.tokens}
+    shown_lists = {"tokens": texts_of(report)}
     if report.target_tokens is not None:
         token_lists["target"] = report.target_tokens
+        shown_lists["target"] = target_texts_of(report)
 
     def list_name(tokens: list[str]) -> str:
         return "target" if tokens is report.target_tokens else "tokens"
@@ -326,19 +369,28 @@ def page_section(report: TextReport, tokenizer: Tokenizer | None) -> dict[str, A
                          "key": list_name(amap.key_tokens)})
             matrices.append(weights)
     vocabulary: dict[str, int] = {}  # the lens's tokens, each stored once
+    vocabulary_shown: list[str] = []  # and the text each stands for
+
+    def entry(token: str, text: str) -> int:
+        if token not in vocabulary:
+            vocabulary[token] = len(vocabulary)
+            vocabulary_shown.append(text)
+        return vocabulary[token]
+
     lens = [{"layer": row.layer,
-             "top": [[[vocabulary.setdefault(token, len(vocabulary)), _round(p)] for token, _, p in top]
-                     for top in row.top]}
+             "top": [[[entry(token, text), _round(p)] for (token, _, p), text in zip(top, texts)]
+                     for top, texts in zip(row.top, lens_texts(row))]}
             for row in report.lens]
     # a truncated text: what the model read (the terminal shows the same), and how much that is of the whole
     cut = None if report.read_text is None and report.read_pair is None else {
         "tokens": len(report.ids), "of_tokens": report.untruncated_length, "characters": len(report.shown_text),
         "of_characters": len(report.text)}
-    return {"text": report.shown_text, "cut": cut, "tokens": token_lists,
+    return {"text": report.shown_text, "cut": cut, "tokens": token_lists, "tokens_shown": shown_lists,
             "stages": [[s.name, s.shape, s.dtype, s.parameters, s.mean, s.std, s.norm] for s in report.stages],
             "attention": {"maps": maps, "weights": pack_weights(matrices), "scale": WEIGHT_SCALE},
             "lens": {"positions": "target" if report.target_tokens is not None else "tokens", "rows": lens,
-                     "vocabulary": list(vocabulary), "through": report.lens_through,
+                     "vocabulary": list(vocabulary), "vocabulary_shown": vocabulary_shown,
+                     "through": report.lens_through,
                      "predicts": report.lens_predicts}}
 
 
@@ -357,17 +409,23 @@ def figure(report: TextReport, run: RunInfo, tokenizer: Tokenizer | None) -> Fig
     per_layer = max(1, sum(1 for m in maps if (m.kind, m.layer) == (maps[0].kind, maps[0].layer))) if maps else 1
     columns = per_layer if per_layer > 1 else min(4, max(1, len(maps)))
     rows = math.ceil(len(maps) / columns) if maps else 0
-    positions = report.target_tokens if report.target_tokens is not None else report.tokens
+    # each token's text, a space as ␣ (token_label), as the terminal shows it
+    positions = [token_label(t) for t in positions_texts(report)]
+    queries = {id(m): [token_label(t) for t in query_texts(m)] for m in maps}
+    keys = {id(m): [token_label(t) for t in key_texts(m)] for m in maps}
     panel = panel_side(max(len(report.tokens), len(report.target_tokens or [])))
-    slot_width = panel + max((labels_size(m.query_tokens, panel) for m in maps), default=0) + 0.5
-    slot_height = panel + max((labels_size(m.key_tokens, panel) for m in maps), default=0) + 0.8
+    slot_width = panel + max((labels_size(queries[id(m)], panel) for m in maps), default=0) + 0.5
+    slot_height = panel + max((labels_size(keys[id(m)], panel) for m in maps), default=0) + 0.8
     width = max(columns * slot_width + 1.2, 6.0)
-    lens = lens_layout(positions, [[top[0][0] for top in row.top] for row in report.lens], width - 2.0) \
-        if report.lens else None
+    guesses = [[token_label(texts[0]) for texts in lens_texts(row)] for row in report.lens]
+    lens = lens_layout(positions, guesses, width - 2.0) if report.lens else None
     lens_height = 0.3 + lens["row"] * len(report.lens) + lens["ticks"] if lens else 0
     figure = blank_figure(width, rows * slot_height + lens_height + 1.0)
     cut = f", {cut_note(report, report.read_text, report.text)}" if report.read_text is not None else ""
-    caption(figure, f"tfcli encode{cut}: {report.shown_text!r}", run)
+    labels = positions + [label for m in maps for label in queries[id(m)] + keys[id(m)]] + \
+        [label for row in guesses for label in row]
+    caption(figure, f"tfcli encode{cut}: {report.shown_text!r}" + (f" ({SPACE_NOTE})" if has_space(labels) else ""),
+            run)
     grid = figure.add_gridspec(rows + (1 if lens else 0), columns,
                                height_ratios=[slot_height] * rows + ([lens_height] if lens else []))
     axes, image = [], None
@@ -377,8 +435,8 @@ def figure(report: TextReport, run: RunInfo, tokenizer: Tokenizer | None) -> Fig
                           interpolation="nearest", aspect="equal")
         head = "mean of heads" if amap.head == "mean" else f"head {amap.head}"
         ax.set_title(f"{FIGURE_TITLES[amap.kind]}layer {amap.layer}, {head}")
-        label_axis(ax, "y", amap.query_tokens, panel)
-        label_axis(ax, "x", amap.key_tokens, panel)
+        label_axis(ax, "y", queries[id(amap)], panel)
+        label_axis(ax, "x", keys[id(amap)], panel)
         if index % columns == 0:
             ax.set_ylabel("query")
         if index + columns >= len(maps):  # the lowest map of its column

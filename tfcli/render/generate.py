@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.generate import token_text
-from tfcli.render.layout import Column, layer_runs, table, words
+from tfcli.render.layout import SPACE_NOTE, Column, has_space, layer_runs, table, token_label, words
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -22,7 +21,7 @@ LINEAR_FROM = 0.1  # the figure: a probability axis from 0 to 1 when every step 
 
 
 def _shown(tokenizer: Tokenizer, token_id: int) -> str:
-    return repr(token_text(tokenizer, token_id))
+    return repr(tokenizer.text_of(token_id))
 
 
 def generation_lines(result: Generation, tokenizer: Tokenizer, number: int, sampled_seed: int | None, width: int,
@@ -77,7 +76,7 @@ def record(result: Generation, tokenizer: Tokenizer) -> dict[str, Any]:
     """The JSON Lines record of `generate`: prompt, ids (the input ids), prompt_ids, generated_ids, text, steps."""
 
     def token(i: int, p: float) -> dict[str, Any]:
-        return {"id": i, "token": token_text(tokenizer, i), "prob": round(p, 6)}
+        return {"id": i, "token": tokenizer.text_of(i), "prob": round(p, 6)}
 
     steps = []
     for step in result.steps:
@@ -104,8 +103,9 @@ def figure(result: Generation, run: RunInfo, tokenizer: Tokenizer) -> Figure:
     from tfcli.render.figure import (CELL_TOKEN, CHAR_WIDTH, POINTS, blank_figure, caption, label_axis, labels_size,
                                      lens_grid, lens_layout)
 
-    tokens = [repr(token_text(tokenizer, step.token_id)) for step in result.steps]
-    guesses = [[token_text(tokenizer, step.lens[layer][0]) for step in result.steps]
+    # each token's text, a space as ␣ (token_label), as every grid's labels show it
+    tokens = [token_label(tokenizer.text_of(step.token_id)) for step in result.steps]
+    guesses = [[token_label(tokenizer.text_of(step.lens[layer][0])) for step in result.steps]
                for layer in range(len(result.steps[0].lens))] if result.steps and result.steps[0].lens else []
     # a step is as wide as its lens cells' tokens written across (so far as 16 inches allow)
     longest = min(CELL_TOKEN, max((len(t) for row in guesses for t in row), default=0))
@@ -116,7 +116,8 @@ def figure(result: Generation, run: RunInfo, tokenizer: Tokenizer) -> Figure:
     bars_height = 2.2 + labels_size(tokens, plot_width)
     lens_height = 0.3 + lens["row"] * layers + lens["ticks"] if lens else 0
     figure = blank_figure(width, bars_height + lens_height + 1.0)
-    caption(figure, f"tfcli generate: {result.prompt!r} -> {result.text!r}", run)
+    said = f" ({SPACE_NOTE})" if has_space(tokens + [t for row in guesses for t in row]) else ""
+    caption(figure, f"tfcli generate: {result.prompt!r} -> {result.text!r}{said}", run)
     grid = figure.add_gridspec(2 if lens else 1, 1, height_ratios=[bars_height, lens_height] if lens else [1])
     ax = figure.add_subplot(grid[0])
     bars = ax.bar(range(len(tokens)), [step.prob for step in result.steps], color="#2171b5")

@@ -154,8 +154,8 @@ def text_record(item: TextHeads) -> dict[str, Any]:
 def page_section(result: Heads, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The page's data: the record, the titles, per detector the top of its grid's scale (`largest`) and its
     `--top` heads as the terminal lists them (`top`, `top_heads`), and per detector and head the text where it
-    scores highest (an index into `examples`, each with its tokens per stack and the maps of the heads that point
-    to it)."""
+    scores highest (an index into `examples`, each with its tokens per stack, `tokens_shown` the text each stands
+    for, and the maps of the heads that point to it)."""
     from tfcli.render.page import WEIGHT_SCALE, pack_weights
 
     section = record(result) | {"heads": result.heads, "titles": {d: TITLES[d] for d in result.detectors},
@@ -174,6 +174,7 @@ def page_section(result: Heads, tokenizer: Tokenizer | None) -> dict[str, Any]:
             cells = sorted(maps)
             section["examples"][str(index)] = {
                 "text": kept["text"], "tokens": [s.tokens for s in kept["sequences"]],
+                "tokens_shown": [s.texts if s.texts is not None else s.tokens for s in kept["sequences"]],
                 "maps": [{"row": r, "head": h, "stack": prefixes.index(stack_of_row.get(r, prefixes[0])),
                           "size": int(maps[(r, h)].shape[0])} for r, h in cells],
                 "weights": pack_weights([maps[cell] for cell in cells]), "scale": WEIGHT_SCALE}

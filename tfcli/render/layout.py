@@ -69,6 +69,37 @@ def shown(token: str) -> str:
     return token if token.isprintable() else repr(token)[1:-1]
 
 
+SPACE = "␣"  # a space in a token's text, where the token stands unquoted (a label, a list of tokens)
+SPACE_NOTE = f"{SPACE} = a space"
+
+
+def token_label(text: str) -> str:
+    """A token's text (`Tokenizer.text_of`: ` Mary`) where it stands unquoted (a grid's column, the list of
+    tokens, a figure's axis): each space shown as ␣ (`␣Mary`), control characters escaped (`\\n`). Where a token
+    stands quoted, it is its text's repr (`' Mary'`)."""
+    return shown(text).replace(" ", SPACE)
+
+
+def has_space(labels: Sequence[str]) -> bool:
+    """Whether labels (`token_label`'s) show a space as ␣: then the view says what ␣ is (SPACE_NOTE)."""
+    return any(SPACE in label for label in labels)
+
+
+GLUE = "\u00a0"  # a space `words` never breaks a line at (one inside a quoted token), printed as a plain space
+
+
+def quoted(text: str) -> str:
+    """A token's text as a sentence names it: its repr (`' Mary'`), its spaces GLUE, so that `words` never cuts it
+    (a page or a figure takes the sentence through `plain`). repr escapes a text's own no-break space: GLUE is
+    never a text's."""
+    return repr(text).replace(" ", GLUE)
+
+
+def plain(sentence: str) -> str:
+    """A sentence with `quoted` tokens as a page or a figure writes it: GLUE as plain spaces."""
+    return sentence.replace(GLUE, " ")
+
+
 def fold(item: Text, width: int) -> list[Text]:
     """`item` as lines of at most `width` cells: itself when it fits, else broken between characters."""
     if item.cell_len <= width:
@@ -105,7 +136,8 @@ def wrap(items: Sequence[Text | str], width: int, sep: str = "  ", indent: int =
 
 
 def words(text: Text | str, width: int, style: str = "") -> list[Text]:
-    """A sentence wrapped at its spaces (a word wider than `width` folded), keeping its styles."""
+    """A sentence wrapped at its spaces (a word wider than `width` folded), keeping its styles; never at a GLUE
+    (a `quoted` token's space), which prints as a space."""
     text = Text(text, style=style) if isinstance(text, str) else text
     plain = text.plain
     lines, start, end, position = [], 0, 0, 0  # the current line is plain[start:end]
@@ -117,7 +149,11 @@ def words(text: Text | str, width: int, style: str = "") -> list[Text]:
             start = word_start
         end = word_end
     lines.append(text[start:end])
-    return [piece for line in lines for piece in fold(line, width)]
+    out = [piece for line in lines for piece in fold(line, width)]
+    for piece in out:
+        if GLUE in piece.plain:  # a quoted token's spaces, kept together: printed as spaces
+            piece.plain = piece.plain.replace(GLUE, " ")
+    return out
 
 
 ECHO_LINES = 3  # a text echoed above its results takes at most this many lines

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.text import Text
 
+from tfcli.analysis.indices import spans
 from tfcli.analysis.names import Kind, kind_of
 from tfcli.patch import SMALL_GAP, DatasetPatching, Patching
-from tfcli.render.layout import GAP, Column, shown, table, words
+from tfcli.render.layout import GAP, GLUE, SPACE_NOTE, Column, has_space, plain, quoted, table, token_label, words
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -54,27 +55,33 @@ def quantity(result: Patching) -> str:
         return f"{what} difference of each line's target - foil" if result.foil_each else \
             f"{what} of each line's target"
     if result.foil is None:
-        return f"{what} of {result.target.token!r}"
-    return f"{what} difference {result.target.token!r} - {result.foil.token!r}"
+        return f"{what} of {quoted(result.target.text)}"
+    return f"{what} difference {quoted(result.target.text)} - {quoted(result.foil.text)}"
+
+
+def texts_of(result: Patching) -> tuple[list[str], list[str], list[str] | None]:
+    """The text each token stands for (` Mary`), clean, corrupt and the decoder's input, as the views show them; the
+    vocabulary entries where the result has no texts (one built by hand)."""
+    decoder = result.decoder_token_texts if result.decoder_token_texts is not None else result.decoder_tokens
+    return result.token_texts_clean or result.tokens_clean, result.token_texts_corrupt or result.tokens_corrupt, \
+        decoder
 
 
 def positions_of(result: Patching, site: str) -> list[str]:
-    """The column labels of a site's positions: the clean tokens (an encoder-decoder's decoder: its input)."""
+    """The column labels of a site's positions: the clean tokens' texts, a space as ␣ (an encoder-decoder's decoder:
+    its input)."""
     stack, _ = kind_of(site)
-    tokens = result.decoder_tokens if stack == "decoder." and result.decoder_tokens is not None else result.tokens_clean
+    clean, _, decoder = texts_of(result)
+    tokens = decoder if stack == "decoder." and decoder is not None else clean
     marked = set(result.differing) if stack != "decoder." else set()
-    return [f"{result.column_label(i)}{'*' if i in marked else ''}\n{shown(t)}" for i, t in enumerate(tokens)]
+    return [f"{result.column_label(i)}{'*' if i in marked else ''}\n{token_label(t)}" for i, t in enumerate(tokens)]
 
 
-def ranges(values: list[int]) -> str:
-    """Sorted integers as runs: [0, 2, 3, 4, 7] -> '0, 2-4, 7'."""
-    runs: list[list[int]] = []
-    for v in values:
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+def space_note(result: Patching) -> str:
+    """`; ␣ = a space` where a grid's column (a position's token) shows one, else nothing."""
+    labels = [label for site in result.grids if "position" in kind_of(site)[1].axes
+              for label in positions_of(result, site)]
+    return f"; {SPACE_NOTE}" if has_space(labels) else ""
 
 
 def head_ranges(pairs: list[tuple[int, int]], heads: int) -> str:
@@ -98,7 +105,7 @@ def head_ranges(pairs: list[tuple[int, int]], heads: int) -> str:
             whole.append(layer)
         else:
             flush()
-            parts.append(f"L{layer}H" + ",H".join(ranges(hs).replace("-", "-H").split(", ")))
+            parts.append(f"L{layer}H" + ",H".join(spans(hs).replace("-", "-H").split(", ")))
     flush()
     return ", ".join(parts)
 
@@ -121,15 +128,15 @@ def notes(result: Patching) -> list[tuple[str, str]]:
         before = [p for p in swept if result.before_first and first is not None and p < first]
         after = [p for p in swept if result.position is not None and result.decoder_tokens is None
                  and p > result.position]
-        where = [f"{ranges(before)} (before the first difference)"] if before else []
-        where += [f"{ranges(after)} (after the metric's)"] if after else []
+        where = [f"{spans(before)} (before the first difference)"] if before else []
+        where += [f"{spans(after)} (after the metric's)"] if after else []
         plural = "s" if len(before) + len(after) > 1 else ""
         count = counted_sites(result.unchanged)
         out.append((f"position{plural} {' and '.join(where)} score{'' if plural else 's'} exactly 0 without a run: "
                     f"on a causal model a patch there changes nothing ({count})" if where else
                     f"{count} score exactly 0 without a run: a patch there changes nothing", "dim"))
     if result.positions is not None:
-        out.append((f"positions swept (--positions): {ranges(result.positions)} of 0-{len(result.tokens_clean) - 1}; "
+        out.append((f"positions swept (--positions): {spans(result.positions)} of 0-{len(result.tokens_clean) - 1}; "
                     "the others are not patched (blank)", "dim"))
     if result.interrupted:
         if result.done == 0:
@@ -217,17 +224,20 @@ METHODS = {"activation": "activation patching", "attribution": "attribution patc
 def header(result: Patching, width: int) -> list[Text]:
     """A pair's texts, the metric on both, where they differ, how a score reads."""
     lines = words(f"clean:   {result.clean!r}", width, "bold") + words(f"corrupt: {result.corrupt!r}", width, "bold")
-    where = "" if result.position is None else \
-        f" at position {result.position} {shown((result.decoder_tokens or result.tokens_clean)[result.position])}"
+    clean, corrupt, decoder = texts_of(result)
+    where = ""
+    if result.position is not None:
+        at = (decoder or clean)[result.position]  # its id: the clean text's (the decoder's ids are not kept)
+        where = f" at position {result.position} {quoted(at)}" + \
+            (f"{GLUE}(#{result.ids_clean[result.position]})" if decoder is None else "")
     ids = f"#{result.target.id}" + (f", #{result.foil.id}" if result.foil is not None else "")
-    lines += words(f"the {quantity(result)}{where} ({ids}): clean {result.clean_value:+.4f}, corrupt "
+    lines += words(f"the {quantity(result)} ({ids}){where}: clean {result.clean_value:+.4f}, corrupt "
                    f"{result.corrupt_value:+.4f}", width)
     if result.differing:
-        pairs = ", ".join(f"{i} {shown(result.tokens_clean[i])!r}/{shown(result.tokens_corrupt[i])!r}"
-                          for i in result.differing)
+        pairs = ", ".join(f"{i} {quoted(clean[i])}/{quoted(corrupt[i])}" for i in result.differing)
         lines += words(f"the texts differ at {pairs} (* in the grids)", width)
     lines += words(f"{METHODS[result.method]}; score = (patched - corrupt) / (clean - corrupt): 1 restores the clean "
-                   "value, 0 has no effect, negative works against it", width, "dim")
+                   f"value, 0 has no effect, negative works against it{space_note(result)}", width, "dim")
     return lines
 
 
@@ -255,14 +265,15 @@ def dataset_header(result: DatasetPatching, width: int) -> list[Text]:
             "positions counted back from the metric's (-1: the metric's position)"
         marks = f"; * where the pairs' tokens differ" if result.varying else ""
         corrupted = f"; clean and corrupt differ at {ranges_of(result, result.corrupted)}" if result.corrupted else ""
-        lines += words(f"columns: {start}, labelled with the first pair's tokens{marks}{corrupted}", width, "dim")
+        lines += words(f"columns: {start}, labelled with the first pair's tokens{marks}{corrupted}"
+                       f"{space_note(result)}", width, "dim")
     return lines
 
 
 def ranges_of(result: DatasetPatching, columns: list[int]) -> str:
     """Columns as people read them: their labels, runs joined."""
     if result.align != "end":
-        return ranges(columns)
+        return spans(columns)
     return ", ".join(result.column_label(c) for c in columns)
 
 
@@ -307,10 +318,10 @@ def _left_out_note(site: str, grid: list, rows: list[int], columns: list[int], w
             parts.append(f"heads {head_ranges([divmod(r, heads) for r in gone_rows], heads)} ({len(gone_rows)} of "
                          f"{height})")
         else:
-            parts.append(f"layers {ranges(gone_rows)} ({len(gone_rows)} of {height})")
+            parts.append(f"layers {spans(gone_rows)} ({len(gone_rows)} of {height})")
     if gone_columns:
         across = kind.axes[-1]
-        named = ranges(gone_columns) if across == "position" else ", ".join(f"H{c}" for c in gone_columns)
+        named = spans(gone_columns) if across == "position" else ", ".join(f"H{c}" for c in gone_columns)
         parts.append(f"{across}s {named} ({len(gone_columns)} of {breadth})")
     if not parts:
         return ""
@@ -390,7 +401,7 @@ def correlation(a: list[float | None], b: list[float | None]) -> tuple[float | N
 
 
 class Ranked(NamedTuple):
-    """A computed site in a top list: its kind, where (`L3 at 9* ' John'`, `L6H9`), its score, its attribution
+    """A computed site in a top list: its kind, where (`L3 at 9* ␣John`, `L6H9`), its score, its attribution
     estimate (--method both) and its cell in the grid (layer, then its index along the kind's axes)."""
 
     site: str
@@ -409,12 +420,13 @@ def ranked(result: Patching) -> dict[str, list[Ranked]]:
         stack, kind = kind_of(site)
         if not reached(result, site) or (result.interrupted and result.done == 0 and result.method != "attribution"):
             continue
-        decoder = stack == "decoder." and result.decoder_tokens is not None
-        tokens = result.decoder_tokens if decoder else result.tokens_clean
+        clean, _, decoder_texts = texts_of(result)
+        decoder = stack == "decoder." and decoder_texts is not None
+        tokens = decoder_texts if decoder else clean
 
         def at(p: int) -> str:
             label = result.column_label(p) if not decoder else str(p)
-            return f"at {label}{'*' if p in differing and not decoder else ''} {shown(tokens[p])}"
+            return f"at {label}{'*' if p in differing and not decoder else ''} {token_label(tokens[p])}"
 
         other = result.attribution_grids[site] if result.attribution_grids is not None else None
         items = []
@@ -521,7 +533,8 @@ def dataset_record(result: DatasetPatching) -> dict[str, Any]:
 def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The page's data for one pair: the JSON record, what is measured, the positions that differ, the correlations
     (--method both), the top sites of each kind, what needs saying (`notes`, as the view says it), whether the sweep
-    was interrupted and which grids it reached."""
+    was interrupted and which grids it reached; `tokens_clean_shown`, `tokens_corrupt_shown`, `decoder_tokens_shown`:
+    the text each token stands for, as the view shows them (the record's tokens_* are vocabulary entries)."""
     kinds = {site: {"axes": list(kind.axes), "what": kind.what} for site in result.grids
              for _, kind in [kind_of(site)]}  # the page reads a grid's layout from here, not from the kinds' names
     correlations = {}
@@ -531,20 +544,23 @@ def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any
             correlations[site] = {"r": r, "n": n}
     top = [{"site": item.site, "where": item.where, "score": item.score, "attribution": item.estimate}
            for items in ranked(result).values() for item in items[:DEFAULT_TOP]]
+    clean, corrupt, decoder = texts_of(result)  # the text each token stands for: what the page shows
+    shown = {"tokens_clean_shown": clean, "tokens_corrupt_shown": corrupt, "decoder_tokens_shown": decoder}
     if isinstance(result, DatasetPatching):  # each top site's interval and share, and how the view heads it
         for entry, item in zip(top, [item for items in ranked(result).values() for item in items[:DEFAULT_TOP]]):
             entry["interval"], entry["restored"] = spread(result, item)
-        return record(result) | {"quantity": quantity(result), "kinds": kinds, "top": top, "top_each": DEFAULT_TOP,
+        return record(result) | {"quantity": plain(quantity(result)), "kinds": kinds, "top": top,
+                                 "top_each": DEFAULT_TOP,
                                  "header": [line.plain for line in dataset_header(result, 10**6)],
                                  "notes": [{"text": text, "style": style} for text, style in notes(result)],
-                                 "reached": dict.fromkeys(result.grids, True), "correlations": {}}
-    return record(result) | {"quantity": quantity(result), "differing": result.differing, "kinds": kinds,
+                                 "reached": dict.fromkeys(result.grids, True), "correlations": {}} | shown
+    return record(result) | {"quantity": plain(quantity(result)), "differing": result.differing, "kinds": kinds,
                              "correlations": correlations, "top": top, "top_each": DEFAULT_TOP,
                              "notes": [{"text": text, "style": style} for text, style in notes(result)],
                              "reached": {site: reached(result, site) and not (result.interrupted and result.done == 0
                                                                               and result.method != "attribution")
                                          for site in result.grids},
-                             "interrupted": result.interrupted, "done": result.done, "total": result.total}
+                             "interrupted": result.interrupted, "done": result.done, "total": result.total} | shown
 
 
 def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
@@ -591,8 +607,8 @@ def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
     fig = blank_figure(width, 1.2 + sum(heights) + bar)
     subject = f"over the {result.n} pairs of {result.dataset} (means)" if isinstance(result, DatasetPatching) else \
         f"{result.clean!r} vs {result.corrupt!r}"
-    caption(fig, f"tfcli patch: {quantity(result)}, clean {result.clean_value:+.3f}, corrupt "
-                 f"{result.corrupt_value:+.3f}; {subject}", run)
+    caption(fig, plain(f"tfcli patch: {quantity(result)}, clean {result.clean_value:+.3f}, corrupt "
+                       f"{result.corrupt_value:+.3f}; {subject}{space_note(result)}"), run)
     layout = fig.add_gridspec(len(rows_of) + 1, len(twins), height_ratios=heights + [bar])
     image = None
     for index, ((site, rows, columns), cell_height) in enumerate(zip(rows_of, cell_heights)):
