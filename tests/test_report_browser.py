@@ -372,3 +372,17 @@ def test_pages_show_a_byte_level_tokens_text(browser, tmp_path, byte_level_gpt2)
             readout = page.inner_text('[data-detector="previous"] .head-detail .readout')
             assert readout.startswith('query 0 "When" \u2192 key 0 "When"') and "Ġ" not in readout, readout
         page.close()
+
+
+def test_a_long_text_is_echoed_in_a_few_lines_on_the_page(browser, tmp_path, tiny_decoder):
+    """A page heads a long text as the terminal echoes it: its beginning and end around ' ... ', with its length,
+    not the whole text (issue 39, item 12); a short one whole."""
+    words = " ".join(f"word{k % 7} and more" for k in range(60))  # 60 x 3 words: under 512 tokens, over 360 characters
+    path = tmp_path / "long.html"
+    result = CliRunner().invoke(app, ["attribute", "--model", str(tiny_decoder), words, "--report", str(path)])
+    assert result.exit_code == 0, result.stderr
+    page = open_page(browser, path)
+    heading = page.inner_text("h2")
+    assert " ... " in heading and f"({len(words):,} characters)" in heading and len(heading) < 420
+    assert heading.startswith('text 1: "word0 and more word1') and heading.split(" ... ")[1].startswith("word")
+    page.close()

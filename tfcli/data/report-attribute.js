@@ -3,7 +3,7 @@
 "use strict";
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
   attribute: async function (section, s, number, LIB) {
-    const {el, quoted, label, spaceNote} = LIB;
+    const {el, echoed, quoted, label, spaceNote} = LIB;
     const signed = (v) => (v >= 0 ? "+" : "") + v.toFixed(4);
     // v in [-1, 1] -> white to blue (positive) or red (negative)
     function diverging(v) {
@@ -24,7 +24,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     if (dataset) {
       section.append(el("h2", {}, s.header[0]), ...s.header.slice(1).map((line, k) => el("p", {class: k === 1 ? "note" : ""}, line)));
     } else {
-      section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)));
+      section.append(el("h2", {}, "text " + number + ": " + echoed(s.text)));
       const cap = s.softcap === null ? "" : " (before the final soft cap at " + s.softcap + ")";
       section.append(el("p", {}, "the " + s.quantity + " at position " + s.position + " " + quoted(s.tokens_shown[s.position]) +
         " (#" + s.ids[s.position] + "): model's value" + cap + " " + signed(s.logit) + "; sum of the " + s.components.length + " components " +

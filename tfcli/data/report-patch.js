@@ -7,7 +7,7 @@
 "use strict";
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
   patch: async function (section, s, number, LIB) {
-    const {el, quoted, label, spaceNote} = LIB;
+    const {el, echoed, quoted, label, spaceNote} = LIB;
     const BLUE = [33, 102, 172], RED = [178, 24, 43], WHITE = [247, 247, 247];
     // a score -> background on a scale symmetric about 0, full colour at |score| >= top
     function diverging(node, value, top) {
@@ -111,7 +111,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         quoted((s.decoder_tokens_shown || s.tokens_clean_shown)[s.position]) +
         (s.decoder_tokens_shown ? "" : " (#" + s.ids_clean[s.position] + ")");
       section.append(
-        el("h2", {}, "pair " + number + ": " + quoted(s.clean) + " vs " + quoted(s.corrupt)),
+        el("h2", {}, "pair " + number + ": " + echoed(s.clean) + " vs " + echoed(s.corrupt)),
         el("p", {}, "The " + s.quantity + where + ": clean " + s.clean_value.toFixed(4) + ", corrupt " +
                     s.corrupt_value.toFixed(4) + ". Each cell: (patched - corrupt) / (clean - corrupt). Positions marked * " +
                     "differ between the texts."));

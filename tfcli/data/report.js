@@ -26,6 +26,16 @@
   function fmt(p) { return p >= 0.001 || p === 0 ? p.toFixed(3) : p.toExponential(1); }
   function short(token, width) { return token.length <= width ? token : token.slice(0, width - 1) + "\u2026"; }
   function quoted(token) { return JSON.stringify(token); }
+  // a text a heading names (the input, not a result), quoted, in at most about three lines, as the terminal echoes
+  // it: a longer one shows its beginning and its end around " ... ", cut at spaces
+  const ECHO = 360;
+  function echoed(text) {
+    if (text.length <= ECHO) return quoted(text);
+    const half = ECHO / 2, start = text.slice(0, half), end = text.slice(-half);
+    const head = start.includes(" ") ? start.slice(0, start.lastIndexOf(" ")) : start;
+    const tail = end.includes(" ") ? end.slice(end.indexOf(" ") + 1) : end;
+    return quoted(head).slice(0, -1) + " ... " + quoted(tail).slice(1) + " (" + counted(text.length) + " characters)";
+  }
   // a token's text where it stands unquoted (a list of tokens, a grid's header), as the terminal shows it: each
   // space as ␣ (" Mary" -> "␣Mary"), control characters escaped ("\n"); `...spaceNote(texts)` says what ␣ is
   const ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"};
@@ -360,7 +370,7 @@
         parts.push(counted(s.cut.characters) + " of " + counted(s.cut.of_characters) + " characters");
       heading = "text " + number + ", as the model read it (" + parts.join("; ") + "): ";
     }
-    section.append(el("h2", {}, heading + quoted(s.text)), tokenLine(s.tokens_shown.tokens));
+    section.append(el("h2", {}, heading + echoed(s.text)), tokenLine(s.tokens_shown.tokens));
     if (s.tokens_shown.target) section.append(el("p", {class: "note"}, "decoder input:"), tokenLine(s.tokens_shown.target));
     section.append(...spaceNote(s.tokens_shown.tokens.concat(s.tokens_shown.target || [])));
     const maps = s.attention.maps;
@@ -384,7 +394,7 @@
   function renderGenerate(section, s, number) {
     const steps = s.steps;
     const ended = s.stopped_at_eos ? "stopped at end of sequence" : steps.length + " new tokens";
-    section.append(el("h2", {}, "prompt " + number + ": " + quoted(s.prompt)),
+    section.append(el("h2", {}, "prompt " + number + ": " + echoed(s.prompt)),
       el("p", {class: "note"}, ended + " (underlined); probabilities are the model's (softmax of the logits, before temperature and filtering)"),
       textBlock(s.full_text, s.text));
     const alternatives = (step) => step.top.filter((t) => t.id !== step.id).map((t) => quoted(t.token) + " " + fmt(t.prob)).join("  ");
@@ -414,7 +424,7 @@
 
   // ---------------------------------------------------------------- classify
   function renderClassify(section, s, number) {
-    section.append(el("h2", {}, "text " + number + ": " + quoted(s.text)));
+    section.append(el("h2", {}, "text " + number + ": " + echoed(s.text)));
     const ranked = s.labels.map((label, k) => [label, s.probs[k]]).sort((a, b) => b[1] - a[1]);
     section.append(el("table", {class: "labels"},
       el("thead", {}, el("tr", {}, el("th", {class: "left"}, "label"), el("th", {}, "prob"), el("th", {}), el("th", {}))),
@@ -441,7 +451,7 @@
   // ---------------------------------------------------------------- page
   // an analysis command's script (report-attribute.js, ...) has put its renderer in window.tfcliRenderers; it
   // draws with the helpers in LIB
-  const LIB = {el, rgb, colour, shade, fmt, short, quoted, label, spaceNote, counted, legend, inflate};
+  const LIB = {el, rgb, colour, shade, fmt, short, quoted, echoed, label, spaceNote, counted, legend, inflate};
   const RENDER = Object.assign({encode: renderEncode, generate: renderGenerate, classify: renderClassify},
                                window.tfcliRenderers || {});
   async function main() {
