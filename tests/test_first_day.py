@@ -94,8 +94,12 @@ def documented_commands() -> dict:
     from tfcli.cli import app
 
     group = typer.main.get_command(app)
-    return {name: {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
-            for name, command in group.commands.items()}
+
+    def options(command) -> set[str]:  # a group of commands (`steer fit`): the options of each, under its name
+        params = [p for sub in getattr(command, "commands", {}).values() for p in sub.params] + command.params
+        return {o for p in params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+
+    return {name: options(command) for name, command in group.commands.items()}
 
 
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
