@@ -88,3 +88,15 @@ def replace_atomically(path: Path, write: Callable[[str], None]) -> None:
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def check_output_file(path: Path, force: bool, hint: str = "give a file name") -> None:
+    """An --output file before any work: not a folder, no existing file unless `force`, an existing folder it can
+    write in."""
+    if path.is_dir():
+        raise TfcliError(f"--output {path} is a folder", hint)
+    if path.exists() and not force:
+        raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
+    if not path.parent.is_dir():
+        raise TfcliError(f"--output {path}: the folder {path.parent} does not exist")
+    check_writable_folder("--output", path)

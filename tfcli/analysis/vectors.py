@@ -24,7 +24,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.errors import TfcliError, check_writable_folder, replace_atomically, usage_error
+from tfcli.errors import TfcliError, check_output_file, replace_atomically, usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -53,13 +53,7 @@ def check_output(path: Path, force: bool, layers: list[int] | None = None) -> No
     if suffix not in FORMATS:
         raise usage_error(f"--output {path}: unknown format `{path.suffix or '(no extension)'}`",
                           "end the file name in .gguf (llama.cpp's control vector) or .safetensors")
-    if path.is_dir():
-        raise usage_error(f"--output {path} is a folder", "give a file name ending in .gguf or .safetensors")
-    if path.exists() and not force:
-        raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
-    if not path.parent.is_dir():
-        raise TfcliError(f"--output {path}: the folder {path.parent} does not exist")
-    check_writable_folder("--output", path)
+    check_output_file(path, force, "give a file name ending in .gguf or .safetensors")
     if layers is not None and suffix == ".gguf" and 0 in layers:
         raise usage_error("--layers includes block 0, which a llama.cpp control vector cannot hold: llama.cpp refuses "
                           "a file with a direction.0 tensor (it never steers block 0's output)",

@@ -11,18 +11,7 @@ import typer
 
 from tfcli.analysis.tasks import DEFAULT_N, TASKS
 from tfcli.cli.common import AT_LEAST_ONE, SEED_RANGE, RevisionOption, app, say, tokenizer_of, warn
-from tfcli.errors import TfcliError, check_writable_folder, replace_atomically
-
-
-def check_output(path: Path, force: bool) -> None:
-    """Before any work: no existing file unless --force, not a folder, an existing folder it can write in."""
-    if path.is_dir():
-        raise TfcliError(f"--output {path} is a folder", "give a file name")
-    if path.exists() and not force:
-        raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
-    if not path.parent.is_dir():
-        raise TfcliError(f"--output {path}: the folder {path.parent} does not exist")
-    check_writable_folder("--output", path)
+from tfcli.errors import check_output_file, replace_atomically
 
 
 @app.command()
@@ -61,7 +50,7 @@ def task(
 
     tasks.check_task(name)
     if output is not None:
-        check_output(output, force)
+        check_output_file(output, force)
     source = resolve_source(model or "gpt2-small", revision)
     tokenizer = tokenizer_of(source)
     if source.config.architecture != "decoder":
