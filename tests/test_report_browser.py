@@ -386,3 +386,18 @@ def test_a_long_text_is_echoed_in_a_few_lines_on_the_page(browser, tmp_path, tin
     assert " ... " in heading and f"({len(words):,} characters)" in heading and len(heading) < 420
     assert heading.startswith('text 1: "word0 and more word1') and heading.split(" ... ")[1].startswith("word")
     page.close()
+
+
+def test_a_long_token_is_never_cut_on_the_page(browser, tmp_path):
+    """A token wider than a grid cell widens its column in the logit lens grid, whole (no ellipsis, nothing
+    clipped): the page changes its layout, it does not cut a token. The bundled bert-base (random, seed 0)
+    predicts "arrangements" at "an" in layer 1, which the page used to clip to "arrangemen…"."""
+    path = tmp_path / "long-token.html"
+    result = CliRunner().invoke(app, ["encode", TEXT, "--report", str(path)])
+    assert result.exit_code == 0, result.stderr
+    page = open_page(browser, path)
+    cells = page.locator(".lens tbody td").all_inner_texts() + page.locator(".lens thead th").all_inner_texts()
+    assert "arrangements" in cells and not any("\u2026" in c for c in cells)
+    clipped = page.eval_on_selector_all(".lens td, .lens th", "cs => cs.filter(c => c.scrollWidth > c.clientWidth).length")
+    assert clipped == 0
+    page.close()

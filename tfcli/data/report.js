@@ -24,7 +24,6 @@
   function colour(t) { return "rgb(" + rgb(t).join(",") + ")"; }
   function shade(node, t) { node.style.background = colour(t); node.style.color = t > 0.55 ? "#fff" : ""; }
   function fmt(p) { return p >= 0.001 || p === 0 ? p.toFixed(3) : p.toExponential(1); }
-  function short(token, width) { return token.length <= width ? token : token.slice(0, width - 1) + "\u2026"; }
   function quoted(token) { return JSON.stringify(token); }
   // a text a heading names (the input, not a result), quoted, in at most about three lines, as the terminal echoes
   // it: a longer one shows its beginning and its end around " ... ", cut at spaces
@@ -180,7 +179,7 @@
       const font = Math.min(12, cell - 2), labelled = font >= 7;
       const ctx = canvas.getContext("2d");
       ctx.font = font + "px system-ui, sans-serif";
-      const widest = (tokens) => Math.max(0, ...tokens.map((t) => ctx.measureText(short(label(t), 14)).width));
+      const widest = (tokens) => Math.max(0, ...tokens.map((t) => ctx.measureText(label(t)).width));
       // too many tokens for their labels: every `every`-th position number instead
       const every = labelled ? 1 : (cell >= 8 ? 5 : 10), indexFont = 10;
       const x0 = labelled ? Math.ceil(widest(queries)) + 8 : 26, y0 = labelled ? Math.ceil(widest(keys)) + 8 : 26;
@@ -197,9 +196,9 @@
         }
       if (labelled) {
         ctx.fillStyle = "#1b1f24"; ctx.textBaseline = "middle"; ctx.textAlign = "right";
-        queries.forEach((t, i) => ctx.fillText(short(label(t), 14), x0 - 4, y0 + (i + 0.5) * cell));
+        queries.forEach((t, i) => ctx.fillText(label(t), x0 - 4, y0 + (i + 0.5) * cell));
         ctx.save(); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left";
-        keys.forEach((t, j) => ctx.fillText(short(label(t), 14), -y0 + 4, x0 + (j + 0.5) * cell));
+        keys.forEach((t, j) => ctx.fillText(label(t), -y0 + 4, x0 + (j + 0.5) * cell));
         ctx.restore();
       } else {
         ctx.fillStyle = "#5b6470"; ctx.font = indexFont + "px system-ui, sans-serif"; ctx.textBaseline = "middle";
@@ -308,17 +307,16 @@
   }
 
   // A layers x columns grid of top tokens (their texts, a space as \u2423), each cell shaded by its probability (0 to 1),
-  // the top list on hover.
-  const CELL = 16;  // characters of a token shown in a grid cell or header; the whole token is on hover
+  // the top list on hover; a long token widens its column (never cut).
   function grid(caption, columns, rows, what) {
     const table = el("table", {class: "grid"},
       el("thead", {}, el("tr", {}, el("th", {class: "left"}, caption),
-        ...columns.map((c, k) => el("th", {"data-tip": k + ": " + quoted(c)}, short(label(c), CELL))))));
+        ...columns.map((c, k) => el("th", {"data-tip": k + ": " + quoted(c)}, label(c))))));
     const body = el("tbody");
     for (const row of rows) {
       const tr = el("tr", {}, el("th", {class: "left"}, row.label));
       row.cells.forEach((cell) => {
-        const td = el("td", {"data-tip": cell.tip}, short(label(cell.token), CELL));
+        const td = el("td", {"data-tip": cell.tip}, label(cell.token));
         shade(td, cell.prob);
         tr.append(td);
       });
@@ -451,7 +449,7 @@
   // ---------------------------------------------------------------- page
   // an analysis command's script (report-attribute.js, ...) has put its renderer in window.tfcliRenderers; it
   // draws with the helpers in LIB
-  const LIB = {el, rgb, colour, shade, fmt, short, quoted, echoed, label, spaceNote, counted, legend, inflate};
+  const LIB = {el, rgb, colour, shade, fmt, quoted, echoed, label, spaceNote, counted, legend, inflate};
   const RENDER = Object.assign({encode: renderEncode, generate: renderGenerate, classify: renderClassify},
                                window.tfcliRenderers || {});
   async function main() {
