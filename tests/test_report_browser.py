@@ -401,3 +401,17 @@ def test_a_long_token_is_never_cut_on_the_page(browser, tmp_path):
     clipped = page.eval_on_selector_all(".lens td, .lens th", "cs => cs.filter(c => c.scrollWidth > c.clientWidth).length")
     assert clipped == 0
     page.close()
+
+
+def test_the_patch_page_lists_as_many_top_sites_as_the_terminal(browser, tmp_path, tiny_decoder):
+    """--top N: the page's top list has N sites of each kind, as the terminal's (it always had 5)."""
+    path = tmp_path / "top.html"
+    result = CliRunner().invoke(app, ["patch", "--model", str(tiny_decoder), "when mary and john went home john gave "
+                                      "it to", "when john and mary went home mary gave it to", "--target", "mary",
+                                      "--foil", "john", "--sites", "resid,heads", "--top", "2", "--report", str(path)])
+    assert result.exit_code == 0, result.stderr
+    page = open_page(browser, path)
+    top = page.locator("table").last
+    assert top.locator("tbody tr").count() == 4
+    assert "the 2 largest scores of each site kind" in page.inner_text("body").lower()
+    page.close()

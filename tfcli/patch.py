@@ -130,6 +130,7 @@ class Patching:
     before_first: bool = False  # the causal stack reading the texts: positions before `first_difference` unchanged
     runs: dict[str, int] = field(default_factory=dict)  # per grid: the patched runs it needs
     finished: dict[str, int] = field(default_factory=dict)  # per grid: those finished
+    top: int = 5  # sites listed per kind: the run's --top (the terminal's and the page's lists)
     # the text each token stands for (Tokenizer.texts), what the views show; the tokens_* are vocabulary entries
     token_texts_clean: list[str] = field(default_factory=list)
     token_texts_corrupt: list[str] = field(default_factory=list)

@@ -130,6 +130,7 @@ def patch(
     loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
     with count_bar("patch", "sites") as progress:
         result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, clean, corrupt)
+    result.top = top  # the page lists as many as the terminal
     if result.small_gap:
         warn(f"the corrupt text barely moves the metric (clean {result.clean_value:+.4f}, corrupt "
              f"{result.corrupt_value:+.4f}): the scores, divided by that gap, read small changes as large ones")
@@ -193,8 +194,13 @@ def patch_dataset(dataset: str, model: str | None, revision: str | None, options
                                               skip_bad, bootstrap, "pairs")
     columns = core.columns_of(pairs, options.sites, align, positions)
     loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
-    emit_dataset(lambda each, progress: core.run_dataset(loaded, tokenizer, pairs, options, columns, resamples,
-                                                         dataset, skipped, each, progress),
+    def run(each, progress):
+        result = core.run_dataset(loaded, tokenizer, pairs, options, columns, resamples, dataset, skipped, each,
+                                  progress)
+        result.top = top  # the page lists as many as the terminal
+        return result
+
+    emit_dataset(run,
                  lambda result, number: render.patch_lines(result, out.width, out.color_system is not None, top,
                                                            full),
                  render.record, out, json_output, per_item, "pairs", report=report, force=force, command="patch",

@@ -543,19 +543,19 @@ def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any
             r, n = correlation(flat(result.grids[site]), flat(result.attribution_grids[site]))
             correlations[site] = {"r": r, "n": n}
     top = [{"site": item.site, "where": item.where, "score": item.score, "attribution": item.estimate}
-           for items in ranked(result).values() for item in items[:DEFAULT_TOP]]
+           for items in ranked(result).values() for item in items[:result.top]]
     clean, corrupt, decoder = texts_of(result)  # the text each token stands for: what the page shows
     shown = {"tokens_clean_shown": clean, "tokens_corrupt_shown": corrupt, "decoder_tokens_shown": decoder}
     if isinstance(result, DatasetPatching):  # each top site's interval and share, and how the view heads it
-        for entry, item in zip(top, [item for items in ranked(result).values() for item in items[:DEFAULT_TOP]]):
+        for entry, item in zip(top, [item for items in ranked(result).values() for item in items[:result.top]]):
             entry["interval"], entry["restored"] = spread(result, item)
         return record(result) | {"quantity": plain(quantity(result)), "kinds": kinds, "top": top,
-                                 "top_each": DEFAULT_TOP,
+                                 "top_each": result.top,
                                  "header": [line.plain for line in dataset_header(result, 10**6)],
                                  "notes": [{"text": text, "style": style} for text, style in notes(result)],
                                  "reached": dict.fromkeys(result.grids, True), "correlations": {}} | shown
     return record(result) | {"quantity": plain(quantity(result)), "differing": result.differing, "kinds": kinds,
-                             "correlations": correlations, "top": top, "top_each": DEFAULT_TOP,
+                             "correlations": correlations, "top": top, "top_each": result.top,
                              "notes": [{"text": text, "style": style} for text, style in notes(result)],
                              "reached": {site: reached(result, site) and not (result.interrupted and result.done == 0
                                                                               and result.method != "attribution")
