@@ -90,6 +90,8 @@ def patch(
           --method both
       tfcli patch -m path/to/gpt2 LONG_CLEAN LONG_CORRUPT --target " Paris" \\
           --sites resid --positions -5-
+      tfcli task ioi -m path/to/gpt2 --n 100 > ioi.jsonl
+      tfcli patch -m path/to/gpt2 --dataset ioi.jsonl --sites heads
     """
     from tfcli import patch as core
     from tfcli.render import patch as render
@@ -268,6 +270,7 @@ def attribute(
           "When Mary and John went to the store, John gave a drink to"
       tfcli attribute -m path/to/gpt2 --by neuron --layers -2- \\
           "The capital of France is"
+      tfcli attribute -m path/to/gpt2 --dataset ioi.jsonl --by head
     """
     from tfcli import attribute as core
     from tfcli.analysis.indices import parse_indices
