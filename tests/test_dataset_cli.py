@@ -263,3 +263,13 @@ def test_skip_bad_skips_lines_that_cannot_be_read_too(cli, peaked, tmp_path):
                  "--json")
     assert records(result)[-1]["skipped"] == 2 and records(result)[-1]["n"] == 11
     assert "skipped line 12: not JSON" in result.stderr and "skipped line 13: unknown key `targte`" in result.stderr
+
+
+def test_an_end_aligned_view_names_its_columns_as_they_are_labelled(cli, peaked, tmp_path):
+    """--align end: the columns are -14 ... -1, and what the compact view leaves out is named so (not 0-based)."""
+    data = write(tmp_path, ioi(4, lengths_differ=True))
+    result = cli("patch", "-m", str(peaked), "--dataset", data, "--align", "end", "--sites", "resid", "--width", "120")
+    assert result.exit_code == 0, result.stderr
+    note = next(line for line in result.stdout.splitlines() if line.startswith("resid: left out"))
+    assert "positions -14" in note and "of 14)" in note  # [CLS]: the first column, never restores anything
+    assert "positions 0" not in note

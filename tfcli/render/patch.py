@@ -205,7 +205,7 @@ def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TO
             r, n = correlation(flat(grid), flat(twins[1][1]))
             lines += words(f"{site}: activation and attribution correlate r = {r:+.3f} over {n} sites" if r is not None
                            else f"{site}: too few sites to correlate", width)
-        said = _left_out_note(site, grid, rows, columns, what)
+        said = _left_out_note(result, site, grid, rows, columns, what)
         if said:
             lines += words(said, width, "dim")
             left_out = True
@@ -270,11 +270,14 @@ def dataset_header(result: DatasetPatching, width: int) -> list[Text]:
     return lines
 
 
-def ranges_of(result: DatasetPatching, columns: list[int]) -> str:
-    """Columns as people read them: their labels, runs joined."""
-    if result.align != "end":
+def ranges_of(result: Patching, columns: list[int]) -> str:
+    """Columns by position as people read them, runs joined: `0, 2-4` (positions), `-15 to -6, -2` (a dataset's
+    columns counted back from the metric's)."""
+    if result.column_label(0) == "0":
         return spans(columns)
-    return ", ".join(result.column_label(c) for c in columns)
+    runs = [[int(part) for part in run.split("-")] for run in spans(columns).split(", ")] if columns else []
+    return ", ".join(result.column_label(run[0]) + (f" to {result.column_label(run[-1])}" if len(run) > 1 else "")
+                     for run in runs)
 
 
 def counted(count: int, what: str) -> str:
@@ -303,7 +306,7 @@ def _kept(result: Patching, site: str, grids: list[list], full: bool) -> tuple[l
     return rows, columns
 
 
-def _left_out_note(site: str, grid: list, rows: list[int], columns: list[int], what: str) -> str:
+def _left_out_note(result: Patching, site: str, grid: list, rows: list[int], columns: list[int], what: str) -> str:
     """Which rows and columns the compact view left out of a site kind's grid (`what` its cells are), and how
     many."""
     _, kind = kind_of(site)
@@ -321,7 +324,7 @@ def _left_out_note(site: str, grid: list, rows: list[int], columns: list[int], w
             parts.append(f"layers {spans(gone_rows)} ({len(gone_rows)} of {height})")
     if gone_columns:
         across = kind.axes[-1]
-        named = spans(gone_columns) if across == "position" else ", ".join(f"H{c}" for c in gone_columns)
+        named = ranges_of(result, gone_columns) if across == "position" else ", ".join(f"H{c}" for c in gone_columns)
         parts.append(f"{across}s {named} ({len(gone_columns)} of {breadth})")
     if not parts:
         return ""
