@@ -18,9 +18,12 @@ import torch
 
 import tfcli
 from tfcli import steer
+from tfcli.analysis.ablation import ablation_hooks
 from tfcli.analysis.dataset import Line
 from tfcli.analysis.vectors import gguf_bytes, load_vector, write_vector
 from tfcli.errors import TfcliError
+from tfcli.model.decoding import decode
+from tfcli.model.transformer import site_shapes
 
 PAIRS = [
     ("I love this sunny day", "I hate this rainy day"),
@@ -589,3 +592,53 @@ def test_generate_steer_refusals_come_before_the_model(cli, checkpoints, tmp_pat
         assert result.exit_code == 2 and message in result.stderr, result.stderr
     result = cli("generate", "-m", str(path), "hello", "--steer-normalize")
     assert result.exit_code == 2 and "go with --steer" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_generate_ablate_zeroes_a_head_as_transformers_does(cli, checkpoints, name):
+    """`generate --ablate L1H2` generates what transformers generates with head 2 of block 1 zeroed (its slice of
+    the output projection's input, on every pass); `--ablate L1.mlp` the block's MLP output zeroed; unknown sites,
+    heads the model lacks and mean-ablation while generating are refused."""
+    path, hf, blocks = checkpoints[name]
+    size = hf.config.hidden_size // hf.config.num_attention_heads
+    o_proj = (lambda b: b.attn.c_proj) if name == "gpt2" else (lambda b: b.self_attn.o_proj)
+
+    def zero_head(module, args):
+        z = args[0].clone()
+        z[..., 2 * size:3 * size] = 0
+        return (z, *args[1:])
+
+    def zero_output(module, args, output):
+        return torch.zeros_like(output)
+
+    ids = torch.tensor([tokenizer_of(path).encode(["this is a test"])[0].ids[:-1]])
+
+    def transformers_generates(module, hook, pre):
+        """The new tokens and each step's logits (6, V), with the hook on."""
+        handle = module.register_forward_pre_hook(hook) if pre else module.register_forward_hook(hook)
+        try:
+            with torch.no_grad():
+                out = hf.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None,
+                                  output_scores=True, return_dict_in_generate=True)
+        finally:
+            handle.remove()
+        return out.sequences[0, ids.shape[1]:].tolist(), torch.cat(out.scores)
+
+    model = tfcli.load_model(str(path))
+    known = list(site_shapes(model.config))
+    plain = torch.stack([step.logits[0] for step in decode(model, ids, max_new_tokens=6)])
+    for spec, module, hook, pre in (("L1H2", o_proj(blocks[1]), zero_head, True),
+                                    ("L1.mlp", blocks[1].mlp, zero_output, False)):
+        hooks = ablation_hooks([spec], model.config, known, generating=True)
+        ours = torch.stack([step.logits[0] for step in decode(model, ids, max_new_tokens=6, hooks=hooks)])
+        theirs, their_logits = transformers_generates(module, hook, pre)
+        assert (ours - their_logits).abs().max() < 1e-4, spec
+        assert (ours - plain).abs().max() > 1e-3  # the ablation changes the model: the comparison could fail
+        result = cli("generate", "-m", str(path), "this is a test", "-n", "6", "--json", "--ablate", spec)
+        assert result.exit_code == 0 and json.loads(result.stdout)["generated_ids"] == theirs[:6]
+        assert f"ablating (zeroed): {spec}" in result.stderr
+    for args, message in ((["--ablate", "L1H9"], "has 4 heads per layer"), (["--ablate", "L1.mlp:mean"],
+                          "zeroing only"), (["--ablate", "nothing.here"], "--ablate nothing.here: the model has no site"),
+                          (["--ablate", "L1H2:half"], "`half` is not a way to ablate")):
+        result = cli("generate", "-m", str(path), "hello", *args)
+        assert result.exit_code == 2 and message in result.stderr, result.stderr

@@ -400,6 +400,9 @@ def generate(
                                                      "blocks of the vectors, e.g. 10-20 (default: all they have).")] = None,
     steer_normalize: Annotated[bool, typer.Option("--steer-normalize", help="Keep each position's norm as it was "
                                                   "before the vector was added (repeng's normalize).")] = False,
+    ablate: Annotated[list[str] | None, typer.Option(metavar="SITE", help="Zero a component while generating: a "
+                                                     "head (L23H3), a sublayer's output (L5.mlp, L5.attn) or any "
+                                                     "site name, * allowed; repeatable.")] = None,
     report: ReportOption = None,
     force: ReportForceOption = False,
     file: Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
@@ -439,6 +442,13 @@ def generate(
     source = resolve_source(model or core.DEFAULT_MODEL, revision)
     sampling.check(source.config.vocab_size)  # before the model is built
     vectors = steering(steer, steer_layers, steer_normalize, source.config)
+    ablations = None
+    if ablate:
+        from tfcli.analysis.ablation import ablation_hooks
+        from tfcli.model.transformer import site_shapes
+
+        ablations = ablation_hooks(ablate, source.config, list(site_shapes(source.config)), generating=True)
+        note(f"ablating (zeroed): {', '.join(ablate)}")
     tokenizer = tokenizer_of(source)
     batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
                for batch in prompts_in.batches(1))
@@ -459,11 +469,12 @@ def generate(
                 show_text("\n")
             yield generation
 
-    hooks = None
+    hooks = ablations
     if vectors is not None:
+        from tfcli.analysis.ablation import merged
         from tfcli.steer import steering_hooks
 
-        hooks = steering_hooks(loaded, *vectors)
+        hooks = merged(ablations, steering_hooks(loaded, *vectors))
     generations = core.run(loaded, tokenizer, batches, sampling, max_new_tokens, lens, show_text if live else None,
                            warn, hooks)
     emit(ended(generations), out=out, json_output=json_output, record=lambda result: render.record(result, tokenizer),

@@ -1,0 +1,73 @@
+"""Removing a component from the shell: `--ablate SITE[:zero|mean]`. SITE is a head (`L23H3`: that head's slice of
+`blocks.23.attn.z`), a sublayer's output (`L5.mlp`, `L5.attn`: `blocks.5.mlp.out`, `blocks.5.attn.out`) or any
+site name, `*` wildcards allowed (`blocks.*.mlp.out`). `zero` (the default) zeroes it; `mean` replaces it by its
+mean over the text's positions (one pass over a whole text: not while generating). The hooks are the model's site
+hooks, the ones steering uses.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from tfcli.errors import TfcliError, usage_error
+
+if TYPE_CHECKING:
+    from tfcli.config import ModelConfig
+    from tfcli.model.sites import Hook
+
+HOW = ("zero", "mean")
+HEAD = re.compile(r"L(\d+)H(\d+)")
+SUBLAYER = re.compile(r"L(\d+)\.(mlp|attn)")
+
+
+def parse_ablation(spec: str, config: ModelConfig, known: list[str]) -> tuple[list[str], int | None, str]:
+    """`L23H3`, `L5.mlp:mean`, `blocks.*.mlp.out:zero` -> (the site names, the head or None, zero or mean); a usage
+    error naming what is wrong (an unknown site, a head or layer the model lacks, another mode)."""
+    from tfcli.model.sites import check_names, name_filter
+
+    target, _, how = spec.partition(":")
+    how = how or "zero"
+    if how not in HOW:
+        raise usage_error(f"--ablate {spec}: `{how}` is not a way to ablate", f"give {' or '.join(HOW)} after the "
+                          "colon (default zero)")
+    head = None
+    if match := HEAD.fullmatch(target):
+        layer, head = int(match[1]), int(match[2])
+        if head >= config.num_attention_heads:
+            raise usage_error(f"--ablate {spec}: {config.name} has {config.num_attention_heads} heads per layer "
+                              f"(H0 to H{config.num_attention_heads - 1})")
+        target = f"blocks.{layer}.attn.z"
+    elif match := SUBLAYER.fullmatch(target):
+        target = f"blocks.{match[1]}.{match[2]}.out"
+    try:
+        check_names([target], known)
+    except TfcliError as exc:
+        raise usage_error(f"--ablate {spec}: {exc.message}", exc.hint) from None
+    return [name for name in known if name_filter([target])(name)], head, how
+
+
+def ablation_hooks(specs: list[str], config: ModelConfig, known: list[str], generating: bool = False) -> dict[str, Hook]:
+    """The hooks of every --ablate, by site (two on one site compose). `generating`: mean-ablation is refused (each
+    step of a cached generation sees only its new token: there is no text's mean to put there)."""
+    from tfcli.model import sites
+
+    groups = []
+    for spec in specs:
+        names, head, how = parse_ablation(spec, config, known)
+        if how == "mean" and generating:
+            raise usage_error(f"--ablate {spec}: generate ablates by zeroing only", "each step after the prompt runs "
+                              "on its new token alone, so a mean over the text's positions is not defined there")
+        heads = None if head is None else [head]
+        groups += [{name: (sites.zero if how == "zero" else sites.mean)(name, heads=heads)} for name in names]
+    return merged(*groups) or {}
+
+
+def merged(*groups: dict[str, Hook] | None) -> dict[str, Hook] | None:
+    """Several sets of hooks (ablations, steering) as one, composed in order on a site both touch; None if none."""
+    out: dict[str, Hook] = {}
+    for group in groups:
+        for name, hook in (group or {}).items():
+            earlier = out.get(name)
+            out[name] = hook if earlier is None else (lambda value, a=earlier, b=hook: b(a(value)))
+    return out or None
