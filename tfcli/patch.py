@@ -528,15 +528,12 @@ def _hook(placed: list[tuple[int, Patch]], source: Tensor, start: int) -> Callab
 def _hooks(chunk: list[Patch], clean_cache: dict[str, Tensor], start: int) -> dict[str, Callable[[Tensor], Tensor]]:
     """The hooks of a batch of patched runs (row r: chunk[r]), by site; two kinds on one site (heads and
     heads-by-position share attn.z) compose."""
+    from tfcli.model.sites import merged
+
     by_site: dict[tuple[str, str], list[tuple[int, Patch]]] = {}
     for row, patch in enumerate(chunk):
         by_site.setdefault((patch.name, patch.kind), []).append((row, patch))
-    hooks: dict[str, Callable[[Tensor], Tensor]] = {}
-    for (name, _), placed in by_site.items():
-        hook = _hook(placed, clean_cache[name], start)
-        earlier = hooks.get(name)
-        hooks[name] = hook if earlier is None else (lambda value, a=earlier, b=hook: b(a(value)))
-    return hooks
+    return merged(*({name: _hook(placed, clean_cache[name], start)} for (name, _), placed in by_site.items())) or {}
 
 
 def _patched_runs(stack: Stack, prefix: str, chunk: list[Patch], resid: Callable[[int], Tensor],

@@ -60,14 +60,4 @@ def ablation_hooks(specs: list[str], config: ModelConfig, known: list[str], gene
                               "on its new token alone, so a mean over the text's positions is not defined there")
         heads = None if head is None else [head]
         groups += [{name: (sites.zero if how == "zero" else sites.mean)(name, heads=heads)} for name in names]
-    return merged(*groups) or {}
-
-
-def merged(*groups: dict[str, Hook] | None) -> dict[str, Hook] | None:
-    """Several sets of hooks (ablations, steering) as one, composed in order on a site both touch; None if none."""
-    out: dict[str, Hook] = {}
-    for group in groups:
-        for name, hook in (group or {}).items():
-            earlier = out.get(name)
-            out[name] = hook if earlier is None else (lambda value, a=earlier, b=hook: b(a(value)))
-    return out or None
+    return sites.merged(*groups) or {}

@@ -471,7 +471,7 @@ def generate(
 
     hooks = ablations
     if vectors is not None:
-        from tfcli.analysis.ablation import merged
+        from tfcli.model.sites import merged
         from tfcli.steer import steering_hooks
 
         hooks = merged(ablations, steering_hooks(loaded, *vectors))

@@ -174,6 +174,17 @@ def selection(name: str, value: Tensor, positions: Iterable[int] | None = None,
     return mask
 
 
+def merged(*groups: dict[str, Hook] | None) -> dict[str, Hook] | None:
+    """Several sets of hooks as one, composed in order on a site two of them touch (each replacing what the one
+    before returned); None if there is none."""
+    out: dict[str, Hook] = {}
+    for group in groups:
+        for name, hook in (group or {}).items():
+            earlier = out.get(name)
+            out[name] = hook if earlier is None else (lambda value, a=earlier, b=hook: b(a(value)))
+    return out or None
+
+
 def replace(name: str, source: Tensor, positions: Iterable[int] | None = None,
             heads: Iterable[int] | None = None) -> Hook:
     """Patch site `name` with `source` (a tensor of the site's shape, e.g. from another run's cache) where selected."""
