@@ -157,7 +157,8 @@ def dataset_items(dataset: str, spec, check, skip_bad: bool, bootstrap: int | No
     check_one_metric([(item.line, item.foil is not None) for item in items])
     resamples = check_bootstrap(BOOTSTRAP if bootstrap is None else bootstrap, len(items), bootstrap is not None)
     if bootstrap is None and not resamples:
-        warn(f"no bootstrap interval: {len(items)} {what} are too few for one to mean anything")
+        many = f"{len(items)} {what} are" if len(items) > 1 else f"1 {what.removesuffix('s')} is"
+        warn(f"no bootstrap interval: {many} too few for one to mean anything")
     return items, bad.count, resamples
 
 
