@@ -793,7 +793,7 @@ def aggregate(done: list[tuple[Pair, Patching]], columns: Columns | None, resamp
     if not done:
         raise KeyboardInterrupt  # interrupted before a pair finished: nothing to aggregate
     results = [r for _, r in done]
-    first_pair, first = done[0]
+    first = results[0]
     gaps = torch.tensor([r.clean_value - r.corrupt_value for r in results], dtype=torch.float64)
     equal = torch.tensor([same_value(r.clean_value, r.corrupt_value) for r in results])
     if bool(equal.all()):
