@@ -18,12 +18,11 @@ import torch
 
 import tfcli
 from tfcli import steer
-from tfcli.analysis.ablation import ablation_hooks
+from tfcli.analysis.ablation import ablation
 from tfcli.analysis.dataset import Line
 from tfcli.analysis.vectors import gguf_bytes, load_vector, write_vector
 from tfcli.errors import TfcliError
 from tfcli.model.decoding import decode
-from tfcli.model.transformer import site_shapes
 
 PAIRS = [
     ("I love this sunny day", "I hate this rainy day"),
@@ -625,18 +624,17 @@ def test_generate_ablate_zeroes_a_head_as_transformers_does(cli, checkpoints, na
         return out.sequences[0, ids.shape[1]:].tolist(), torch.cat(out.scores)
 
     model = tfcli.load_model(str(path))
-    known = list(site_shapes(model.config))
     plain = torch.stack([step.logits[0] for step in decode(model, ids, max_new_tokens=6)])
     for spec, module, hook, pre in (("L1H2", o_proj(blocks[1]), zero_head, True),
                                     ("L1.mlp", blocks[1].mlp, zero_output, False)):
-        hooks = ablation_hooks([spec], model.config, known, generating=True)
+        hooks = ablation([spec], model.config, generating=True).hooks
         ours = torch.stack([step.logits[0] for step in decode(model, ids, max_new_tokens=6, hooks=hooks)])
         theirs, their_logits = transformers_generates(module, hook, pre)
         assert (ours - their_logits).abs().max() < 1e-4, spec
         assert (ours - plain).abs().max() > 1e-3  # the ablation changes the model: the comparison could fail
         result = cli("generate", "-m", str(path), "this is a test", "-n", "6", "--json", "--ablate", spec)
         assert result.exit_code == 0 and json.loads(result.stdout)["generated_ids"] == theirs[:6]
-        assert f"ablating (zeroed): {spec}" in result.stderr
+        assert f"ablating: {spec} (zeroed)" in result.stderr
     for args, message in ((["--ablate", "L1H9"], "has 4 heads per layer"), (["--ablate", "L1.mlp:mean"],
                           "zeroing only"), (["--ablate", "nothing.here"], "--ablate nothing.here: the model has no site"),
                           (["--ablate", "L1H2:half"], "`half` is not a way to ablate")):

@@ -28,8 +28,12 @@ from tfcli.analysis.residual import BY, Component, before_cap, decompose, final_
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
+    from tfcli.analysis.ablation import Ablation
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
+    from tfcli.model.transformer import Readout
     from tfcli.tokenizer import Encoding, Tokenizer
 
 DEFAULT_TOP = 10
@@ -57,6 +61,8 @@ class Attribution:
     read_text: str | None = None  # a truncated text: what the model read of it (None: all of it)
     untruncated_length: int | None = None  # and how many tokens the whole text has
     token_texts: list[str] = field(default_factory=list)  # the text each token stands for (Tokenizer.texts): shown
+    ablated: list[str] | None = None  # --ablate: what the model ran without (the components are the ablated model's)
+    unablated: float | None = None  # and its value with nothing ablated
 
     @property
     def total(self) -> float:
@@ -72,6 +78,7 @@ class AttributeOptions:
     by: str = "component"
     layers: list[int] | None = None  # layers broken into heads or neurons; None: every layer
     top: int = DEFAULT_TOP  # rows of the table; with --by neuron, the neurons kept one by one
+    ablation: Ablation | None = None  # --ablate: components removed on every pass
 
 
 def check_model(config: ModelConfig, by: str) -> None:
@@ -155,18 +162,22 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
     device = model.embed_tokens.weight.device
     names = writer_sites(model, options.by)
     layers = len(model.output_stack.blocks)
+    ablation = options.ablation
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         ids, mask = padded([prompt.ids for prompt in batch], tokenizer, device)
-        logits, cache = model.run_with_cache(ids, names, attention_mask=mask)
-        state = final_state(model, cache)
+        logits, cache = model.run_with_cache(ids, names, attention_mask=mask, hooks=ablation and ablation.hooks)
+        if ablation is not None:  # the same prompts with nothing removed, for the model's value without
+            plain = model.run_with_cache(ids, names[-2:] if model.output_stack.final_norm is not None else
+                                         names[-1:], attention_mask=mask)
         for row, prompt in enumerate(batch):
             position, foil = prompt.position, prompt.foil
             scores = logits[row, position].double()
             target = prompt.target or token_of(tokenizer, int(scores.argmax()))
             readout = model.readout(target.id, foil and foil.id)
-            value = float(Metric(target.id, foil and foil.id, None).of_row(scores[None])[0]) \
-                if model.lm_head.softcap is None else before_cap(readout, state[row, position])
+            metric = Metric(target.id, foil and foil.id, position)
+            value = value_at(model, logits, cache, readout, metric, row)
+            unablated = None if ablation is None else value_at(model, *plain, readout, metric, row)
             encoding = prompt.encoding
             yield Attribution(
                 prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), position, target, foil, value,
@@ -175,7 +186,17 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
                 options.by, layers, config.num_attention_heads, model.lm_head.softcap, top=options.top,
                 read_text=encoding.read_part(0) if encoding is not None else None,
                 untruncated_length=encoding.untruncated_length if encoding is not None and encoding.truncated
-                else None, token_texts=tokenizer.texts(prompt.ids))
+                else None, token_texts=tokenizer.texts(prompt.ids), ablated=ablation and ablation.specs,
+                unablated=unablated)
+
+
+def value_at(model: TransformerModel, logits: Tensor, cache: dict[str, Tensor], readout: Readout, metric: Metric,
+             row: int) -> float:
+    """The model's logit (difference) at `metric`'s position of one row of a pass (its logits (B, T, V) and the
+    cache of its final state): before the final soft cap, where the model has one, as the components sum."""
+    if model.lm_head.softcap is not None:
+        return before_cap(readout, final_state(model, cache)[row, metric.position])
+    return float(metric.of_row(logits[row, metric.position].double()[None])[0])
 
 
 # ---------------------------------------------------------------- over a dataset
@@ -229,7 +250,7 @@ def run_dataset(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
 
     every = options.by == "neuron"
     rows: list[list[float]] = []
-    logits, worst = [], 0.0
+    logits, unablated, worst = [], [], 0.0
     first: Attribution | None = None
     metrics, positions = set(), set()
     interrupted = False
@@ -241,6 +262,7 @@ def run_dataset(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
                 raise TfcliError("the prompts' components differ: this is a bug in tfcli")
             rows.append([c.value for c in result.components])
             logits.append(result.logit)
+            unablated.append(result.unablated)
             worst = max(worst, abs(result.total - result.logit))
             metrics.add((result.target.id, result.foil and result.foil.id))
             positions.add(result.position)
@@ -286,4 +308,5 @@ def run_dataset(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
         first.softcap, top=options.top, dataset=dataset, n=len(rows), prompts=len(prompts), skipped=skipped,
         resamples=resamples, spread=spread, worst=worst, layer_std=(layer_std[:layers].tolist(),
                                                                     layer_std[layers:].tolist()),
-        foil_each=first.foil is not None, interrupted=interrupted)
+        foil_each=first.foil is not None, interrupted=interrupted, ablated=first.ablated,
+        unablated=None if first.ablated is None else sum(unablated) / len(unablated))

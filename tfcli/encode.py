@@ -22,6 +22,7 @@ from tfcli.errors import TfcliError, check_writable_folder, replace_atomically, 
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from tfcli.analysis.ablation import Ablation
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.model.transformer import Stack
@@ -38,6 +39,7 @@ class EncodeOptions:
     top_k: int = DEFAULT_TOP_K  # 0: no logit lens
     keep_heads: bool = False  # with the mean, also keep each head's map (for --report's head selector)
     sites: list[str] = field(default_factory=list)  # --sites: more sites to keep (names, `*` patterns)
+    ablation: "Ablation | None" = None  # --ablate: components removed on the pass
 
 
 def check_options(config: "ModelConfig", layers: str | None, heads: str | None, top_k: int,
@@ -140,6 +142,7 @@ class TextReport:
     untruncated_length: int | None = None
     lens_through: str = ""  # what the lens reads each layer through: "the final norm and the LM head", ...
     lens_predicts: bool = True  # False: through the input token embeddings (no LM head), so not a prediction
+    ablated: list[str] | None = None  # --ablate: what the pass ran without, as given (L23H3, L5.mlp:mean)
 
     @property
     def shown_text(self) -> str:
@@ -233,7 +236,7 @@ def encode_batch(model: "TransformerModel", tokenizer: "Tokenizer", encodings: l
     """One padded forward pass; returns what it kept (see Captured) and its inputs (input_ids, masks)."""
     import torch
 
-    from tfcli.model.sites import Sites, check_names, name_filter
+    from tfcli.model.sites import Sites, check_names, merged, name_filter
 
     device = model.embed_tokens.weight.device
     ids, mask, type_ids = tokenizer.pad(encodings)
@@ -255,6 +258,8 @@ def encode_batch(model: "TransformerModel", tokenizer: "Tokenizer", encodings: l
         hooks = {}
     else:  # only the selected heads are kept: a hook takes them, and the pass goes on with the whole pattern
         hooks = {name: _keep_heads(selected, name, options.heads) for name in patterns}
+    if options.ablation is not None:  # removed first: what is kept and shown is the ablated model's
+        hooks = merged(options.ablation.hooks, hooks)
     asked = name_filter(options.sites) if options.sites else (lambda name: False)
     sites = Sites(keep=lambda name: name in kept or asked(name), hooks=hooks)
     with torch.no_grad():
@@ -347,7 +352,8 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
     """The report of one text (row `row` of a padded batch), sliced to its real tokens."""
     n = len(encoding.ids)
     report = TextReport(encoding.text, encoding.tokens, encoding.ids, encoding.pair,
-                        token_texts=tokenizer.texts(encoding.ids))
+                        token_texts=tokenizer.texts(encoding.ids),
+                        ablated=None if options.ablation is None else options.ablation.specs)
     if encoding.truncated:
         report.read_text, report.read_pair = encoding.read_part(0), encoding.read_part(1)
         report.untruncated_length = encoding.untruncated_length

@@ -47,8 +47,10 @@ from tfcli.errors import TfcliError, usage_error
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from tfcli.analysis.ablation import Ablation
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
+    from tfcli.model.sites import Hook
     from tfcli.model.transformer import BlockInputs, Stack
     from tfcli.tokenizer import Tokenizer
 
@@ -70,6 +72,7 @@ class PatchOptions:
     fast: bool = True  # False: the naive sweep, one whole forward pass per site (benchmarks and tests)
     batch_mb: float = BATCH_MB
     positions: list[int] | None = None  # the positions of the texts the kinds per position sweep; None: every one
+    ablation: Ablation | None = None  # --ablate: components removed on every pass, clean, corrupt and patched
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ class Patching:
     token_texts_clean: list[str] = field(default_factory=list)
     token_texts_corrupt: list[str] = field(default_factory=list)
     decoder_token_texts: list[str] | None = None
+    ablated: list[str] | None = None  # --ablate, as given: every run ran without it
+    unablated: tuple[float, float] | None = None  # the clean and corrupt values with nothing ablated
 
     def column_label(self, column: int) -> str:
         """How a grid's column by position is named: its position."""
@@ -376,8 +381,9 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     stacks = dict(model.stacks())
     first = next((i for i, (a, b) in enumerate(zip(ids_clean, ids_corrupt)) if a != b), None)
     fixed, run = [], []  # fixed: 0 without a run
+    causal = options.ablation is None or not options.ablation.by_mean  # a mean over the positions reads them all
     for patch in sweep:
-        (fixed if unchanged(patch, stacks, first, position) else run).append(patch)
+        (fixed if causal and unchanged(patch, stacks, first, position) else run).append(patch)
     sweep = run
     names = sorted({p.name for p in sweep} | {p.name for p in fixed})
     clean_t = torch.tensor([ids_clean], device=device)
@@ -385,10 +391,15 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     kv = every_block(model, "attn.k", causal=True) + every_block(model, "attn.v", causal=True)
     resid = every_block(model, "resid_pre")
     estimate = options.method != "activation"  # the corrupt run keeps its graph, for one backward pass
+    ablation = options.ablation
+    removed = ablation and ablation.hooks
     with torch.no_grad():
-        clean_logits, clean_cache = model.run_with_cache(clean_t, names, **inputs, **kept)
+        clean_logits, clean_cache = model.run_with_cache(clean_t, names, removed, **inputs, **kept)
+        unablated = None if ablation is None else \
+            tuple(float(read(model(ids, **inputs, **kept).logits)[0]) for ids in (clean_t, corrupt_t))
     corrupt_names = names if options.method == "attribution" else sorted(set(names + kv + resid))
-    corrupt_logits, corrupt_cache = model.run_with_cache(corrupt_t, corrupt_names, grad=estimate, **inputs, **kept)
+    corrupt_logits, corrupt_cache = model.run_with_cache(corrupt_t, corrupt_names, removed, grad=estimate, **inputs,
+                                                         **kept)
     clean_value, corrupt_value = float(read(clean_logits)[0]), float(read(corrupt_logits.detach())[0])
     if not differences and same_value(clean_value, corrupt_value):
         what = "logit difference" if foil is not None else "logit"
@@ -406,7 +417,8 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
                       target, foil, clean_value, corrupt_value, options.method, new_grids(), total=len(sweep),
                       label_metric=classifier, positions=positions, unchanged=len(fixed),
                       before_first="" in stacks and stacks[""].causal, token_texts_clean=tokenizer.texts(ids_clean),
-                      token_texts_corrupt=tokenizer.texts(ids_corrupt))
+                      token_texts_corrupt=tokenizer.texts(ids_corrupt), ablated=ablation and ablation.specs,
+                      unablated=unablated)
     result.runs = {grid: 0 for grid in result.grids} | {
         grid: len(list(group)) for grid, group in itertools.groupby(sorted(p.grid for p in sweep))}
     result.finished = dict.fromkeys(result.grids, 0)
@@ -428,9 +440,12 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
             result.grids, result.done, result.finished = attributed, len(sweep), dict(result.runs)
             return result
         result.attribution_grids = attributed
+    # a mean-ablation needs whole passes (the fast sweep runs part of the text); an encoder-decoder's fast sweep
+    # runs its encoder's last block and the decoder outside the patched stack's hooks
+    fast = options.fast and (ablation is None or not (ablation.by_mean or encoder_decoder))
     sweeper = fast_sweep(model, sweep, clean_cache, corrupt_cache, metric, inputs, position, options.batch_mb,
-                         first) \
-        if options.fast else naive_sweep(model, sweep, clean_cache, corrupt_t, metric, inputs)
+                         first, removed) \
+        if fast else naive_sweep(model, sweep, clean_cache, corrupt_t, metric, inputs, removed)
     try:
         if progress is not None:
             progress(0, result.total)
@@ -473,9 +488,10 @@ def attribution(logits: Tensor, cache: dict[str, Tensor], clean_cache: dict[str,
 
 
 def naive_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[str, Tensor], corrupt: Tensor,
-                metric: Metric, inputs: dict[str, Any]) -> Iterator[tuple[list[Patch], list[float]]]:
+                metric: Metric, inputs: dict[str, Any], removed: dict[str, Hook] | None = None
+                ) -> Iterator[tuple[list[Patch], list[float]]]:
     """One whole forward pass of the corrupt text per site, the clean value put back with a hook (what
-    TransformerLens's patching functions do)."""
+    TransformerLens's patching functions do); `removed`: the hooks of --ablate, first on every pass."""
     import torch
 
     from tfcli.model import sites
@@ -485,7 +501,7 @@ def naive_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[s
         heads = None if patch.head is None else [patch.head]
         hook = sites.replace(patch.name, clean_cache[patch.name], positions, heads)
         with torch.no_grad():
-            logits = model.run_with_hooks(corrupt, {patch.name: hook}, **inputs)
+            logits = model.run_with_hooks(corrupt, sites.merged(removed, {patch.name: hook}), **inputs)
         yield [patch], [float(metric(logits)[0])]
 
 
@@ -537,16 +553,17 @@ def _hooks(chunk: list[Patch], clean_cache: dict[str, Tensor], start: int) -> di
 
 
 def _patched_runs(stack: Stack, prefix: str, chunk: list[Patch], resid: Callable[[int], Tensor],
-                  clean_cache: dict[str, Tensor], inputs: BlockInputs, start: int, cache: Any) -> Tensor:
+                  clean_cache: dict[str, Tensor], inputs: BlockInputs, start: int, cache: Any,
+                  removed: dict[str, Hook] | None = None) -> Tensor:
     """The patched runs of `chunk` (sorted by layer) through `stack`, over the positions `inputs` cover from
     `start`: each joins the batch at its layer, entering with the corrupt run's stream there (`resid(layer)`, (1, T',
     d)), and reads the corrupt run's keys and values before `start` (`cache`). Returns the stack's output (B, T', d)
     after its final norm (and projection)."""
     from tfcli.model import Sites
-    from tfcli.model.sites import NO_SITES
+    from tfcli.model.sites import NO_SITES, merged
 
     joining = {layer: len(list(group)) for layer, group in itertools.groupby(p.layer for p in chunk)}
-    hooks = _hooks(chunk, clean_cache, start)
+    hooks = merged(removed, _hooks(chunk, clean_cache, start))
     sites = NO_SITES if not hooks else Sites(hooks=hooks).scope(prefix[:-1]) if prefix else Sites(hooks=hooks)
     return stack.run_blocks(None, inputs, chunk[0].layer, cache, sites,
                             lambda layer: resid(layer).expand(joining[layer], -1, -1) if layer in joining else None)
@@ -559,7 +576,8 @@ def _rows(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
 
 def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[str, Tensor],
                corrupt_cache: dict[str, Tensor], metric: Metric, inputs: dict[str, Any], position: int | None,
-               batch_mb: float = BATCH_MB, first: int | None = None) -> Iterator[tuple[list[Patch], list[float]]]:
+               batch_mb: float = BATCH_MB, first: int | None = None, removed: dict[str, Hook] | None = None
+               ) -> Iterator[tuple[list[Patch], list[float]]]:
     """The same scores as naive_sweep, batch by batch (see the module docstring): yields (patches, metric values).
     The sweep holds no patch that cannot change the metric (`unchanged`: run_ids scores those 0 without a run).
     A patch of every position (a head, q, k, v, pattern) on the causal stack that reads the texts runs from the
@@ -608,7 +626,7 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
             cache = PrefixKV(*given, start) if given is not None else None  # its cross-attention's per batch
             with torch.no_grad():
                 hidden = _patched_runs(stack, prefix, chunk, resid_of(prefix, start, stop), clean_cache,
-                                       whole[prefix].rows(start, stop), start, cache)
+                                       whole[prefix].rows(start, stop), start, cache, removed)
                 if prefix == "encoder.":  # the patched memory, then the whole decoder
                     decoder_ids = inputs["decoder_input_ids"].expand(len(chunk), -1)
                     logits = model(decoder_ids, decoder_input_ids=decoder_ids,
@@ -749,7 +767,7 @@ def run_dataset(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair]
         for pair in pairs:
             positions = None if columns is None else [columns.position(pair, c) for c in columns.swept]
             single = PatchOptions(pair.target, pair.foil, pair.position, options.sites, options.method, options.fast,
-                                  options.batch_mb, positions)
+                                  options.batch_mb, positions, options.ablation)
             result = run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt, single, clean=pair.clean,
                              corrupt=pair.corrupt, differences=True)
             if result.interrupted:
@@ -841,7 +859,9 @@ def aggregate(done: list[tuple[Pair, Patching]], columns: Columns | None, resamp
         attribution_intervals=(out["attribution_intervals"] or None) if resamples else None,
         restored_share=out["restored_share"], align=columns.align if columns else None,
         foil_each=first.foil is not None, varying=varying,
-        corrupted=corrupted, small_gaps=sum(small_gap(r.clean_value, r.corrupt_value) for r in results))
+        corrupted=corrupted, small_gaps=sum(small_gap(r.clean_value, r.corrupt_value) for r in results),
+        ablated=first.ablated, unablated=None if first.unablated is None else
+        tuple(torch.tensor([r.unablated for r in results], dtype=torch.float64).mean(0).tolist()))
 
 
 def grid_tensor(grid: list, site: str, at: list[int] | None) -> Tensor:

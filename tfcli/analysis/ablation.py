@@ -8,6 +8,7 @@ hooks, the ones steering uses.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfcli.errors import TfcliError, usage_error
@@ -47,17 +48,41 @@ def parse_ablation(spec: str, config: ModelConfig, known: list[str]) -> tuple[li
     return [name for name in known if name_filter([target])(name)], head, how
 
 
-def ablation_hooks(specs: list[str], config: ModelConfig, known: list[str], generating: bool = False) -> dict[str, Hook]:
-    """The hooks of every --ablate, by site (two on one site compose). `generating`: mean-ablation is refused (each
-    step of a cached generation sees only its new token: there is no text's mean to put there)."""
-    from tfcli.model import sites
+@dataclass
+class Ablation:
+    """What `--ablate` removes: the specs as given, their hooks by site, and whether any replaces a value by its mean
+    over the text's positions (a pass over the whole text is then needed: patch's fast sweep runs only part of it)."""
 
-    groups = []
+    specs: list[str]
+    hooks: dict[str, Hook]
+    by_mean: bool
+
+    def label(self) -> str:
+        return ablated_label(self.specs)
+
+
+def ablated_label(specs: list[str]) -> str:
+    """`L23H3 (zeroed), L5.mlp (mean)`: what the views say was ablated."""
+    return ", ".join(f"{spec.partition(':')[0]} ({'mean' if spec.endswith(':mean') else 'zeroed'})" for spec in specs)
+
+
+def ablation(specs: list[str] | None, config: ModelConfig, generating: bool = False) -> Ablation | None:
+    """Every --ablate of a command, checked against the config before the model is built (None without any); two on
+    one site compose. `generating`: mean-ablation is refused (each step of a cached generation sees only its new
+    token: there is no text's mean to put there)."""
+    from tfcli.model import sites
+    from tfcli.model.transformer import site_shapes
+
+    if not specs:
+        return None
+    known = list(site_shapes(config))
+    groups, by_mean = [], False
     for spec in specs:
         names, head, how = parse_ablation(spec, config, known)
         if how == "mean" and generating:
             raise usage_error(f"--ablate {spec}: generate ablates by zeroing only", "each step after the prompt runs "
                               "on its new token alone, so a mean over the text's positions is not defined there")
+        by_mean = by_mean or how == "mean"
         heads = None if head is None else [head]
         groups += [{name: (sites.zero if how == "zero" else sites.mean)(name, heads=heads)} for name in names]
-    return sites.merged(*groups) or {}
+    return Ablation(list(specs), sites.merged(*groups) or {}, by_mean)

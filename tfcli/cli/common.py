@@ -339,7 +339,8 @@ def count_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None] | Non
         yield progress
 
 
-def emit(results: Iterable[T], *, out: Console, json_output: bool, record: Callable[[T], dict[str, Any]],
+def emit(results: Iterable[T], *, out: Console, json_output: bool,
+         record: Callable[[T], dict[str, Any] | list[dict[str, Any]]],
          lines: Callable[[T, int], list[Text]], spaced: bool = False, after: Callable[[], None] | None = None,
          truncated: CappedWarnings | None = None, report: Path | None = None, force: bool = False,
          command: str = "", model: TransformerModel | None = None, source: Source | None = None,
@@ -347,12 +348,14 @@ def emit(results: Iterable[T], *, out: Console, json_output: bool, record: Calla
     """The one way a command shows what its core yields: each result, as it comes, as one JSON line
     (`record(result)`) or as its terminal view (`lines(result, number)`, numbered from 1; `spaced`: a blank line
     between two); then `after()`, the note of the texts `truncated` beyond those already said, and --report
-    `report` (`command`'s report of every result, written by `write_report_file`). Returns the number of results."""
+    `report` (`command`'s report of every result, written by `write_report_file`); `record` may give a list, a JSON
+    line each (steer sweep: one per strength). Returns the number of results."""
     number, kept = 0, []  # kept: every result, for --report
     for result in results:
         number += 1
         if json_output:
-            write_jsonl([record(result)])
+            written = record(result)
+            write_jsonl(written if isinstance(written, list) else [written])
         else:
             if spaced and number > 1:
                 out.print()  # a blank line between results
@@ -410,3 +413,18 @@ ColorOption = Annotated[bool | None, typer.Option(
     "--color/--no-color", show_default=False,
     help="Colour on or off (default: on when stdout is a terminal and NO_COLOR is unset).")]
 
+AblateOption = Annotated[list[str] | None, typer.Option(
+    "--ablate", metavar="SITE[:zero|mean]", help="Run with a component removed: a head (L23H3), a sublayer's output "
+    "(L5.mlp, L5.attn) or any site name, * allowed; zeroed, or :mean (its mean over the text's positions); "
+    "repeatable.")]
+
+
+def ablation_of(specs: list[str] | None, config, generating: bool = False):
+    """--ablate checked against the model's config before it is built (tfcli.analysis.ablation), and said on stderr;
+    None without it."""
+    from tfcli.analysis.ablation import ablation
+
+    result = ablation(specs, config, generating)
+    if result is not None:
+        note(f"ablating: {result.label()}")
+    return result

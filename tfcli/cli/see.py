@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli.common import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, SEED_RANGE, ColorOption,
-                              DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption, ModelOption,
-                              PairOption, ReportForceOption, ReportOption, RevisionOption, SeedOption,
-                              TextsArgument, WidthOption, app, build, emit, inputs, note, noted, output_console,
-                              say, started, stderr_is_terminal, tokenizer_of, warn, with_progress)
+from tfcli.cli.common import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, SEED_RANGE, AblateOption,
+                              ColorOption, DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption,
+                              ModelOption, PairOption, ReportForceOption, ReportOption, RevisionOption, SeedOption,
+                              TextsArgument, WidthOption, ablation_of, app, build, emit, inputs, note, noted,
+                              output_console, say, started, stderr_is_terminal, tokenizer_of, warn, with_progress)
 from tfcli.errors import usage_error
 from tfcli.render.layout import print_lines
 from tfcli.render.report_file import check_report_path
@@ -133,6 +133,7 @@ def encode(
                                                     "(names such as blocks.3.attn.z, `*` for any run of characters; "
                                                     "repeatable): a table, in --json and --save under their names. "
                                                     "`tfcli config SRC --sites` lists them.")] = None,
+    ablate: AblateOption = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite the --save or --report file if it exists.")] = False,
     report: ReportOption = None,
     file: FileOption = None,
@@ -173,6 +174,7 @@ def encode(
     source = resolve_source(model, revision)
     options = core.check_options(source.config, layers, heads, core.DEFAULT_TOP_K if top_k is None else top_k, sites)
     options.keep_heads = report is not None  # the page's head selector shows every head behind a mean
+    options.ablation = ablation_of(ablate, source.config)
     tokenizer = tokenizer_of(source)
     decoder_input = core.decoder_input(source.config, tokenizer, target)
     positions = source.config.max_position_embeddings
@@ -442,13 +444,8 @@ def generate(
     source = resolve_source(model or core.DEFAULT_MODEL, revision)
     sampling.check(source.config.vocab_size)  # before the model is built
     vectors = steering(steer, steer_layers, steer_normalize, source.config)
-    ablations = None
-    if ablate:
-        from tfcli.analysis.ablation import ablation_hooks
-        from tfcli.model.transformer import site_shapes
-
-        ablations = ablation_hooks(ablate, source.config, list(site_shapes(source.config)), generating=True)
-        note(f"ablating (zeroed): {', '.join(ablate)}")
+    ablation = ablation_of(ablate, source.config, generating=True)
+    ablations = ablation and ablation.hooks
     tokenizer = tokenizer_of(source)
     batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
                for batch in prompts_in.batches(1))

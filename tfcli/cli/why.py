@@ -10,11 +10,12 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (AT_LEAST_ONE, SEED_RANGE, BootstrapOption, ColorOption, DatasetOption, DeviceOption,
-                              DtypeOption, FileOption, JsonOption, MaxLengthOption, ModelOption, PerItemOption,
-                              ReportForceOption, ReportOption, RevisionOption, SeedOption, SkipBadOption,
-                              TextsArgument, WidthOption, app, build, count_bar, emit, inputs, note, output_console,
-                              say_lines, started, stderr_width, tokenizer_of, warn, with_progress)
+from tfcli.cli.common import (AT_LEAST_ONE, SEED_RANGE, AblateOption, BootstrapOption, ColorOption, DatasetOption,
+                              DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption, ModelOption,
+                              PerItemOption, ReportForceOption, ReportOption, RevisionOption, SeedOption,
+                              SkipBadOption, TextsArgument, WidthOption, ablation_of, app, build, count_bar, emit,
+                              inputs, note, output_console, say_lines, started, stderr_width, tokenizer_of, warn,
+                              with_progress)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, tokenized
@@ -68,6 +69,7 @@ def patch(
     bootstrap: BootstrapOption = None,
     per_item: PerItemOption = False,
     skip_bad: SkipBadOption = False,
+    ablate: AblateOption = None,
     report: ReportOption = None,
     force: ReportForceOption = False,
     device: DeviceOption = "cpu",
@@ -107,7 +109,7 @@ def patch(
             if value is not None:
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
         patch_dataset(dataset, model, revision, core.PatchOptions("", None, None, core.parse_sites(sites), method),
-                      positions, align, bootstrap, per_item, skip_bad, out, json_output, top, full, report, force,
+                      ablate, positions, align, bootstrap, per_item, skip_bad, out, json_output, top, full, report, force,
                       device, dtype, seed)
         return
     for name, value in (("--align", align), ("--bootstrap", bootstrap), ("--per-item", per_item or None),
@@ -119,7 +121,8 @@ def patch(
     if target is None:
         raise usage_error("give --target: the token whose logit is the metric", parameter="target")
     source = resolve_source(model or "gpt2-small", revision)
-    options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method)
+    options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method,
+                                ablation=ablation_of(ablate, source.config))
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
     core.check_options(source.config, tokenizer, options)  # before the model is built
@@ -181,7 +184,8 @@ def emit_dataset(run, each_lines, record, out, json_output: bool, per_item: bool
         raise typer.Exit(130)
 
 
-def patch_dataset(dataset: str, model: str | None, revision: str | None, options, positions: str | None,
+def patch_dataset(dataset: str, model: str | None, revision: str | None, options, ablate: list[str] | None,
+                  positions: str | None,
                   align: str | None, bootstrap: int | None, per_item: bool, skip_bad: bool, out, json_output: bool,
                   top: int, full: bool, report, force: bool, device: str, dtype: str, seed: int) -> None:
     """`tfcli patch --dataset`: each pair patched, then the aggregate (docs/datasets.md)."""
@@ -190,6 +194,7 @@ def patch_dataset(dataset: str, model: str | None, revision: str | None, options
     from tfcli.sources import resolve_source
 
     source = resolve_source(model or "gpt2-small", revision)
+    options.ablation = ablation_of(ablate, source.config)
     tokenizer = tokenizer_of(source)
     core.check_options(source.config, tokenizer, core.PatchOptions("#0", None, None, options.sites, options.method))
     pairs, skipped, resamples = dataset_items(dataset, core.PATCH_LINE,
@@ -253,6 +258,7 @@ def attribute(
     bootstrap: BootstrapOption = None,
     per_item: PerItemOption = False,
     skip_bad: SkipBadOption = False,
+    ablate: AblateOption = None,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
@@ -297,7 +303,8 @@ def attribute(
     source = resolve_source(model or "gpt2-small", revision)
     core.check_model(source.config, by)  # before the model is built
     selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
-    options = core.AttributeOptions(target, foil, position, by, selected, top)
+    options = core.AttributeOptions(target, foil, position, by, selected, top,
+                                    ablation_of(ablate, source.config))
     if dataset is not None:
         if layers is not None and by == "component":
             raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")

@@ -175,14 +175,23 @@ def selection(name: str, value: Tensor, positions: Iterable[int] | None = None,
 
 
 def merged(*groups: dict[str, Hook] | None) -> dict[str, Hook] | None:
-    """Several sets of hooks as one, composed in order on a site two of them touch (each replacing what the one
-    before returned); None if there is none."""
+    """Several sets of hooks as one, composed in order on a site two of them touch (each given what the one before
+    returned, or the value itself where that one returned None); None if there is none."""
     out: dict[str, Hook] = {}
     for group in groups:
         for name, hook in (group or {}).items():
             earlier = out.get(name)
-            out[name] = hook if earlier is None else (lambda value, a=earlier, b=hook: b(a(value)))
+            out[name] = hook if earlier is None else _chained(earlier, hook)
     return out or None
+
+
+def _chained(first: Hook, then: Hook) -> Hook:
+    def both(value: Tensor) -> Tensor | None:
+        replaced = first(value)
+        value = value if replaced is None else replaced
+        again = then(value)
+        return value if again is None else again
+    return both
 
 
 def replace(name: str, source: Tensor, positions: Iterable[int] | None = None,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from tfcli.analysis.ablation import ablated_label
 from tfcli.attribute import Attribution, DatasetAttribution
 from tfcli.render.layout import GAP, GLUE, Column, echo, plain, quoted, table, words
 
@@ -66,6 +67,7 @@ def attribution_lines(result: Attribution, number: int, width: int, top: int) ->
         lines += words(f"{position_words(result)}: the {quantity(result)} "
                        f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
         lines += check_lines(result, width)
+    lines += ablation_lines(result, width)
     lines += [Text()] + component_lines(result, width, top)
     lines += [Text()] + layer_lines(result, width)
     if result.by == "head":
@@ -88,6 +90,17 @@ def dataset_header(result: DatasetAttribution, width: int) -> list[Text]:
     lines += words(f"sum of the {len(result.components)} means: {result.total:+.4f}; in every prompt the components "
                    f"sum to the model's value (differ by at most {result.worst:.1e})", width)
     return lines
+
+
+def ablation_lines(result: Attribution, width: int) -> list[Text]:
+    """With --ablate: what was removed and the model's value with and without it (the components are the ablated
+    model's)."""
+    if result.ablated is None:
+        return []
+    mean = " (means over the prompts)" if isinstance(result, DatasetAttribution) else ""
+    return words(f"ablated {ablated_label(result.ablated)}: the model's value {result.logit:+.4f}, "
+                 f"{result.unablated:+.4f} with nothing ablated (the ablation moves it by "
+                 f"{result.logit - result.unablated:+.4f}){mean}; the components are the ablated model's", width)
 
 
 def check_lines(result: Attribution, width: int) -> list[Text]:
@@ -173,7 +186,13 @@ def record(result: Attribution) -> dict[str, Any]:
             "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
             "logit": result.logit, "total": result.total,
             "components": [{"name": c.name, "layer": c.layer, "head": c.head, "neuron": c.neuron, "value": c.value}
-                           for c in result.components]}
+                           for c in result.components]} | ablation_record(result)
+
+
+def ablation_record(result: Attribution) -> dict[str, Any]:
+    """With --ablate: `ablated` (the specs as given) and `logit_unablated` (the model's value with nothing ablated;
+    `logit` is the ablated model's); nothing without it."""
+    return {} if result.ablated is None else {"ablated": result.ablated, "logit_unablated": result.unablated}
 
 
 def dataset_record(result: DatasetAttribution) -> dict[str, Any]:
@@ -188,7 +207,7 @@ def dataset_record(result: DatasetAttribution) -> dict[str, Any]:
             "logit": result.logit, "total": result.total, "worst": result.worst,
             "components": [{"name": c.name, "layer": c.layer, "head": c.head, "neuron": c.neuron, "mean": c.value,
                             "std": result.spread[c.name][0], "low": result.spread[c.name][1],
-                            "high": result.spread[c.name][2]} for c in result.components]}
+                            "high": result.spread[c.name][2]} for c in result.components]} | ablation_record(result)
 
 
 def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from tfcli.analysis.ablation import ablated_label
 from tfcli.render.layout import (GAP, SPACE_NOTE, Column, echo, has_space, heat_legend, heat_row, key_column_widths,
                                  layer_runs, table, token_label, words, wrap)
 
@@ -45,6 +46,8 @@ class View:
 def report_lines(report: TextReport, number: int, width: int, view: View = View()) -> list[Text]:
     """The terminal view of one text, as lines of at most `width` cells."""
     lines = heading(report, number, width)
+    if report.ablated:
+        lines += words(f"ablated: {ablated_label(report.ablated)}", width)
     if report.pair is not None:
         lines += words(pair_heading(report), width)
     lines += token_lines("tokens", texts_of(report), width)
@@ -319,6 +322,8 @@ def record(report: TextReport, trained: bool, weights_from: str | Path | None = 
     record["lens"] = [{"layer": row.layer,
                        "top": [[{"token": t, "id": i, "prob": round(p, 6)} for t, i, p in top] for top in row.top]}
                       for row in report.lens]
+    if report.ablated:
+        record["ablated"] = report.ablated
     record["weights"] = "loaded" if trained else "random"
     if trained and weights_from is not None:
         record["weights_from"] = str(weights_from)

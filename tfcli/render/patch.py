@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.text import Text
 
+from tfcli.analysis.ablation import ablated_label
 from tfcli.analysis.indices import spans
 from tfcli.analysis.names import Kind, kind_of
 from tfcli.patch import SMALL_GAP, DatasetPatching, Patching
@@ -113,9 +114,9 @@ def head_ranges(pairs: list[tuple[int, int]], heads: int) -> str:
 def notes(result: Patching) -> list[tuple[str, str]]:
     """What the scores need said beside them, as (sentence, style): a small gap, the sites scored 0 without a run,
     the positions swept, an interruption. The view and the page both say them."""
+    out = ablation_notes(result)
     if isinstance(result, DatasetPatching):
-        return dataset_notes(result)
-    out = []
+        return out + dataset_notes(result)
     if result.small_gap:
         size = max(abs(result.clean_value), abs(result.corrupt_value), 1.0)
         out.append((f"warning: the corrupt text barely moves the metric: clean - corrupt = "
@@ -146,6 +147,17 @@ def notes(result: Patching) -> list[tuple[str, str]]:
             out.append((f"interrupted: {result.done} of {result.total} patched runs finished; only those are shown"
                         + (f" (not reached: {', '.join(missed)})" if missed else ""), "yellow"))
     return out
+
+
+def ablation_notes(result: Patching) -> list[tuple[str, str]]:
+    """With --ablate: what every run ran without, and the clean and corrupt values with and without it."""
+    if result.ablated is None:
+        return []
+    clean, corrupt = result.unablated
+    means = " (means over the pairs)" if isinstance(result, DatasetPatching) else ""
+    return [(f"ablated {ablated_label(result.ablated)} in every run (clean, corrupt and patched): clean "
+             f"{result.clean_value:+.4f}, corrupt {result.corrupt_value:+.4f}; with nothing ablated clean {clean:+.4f}, "
+             f"corrupt {corrupt:+.4f}{means}", "")]
 
 
 def dataset_notes(result: DatasetPatching) -> list[tuple[str, str]]:
@@ -499,7 +511,16 @@ def record(result: Patching) -> dict[str, Any]:
         out["attribution_grids"] = result.attribution_grids
     if result.decoder_tokens is not None:
         out["decoder_tokens"] = result.decoder_tokens
-    return out
+    return out | ablation_record(result)
+
+
+def ablation_record(result: Patching) -> dict[str, Any]:
+    """With --ablate: `ablated` (the specs as given) and `clean_value_unablated`, `corrupt_value_unablated` (the
+    values with nothing ablated; `clean_value` and `corrupt_value` are the ablated model's); nothing without it."""
+    if result.ablated is None:
+        return {}
+    return {"ablated": result.ablated, "clean_value_unablated": result.unablated[0],
+            "corrupt_value_unablated": result.unablated[1]}
 
 
 def token_record(token: Any) -> dict[str, Any] | None:
@@ -530,7 +551,7 @@ def dataset_record(result: DatasetPatching) -> dict[str, Any]:
         out["attribution_intervals"] = result.attribution_intervals
     if result.decoder_tokens is not None:
         out["decoder_tokens"] = result.decoder_tokens
-    return out
+    return out | ablation_record(result)
 
 
 def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any]:
