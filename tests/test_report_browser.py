@@ -415,3 +415,29 @@ def test_the_patch_page_lists_as_many_top_sites_as_the_terminal(browser, tmp_pat
     assert top.locator("tbody tr").count() == 4
     assert "the 2 largest scores of each site kind" in page.inner_text("body").lower()
     page.close()
+
+
+def test_the_steer_sweep_page_draws_its_chart_and_every_continuation(browser, tmp_path, tiny_decoder):
+    """steer sweep --report: the chart has a line for the effect and one for the cost, a point per strength, and
+    the table each strength's continuation, whole, as --json gives it."""
+    import json
+
+    import torch
+
+    from tfcli.analysis.vectors import write_vector
+
+    torch.manual_seed(0)
+    vector = tmp_path / "v.safetensors"
+    write_vector(vector, {1: 8 * torch.randn(32)}, "gpt2")
+    args = ["steer", "sweep", "--model", str(tiny_decoder), "--vector", str(vector), "--strengths", "-2,0,2",
+            "--target", "time", "-n", "5", TEXT]
+    path = tmp_path / "sweep.html"
+    assert CliRunner().invoke(app, [*args, "--report", str(path)]).exit_code == 0
+    records = [json.loads(line) for line in CliRunner().invoke(app, [*args, "--json"]).stdout.splitlines()]
+    page = open_page(browser, path)
+    assert page.eval_on_selector_all("svg.sweep-chart polyline", "lines => lines.length") == 2
+    assert page.eval_on_selector_all("svg.sweep-chart circle", "points => points.length") == 6
+    assert page.eval_on_selector_all("table.sweep td.continuation", "cells => cells.map(c => c.textContent)") == \
+        [r["text"] for r in records]
+    assert page.requests == [path.as_uri()] and not page.errors
+    page.close()

@@ -38,6 +38,7 @@ from tfcli.errors import usage_error
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from tfcli.analysis.metric import Token
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.model.sites import Hook
@@ -260,3 +261,84 @@ def _adding(added: Tensor, normalize: bool) -> Hook:
         return steered
 
     return hook
+
+
+# ---------------------------------------------------------------- steer sweep: what a vector does, strength by strength
+
+
+@dataclass
+class SweepStep:
+    """One strength on one prompt: the greedy continuation, the effect and the cost."""
+
+    strength: float
+    ids: list[int]  # the new tokens
+    text: str  # what they add to the prompt
+    effect: float | None  # the target's logit (minus the foil's) at the prompt's last position; None without --target
+    kl: float  # mean over the prompt's positions of KL(steered next-token distribution || unsteered), in nats
+
+
+@dataclass
+class Sweep:
+    """A vector swept over strengths on one prompt."""
+
+    prompt: str
+    ids: list[int]
+    vector: str  # the file, as given
+    layers: list[int]  # the blocks steered
+    normalize: bool
+    target: Token | None
+    foil: Token | None
+    steps: list[SweepStep] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)
+
+
+def parse_strengths(spec: str) -> list[float]:
+    """`-4,-2,0,2,4` -> the strengths, in the order given; a usage error for one that is not a number."""
+    strengths = []
+    for part in spec.split(","):
+        try:
+            strengths.append(float(part))
+        except ValueError:
+            raise usage_error(f"--strengths: `{part.strip()}` is not a number",
+                              "give numbers separated by commas, e.g. -4,-2,0,2,4") from None
+    if len(set(strengths)) != len(strengths):
+        raise usage_error(f"--strengths {spec}: a strength is given twice")
+    return strengths
+
+
+def sweep(model: TransformerModel, tokenizer: Tokenizer, prompt: str, ids: list[int], vector: dict[int, Tensor],
+          name: str, strengths: list[float], layers: list[int], new_tokens: int, target: Token | None = None,
+          foil: Token | None = None, normalize: bool = False) -> Sweep:
+    """For each strength: the vector times it added to the chosen blocks' outputs (steering_hooks) on a whole pass
+    of the prompt (T, V) (the effect at its last position; the cost: KL from the unsteered pass's distributions,
+    averaged over its T positions) and on a greedy generation of `new_tokens` (stopping at the end of sequence).
+    Strength 0 is the model unsteered."""
+    import torch
+
+    from tfcli.analysis.metric import Metric
+    from tfcli.model.decoding import generate
+
+    device = model.embed_tokens.weight.device
+    input_ids = torch.tensor([ids], device=device)
+    metric = None if target is None else Metric(target.id, foil and foil.id, len(ids) - 1)
+    result = Sweep(prompt, ids, name, layers, normalize, target, foil, token_texts=tokenizer.texts(ids))
+    with torch.no_grad():
+        plain = model(input_ids).logits.double().log_softmax(-1)[0]  # (T, V)
+        for strength in strengths:
+            hooks = steering_hooks(model, [vector], [strength], normalize, layers) if strength else None
+            logits = model.run_with_hooks(input_ids, hooks) if hooks else model(input_ids).logits
+            steered = logits.double().log_softmax(-1)[0]
+            kl = float((steered.exp() * (steered - plain)).sum(-1).mean())
+            effect = None if metric is None else float(metric(logits)[0])
+            sequence = generate(model, input_ids, new_tokens, False, 1.0, None, None, None, True, None, hooks)
+            new = sequence[0, len(ids):].tolist()
+            ended = [i for i, token in enumerate(new) if token in model.config.eos_token_ids]
+            new = new[:ended[0] + 1] if ended else new
+            result.steps.append(SweepStep(strength, new, added_text(tokenizer, ids, new), effect, max(kl, 0.0)))
+    return result
+
+
+def added_text(tokenizer: Tokenizer, prompt: list[int], new: list[int]) -> str:
+    """What the new tokens add to the prompt's text (decoded together: a SentencePiece word keeps its space)."""
+    before, whole = tokenizer.decode(prompt), tokenizer.decode(prompt + new)
+    return whole[len(before):] if whole.startswith(before) else tokenizer.decode(new)

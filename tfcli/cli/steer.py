@@ -1,6 +1,7 @@
 """`tfcli steer`: steering vectors. `steer fit` finds a direction per block from contrast pairs and writes it as
-llama.cpp's control-vector GGUF or as safetensors (the core is `tfcli/steer.py`, the file format
-`tfcli/analysis/vectors.py`, the view `tfcli/render/steer.py`; docs/steering.md)."""
+llama.cpp's control-vector GGUF or as safetensors; `steer sweep` shows what a vector does strength by strength
+(the core is `tfcli/steer.py`, the file format `tfcli/analysis/vectors.py`, the views `tfcli/render/steer.py`;
+docs/steering.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (ColorOption, DeviceOption, DtypeOption, RevisionOption, SeedOption, WidthOption, app,
-                              build, count_bar, emit, note, output_console, tokenizer_of, warn)
+from tfcli.cli.common import (AT_LEAST_ONE, ColorOption, DeviceOption, DtypeOption, FileOption, ReportForceOption,
+                              ReportOption, RevisionOption, SeedOption, WidthOption, app, build, count_bar, emit,
+                              inputs, note, output_console, started, tokenizer_of, warn)
 from tfcli.errors import usage_error
+from tfcli.render.report_file import check_report_path
 
 steer_app = typer.Typer(
     name="steer",
@@ -21,7 +24,8 @@ steer_app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="Steering vectors: fit a direction per block from contrast pairs, as a file llama.cpp reads.",
+    help="Steering vectors: fit a direction per block from contrast pairs, as a file llama.cpp reads; sweep its "
+         "strength and see what it does.",
 )
 app.add_typer(steer_app)
 
@@ -111,3 +115,98 @@ def pair_lines(path: str) -> list[tuple[int, str]]:
             error.parameter = None
             error.args = (error.message,)
         raise
+
+
+@steer_app.command()
+def sweep(
+    prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT", show_default=False,
+                                                        help="Prompts to continue; `-` alone reads stdin, one per "
+                                                        "line.")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head.",
+                                              show_default=False)] = None,
+    vector: Annotated[str | None, typer.Option("--vector", metavar="PATH", help="The steering vector: a "
+                                               "control-vector .gguf or .safetensors (tfcli steer fit, llama.cpp, "
+                                               "repeng).", show_default=False)] = None,
+    strengths: Annotated[str, typer.Option(metavar="LIST", help="The strengths to try, comma-separated (0: "
+                                           "unsteered).")] = "-4,-2,0,2,4",
+    layers: Annotated[str | None, typer.Option(metavar="LAYERS", help="Steer only these blocks of the vector, e.g. "
+                                               "10-20 (default: all it has).")] = None,
+    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The effect: this token's logit at each "
+                                               "prompt's last position (\" happy\" with its leading space for "
+                                               "byte-level BPE, or #ID).")] = None,
+    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The effect is the difference of the logits "
+                                             "target - foil.")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", callback=AT_LEAST_ONE,
+                                                help="New tokens of each greedy continuation.")] = 20,
+    normalize: Annotated[bool, typer.Option("--normalize", help="Keep each position's norm as it was before the "
+                                            "vector was added (repeng's normalize).")] = False,
+    file: FileOption = None,
+    revision: RevisionOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: SeedOption = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per prompt and "
+                                              "strength: prompt, strength, layers, text, ids, effect, kl.")] = False,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """See what a steering vector does, strength by strength: each prompt's greedy continuation, the effect on a
+    token's logit (--target, --foil) and the cost (the KL divergence from the unsteered model's next-token
+    distributions over the prompt), so that a strength that breaks the model shows as such.
+
+    \b
+    Examples:
+      tfcli steer sweep -m path/to/model --vector happy.gguf "I feel" "Today was"
+      tfcli steer sweep -m path/to/model --vector happy.gguf --strengths -8,-4,0,4,8 \\
+          --layers 10-20 --target " happy" --foil " sad" -n 30 "I feel"
+    """
+    from tfcli import steer as core
+    from tfcli.analysis.indices import parse_indices, spans
+    from tfcli.analysis.metric import parse_token
+    from tfcli.analysis.vectors import load_vector
+    from tfcli.cli.why import warn_spacing
+    from tfcli.generate import prompts as read_prompts
+    from tfcli.render import steer as render
+    from tfcli.sources import resolve_source
+
+    out = output_console(width, color)
+    if model is None:
+        raise usage_error("give --model: the model to steer")
+    if vector is None:
+        raise usage_error("give --vector PATH: the steering vector to sweep (tfcli steer fit writes one)")
+    if foil is not None and target is None:
+        raise usage_error("--foil goes with --target: the effect is the logit difference target - foil")
+    chosen_strengths = core.parse_strengths(strengths)
+    prompts_in = inputs(prompts, file)
+    if report is not None:
+        check_report_path(report, force, prompts_in.count or 1)
+    source = resolve_source(model, revision)
+    config = source.config
+    core.check_model(config)
+    directions = load_vector(vector, config)
+    chosen = parse_indices(layers, config.num_hidden_layers, "layers")
+    blocks = [layer for layer in sorted(directions) if chosen is None or layer in chosen]
+    if not blocks:
+        raise usage_error(f"--layers {layers}: the vector has none of these blocks",
+                          f"it has blocks {spans(sorted(directions))}")
+    tokenizer = tokenizer_of(source)
+    warn_spacing(tokenizer, target, foil)
+    vocab = config.vocab_size
+    target_token = parse_token(tokenizer, target, "--target", vocab) if target is not None else None
+    foil_token = parse_token(tokenizer, foil, "--foil", vocab) if foil is not None else None
+    batches = started(read_prompts(config, tokenizer, [item.text for item in batch], max_new_tokens)
+                      for batch in prompts_in.batches(1))
+    note(f"steering: {vector} at blocks {spans(blocks)}, strengths {', '.join(f'{s:g}' for s in chosen_strengths)}")
+    loaded = build(source, device, dtype, seed, "a vector on random weights steers nothing")
+
+    def swept():
+        for batch in batches:
+            for prompt in batch:
+                yield core.sweep(loaded, tokenizer, prompt.text, prompt.ids, directions, vector, chosen_strengths,
+                                 blocks, prompt.budget, target_token, foil_token, normalize)
+
+    emit(swept(), out=out, json_output=json_output, record=render.sweep_records,
+         lines=lambda result, number: render.sweep_lines(result, number, out.width), spaced=True, report=report,
+         force=force, command="steer", model=loaded, source=source, tokenizer=tokenizer)

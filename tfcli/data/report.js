@@ -454,7 +454,7 @@
                                window.tfcliRenderers || {});
   async function main() {
     document.body.append(header(DATA.run));
-    const what = DATA.run.command === "generate" ? "prompt" : "text";
+    const what = ["generate", "steer"].includes(DATA.run.command) ? "prompt" : "text";
     if (DATA.sections.length > 1)
       document.body.append(el("nav", {}, ...DATA.sections.map((s, k) => el("a", {href: "#" + what + "-" + (k + 1)}, what + " " + (k + 1)))));
     for (const [k, s] of DATA.sections.entries()) {
