@@ -201,6 +201,17 @@ def value_at(model: TransformerModel, logits: Tensor, cache: dict[str, Tensor], 
 
 # ---------------------------------------------------------------- over a dataset
 
+
+def prompt_block(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
+                 settings: tuple[AttributeOptions, list[str] | None]) -> list[Attribution]:
+    """A block of a dataset's prompts on a Ray worker (tfcli/cluster.py), as run_dataset attributes them; the
+    --ablate specs made into hooks here (hooks do not travel)."""
+    from tfcli.analysis.ablation import ablation
+
+    options, ablate = settings
+    options = dataclasses.replace(options, ablation=ablation(ablate, model.config))
+    return list(run_prompts(model, tokenizer, prompts, options, neurons=10**9 if options.by == "neuron" else None))
+
 ATTRIBUTE_LINE = LineSpec(("text",), ("target", "foil", "position"), aliases={"clean": "text"}, ignored=("corrupt",))
 
 
@@ -239,23 +250,28 @@ class DatasetAttribution(Attribution):
     interrupted: bool = False
 
 
-def run_dataset(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt], options: AttributeOptions,
-                resamples: int, dataset: str = "", skipped: int = 0,
+def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, prompts: list[Prompt],
+                options: AttributeOptions, resamples: int, dataset: str = "", skipped: int = 0,
                 each: Callable[[Attribution], None] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> DatasetAttribution:
+                progress: Callable[[int, int], None] | None = None,
+                results: Iterable[Attribution] | None = None) -> DatasetAttribution:
     """Attribute every prompt, then aggregate (see DatasetAttribution). `each(result)` gets each prompt's result as a
     single run gives it, in order; `progress(prompts done, prompts)`. With --by neuron every neuron is kept per
-    prompt and the `top` largest |mean| are listed. Ctrl-C (KeyboardInterrupt) aggregates the prompts finished."""
+    prompt and the `top` largest |mean| are listed. `results`: the prompts' results made elsewhere (a Ray cluster:
+    tfcli/cluster.py, with `prompt_block`), in order, instead of `model`'s. Ctrl-C (KeyboardInterrupt) aggregates
+    the prompts finished."""
     import torch
 
     every = options.by == "neuron"
+    if results is None:
+        results = run_prompts(model, tokenizer, prompts, options, neurons=10**9 if every else None)
     rows: list[list[float]] = []
     logits, unablated, worst = [], [], 0.0
     first: Attribution | None = None
     metrics, positions = set(), set()
     interrupted = False
     try:
-        for result in run_prompts(model, tokenizer, prompts, options, neurons=10**9 if every else None):
+        for result in results:
             if first is None:
                 first = result
             elif [c.name for c in result.components] != [c.name for c in first.components]:

@@ -382,6 +382,25 @@ class Totals:
             self.kept = {k: v for k, v in self.kept.items() if k in used}  # memory stays flat
         self.texts += len(texts)
 
+    def merge(self, other: Totals) -> None:
+        """Add the totals of the texts that follow these (another block of the corpus): the same as adding its
+        texts here one batch after another (a head's best text: the earlier one on a tie)."""
+        import torch
+
+        self.sums += other.sums
+        self.counts += other.counts
+        if self.keep_best:
+            sign = torch.tensor([-1.0 if name in LOWEST_FIRST else 1.0 for name in DETECTORS],
+                                dtype=torch.float64)[:, None, None]
+            theirs = torch.nan_to_num(other.best_score * sign, nan=float("-inf"))
+            better = theirs > torch.nan_to_num(self.best_score * sign, nan=float("-inf"))
+            self.best_score = torch.where(better, other.best_score, self.best_score)
+            self.best_text = torch.where(better, other.best_text + self.texts, self.best_text)
+            self.kept.update({index + self.texts: kept for index, kept in other.kept.items()})
+            used = set(self.best_text.flatten().tolist())
+            self.kept = {k: v for k, v in self.kept.items() if k in used}
+        self.texts += other.texts
+
     def result(self, detectors: list[str], layers: list[str], heads: int, options: HeadsOptions) -> Heads:
         means, counts, best = {}, {}, None
         for d, name in enumerate(DETECTORS):
@@ -405,15 +424,22 @@ def torch_nan(like: Tensor) -> Tensor:
 
 
 def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Encoding]], options: HeadsOptions,
-        batch_size: int = BATCH_SIZE) -> Iterator[TextHeads | Heads]:
+        batch_size: int = BATCH_SIZE,
+        blocks: Iterable[tuple[list[TextHeads], Totals]] | None = None) -> Iterator[TextHeads | Heads]:
     """Score tokenized texts, chunk by chunk (a stream's batches), in padded batches of `batch_size` (texts of
     similar lengths together); yields each text's TextHeads in order when `options.per_text`, then the Heads over
-    all of them. A text's scores are the same alone or in any batch (its padding is masked out)."""
+    all of them. A text's scores are the same alone or in any batch (its padding is masked out). `blocks`: the
+    corpus scored elsewhere (a Ray cluster: tfcli/cluster.py, with `text_block`), block by block in order, instead
+    of `chunks`."""
     config = model.config
     layers = row_names(model)
     heads = config.num_attention_heads
     totals = Totals(len(layers), heads, options.keep_best)
-    for encodings in chunks:
+    if blocks is not None:
+        for texts, part in blocks:
+            totals.merge(part)
+            yield from texts
+    for encodings in chunks if blocks is None else ():
         items = [(e.text, sequences(config, tokenizer, e), e.type_ids) for e in encodings]
         yield from _score_items(model, config, tokenizer, items, options, totals, batch_size)
     result = totals.result(options.detectors, layers, heads, options)
@@ -443,6 +469,16 @@ def run_probe(model: TransformerModel, tokenizer: Tokenizer, options: HeadsOptio
     if config.architecture == "encoder-decoder":
         result.notes.append(CROSS_NOTE)
     yield result
+
+
+def text_block(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding],
+               options: HeadsOptions) -> list[tuple[list[TextHeads], Totals]]:
+    """A block of a corpus on a Ray worker (tfcli/cluster.py): its texts' TextHeads (with --per-text) and its
+    totals, which the driver merges (Totals.merge) in the corpus's order."""
+    config = model.config
+    totals = Totals(len(row_names(model)), config.num_attention_heads, options.keep_best)
+    items = [(e.text, sequences(config, tokenizer, e), e.type_ids) for e in encodings]
+    return [(list(_score_items(model, config, tokenizer, items, options, totals, BATCH_SIZE)), totals)]
 
 
 def _score_items(model, config, tokenizer, items, options, totals, batch_size) -> Iterator[TextHeads]:

@@ -32,8 +32,9 @@ Shapes: T tokens, d the model width, H heads, G key/value heads, D head size, L 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +140,7 @@ class Patching:
     token_texts_corrupt: list[str] = field(default_factory=list)
     decoder_token_texts: list[str] | None = None
     ablated: list[str] | None = None  # --ablate, as given: every run ran without it
+    line: int | None = None  # a dataset's pair: its line
     unablated: tuple[float, float] | None = None  # the clean and corrupt values with nothing ablated
 
     def column_label(self, column: int) -> str:
@@ -754,25 +756,22 @@ class DatasetPatching(Patching):
         return str(column) if self.align != "end" else str(column - len(self.tokens_clean))
 
 
-def run_dataset(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], options: PatchOptions,
+def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, pairs: list[Pair], options: PatchOptions,
                 columns: Columns | None, resamples: int, dataset: str = "", skipped: int = 0,
                 each: Callable[[Patching], None] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> DatasetPatching:
+                progress: Callable[[int, int], None] | None = None,
+                results: Iterable[Patching] | None = None) -> DatasetPatching:
     """Patch every pair (`columns`: the positions swept in each), then aggregate. `each(result)` gets each pair's
-    result as a single run gives it, in order; `progress(pairs done, pairs)`. Ctrl-C (KeyboardInterrupt)
+    result as a single run gives it, in order; `progress(pairs done, pairs)`. `results`: the pairs' results made
+    elsewhere (a Ray cluster: tfcli/cluster.py), in order, instead of `model`'s. Ctrl-C (KeyboardInterrupt)
     aggregates the pairs finished (`interrupted`)."""
     done: list[tuple[Pair, Patching]] = []
     interrupted = False
+    results = results if results is not None else pair_results(model, tokenizer, pairs, (options, columns))
+    by_line = {pair.line: pair for pair in pairs}
     try:
-        for pair in pairs:
-            positions = None if columns is None else [columns.position(pair, c) for c in columns.swept]
-            single = PatchOptions(pair.target, pair.foil, pair.position, options.sites, options.method, options.fast,
-                                  options.batch_mb, positions, options.ablation)
-            result = run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt, single, clean=pair.clean,
-                             corrupt=pair.corrupt, differences=True)
-            if result.interrupted:
-                raise KeyboardInterrupt
-            done.append((pair, result))
+        for result in results:
+            done.append((by_line[result.line], result))
             if each is not None:
                 each(normalised(result))
             if progress is not None:
@@ -780,6 +779,34 @@ def run_dataset(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair]
     except KeyboardInterrupt:
         interrupted = True
     return aggregate(done, columns, resamples, options.method, dataset, len(pairs), skipped, interrupted)
+
+
+def pair_results(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
+                 settings: tuple[PatchOptions, Columns | None]) -> Iterator[Patching]:
+    """Each pair patched as a single run patches it, its grids holding differences (patched - corrupt), in order;
+    `settings`: the dataset's options and columns. Ctrl-C during a pair: KeyboardInterrupt after the pairs done."""
+    options, columns = settings
+    for pair in pairs:
+        positions = None if columns is None else [columns.position(pair, c) for c in columns.swept]
+        single = PatchOptions(pair.target, pair.foil, pair.position, options.sites, options.method, options.fast,
+                              options.batch_mb, positions, options.ablation)
+        result = run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt, single, clean=pair.clean,
+                         corrupt=pair.corrupt, differences=True)
+        if result.interrupted:
+            raise KeyboardInterrupt
+        result.line = pair.line
+        yield result
+
+
+def patch_block(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
+                settings: tuple[PatchOptions, Columns | None, list[str] | None]) -> list[Patching]:
+    """A block of pairs on a Ray worker (tfcli/cluster.py): pair_results, the --ablate specs made into hooks here
+    (hooks do not travel)."""
+    from tfcli.analysis.ablation import ablation
+
+    options, columns, ablate = settings
+    options = dataclasses.replace(options, ablation=ablation(ablate, model.config))
+    return list(pair_results(model, tokenizer, pairs, (options, columns)))
 
 
 def normalised(result: Patching) -> Patching:

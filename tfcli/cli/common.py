@@ -321,20 +321,23 @@ def stderr_width(default: int) -> int:
 
 
 @contextlib.contextmanager
-def count_bar(what: str, unit: str) -> Iterator[Callable[[int, int], None] | None]:
-    """On a terminal stderr, a bar counting `done` of `total` `unit` (a pipe gets none: None), gone when the block
-    ends, before the results are printed. It yields the callback `progress(done, total)` that advances it."""
+def count_bar(what: str, unit: str) -> Iterator[Callable[..., None] | None]:
+    """On a terminal stderr, a bar counting `done` of `total` `unit` with the time left (a pipe gets none: None),
+    gone when the block ends, before the results are printed. It yields the callback `progress(done, total,
+    note="")` that advances it (`note`: said after it, e.g. the workers alive)."""
     if not err_console.is_terminal:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn(unit), TimeElapsedColumn(),
-                  console=err_console, transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
-        task = bar.add_task(what, total=None)
+                  TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[note]}"), console=err_console,
+                  transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
+        task = bar.add_task(what, total=None, note="")
 
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+        def progress(done: int, total: int, note: str = "") -> None:
+            bar.update(task, completed=done, total=total, note=note)
 
         yield progress
 
@@ -428,3 +431,39 @@ def ablation_of(specs: list[str] | None, config, generating: bool = False):
     if result is not None:
         note(f"ablating: {result.label()}")
     return result
+RayOption = Annotated[str | None, typer.Option(
+    "--ray", metavar="ADDRESS", help="Spread the dataset over a Ray cluster: its address (ray://HOST:10001, auto) "
+    "or `local` (one on this machine); default $TFCLI_RAY_ADDRESS (docs/ray.md).")]
+RayWorkersOption = Annotated[int | None, typer.Option("--ray-workers", metavar="N", help="With --ray: workers, each "
+                                                      "with the model loaded (default: one per CPU of the cluster).")]
+RayGpusOption = Annotated[float | None, typer.Option("--ray-gpus-per-worker", metavar="G", help="With --ray: GPUs "
+                                                     "per worker (the model goes on its GPU).")]
+
+
+def ray_settings(address: str | None, workers: int | None, gpus: float | None, dataset: bool, what: str):
+    """--ray (or $TFCLI_RAY_ADDRESS where the command runs a dataset) and its options, checked (tfcli.cluster);
+    None for a run on this process."""
+    from tfcli.cluster import check_settings
+
+    if not dataset:
+        if address is not None or workers is not None or gpus is not None:
+            raise usage_error(f"--ray and its options are for {what}")
+        return None
+    return check_settings(address or os.environ.get("TFCLI_RAY_ADDRESS") or None, workers, gpus)
+
+
+@contextlib.contextmanager
+def on_cluster(settings, model: str | None, revision: str | None, device: str, dtype: str, seed: int):
+    """The workers of `settings`' Ray cluster, each with the model loaded; said on stderr."""
+    from tfcli.cluster import Cluster, spec_of
+
+    with Cluster(settings, spec_of(model, revision, device, dtype, seed)) as cluster:
+        note(f"ray: {len(cluster.workers)} workers at {settings.address}")
+        yield cluster
+
+
+def cluster_progress(progress: Callable[..., None] | None, workers: int) -> Callable[[int, int, int], None] | None:
+    """count_bar's callback for a cluster's map: items done, and how many of the workers answer."""
+    if progress is None:
+        return None
+    return lambda done, total, alive: progress(done, total, f"{alive} of {workers} workers alive")

@@ -12,9 +12,10 @@ import typer
 
 from tfcli.cli.common import (AT_LEAST_ONE, SEED_RANGE, AblateOption, BootstrapOption, ColorOption, DatasetOption,
                               DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption, ModelOption,
-                              PerItemOption, ReportForceOption, ReportOption, RevisionOption, SeedOption,
-                              SkipBadOption, TextsArgument, WidthOption, ablation_of, app, build, count_bar, emit,
-                              inputs, note, output_console, say_lines, started, stderr_width, tokenizer_of, warn,
+                              PerItemOption, RayGpusOption, RayOption, RayWorkersOption, ReportForceOption,
+                              ReportOption, RevisionOption, SeedOption, SkipBadOption, TextsArgument, WidthOption,
+                              ablation_of, app, build, cluster_progress, count_bar, emit, inputs, note, on_cluster,
+                              output_console, ray_settings, say_lines, started, stderr_width, tokenizer_of, warn,
                               with_progress)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
@@ -70,6 +71,9 @@ def patch(
     per_item: PerItemOption = False,
     skip_bad: SkipBadOption = False,
     ablate: AblateOption = None,
+    ray: RayOption = None,
+    ray_workers: RayWorkersOption = None,
+    ray_gpus_per_worker: RayGpusOption = None,
     report: ReportOption = None,
     force: ReportForceOption = False,
     device: DeviceOption = "cpu",
@@ -102,6 +106,7 @@ def patch(
     out = output_console(width, color)
     if report is not None:
         check_report_path(report, force, 1)
+    cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, dataset is not None, "a --dataset")
     if dataset is not None:
         if clean is not None:
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
@@ -110,7 +115,7 @@ def patch(
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
         patch_dataset(dataset, model, revision, core.PatchOptions("", None, None, core.parse_sites(sites), method),
                       ablate, positions, align, bootstrap, per_item, skip_bad, out, json_output, top, full, report, force,
-                      device, dtype, seed)
+                      device, dtype, seed, cluster)
         return
     for name, value in (("--align", align), ("--bootstrap", bootstrap), ("--per-item", per_item or None),
                         ("--skip-bad", skip_bad or None)):
@@ -187,8 +192,9 @@ def emit_dataset(run, each_lines, record, out, json_output: bool, per_item: bool
 def patch_dataset(dataset: str, model: str | None, revision: str | None, options, ablate: list[str] | None,
                   positions: str | None,
                   align: str | None, bootstrap: int | None, per_item: bool, skip_bad: bool, out, json_output: bool,
-                  top: int, full: bool, report, force: bool, device: str, dtype: str, seed: int) -> None:
-    """`tfcli patch --dataset`: each pair patched, then the aggregate (docs/datasets.md)."""
+                  top: int, full: bool, report, force: bool, device: str, dtype: str, seed: int, cluster) -> None:
+    """`tfcli patch --dataset`: each pair patched, then the aggregate (docs/datasets.md); on a Ray cluster's
+    workers with --ray (docs/ray.md)."""
     from tfcli import patch as core
     from tfcli.render import patch as render
     from tfcli.sources import resolve_source
@@ -203,8 +209,20 @@ def patch_dataset(dataset: str, model: str | None, revision: str | None, options
     columns = core.columns_of(pairs, options.sites, align, positions)
     loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
     def run(each, progress):
-        result = core.run_dataset(loaded, tokenizer, pairs, options, columns, resamples, dataset, skipped, each,
-                                  progress)
+        if cluster is None:
+            result = core.run_dataset(loaded, tokenizer, pairs, options, columns, resamples, dataset, skipped, each,
+                                      progress)
+        else:
+            import dataclasses
+
+            from tfcli.cluster import flattened
+
+            travelling = (dataclasses.replace(options, ablation=None), columns, ablate)  # hooks do not travel
+            with on_cluster(cluster, model or "gpt2-small", revision, device, dtype, seed) as workers:
+                blocks = workers.map(core.patch_block, pairs, travelling,
+                                     cluster_progress(progress, len(workers.workers)))
+                result = core.run_dataset(None, tokenizer, pairs, options, columns, resamples, dataset, skipped,
+                                          each, results=flattened(blocks))
         result.top = top  # the page lists as many as the terminal
         return result
 
@@ -216,8 +234,10 @@ def patch_dataset(dataset: str, model: str | None, revision: str | None, options
 
 
 def attribute_dataset(dataset: str, source, options, bootstrap: int | None, per_item: bool, skip_bad: bool, out,
-                      json_output: bool, report, force: bool, device: str, dtype: str, seed: int) -> None:
-    """`tfcli attribute --dataset`: each prompt attributed, then each component's mean with its spread."""
+                      json_output: bool, report, force: bool, device: str, dtype: str, seed: int, cluster,
+                      model: str | None, revision: str | None) -> None:
+    """`tfcli attribute --dataset`: each prompt attributed, then each component's mean with its spread; on a Ray
+    cluster's workers with --ray (docs/ray.md)."""
     from tfcli import attribute as core
     from tfcli.render import attribute as render
 
@@ -226,8 +246,21 @@ def attribute_dataset(dataset: str, source, options, bootstrap: int | None, per_
                                                 lambda line: core.check_prompt(source.config, tokenizer, line),
                                                 skip_bad, bootstrap, "prompts")
     loaded = build(source, device, dtype, seed, "these components say nothing about a trained model")
-    emit_dataset(lambda each, progress: core.run_dataset(loaded, tokenizer, prompts, options, resamples, dataset,
-                                                         skipped, each, progress),
+    def run(each, progress):
+        if cluster is None:
+            return core.run_dataset(loaded, tokenizer, prompts, options, resamples, dataset, skipped, each, progress)
+        import dataclasses
+
+        from tfcli.cluster import flattened
+
+        travelling = (dataclasses.replace(options, ablation=None), options.ablation and options.ablation.specs)
+        with on_cluster(cluster, model or "gpt2-small", revision, device, dtype, seed) as workers:
+            blocks = workers.map(core.prompt_block, prompts, travelling,
+                                 cluster_progress(progress, len(workers.workers)))
+            return core.run_dataset(None, tokenizer, prompts, options, resamples, dataset, skipped, each,
+                                    results=flattened(blocks))
+
+    emit_dataset(run,
                  lambda result, number: render.attribution_lines(result, number, out.width, options.top),
                  render.record, out, json_output, per_item, "prompts", report=report, force=force,
                  command="attribute", model=loaded, source=source)
@@ -259,6 +292,9 @@ def attribute(
     per_item: PerItemOption = False,
     skip_bad: SkipBadOption = False,
     ablate: AblateOption = None,
+    ray: RayOption = None,
+    ray_workers: RayWorkersOption = None,
+    ray_gpus_per_worker: RayGpusOption = None,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
@@ -297,6 +333,7 @@ def attribute(
                             ("--skip-bad", skip_bad or None)):
             if value is not None:
                 raise usage_error(f"{name} is for a --dataset")
+    cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, dataset is not None, "a --dataset")
     texts_in = inputs(texts, file) if dataset is None else None
     if report is not None:
         check_report_path(report, force, 1 if dataset is not None else texts_in.count or 1)
@@ -309,7 +346,7 @@ def attribute(
         if layers is not None and by == "component":
             raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")
         attribute_dataset(dataset, source, options, bootstrap, per_item, skip_bad, out, json_output, report, force,
-                          device, dtype, seed)
+                          device, dtype, seed, cluster, model, revision)
         return
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
@@ -349,6 +386,9 @@ def heads(
     report: ReportOption = None,
     force: ReportForceOption = False,
     file: FileOption = None,
+    ray: RayOption = None,
+    ray_workers: RayWorkersOption = None,
+    ray_gpus_per_worker: RayGpusOption = None,
     device: DeviceOption = "cpu",
     dtype: DtypeOption = "float32",
     seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
@@ -373,6 +413,7 @@ def heads(
 
     detectors = core.parse_detectors(detect)
     core.check_probe(probe, probe_length, bool(texts) or file is not None)
+    cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, probe is None, "texts, not --probe")
     out = output_console(width, color)
     texts_in = inputs(texts, file) if probe is None else None
     if report is not None:
@@ -389,8 +430,12 @@ def heads(
         chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
                                    max_length=max_length) for batch in texts_in.batches(core.CHUNK))
     loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
-    results = core.run_probe(loaded, tokenizer, options, length, seed) if probe is not None else \
-        core.run(loaded, tokenizer, with_progress(chunks, "heads", len), options)
+    if probe is not None:
+        results = core.run_probe(loaded, tokenizer, options, length, seed)
+    elif cluster is None:
+        results = core.run(loaded, tokenizer, with_progress(chunks, "heads", len), options)
+    else:
+        results = heads_on_cluster(cluster, loaded, tokenizer, chunks, options, model, revision, device, dtype, seed)
     summaries: list[core.Heads] = []
 
     def each_text() -> Iterator[core.TextHeads]:
@@ -412,3 +457,20 @@ def heads(
          lines=lambda scores, number: render.heads_lines(scores, out.width, top),
          after=(lambda: core.attach_maps(loaded, summary)) if options.keep_best else None,
          report=report, force=force, command="heads", model=loaded, source=source)
+
+
+def heads_on_cluster(cluster, loaded, tokenizer, chunks, options, model: str | None, revision: str | None,
+                     device: str, dtype: str, seed: int) -> Iterator:
+    """`heads` over a corpus on a Ray cluster's workers (--ray): the corpus read and tokenized here, scored in
+    blocks there, each block's totals merged here in the corpus's order (docs/ray.md)."""
+    import itertools
+
+    from tfcli import heads as core
+    from tfcli.cluster import flattened
+
+    encodings = list(itertools.chain.from_iterable(chunks))
+    with count_bar("heads", "texts") as progress, \
+            on_cluster(cluster, model, revision, device, dtype, seed) as workers:
+        blocks = workers.map(core.text_block, encodings, options, cluster_progress(progress, len(workers.workers)),
+                             block=core.BATCH_SIZE)
+        yield from core.run(loaded, tokenizer, [], options, blocks=flattened(blocks))

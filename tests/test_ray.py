@@ -1,0 +1,203 @@
+"""--ray: dataset analyses on a local Ray cluster started inside the tests (2 workers on this machine) give the
+aggregate one process gives (patch and attribute datasets, heads over a corpus, on GPT-2 and Llama checkpoints
+transformers saved); a worker killed mid-run has its block run again, nothing counted twice or lost; a model path a
+worker cannot read is refused naming it; without Ray, --ray is one error line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install \"tfcli[ray]\"")
+
+CLEAN = ["when mary and john went to the store, john gave a drink to",
+         "when tom and anna went to the park, anna gave a ball to",
+         "then kate and paul had lunch at home. paul gave a cup to",
+         "when mary and john went to the park, john gave a book to",
+         "then tom and anna had lunch at home. anna gave a cake to"]
+
+
+def swapped(text: str) -> str:
+    """The corrupt text: the two names of the first clause swapped (the same length)."""
+    words = text.split()
+    words[1], words[3] = words[3], words[1]
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the module (2 CPUs: 2 workers); the CLI's --ray local joins it."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error",
+             configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, save_hf_model):
+    """name -> checkpoint path: a GPT-2 and a Llama (grouped-query attention), 3 blocks, on the BERT vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    sizes = dict(vocab_size=30522, bos_token_id=101, eos_token_id=102, pad_token_id=0)
+    made = {}
+    for name, model_class, config in (
+            ("gpt2", GPT2LMHeadModel, GPT2Config(n_embd=32, n_layer=3, n_head=4, n_positions=64, **sizes)),
+            ("llama", LlamaForCausalLM, LlamaConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                                    num_key_value_heads=2, intermediate_size=48,
+                                                    max_position_embeddings=64, **sizes))):
+        path = tmp_path_factory.mktemp(name)
+        save_hf_model(model_class, config, path, perturb=True)
+        made[name] = path
+    return made
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """12 IOI-shaped pairs (the five texts, with their names swapped, and the names as target and foil)."""
+    path = tmp_path_factory.mktemp("data") / "pairs.jsonl"
+    lines = []
+    for k in range(12):
+        clean = CLEAN[k % len(CLEAN)]
+        words = clean.split()
+        target, foil = (words[1], words[3]) if k % 2 else (words[3], words[1])
+        lines.append({"clean": clean, "corrupt": swapped(clean), "target": target, "foil": foil})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def flat(value):
+    if isinstance(value, list):
+        return [x for item in value for x in flat(item)]
+    return [value]
+
+
+def assert_same(one: dict, spread: dict, keys: list[str]) -> None:
+    """Every number under `keys` equal to 1e-6 (None where None)."""
+    assert set(one) == set(spread)
+    for key in keys:
+        a, b = flat(json.loads(json.dumps(one[key]))), flat(json.loads(json.dumps(spread[key])))
+        assert len(a) == len(b), key
+        for x, y in zip(a, b):
+            assert (x is None) == (y is None), key
+            if isinstance(x, (int, float)) and not isinstance(x, bool):
+                assert abs(x - y) <= 1e-6, (key, x, y)
+            elif not isinstance(x, dict):
+                assert x == y, key
+
+
+def lines_of(result) -> list[dict]:
+    assert result.exit_code == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_patch_dataset_on_the_cluster_equals_one_process(cli, cluster, models, dataset, name):
+    """Every grid, interval and share of the aggregate, and each pair's record (--per-item, in dataset order)."""
+    args = ["patch", "-m", str(models[name]), "--dataset", str(dataset), "--sites", "resid,heads", "--per-item",
+            "--bootstrap", "200", "--json"]
+    one = lines_of(cli(*args))
+    spread = cli(*args, "--ray", "local", "--ray-workers", "2")
+    assert "ray: 2 workers at local" in spread.stderr
+    spread = lines_of(spread)
+    assert len(one) == len(spread) == 13
+    for a, b in zip(one[:-1], spread[:-1]):
+        assert a["clean"] == b["clean"] and a["target"] == b["target"]
+        assert_same(a, b, ["grids", "clean_value", "corrupt_value"])
+    assert_same(one[-1], spread[-1], ["grids", "intervals", "restored_share", "clean_value", "corrupt_value"])
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_an_attribute_dataset_on_the_cluster_equals_one_process(cli, cluster, models, dataset, name):
+    args = ["attribute", "-m", str(models[name]), "--dataset", str(dataset), "--by", "head", "--json"]
+    one, spread = lines_of(cli(*args))[-1], lines_of(cli(*args, "--ray", "local"))[-1]
+    assert one["n"] == spread["n"] == 12
+    assert_same(one, spread, ["components", "logit", "total", "worst"])
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_heads_over_a_corpus_on_the_cluster_equals_one_process(cli, cluster, models, tmp_path, name):
+    """Every detector's mean per head over 40 texts (blocks of 32: two blocks, one per worker), each text's with
+    --per-text in order, and the page's best text per head."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"{CLEAN[k % 5]} and {k} more words {'a b ' * (k % 4)}" for k in range(40)) + "\n",
+                      encoding="utf-8")
+    args = ["heads", "-m", str(models[name]), "--file", str(corpus), "--per-text", "--json"]
+    one, spread = lines_of(cli(*args)), lines_of(cli(*args, "--ray", "local"))
+    assert len(one) == len(spread) == 41
+    for a, b in zip(one, spread):
+        assert_same(a, b, [key for key in a if key in ("scores", "texts", "counts")])
+    import tfcli
+    from tfcli import heads as core
+    from tfcli.api import load_tokenizer_for
+    from tfcli.cluster import Cluster, RaySettings, flattened, spec_of
+    from tfcli.sources import resolve_source
+
+    model = tfcli.load_model(str(models[name]))
+    tokenizer = load_tokenizer_for(resolve_source(str(models[name])))
+    encodings = tokenizer.encode(corpus.read_text().splitlines())
+    options = core.HeadsOptions(core.parse_detectors(None), False, False, False, keep_best=True)
+    here = list(core.run(model, tokenizer, [encodings], options))[-1]
+    with Cluster(RaySettings("local", 2), spec_of(str(models[name]), None, "cpu", "float32", 0)) as workers:
+        there = list(core.run(model, tokenizer, [], options,
+                              blocks=flattened(workers.map(core.text_block, encodings, options, block=16))))[-1]
+    assert here.best == there.best and sorted(here.kept) == sorted(there.kept)
+
+
+def test_a_worker_killed_mid_run_has_its_block_run_again(cluster, models, dataset):
+    """Kill one worker's process after the first block came back: Ray restarts it, the blocks it held run again,
+    and the aggregate is the undisturbed one; every pair counted once."""
+    import tfcli
+    from tfcli import patch as core
+    from tfcli.analysis.dataset import checked, read_lines
+    from tfcli.api import load_tokenizer_for
+    from tfcli.cluster import Cluster, RaySettings, spec_of
+    from tfcli.sources import resolve_source
+
+    path = str(models["gpt2"])
+    model, tokenizer = tfcli.load_model(path), load_tokenizer_for(resolve_source(path))
+    pairs = checked(read_lines(str(dataset)), core.PATCH_LINE, lambda line: core.check_pair(model.config, tokenizer,
+                                                                                            line), False, print)
+    options = core.PatchOptions("", sites=("heads",))
+    undisturbed = core.run_dataset(model, tokenizer, pairs, options, None, 0)
+    with Cluster(RaySettings("local", 2), spec_of(path, None, "cpu", "float32", 0)) as workers:
+        pids = ray.get([worker.alive.remote() for worker in workers.workers])
+        blocks = workers.map(core.patch_block, pairs, (options, None, None), block=2)
+        first = next(blocks)
+        os.kill(pids[1], signal.SIGKILL)
+        results = first + [result for block in blocks for result in block]
+        assert sorted(ray.get([worker.alive.remote() for worker in workers.workers])) != sorted(pids)  # restarted
+    assert [r.line for r in results] == [p.line for p in pairs]  # each pair once, in order
+    again = core.run_dataset(None, tokenizer, pairs, options, None, 0, results=iter(results))
+    assert again.n == undisturbed.n == 12
+    a, b = flat(undisturbed.grids["heads"]), flat(again.grids["heads"])
+    assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-6
+
+
+def test_a_model_path_a_worker_cannot_read_is_refused_naming_it(cluster, tmp_path):
+    from tfcli.cluster import Cluster, ModelSpec, RaySettings
+    from tfcli.errors import TfcliError
+
+    missing = str(tmp_path / "only-on-the-driver")
+    with pytest.raises(TfcliError, match=r"the worker on \S+ cannot read the model at .*only-on-the-driver"):
+        with Cluster(RaySettings("local", 1), ModelSpec(missing, None, "cpu", "float32", 0, True)):
+            pass
+
+
+def test_without_ray_the_option_is_one_error_line(cli, dataset, monkeypatch, no_model_built):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as it does where Ray is not installed
+    result = cli("patch", "--dataset", str(dataset), "--ray", "local")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and errors == ["error: --ray needs Ray, which is not installed"], result.stderr
+    assert 'pip install "tfcli[ray]"' in result.stderr
+
+
+def test_ray_options_without_a_dataset_are_refused(cli, models, no_model_built):
+    result = cli("patch", "-m", str(models["gpt2"]), "--target", "mary", CLEAN[0], swapped(CLEAN[0]), "--ray",
+                 "local")
+    assert result.exit_code == 2 and "--ray and its options are for a --dataset" in result.stderr
+    result = cli("heads", "--probe", "induction", "--ray-workers", "2")
+    assert result.exit_code == 2 and "--ray and its options are for texts, not --probe" in result.stderr
