@@ -177,6 +177,43 @@ def test_a_worker_killed_mid_run_has_its_block_run_again(cluster, models, datase
     assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-6
 
 
+def test_ctrl_c_keeps_the_blocks_finished(cluster, models, dataset):
+    """A KeyboardInterrupt while blocks are in flight (raised here from the progress callback after the first
+    block) cancels the rest, yields the blocks finished and passes the interrupt on: run_dataset aggregates those
+    pairs, marked interrupted, as a single process does."""
+    import tfcli
+    from tfcli import patch as core
+    from tfcli.analysis.dataset import checked, read_lines
+    from tfcli.api import load_tokenizer_for
+    from tfcli.cluster import Cluster, RaySettings, flattened, spec_of
+    from tfcli.sources import resolve_source
+
+    path = str(models["gpt2"])
+    model, tokenizer = tfcli.load_model(path), load_tokenizer_for(resolve_source(path))
+    pairs = checked(read_lines(str(dataset)), core.PATCH_LINE, lambda line: core.check_pair(model.config, tokenizer,
+                                                                                            line), False, print)
+    options = core.PatchOptions("", sites=("heads",))
+
+    def interrupt(done, total, alive):
+        raise KeyboardInterrupt
+
+    lines = []
+
+    def seen(results):
+        for result in results:
+            lines.append(result.line)
+            yield result
+
+    with Cluster(RaySettings("local", 2), spec_of(path, None, "cpu", "float32", 0)) as workers:
+        blocks = workers.map(core.patch_block, pairs, (options, None, None), interrupt, block=2)
+        result = core.run_dataset(None, tokenizer, pairs, options, None, 0, results=seen(flattened(blocks)))
+    assert result.interrupted and 2 <= result.n < len(pairs) and result.n == len(lines) == len(set(lines))
+    assert lines == sorted(lines)  # the blocks finished, in dataset order
+    finished = [pair for pair in pairs if pair.line in lines]
+    alone = core.run_dataset(model, tokenizer, finished, options, None, 0)
+    assert max(abs(x - y) for x, y in zip(flat(result.grids["heads"]), flat(alone.grids["heads"]))) <= 1e-6
+
+
 def test_a_model_path_a_worker_cannot_read_is_refused_naming_it(cluster, tmp_path):
     from tfcli.cluster import Cluster, ModelSpec, RaySettings
     from tfcli.errors import TfcliError

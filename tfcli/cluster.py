@@ -194,8 +194,8 @@ class Cluster:
                 if progress is not None:
                     progress(done, len(items), self.alive())
         except KeyboardInterrupt:
-            for ref in pending:
-                ray.cancel(ref, force=True)
+            for ref in pending:  # a queued block is dropped; one running ends with its worker (Cluster.__exit__)
+                ray.cancel(ref)
             for index in sorted(finished):
                 yield finished[index]
             raise
