@@ -202,3 +202,22 @@ def test_a_bad_ablation_is_refused_before_the_model_is_built(cli, gpt2, command,
     assert result.exit_code == 2 and error_line(result).startswith("error: ") and message in result.stderr, \
         result.stderr
     assert "model:" not in result.stderr
+
+
+def test_generate_says_what_it_steered_and_ablated(cli, gpt2, tmp_path):
+    """generate's view and record say what changed the model: the vectors with their strengths and blocks, and the
+    ablations as given; a plain run's record has neither key."""
+    from tfcli.analysis.vectors import write_vector
+
+    path, _ = gpt2
+    vector = tmp_path / "v.safetensors"
+    write_vector(vector, {1: torch.ones(WIDTH), 2: torch.ones(WIDTH)}, "gpt2")
+    args = ["generate", "-m", str(path), "-n", "3", "--steer", f"{vector}:2", "--steer-layers", "2", "--ablate",
+            "L1H2", "this is"]
+    record = json.loads(cli(*args, "--json").stdout)
+    assert record["steered"] == {"vectors": [f"{vector}:2"], "blocks": [2], "normalize": False}
+    assert record["ablated"] == ["L1H2"]
+    view = cli(*args, "--width", "80").stdout
+    assert f"steered: {vector}:2 at blocks 2" in " ".join(view.split()) and "ablated: L1H2 (zeroed)" in view
+    plain = json.loads(cli("generate", "-m", str(path), "-n", "3", "--json", "this is").stdout)
+    assert "steered" not in plain and "ablated" not in plain

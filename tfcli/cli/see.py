@@ -345,8 +345,8 @@ def classify(
 
 def steering(specs: list[str] | None, layers: str | None, normalize: bool, config) -> tuple | None:
     """--steer PATH[:STRENGTH] (repeated), --steer-layers and --steer-normalize, read and checked against the
-    model's config before it is built: (vectors, strengths, normalize, layers) for steer.steering_hooks, or None
-    without --steer (said on stderr: which files, strengths and blocks)."""
+    model's config before it is built: (vectors, strengths, normalize, layers) for steer.steering_hooks and the
+    blocks steered, or None without --steer (said on stderr: which files, strengths and blocks)."""
     if not specs:
         if layers is not None or normalize:
             raise usage_error("--steer-layers and --steer-normalize go with --steer PATH[:STRENGTH]")
@@ -372,7 +372,7 @@ def steering(specs: list[str] | None, layers: str | None, normalize: bool, confi
         raise usage_error("--steer-layers leaves no block of the vectors to steer")
     note(f"steering: {', '.join(specs)} at blocks {spans(blocks)}" + (" (each position's norm kept)" if normalize
                                                                          else ""))
-    return vectors, strengths, normalize, chosen
+    return vectors, strengths, normalize, chosen, blocks
 
 
 @app.command()
@@ -471,13 +471,16 @@ def generate(
         from tfcli.model.sites import merged
         from tfcli.steer import steering_hooks
 
-        hooks = merged(ablations, steering_hooks(loaded, *vectors))
+        hooks = merged(ablations, steering_hooks(loaded, *vectors[:4]))
+    changed = render.changes_record(None if vectors is None else (steer, vectors[4], steer_normalize),
+                                    ablation and ablation.specs)
     generations = core.run(loaded, tokenizer, batches, sampling, max_new_tokens, lens, show_text if live else None,
                            warn, hooks)
-    emit(ended(generations), out=out, json_output=json_output, record=lambda result: render.record(result, tokenizer),
+    emit(ended(generations), out=out, json_output=json_output,
+         record=lambda result: render.record(result, tokenizer) | changed,
          lines=lambda result, number: render.generation_lines(result, tokenizer, number,
                                                               seed if do_sample else None, out.width,
-                                                              with_text=live is not sys.stdout),
+                                                              with_text=live is not sys.stdout, changed=changed),
          report=report, force=force, command="generate", model=loaded, source=source, tokenizer=tokenizer)
 
 

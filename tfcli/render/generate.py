@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from tfcli.analysis.ablation import ablated_label
+from tfcli.analysis.indices import spans
 from tfcli.render.layout import SPACE_NOTE, Column, has_space, layer_runs, table, token_label, words
 
 if TYPE_CHECKING:
@@ -25,13 +27,33 @@ def _shown(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 def generation_lines(result: Generation, tokenizer: Tokenizer, number: int, sampled_seed: int | None, width: int,
-                     with_text: bool = True) -> list[Text]:
-    """The text (prompt and continuation; left out when it was already streamed to the same terminal), then
-    the step table; `sampled_seed` is None for greedy runs. Lines of at most `width` cells."""
+                     with_text: bool = True, changed: dict[str, Any] | None = None) -> list[Text]:
+    """The text (prompt and continuation; left out when it was already streamed to the same terminal), what
+    --steer and --ablate changed (`changed`: changes_record's keys), then the step table; `sampled_seed` is None for
+    greedy runs. Lines of at most `width` cells."""
     lines = [line for paragraph in result.full_text.split("\n") for line in words(paragraph, width)] if with_text else []
+    changed = changed or {}
+    if "steered" in changed:
+        steered = changed["steered"]
+        kept = " (each position's norm kept)" if steered["normalize"] else ""
+        lines += words(f"steered: {', '.join(steered['vectors'])} at blocks {spans(steered['blocks'])}{kept}", width)
+    if "ablated" in changed:
+        lines += words(f"ablated: {ablated_label(changed['ablated'])}", width)
     ended = "stopped at end of sequence" if result.stopped_at_eos else f"{len(result.steps)} new tokens"
     mode = "greedy" if sampled_seed is None else f"sampled (seed {sampled_seed})"
     return lines + step_lines(result, tokenizer, f"prompt {number}: {ended}, {mode}", width)
+
+
+def changes_record(steered: tuple[list[str], list[int], bool] | None, ablated: list[str] | None) -> dict[str, Any]:
+    """What --steer and --ablate changed, for the record and the view: `steered` {vectors (PATH:STRENGTH as given),
+    blocks, normalize} and `ablated` (the specs as given); nothing without them."""
+    out: dict[str, Any] = {}
+    if steered is not None:
+        vectors, blocks, normalize = steered
+        out["steered"] = {"vectors": vectors, "blocks": blocks, "normalize": normalize}
+    if ablated:
+        out["ablated"] = ablated
+    return out
 
 
 def probability(p: float) -> str:
