@@ -26,7 +26,9 @@ ALLOWED = {
     "analysis": {"errors", "config", "model", "tokenizer"},
     "command": {"errors", "texts", "config", "model", "sources", "tokenizer", "api", "analysis"},
     "render": {"errors", "command", "api", "tokenizer", "analysis"},  # api: `tfcli config`'s core is api.describe
-    "cli": {"errors", "texts", "command", "render", "sources", "api", "model", "tokenizer", "analysis"},
+    # --ray: workers that build the model and run the work function a command's CLI hands them (knows no command)
+    "cluster": {"errors", "api", "sources"},
+    "cli": {"errors", "texts", "command", "render", "sources", "api", "model", "tokenizer", "analysis", "cluster"},
     "package": {"cli"},
 }
 
