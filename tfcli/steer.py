@@ -139,7 +139,7 @@ def representations(model: TransformerModel, tokenizer: Tokenizer, pairs: list[P
                     progress: Callable[[int, int], None] | None = None) -> dict[int, Tensor]:
     """{block: (2n, d) float64}: the last token's `blocks.{L}.resid_post` of each text, in the order positive,
     negative, positive, ... (repeng's), read in right-padded batches of `batch_size` texts with only the chosen sites
-    kept."""
+    kept and no head (no logits: a fifth of SmolLM2's pass)."""
     import torch
 
     rows = [ids for pair in pairs for ids in (pair.positive_ids, pair.negative_ids)]
@@ -149,7 +149,7 @@ def representations(model: TransformerModel, tokenizer: Tokenizer, pairs: list[P
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
             ids, mask = padded(rows[start:start + batch_size], tokenizer, device)
-            _, cache = model.run_with_cache(ids, names, attention_mask=mask)
+            _, cache = model.run_with_cache(ids, names, attention_mask=mask, logits_to_keep=0)
             last = mask.sum(1) - 1
             for layer, name in zip(layers, names):
                 kept[layer].append(cache[name][torch.arange(len(ids), device=device), last].double().cpu())
