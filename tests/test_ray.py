@@ -232,6 +232,16 @@ def test_without_ray_the_option_is_one_error_line(cli, dataset, monkeypatch, no_
     assert 'pip install "tfcli[ray]"' in result.stderr
 
 
+def test_an_address_nobody_answers_is_refused_before_any_work(cli, dataset, no_model_built):
+    import socket
+
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    result = cli("patch", "--dataset", str(dataset), "--ray", f"127.0.0.1:{port}")
+    assert result.exit_code == 1 and f"--ray 127.0.0.1:{port}: no Ray cluster answers there" in result.stderr
+
+
 def test_ray_options_without_a_dataset_are_refused(cli, models, no_model_built):
     result = cli("patch", "-m", str(models["gpt2"]), "--target", "mary", CLEAN[0], swapped(CLEAN[0]), "--ray",
                  "local")

@@ -52,6 +52,8 @@ def check_settings(address: str | None, workers: int | None, gpus: float | None)
         raise usage_error(f"--ray-workers must be at least 1, got {workers}")
     if gpus is not None and gpus < 0:
         raise usage_error(f"--ray-gpus-per-worker must be 0 or more, got {gpus:g}")
+    if address != LOCAL:
+        check_reachable(address)
     return RaySettings(address, workers, gpus or 0.0)
 
 
@@ -199,6 +201,22 @@ class Cluster:
             for index in sorted(finished):
                 yield finished[index]
             raise
+
+
+def check_reachable(address: str, seconds: float = 5.0) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) that takes no connection within `seconds` is refused now: Ray itself would
+    keep trying for minutes. `auto` and other forms are left to Ray."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=seconds).close()
+    except OSError as error:
+        raise TfcliError(f"--ray {address}: no Ray cluster answers there ({error.strerror or error})",
+                         "start one with `ray start --head` (its address: HOST:6379, or ray://HOST:10001 for Ray "
+                         "Client), or give --ray local") from None
 
 
 def _cause(error: Exception) -> Exception:
