@@ -129,6 +129,10 @@ class Cluster:
 
         if not ray.is_initialized():
             address = None if self.settings.address == LOCAL else self.settings.address
+            if address is None:  # a cluster of our own: Ray's note that it made an access token for it is noise
+                import logging
+
+                logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             try:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="error",
                          configure_logging=False)
