@@ -164,7 +164,7 @@ def decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = 
     pad = pad if pad is not None else (config.eos_token_ids[0] if len(eos) else 0)
     prefix = "decoder." if seq2seq else ""
     hidden_names = [prefix + hidden_site(i) for i in range(len(model.output_stack.blocks) + 1)]  # the lens reads these
-    keep = set(hidden_names).__contains__
+    keep = set(hidden_names)
     mask = attention_mask if attention_mask is not None and not bool(attention_mask.all()) else None
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
 
@@ -177,34 +177,42 @@ def decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = 
         cache = KVCache(length + max_new_tokens) if use_cache else None
     step_input = sequence
     logits_kept = 0 if lens else 1  # with the lens, its product with the unembedding makes the logits
-    for step in range(max_new_tokens):
-        sites = Sites(keep if lens else None, hooks) if lens or hooks else NO_SITES
-        if seq2seq:
-            out = model(input_ids, attention_mask=mask, decoder_input_ids=step_input, cache=cache,
-                        encoder_output=encoder_output, logits_to_keep=logits_kept, sites=sites)
-            encoder_output = out.encoder
-        else:
-            out = model(step_input, attention_mask=mask, cache=cache, logits_to_keep=logits_kept, sites=sites)
-        if lens:  # the last position's hidden states (L + 1, B, hidden), all before the final norm -> (L + 1, B, V)
-            lens_logits = model.unembed(torch.stack([sites.cache[name][:, -1] for name in hidden_names])).float()
-            logits = lens_logits[-1]  # (B, V)
-        else:
-            lens_logits, logits = None, out.logits[:, -1].float()
-        tokens = force(choose(logits, sampling, generator), config, sequence.shape[1], step == max_new_tokens - 1)
-        if len(eos):
-            tokens = tokens.masked_fill(finished, pad)
-            finished = finished | torch.isin(tokens, eos)
-        yield StepTensors(tokens, logits, lens_logits, finished.clone())
-        sequence = torch.cat([sequence, tokens[:, None]], dim=1)
-        if bool(finished.all()):
-            return
-        if mask is not None and not seq2seq:
-            mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
-        step_input = tokens[:, None] if use_cache else sequence
-        switch = model.long_rope_switch
-        if cache is not None and switch is not None and cache.length <= switch < sequence.shape[1]:
-            cache = KVCache(length + max_new_tokens)  # LongRoPE turned to its long factors: recompute every key
-            step_input = sequence
+    unembed = model.lm_head.unembed if lens and model.lm_head is not None else None
+    if unembed is not None:  # a tied head packs its copy for the lens's products too (model/linear.py), while this runs
+        kept = unembed.copy_rows, unembed._copy
+        unembed.copy_rows = len(hidden_names) * batch
+    try:
+        for step in range(max_new_tokens):
+            sites = Sites(keep if lens else None, hooks) if lens or hooks else NO_SITES
+            if seq2seq:
+                out = model(input_ids, attention_mask=mask, decoder_input_ids=step_input, cache=cache,
+                            encoder_output=encoder_output, logits_to_keep=logits_kept, sites=sites)
+                encoder_output = out.encoder
+            else:
+                out = model(step_input, attention_mask=mask, cache=cache, logits_to_keep=logits_kept, sites=sites)
+            if lens:  # the last position's hidden states (L + 1, B, hidden), all before the final norm -> (L + 1, B, V)
+                lens_logits = model.unembed(torch.stack([sites.cache[name][:, -1] for name in hidden_names])).float()
+                logits = lens_logits[-1]  # (B, V)
+            else:
+                lens_logits, logits = None, out.logits[:, -1].float()
+            tokens = force(choose(logits, sampling, generator), config, sequence.shape[1], step == max_new_tokens - 1)
+            if len(eos):
+                tokens = tokens.masked_fill(finished, pad)
+                finished = finished | torch.isin(tokens, eos)
+            yield StepTensors(tokens, logits, lens_logits, finished.clone())
+            sequence = torch.cat([sequence, tokens[:, None]], dim=1)
+            if bool(finished.all()):
+                return
+            if mask is not None and not seq2seq:
+                mask = torch.cat([mask, mask.new_ones(batch, 1)], dim=1)
+            step_input = tokens[:, None] if use_cache else sequence
+            switch = model.long_rope_switch
+            if cache is not None and switch is not None and cache.length <= switch < sequence.shape[1]:
+                cache = KVCache(length + max_new_tokens)  # LongRoPE turned to its long factors: recompute every key
+                step_input = sequence
+    finally:
+        if unembed is not None:  # the copy made for the lens goes with it
+            unembed.copy_rows, unembed._copy = kept
 
 
 def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, do_sample: bool, temperature: float,

@@ -32,7 +32,10 @@ lens after it a second, which stay plain. A head tied to the token embeddings (`
 weight up, since the embedding lookup reads it: it packs a copy beside it for single-row products only (bfloat16
 decoding steps), the one place where two copies serve (decoding with a tied head, as GPT-2's, makes every step's
 largest product with it); its products of several rows (a pass, the logit lens, a sweep) stay plain, so that a
-burst of them does not hold a second copy of the vocabulary matrix.
+burst of them does not hold a second copy of the vocabulary matrix. Decoding with the logit lens is the exception:
+its one product a step has as many rows as hidden states (`copy_rows`, which the decoding loop sets while it runs),
+and float32 products of 2-15 rows on the plain weight take MKL's slow path (about 3x the packed product), so the
+copy is packed on the first of them and dropped when the loop ends.
 """
 
 from __future__ import annotations
@@ -155,6 +158,7 @@ class Linear(nn.Linear):
 
     packable: bool = True
     tied: bool = False
+    copy_rows: int = 1  # tied: the most rows of a product that the packed copy serves (decoding.py raises it)
     packs_after: int = 2
     _uses: int = 0  # products in a row that could have run packed, while plain
     _copy: tuple[tuple[int, int], Tensor] | None = None  # tied: (the weight's storage and version, its packed copy)
@@ -176,10 +180,11 @@ class Linear(nn.Linear):
                 self._uses = 0
             return F.linear(x, weight, bias)
         rows = max(1, x.numel() // x.shape[-1])
-        if self.tied and rows > 1:  # a second copy serves decoding steps only (a lens burst would hold it for nothing)
+        lens_step = self.tied and rows > 1  # with a tied head, only decoding with the lens (copy_rows) packs these
+        if lens_step and rows > self.copy_rows:  # a second copy serves decoding steps only (not a lens burst)
             return F.linear(x, weight, bias)
         self._uses += 1
-        if self._uses < self.packs_after or not (self.tied or _free(weight)):
+        if (self._uses < self.packs_after and not lens_step) or not (self.tied or _free(weight)):
             return F.linear(x, weight, bias)
         state = (weight.data_ptr(), weight._version)
         if self.tied and self._copy is not None and self._copy[0] == state:  # its packed copy, still current

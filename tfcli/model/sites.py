@@ -47,25 +47,34 @@ PATTERN_SITES = ("pattern",)  # (B, H, T, S): heads on axis 1, queries on axis 2
 
 class Sites:
     """What one forward pass does at its named sites: `hooks` by name (each may replace the value) and the names it
-    keeps (`keep(name)`), in `cache` in the order the pass reaches them; with `grad`, kept values stay in the autograd
-    graph with their gradient retained (a backward pass from any scalar fills `cache[name].grad`)."""
+    keeps (`keep(name)`, or a set of names), in `cache` in the order the pass reaches them; with `grad`, kept values
+    stay in the autograd graph with their gradient retained (a backward pass from any scalar fills
+    `cache[name].grad`). When every wanted name is known (hooks, and a set to keep), a scope holding none of them
+    runs as a plain pass (`NO_SITES`): the lens or a steering vector does not slow the attention and MLP down."""
 
-    def __init__(self, keep: Callable[[str], bool] | None = None, hooks: dict[str, Hook] | None = None,
-                 grad: bool = False):
-        self.keep = keep
+    def __init__(self, keep: Callable[[str], bool] | set[str] | frozenset[str] | None = None,
+                 hooks: dict[str, Hook] | None = None, grad: bool = False):
         self.hooks = hooks or {}
+        named = isinstance(keep, (set, frozenset))
+        self.keep = keep.__contains__ if named else keep
         self.grad = grad
         self.cache: dict[str, Tensor] = {}
         self.reached: list[str] = []  # every site the pass reached, in order (shared by the scoped copies)
         self.prefix = ""
+        self.scopes: set[str] | None = None  # the prefixes ("blocks.", "blocks.3.", ...) of the wanted names, if known
+        if named or keep is None:
+            self.scopes = {name[:i + 1] for name in [*self.hooks, *(keep or ())] for i, c in enumerate(name) if c == "."}
 
     def __bool__(self) -> bool:
         return True
 
     def scope(self, name: str) -> Sites:
         """The same sites under `name.` (a stack, a block, a sublayer): `scope("blocks.3")("resid_pre", x)`."""
+        prefix = f"{self.prefix}{name}."
+        if self.scopes is not None and prefix not in self.scopes:
+            return NO_SITES  # nothing wanted under it: its sites are not reached (check_names never needs them)
         scoped = copy.copy(self)
-        scoped.prefix = f"{self.prefix}{name}."
+        scoped.prefix = prefix
         return scoped
 
     def wants(self, name: str) -> bool:
