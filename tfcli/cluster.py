@@ -21,7 +21,8 @@ from typing import Any
 from tfcli.errors import TfcliError, usage_error
 
 LOCAL = "local"
-BLOCK = 8  # items per block: small enough that a dead worker's block is cheap to run again
+BLOCK = 8  # items per block at most: small enough that a dead worker's block is cheap to run again
+SHARES = 4  # blocks per worker at least, where the dataset allows: the last blocks end close together
 RESTARTS = 3  # times Ray restarts a worker whose process died (each restart loads the model again)
 POLL = 0.5  # seconds between two looks at the blocks in flight (and the workers' health)
 
@@ -174,12 +175,14 @@ class Cluster:
     def map(self, work: Callable[..., list[Any]], items: list[Any], options: Any,
             progress: Callable[[int, int, int], None] | None = None, block: int = BLOCK) -> Iterator[Any]:
         """work(model, tokenizer, block of items, options) -> a list (one per item, or a block's sums) on the
-        workers, block by block; yields each block's list in the order of `items`, as the blocks finish
-        (`progress(items done, items, workers alive)`). Ctrl-C cancels the blocks not finished, yields those
-        finished (in order, with gaps) and then raises KeyboardInterrupt."""
+        workers, in blocks of at most `block` items, at least SHARES per worker so that none waits on another's
+        last long block; yields each block's list in the order of `items`, as the blocks finish (`progress(items
+        done, items, workers alive)`). Ctrl-C cancels the blocks not finished, yields those finished (in order,
+        with gaps) and then raises KeyboardInterrupt."""
         import ray
 
-        blocks = [items[k:k + block] for k in range(0, len(items), block)]
+        size = max(1, min(block, -(-len(items) // (SHARES * len(self.workers)))))
+        blocks = [items[k:k + size] for k in range(0, len(items), size)]
         pending = {self.workers[k % len(self.workers)].run.remote(work, part, options): k
                    for k, part in enumerate(blocks)}
         finished: dict[int, Any] = {}
