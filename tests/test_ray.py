@@ -242,6 +242,21 @@ def test_an_address_nobody_answers_is_refused_before_any_work(cli, dataset, no_m
     assert result.exit_code == 1 and f"--ray 127.0.0.1:{port}: no Ray cluster answers there" in result.stderr
 
 
+def test_more_workers_than_cpus_share_them_and_missing_gpus_are_refused(cluster, models):
+    """3 workers on the test's 2 CPUs get two thirds of one each (Ray would wait for whole ones forever); GPUs the
+    cluster lacks are refused naming what it has."""
+    from tfcli.cluster import Cluster, RaySettings, spec_of
+    from tfcli.errors import TfcliError
+
+    spec = spec_of(str(models["gpt2"]), None, "cpu", "float32", 0)
+    with Cluster(RaySettings("local", 3), spec) as workers:
+        assert len(set(ray.get([worker.alive.remote() for worker in workers.workers]))) == 3
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    with pytest.raises(TfcliError, match=f"x 1 workers: the cluster at local has {gpus} GPUs"):
+        with Cluster(RaySettings("local", 1, gpus + 1), spec):
+            pass
+
+
 def test_ray_options_without_a_dataset_are_refused(cli, models, no_model_built):
     result = cli("patch", "-m", str(models["gpt2"]), "--target", "mary", CLEAN[0], swapped(CLEAN[0]), "--ray",
                  "local")

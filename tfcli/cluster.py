@@ -96,8 +96,7 @@ def _worker_class():
                 raise TfcliError(f"the worker on {node} cannot read the model at {spec.source}",
                                  "every node needs the same path (a shared folder) or its own copy")
             cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
-            if cpus:
-                torch.set_num_threads(max(1, int(cpus)))
+            torch.set_num_threads(max(1, int(cpus or 1)))
             source = resolve_source(spec.source, spec.revision)
             self.model = build_model(source, device=spec.device, dtype=spec.dtype, seed=spec.seed)
             self.tokenizer = load_tokenizer_for(source)
@@ -141,9 +140,15 @@ class Cluster:
                 raise TfcliError(f"--ray {self.settings.address}: cannot reach a Ray cluster ({error})",
                                  "start one with `ray start --head`, or give --ray local") from None
             self.started_here = True
-        cpus = int(ray.cluster_resources().get("CPU", 1))
+        resources = ray.cluster_resources()
+        cpus, gpus = int(resources.get("CPU", 1)), resources.get("GPU", 0)
         count = self.settings.workers or max(1, cpus)
-        per_worker = max(1, cpus // count)
+        if self.settings.gpus * count > gpus:  # Ray would wait for them forever
+            self.__exit__(None, None, None)
+            raise usage_error(f"--ray-gpus-per-worker {self.settings.gpus:g} x {count} workers: the cluster at "
+                              f"{self.settings.address} has {gpus:g} GPUs", "ask for fewer workers or GPUs each")
+        # an equal share of the CPUs, a fraction of one when the workers outnumber them (Ray would wait otherwise)
+        per_worker = cpus // count if count <= cpus else cpus / count
         options = {"num_cpus": per_worker, "num_gpus": self.settings.gpus}
         spec = self.spec
         if self.settings.gpus and spec.device == "cpu":
