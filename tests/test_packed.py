@@ -307,3 +307,25 @@ def test_a_weight_held_by_a_live_autograd_graph_is_not_swapped():
         layer(x)
     assert type(layer.weight) is PackedWeight
     assert torch.equal(layer.weight.grad, torch.ones(3, 8).T @ x)  # its gradient stays with it
+
+
+def test_encode_lens_leaves_an_untied_head_plain_and_it_packs_when_used_again(yaml_model):
+    """encode's logit lens runs its products `kept_plain`: however many chunks it makes, an untied head stays plain
+    (a single encode would hold the plain and the packed head at once for a burst packing does not repay); the
+    products outside count as before, so a head used again and again still packs on its third."""
+    from tfcli.encode import lens_rows
+
+    model = yaml_model(TINY_DECODER.replace("tie_word_embeddings: true", "tie_word_embeddings: false"))
+    head = model.get_submodule("head.unembed")
+    ids = torch.tensor([[101, 2023, 2003, 1037]])
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(ids, ["blocks.*.resid_post", "blocks.0.resid_pre"])
+    hidden = [cache["blocks.0.resid_pre"], *(cache[f"blocks.{i}.resid_post"] for i in range(len(cache) - 1))]
+    tokenizer = tfcli.load_tokenizer("bert-base")
+    for _ in range(3):  # three lenses, a product of the head each: none of them packs it
+        lens_rows(model, hidden, 0, ids.shape[1], None, 3, tokenizer)
+    assert type(head.weight) is nn.Parameter and head.packable
+    with torch.no_grad():
+        for _ in range(3):
+            model(ids)
+    assert type(head.weight) is PackedWeight or torch.float32 not in PACKABLE

@@ -310,6 +310,8 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
     once). `logits`, the model's own (B, T, V) LM logits, stand in for the last block's: they are the same."""
     import torch
 
+    from tfcli.model.linear import kept_plain
+
     last = len(hidden_states) - 2
     blocks = list(range(last + 1)) if layers is None else layers
     own = logits is not None and model.lm_head is not None
@@ -318,13 +320,15 @@ def lens_rows(model: "TransformerModel", hidden_states: list["Tensor"], row: int
     for start in range(0, len(blocks), per_product):
         chunk = blocks[start:start + per_product]
         unembedded = [layer for layer in chunk if not (own and layer == last)]
-        with torch.no_grad():
+        with torch.no_grad(), kept_plain(model.lm_head.unembed if model.lm_head is not None else None):
             stacked = torch.stack([hidden_states[layer + 1][row, :length] for layer in unembedded]) if unembedded \
                 else None  # (layers, T, hidden)
-            computed = iter(model.unembed(stacked).float() if stacked is not None else ())  # (layers, T, V)
+            computed = iter(model.unembed(stacked) if stacked is not None else ())  # (layers, T, V)
         for layer in chunk:
-            scores = logits[row, :length].float() if own and layer == last else next(computed)
-            probs = scores.softmax(dim=-1)  # a fused kernel: faster on CPU than topk + logsumexp
+            scores = logits[row, :length] if own and layer == last else next(computed)
+            # a fused kernel: faster on CPU than topk + logsumexp; float32 a layer at a time, not a float copy of the
+            # whole product (8 MB of a bfloat16 model's peak)
+            probs = scores.softmax(dim=-1, dtype=torch.float32)
             values, ids = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
             # one tolist per layer, not one per position: this runs for every record of a stream
             # a model's vocabulary may be larger than its tokenizer's (padded for speed): such ids show as <id>
