@@ -114,8 +114,8 @@ def patch(
             if value is not None:
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
         patch_dataset(dataset, model, revision, core.PatchOptions("", None, None, core.parse_sites(sites), method),
-                      ablate, positions, align, bootstrap, per_item, skip_bad, out, json_output, top, full, report, force,
-                      device, dtype, seed, cluster)
+                      ablate, positions, align, bootstrap, per_item, skip_bad, out, json_output, top, full, report,
+                      force, device, dtype, seed, cluster)
         return
     for name, value in (("--align", align), ("--bootstrap", bootstrap), ("--per-item", per_item or None),
                         ("--skip-bad", skip_bad or None)):
@@ -190,9 +190,9 @@ def emit_dataset(run, each_lines, record, out, json_output: bool, per_item: bool
 
 
 def patch_dataset(dataset: str, model: str | None, revision: str | None, options, ablate: list[str] | None,
-                  positions: str | None,
-                  align: str | None, bootstrap: int | None, per_item: bool, skip_bad: bool, out, json_output: bool,
-                  top: int, full: bool, report, force: bool, device: str, dtype: str, seed: int, cluster) -> None:
+                  positions: str | None, align: str | None, bootstrap: int | None, per_item: bool, skip_bad: bool,
+                  out, json_output: bool, top: int, full: bool, report, force: bool, device: str, dtype: str,
+                  seed: int, cluster) -> None:
     """`tfcli patch --dataset`: each pair patched, then the aggregate (docs/datasets.md); on a Ray cluster's
     workers with --ray (docs/ray.md)."""
     from tfcli import patch as core
