@@ -452,18 +452,16 @@ def ray_settings(address: str | None, workers: int | None, gpus: float | None, d
     return check_settings(address or os.environ.get("TFCLI_RAY_ADDRESS") or None, workers, gpus)
 
 
-@contextlib.contextmanager
-def on_cluster(settings, model: str | None, revision: str | None, device: str, dtype: str, seed: int):
-    """The workers of `settings`' Ray cluster, each with the model loaded; said on stderr."""
-    from tfcli.cluster import Cluster, spec_of
+def on_cluster(settings, model: str | None, revision: str | None, device: str, dtype: str, seed: int, work,
+               items: list, options, progress: Callable[..., None] | None, block: int | None = None) -> Iterator:
+    """`work`'s results over `items` from the workers of `settings`' Ray cluster (tfcli.cluster: each worker builds
+    the model as the driver did), in the order of `items`; the cluster starts when the first result is asked for
+    (said on stderr) and its workers end with the iteration. `progress`: count_bar's callback."""
+    from tfcli.cluster import BLOCK, Cluster, flattened, spec_of
 
     with Cluster(settings, spec_of(model, revision, device, dtype, seed)) as cluster:
-        note(f"ray: {len(cluster.workers)} workers at {settings.address}")
-        yield cluster
-
-
-def cluster_progress(progress: Callable[..., None] | None, workers: int) -> Callable[[int, int, int], None] | None:
-    """count_bar's callback for a cluster's map: items done, and how many of the workers answer."""
-    if progress is None:
-        return None
-    return lambda done, total, alive: progress(done, total, f"{alive} of {workers} workers alive")
+        workers = len(cluster.workers)
+        note(f"ray: {workers} workers at {settings.address}")
+        told = None if progress is None else \
+            (lambda done, total, alive: progress(done, total, f"{alive} of {workers} workers alive"))
+        yield from flattened(cluster.map(work, items, options, told, block or BLOCK))

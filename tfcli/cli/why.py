@@ -14,7 +14,7 @@ from tfcli.cli.common import (AT_LEAST_ONE, SEED_RANGE, AblateOption, BootstrapO
                               DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption, ModelOption,
                               PerItemOption, RayGpusOption, RayOption, RayWorkersOption, ReportForceOption,
                               ReportOption, RevisionOption, SeedOption, SkipBadOption, TextsArgument, WidthOption,
-                              ablation_of, app, build, cluster_progress, count_bar, emit, inputs, note, on_cluster,
+                              ablation_of, app, build, count_bar, emit, inputs, note, on_cluster,
                               output_console, ray_settings, say_lines, started, stderr_width, tokenizer_of, warn,
                               with_progress)
 from tfcli.errors import usage_error
@@ -215,14 +215,11 @@ def patch_dataset(dataset: str, model: str | None, revision: str | None, options
         else:
             import dataclasses
 
-            from tfcli.cluster import flattened
-
             travelling = (dataclasses.replace(options, ablation=None), columns, ablate)  # hooks do not travel
-            with on_cluster(cluster, model or "gpt2-small", revision, device, dtype, seed) as workers:
-                blocks = workers.map(core.patch_block, pairs, travelling,
-                                     cluster_progress(progress, len(workers.workers)))
-                result = core.run_dataset(None, tokenizer, pairs, options, columns, resamples, dataset, skipped,
-                                          each, results=flattened(blocks))
+            results = on_cluster(cluster, model or "gpt2-small", revision, device, dtype, seed, core.patch_block,
+                                 pairs, travelling, progress)
+            result = core.run_dataset(None, tokenizer, pairs, options, columns, resamples, dataset, skipped, each,
+                                      results=results)
         result.top = top  # the page lists as many as the terminal
         return result
 
@@ -251,14 +248,11 @@ def attribute_dataset(dataset: str, source, options, bootstrap: int | None, per_
             return core.run_dataset(loaded, tokenizer, prompts, options, resamples, dataset, skipped, each, progress)
         import dataclasses
 
-        from tfcli.cluster import flattened
-
         travelling = (dataclasses.replace(options, ablation=None), options.ablation and options.ablation.specs)
-        with on_cluster(cluster, model or "gpt2-small", revision, device, dtype, seed) as workers:
-            blocks = workers.map(core.prompt_block, prompts, travelling,
-                                 cluster_progress(progress, len(workers.workers)))
-            return core.run_dataset(None, tokenizer, prompts, options, resamples, dataset, skipped, each,
-                                    results=flattened(blocks))
+        results = on_cluster(cluster, model or "gpt2-small", revision, device, dtype, seed, core.prompt_block, prompts,
+                             travelling, progress)
+        return core.run_dataset(None, tokenizer, prompts, options, resamples, dataset, skipped, each,
+                                results=results)
 
     emit_dataset(run,
                  lambda result, number: render.attribution_lines(result, number, out.width, options.top),
@@ -466,11 +460,9 @@ def heads_on_cluster(cluster, loaded, tokenizer, chunks, options, model: str | N
     import itertools
 
     from tfcli import heads as core
-    from tfcli.cluster import flattened
 
     encodings = list(itertools.chain.from_iterable(chunks))
-    with count_bar("heads", "texts") as progress, \
-            on_cluster(cluster, model, revision, device, dtype, seed) as workers:
-        blocks = workers.map(core.text_block, encodings, options, cluster_progress(progress, len(workers.workers)),
-                             block=core.BATCH_SIZE)
-        yield from core.run(loaded, tokenizer, [], options, blocks=flattened(blocks))
+    with count_bar("heads", "texts") as progress:
+        yield from core.run(loaded, tokenizer, [], options, blocks=on_cluster(
+            cluster, model, revision, device, dtype, seed, core.text_block, encodings, options, progress,
+            block=core.BATCH_SIZE))
