@@ -221,3 +221,11 @@ def test_generate_says_what_it_steered_and_ablated(cli, gpt2, tmp_path):
     assert f"steered: {vector}:2 at blocks 2" in " ".join(view.split()) and "ablated: L1H2 (zeroed)" in view
     plain = json.loads(cli("generate", "-m", str(path), "-n", "3", "--json", "this is").stdout)
     assert "steered" not in plain and "ablated" not in plain
+
+
+def test_a_head_or_sublayer_of_a_block_the_model_lacks_names_its_blocks(cli, gpt2):
+    path, _ = gpt2
+    for spec in ("L7H0", "L3.mlp"):
+        result = cli("attribute", "-m", str(path), "--ablate", spec, CLEAN)
+        assert result.exit_code == 2 and f"--ablate {spec}: " in error_line(result), result.stderr
+        assert f"has {LAYERS} blocks (L0 to L{LAYERS - 1})" in result.stderr

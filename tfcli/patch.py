@@ -767,7 +767,7 @@ def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, pairs: lis
     aggregates the pairs finished (`interrupted`)."""
     done: list[tuple[Pair, Patching]] = []
     interrupted = False
-    results = results if results is not None else pair_results(model, tokenizer, pairs, (options, columns))
+    results = results if results is not None else pair_results(model, tokenizer, pairs, options, columns)
     by_line = {pair.line: pair for pair in pairs}
     try:
         for result in results:
@@ -781,11 +781,10 @@ def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, pairs: lis
     return aggregate(done, columns, resamples, options.method, dataset, len(pairs), skipped, interrupted)
 
 
-def pair_results(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
-                 settings: tuple[PatchOptions, Columns | None]) -> Iterator[Patching]:
-    """Each pair patched as a single run patches it, its grids holding differences (patched - corrupt), in order;
-    `settings`: the dataset's options and columns. Ctrl-C during a pair: KeyboardInterrupt after the pairs done."""
-    options, columns = settings
+def pair_results(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], options: PatchOptions,
+                 columns: Columns | None) -> Iterator[Patching]:
+    """Each pair patched as a single run patches it, its grids holding differences (patched - corrupt), in order
+    (`columns`: the positions swept in each). Ctrl-C during a pair: KeyboardInterrupt after the pairs done."""
     for pair in pairs:
         positions = None if columns is None else [columns.position(pair, c) for c in columns.swept]
         single = PatchOptions(pair.target, pair.foil, pair.position, options.sites, options.method, options.fast,
@@ -806,7 +805,7 @@ def patch_block(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair]
 
     options, columns, ablate = settings
     options = dataclasses.replace(options, ablation=ablation(ablate, model.config))
-    return list(pair_results(model, tokenizer, pairs, (options, columns)))
+    return list(pair_results(model, tokenizer, pairs, options, columns))
 
 
 def normalised(result: Patching) -> Patching:

@@ -33,6 +33,10 @@ def parse_ablation(spec: str, config: ModelConfig, known: list[str]) -> tuple[li
         raise usage_error(f"--ablate {spec}: `{how}` is not a way to ablate", f"give {' or '.join(HOW)} after the "
                           "colon (default zero)")
     head = None
+    match = HEAD.fullmatch(target) or SUBLAYER.fullmatch(target)
+    if match and int(match[1]) >= config.num_hidden_layers:
+        raise usage_error(f"--ablate {spec}: {config.name} has {config.num_hidden_layers} blocks "
+                          f"(L0 to L{config.num_hidden_layers - 1})")
     if match := HEAD.fullmatch(target):
         layer, head = int(match[1]), int(match[2])
         if head >= config.num_attention_heads:
