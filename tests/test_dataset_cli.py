@@ -168,7 +168,7 @@ def test_attribute_by_neuron_over_a_dataset_keeps_the_largest_means_and_sums(cli
 
 def test_ctrl_c_shows_the_aggregate_of_the_pairs_finished(cli, peaked, tmp_path, monkeypatch):
     data = write(tmp_path, ioi(6))
-    original, calls = patch.run_ids, []
+    original, calls = patch.run_pairs, []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -176,7 +176,8 @@ def test_ctrl_c_shows_the_aggregate_of_the_pairs_finished(cli, peaked, tmp_path,
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(patch, "run_ids", interrupted)
+    monkeypatch.setattr(patch, "PAIRS", 1)  # a pair per batch: the fourth is interrupted
+    monkeypatch.setattr(patch, "run_pairs", interrupted)
     result = cli("patch", "-m", str(peaked), "--dataset", data, "--json", "--bootstrap", "0")
     assert result.exit_code == 130
     (aggregate,) = [json.loads(line) for line in result.stdout.splitlines()]

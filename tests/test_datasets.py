@@ -411,20 +411,19 @@ def hand_interval(differences: np.ndarray, gaps: np.ndarray, resamples: int) -> 
 def test_the_bootstrap_is_seeded_and_is_the_one_done_by_hand(models):
     """12 pairs: two runs give the same intervals; each interval is the percentile interval of the ratio of means
     over the pairs drawn with replacement (torch.Generator().manual_seed(0), as tfcli draws them), computed here
-    from each pair's own run; each contains its score; no resample, no interval."""
+    from each pair's differences as run_dataset gets them (pair_results); each contains its score; no resample, no
+    interval."""
     kinds = ("resid", "heads")
     _, model, tokenizer, hand = models("gpt2")
     items = oriented(hand, [(f"when {a} and {b} went home {b} gave it to", a, b) for a, b in NAMES])
     pairs = pairs_of(model, tokenizer, items)
     columns = patch.columns_of(pairs, kinds, None, None)
     options = patch.PatchOptions("", sites=kinds)
-    first = patch.run_dataset(model, tokenizer, pairs, options, columns, 500)
-    second = patch.run_dataset(model, tokenizer, pairs, options, columns, 500)
+    singles = list(patch.pair_results(model, tokenizer, pairs, options, columns))  # what run_dataset aggregates
+    first = patch.run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
+    second = patch.run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
     assert first.intervals == second.intervals and first.resamples == 500
     assert patch.run_dataset(model, tokenizer, pairs, options, columns, 0).intervals is None
-    singles = [patch.run_ids(model, tokenizer, p.ids_clean, p.ids_corrupt, patch.PatchOptions(p.target, p.foil,
-                                                                                             sites=kinds),
-                             differences=True) for p in pairs]
     gaps = np.array([s.clean_value - s.corrupt_value for s in singles])
     assert gaps.min() > 0
     for kind in kinds:
@@ -464,23 +463,23 @@ def test_a_wider_spread_over_the_items_gives_a_wider_interval():
 
 @pytest.mark.parametrize("name,dataset", [("gpt2", "same"), ("llama", "same"), ("llama", "lengths")])
 def test_the_aggregate_is_the_mean_of_each_pairs_own_run(name, dataset, models):
-    """run_dataset's scores = mean over pairs of run_ids(differences=True)'s patched - corrupt / mean of clean -
-    corrupt, to 1e-12, for every site kind; its means, shares and counts likewise (pairs of different lengths: at
-    each pair's positions counted back from its end)."""
+    """run_dataset's scores = mean over pairs of each pair's patched - corrupt / mean of clean - corrupt, to 1e-12,
+    for every site kind; its means, shares and counts likewise (pairs of different lengths: at each pair's positions
+    counted back from its end). The pairs' differences are those of the batched sweep (pair_results), each equal to
+    the pair's own run (run_ids) to 1e-5: test_a_batch_of_pairs_equals_each_pair_alone."""
     kinds = ALL_KINDS
     _, model, tokenizer, hand = models(name)
     items = oriented(hand, SAME if dataset == "same" else LENGTHS)
     pairs = pairs_of(model, tokenizer, items)
     columns = patch.columns_of(pairs, kinds, None if dataset == "same" else "end", None)
-    result = patch.run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
+    options = patch.PatchOptions("", sites=kinds)
+    batched = list(patch.pair_results(model, tokenizer, pairs, options, columns))
+    result = patch.run_dataset(model, tokenizer, pairs, options, columns, 0, results=batched)
     count = min(len(p.ids_clean) for p in pairs)
     singles = []
-    for pair, item in zip(pairs, items):
+    for pair, item, single in zip(pairs, items, batched):
         at = end_positions(item, count)
-        single = patch.run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt,
-                               patch.PatchOptions(pair.target, pair.foil, sites=kinds, positions=at),
-                               differences=True)
-        assert single.clean_value != single.corrupt_value
+        assert single.clean_value != single.corrupt_value and single.line == pair.line
         singles.append((single, at))
     n = len(pairs)
     clean = sum(s.clean_value for s, _ in singles) / n
@@ -505,6 +504,68 @@ def test_the_aggregate_is_the_mean_of_each_pairs_own_run(name, dataset, models):
         share = (differences / gaps.reshape(-1, *[1] * (differences.ndim - 1)) >= 0.5).mean(0)
         assert (np.array(result.restored_share[kind]) == share).all(), kind
     assert np.abs(grid(result, "resid")).max() > 0.1
+
+
+@pytest.mark.parametrize("name,fast", [("gpt2", True), ("llama", True), ("llama", False)])
+def test_a_batch_of_pairs_equals_each_pair_alone(name, fast, models, monkeypatch):
+    """The dataset's pairs are patched in batches (their clean, corrupt and patched runs together, run_pairs): each
+    pair's differences, clean and corrupt values and attribution estimates equal its own single run (run_ids) to
+    1e-5, for every site kind, on the fast sweep and on whole passes. The pairs: three lengths, aligned at the end,
+    and two of one length whose texts first differ at different positions (the batch starts its runs of every
+    position at the earlier one); the batches are counted, so that a sweep that ran the pairs one by one would fail."""
+    kinds = ALL_KINDS
+    _, model, tokenizer, hand = models(name)
+    items = oriented(hand, LENGTHS + SAME[1:] + [("mary and john went home then john gave it to", "mary", "john")])
+    pairs = pairs_of(model, tokenizer, items)
+    firsts = {next(i for i, (a, b) in enumerate(zip(p.ids_clean, p.ids_corrupt)) if a != b)
+              for p in pairs if len(p.ids_clean) == len(pairs[1].ids_clean)}
+    assert len(firsts) == 2  # the batch of one length holds pairs that first differ at two positions
+    columns = patch.columns_of(pairs, kinds, "end", None)
+    options = patch.PatchOptions("", sites=kinds, method="both", fast=fast)
+    sizes, run_pairs = [], patch.run_pairs
+
+    def counted(model, tokenizer, batch, *args, **kwargs):
+        sizes.append(len(batch))
+        return run_pairs(model, tokenizer, batch, *args, **kwargs)
+
+    monkeypatch.setattr(patch, "run_pairs", counted)
+    batched = list(patch.pair_results(model, tokenizer, pairs, options, columns))
+    assert sorted(sizes) == [1, 1, len(pairs) - 2]  # 10 and 14 tokens alone, the 11-token pairs together
+    monkeypatch.setattr(patch, "run_pairs", run_pairs)
+    assert [r.line for r in batched] == [p.line for p in pairs]
+    worst = 0.0
+    for pair, together in zip(pairs, batched):
+        positions = [columns.position(pair, c) for c in columns.swept]
+        alone = patch.run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt,
+                              patch.PatchOptions(pair.target, pair.foil, sites=kinds, method="both", fast=fast,
+                                                 positions=positions), differences=True)
+        assert (together.target.id, together.foil.id) == (alone.target.id, alone.foil.id)
+        assert together.clean_value == pytest.approx(alone.clean_value, abs=1e-5, rel=0)
+        assert together.corrupt_value == pytest.approx(alone.corrupt_value, abs=1e-5, rel=0)
+        assert (together.done, together.total, together.unchanged) == (alone.done, alone.total, alone.unchanged)
+        for grids in ("grids", "attribution_grids"):
+            for kind in kinds:
+                ours = np.array(patch.none_to_nan(getattr(together, grids)[kind]), dtype=np.float64)
+                theirs = np.array(patch.none_to_nan(getattr(alone, grids)[kind]), dtype=np.float64)
+                assert (np.isnan(ours) == np.isnan(theirs)).all(), (grids, kind)
+                difference = np.nan_to_num(np.abs(ours - theirs)).max()
+                assert difference <= 1e-5, (grids, kind, difference)
+                worst = max(worst, difference)
+    assert max(np.nanmax(np.abs(np.array(patch.none_to_nan(r.grids["heads"])))) for r in batched) > 0.05
+
+
+def test_the_progress_of_a_batch_of_pairs_moves_as_its_runs_finish(models):
+    """Four pairs patched in one batch: progress(pairs done, pairs) rises in fractions of a pair as the batch's
+    patched runs finish, never falls, and ends at 4 of 4."""
+    _, model, tokenizer, hand = models("gpt2")
+    pairs = pairs_of(model, tokenizer, oriented(hand, SAME))
+    seen = []
+    patch.run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=("resid",)),
+                      patch.columns_of(pairs, ("resid",), None, None), 0,
+                      progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (4, 4) and {total for _, total in seen} == {4}
+    assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
+    assert any(0 < done < 4 and done != int(done) for done, _ in seen)
 
 
 # ---------------------------------------------------------------- 5. pairs whose clean and corrupt are the same

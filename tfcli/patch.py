@@ -32,6 +32,7 @@ Shapes: T tokens, d the model width, H heads, G key/value heads, D head size, L 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.analysis.indices import parse_indices
 from tfcli.analysis.inputs import model_input
-from tfcli.analysis.metric import Metric, Token, parse_label, parse_token, position_of
+from tfcli.analysis.metric import Token, parse_label, parse_token, position_of
 from tfcli.analysis.dataset import Line, LineSpec
 from tfcli.analysis.names import KINDS, Kind, block_site, every_block, kind_of
 from tfcli.errors import TfcliError, usage_error
@@ -86,6 +87,7 @@ class Patch:
     position: int | None = None  # None: every position
     head: int | None = None  # None: every head
     stack: str = ""
+    pair: int = 0  # a batch of pairs (run_pairs): the pair it is patched in
 
     @property
     def name(self) -> str:
@@ -345,51 +347,78 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     """`run` on token ids of the same length (the texts only for the record). `differences`: the grids hold
     patched - corrupt, not normalised, and texts with the same metric are not refused (a dataset's pairs, whose
     scores are normalised over the whole dataset)."""
+    pair = Pair(None, clean, corrupt, ids_clean, ids_corrupt, options.target, options.foil, options.position,
+                len(ids_clean) - 1)
+    return run_pairs(model, tokenizer, [pair], options, progress, differences)[0]
+
+
+def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], options: PatchOptions,
+              progress: Callable[[int, int], None] | None = None, differences: bool = False) -> list[Patching]:
+    """Patch pairs of one length and one metric position together (each with its own target, foil and position;
+    the rest `options`'): their clean runs as one batch, their corrupt runs as another, and the patched runs of
+    every pair in the same batches, a row per pair and site. Each result equals the pair's alone (run_ids) to float
+    precision. `progress(done, total)` counts the patched runs of all the pairs; Ctrl-C (KeyboardInterrupt) during
+    the sweep returns what is finished (every result `interrupted`)."""
     import torch
 
     config = model.config
-    target, foil = check_options(config, tokenizer, options)
-    if len(ids_clean) != len(ids_corrupt):
-        raise usage_error(f"the clean and corrupt ids differ in length ({len(ids_clean)} and {len(ids_corrupt)})")
-    if not ids_clean:
+    metrics = [check_options(config, tokenizer, dataclasses.replace(options, target=pair.target, foil=pair.foil,
+                                                                     position=pair.position)) for pair in pairs]
+    length = len(pairs[0].ids_clean)
+    for pair in pairs:
+        if len(pair.ids_clean) != len(pair.ids_corrupt):
+            raise usage_error(f"the clean and corrupt ids differ in length ({len(pair.ids_clean)} and "
+                              f"{len(pair.ids_corrupt)})")
+    if not length:
         raise usage_error("the clean and corrupt ids are both empty")
     positions = None
     if options.positions is not None:
-        outside = [p for p in options.positions if not -len(ids_clean) <= p < len(ids_clean)]
+        outside = [p for p in options.positions if not -length <= p < length]
         if not options.positions:
             raise usage_error("positions: none given", parameter="positions")
         if outside:
-            raise usage_error(f"positions: {outside[0]} is out of range: the texts have {len(ids_clean)} positions "
-                              f"(0 to {len(ids_clean) - 1})", parameter="positions")
-        positions = sorted({p % len(ids_clean) for p in options.positions})
+            raise usage_error(f"positions: {outside[0]} is out of range: the texts have {length} positions "
+                              f"(0 to {length - 1})", parameter="positions")
+        positions = sorted({p % length for p in options.positions})
     device = model.embed_tokens.weight.device
     encoder_decoder = config.architecture == "encoder-decoder"
     inputs: dict[str, Any] = {}
     decoder_ids: list[int] | None = None
     if encoder_decoder:
         decoder_ids = [model.start_tokens(1, device)[0, 0].item()]
-        inputs["decoder_input_ids"] = torch.tensor([decoder_ids], device=device)
+        inputs["decoder_input_ids"] = torch.tensor([decoder_ids] * len(pairs), device=device)
     classifier = config.head == "classifier"
-    read_ids = decoder_ids if encoder_decoder else ids_clean
-    position = None if classifier else position_of(read_ids, tokenizer, config, options.position)
-    metric = Metric(target.id, foil and foil.id, position)
+    reads = [decoder_ids or [] for _ in pairs] if encoder_decoder else [pair.ids_clean for pair in pairs]
+    at = {None if classifier else position_of(ids, tokenizer, config, pair.position)
+          for ids, pair in zip(reads, pairs)}
+    if len({len(pair.ids_clean) for pair in pairs}) > 1 or len(at) > 1:
+        raise TfcliError("run_pairs was given pairs of different lengths or metric positions: this is a bug in tfcli")
+    position = at.pop()
+    targets = torch.tensor([target.id for target, _ in metrics], device=device)
+    foils = None if metrics[0][1] is None else torch.tensor([foil.id for _, foil in metrics], device=device)
+    metric = PairMetric(targets, foils, position)
     # the two runs compute an LM head's logits (a position: not a classifier) from the metric's position on only
     # (what the backward pass of attribution patching goes through too), and read them at their first
     kept, read = {}, metric
     if position is not None:
-        kept, read = {"logits_to_keep": len(read_ids) - position}, Metric(target.id, foil and foil.id, 0)
-    lengths = {"": len(ids_clean), "encoder.": len(ids_clean), "decoder.": len(decoder_ids or [])}
-    sweep = patches(model, options.sites, lengths, positions)
+        kept, read = {"logits_to_keep": len(reads[0]) - position}, PairMetric(targets, foils, 0)
+    lengths = {"": length, "encoder.": length, "decoder.": len(decoder_ids or [])}
+    every = patches(model, options.sites, lengths, positions)
     stacks = dict(model.stacks())
-    first = next((i for i, (a, b) in enumerate(zip(ids_clean, ids_corrupt)) if a != b), None)
-    fixed, run = [], []  # fixed: 0 without a run
+    firsts = [next((i for i, (a, b) in enumerate(zip(pair.ids_clean, pair.ids_corrupt)) if a != b), None)
+              for pair in pairs]
+    fixed: list[list[Patch]] = [[] for _ in pairs]  # 0 without a run
+    sweep: list[Patch] = []
     causal = options.ablation is None or not options.ablation.by_mean  # a mean over the positions reads them all
-    for patch in sweep:
-        (fixed if causal and unchanged(patch, stacks, first, position) else run).append(patch)
-    sweep = run
-    names = sorted({p.name for p in sweep} | {p.name for p in fixed})
-    clean_t = torch.tensor([ids_clean], device=device)
-    corrupt_t = torch.tensor([ids_corrupt], device=device)
+    for row, first in enumerate(firsts):
+        for patch in every:
+            if causal and unchanged(patch, stacks, first, position):
+                fixed[row].append(patch)
+            else:
+                sweep.append(dataclasses.replace(patch, pair=row))
+    names = sorted({p.name for p in every})
+    clean_t = torch.tensor([pair.ids_clean for pair in pairs], device=device)
+    corrupt_t = torch.tensor([pair.ids_corrupt for pair in pairs], device=device)
     kv = every_block(model, "attn.k", causal=True) + every_block(model, "attn.v", causal=True)
     resid = every_block(model, "resid_pre")
     estimate = options.method != "activation"  # the corrupt run keeps its graph, for one backward pass
@@ -398,82 +427,120 @@ def run_ids(model: TransformerModel, tokenizer: Tokenizer, ids_clean: list[int],
     with torch.no_grad():
         clean_logits, clean_cache = model.run_with_cache(clean_t, names, removed, **inputs, **kept)
         unablated = None if ablation is None else \
-            tuple(float(read(model(ids, **inputs, **kept).logits)[0]) for ids in (clean_t, corrupt_t))
+            list(zip(*(read(model(ids, **inputs, **kept).logits).tolist() for ids in (clean_t, corrupt_t))))
     corrupt_names = names if options.method == "attribution" else sorted(set(names + kv + resid))
     corrupt_logits, corrupt_cache = model.run_with_cache(corrupt_t, corrupt_names, removed, grad=estimate, **inputs,
                                                          **kept)
-    clean_value, corrupt_value = float(read(clean_logits)[0]), float(read(corrupt_logits.detach())[0])
-    if not differences and same_value(clean_value, corrupt_value):
-        what = "logit difference" if foil is not None else "logit"
-        raise TfcliError(f"nothing to restore: the clean and corrupt texts give the same {what} "
-                         f"({clean_value:+.6f} and {corrupt_value:+.6f})",
-                         "choose a corrupt text (or a target and foil) on which the model behaves differently")
+    clean_values, corrupt_values = read(clean_logits).tolist(), read(corrupt_logits.detach()).tolist()
+    if not differences:
+        for clean_value, corrupt_value in zip(clean_values, corrupt_values):
+            if same_value(clean_value, corrupt_value):
+                what = "logit difference" if foils is not None else "logit"
+                raise TfcliError(f"nothing to restore: the clean and corrupt texts give the same {what} "
+                                 f"({clean_value:+.6f} and {corrupt_value:+.6f})",
+                                 "choose a corrupt text (or a target and foil) on which the model behaves differently")
 
     def new_grids() -> dict[str, list]:
         return {f"{prefix}{kind}": empty_grid(KINDS[kind], len(stack.blocks), KINDS[kind].heads(config),
                                               lengths[prefix])
                 for prefix, stack in model.stacks() for kind in options.sites}
 
-    result = Patching(clean, corrupt, tokenizer.tokens(ids_clean),
-                      tokenizer.tokens(ids_corrupt), ids_clean, ids_corrupt, position,
-                      target, foil, clean_value, corrupt_value, options.method, new_grids(), total=len(sweep),
-                      label_metric=classifier, positions=positions, unchanged=len(fixed),
-                      before_first="" in stacks and stacks[""].causal, token_texts_clean=tokenizer.texts(ids_clean),
-                      token_texts_corrupt=tokenizer.texts(ids_corrupt), ablated=ablation and ablation.specs,
-                      unablated=unablated)
-    result.runs = {grid: 0 for grid in result.grids} | {
-        grid: len(list(group)) for grid, group in itertools.groupby(sorted(p.grid for p in sweep))}
-    result.finished = dict.fromkeys(result.grids, 0)
-    if decoder_ids is not None:
-        result.decoder_tokens, result.decoder_token_texts = tokenizer.tokens(decoder_ids), tokenizer.texts(decoder_ids)
-    scale = 1.0 if differences else clean_value - corrupt_value
-    for patch in fixed:
-        put(result.grids, patch, 0.0)
+    runs = collections.Counter((patch.pair, patch.grid) for patch in sweep)
+    results = []
+    for row, pair in enumerate(pairs):
+        ids_clean, ids_corrupt = pair.ids_clean, pair.ids_corrupt
+        result = Patching(pair.clean, pair.corrupt, tokenizer.tokens(ids_clean), tokenizer.tokens(ids_corrupt),
+                          ids_clean, ids_corrupt, position, *metrics[row], clean_values[row], corrupt_values[row],
+                          options.method, new_grids(), total=len(every) - len(fixed[row]), label_metric=classifier,
+                          positions=positions, unchanged=len(fixed[row]),
+                          before_first="" in stacks and stacks[""].causal,
+                          token_texts_clean=tokenizer.texts(ids_clean), token_texts_corrupt=tokenizer.texts(ids_corrupt),
+                          ablated=ablation and ablation.specs, line=pair.line,
+                          unablated=None if unablated is None else unablated[row])
+        result.runs = {grid: runs[row, grid] for grid in result.grids}
+        result.finished = dict.fromkeys(result.grids, 0)
+        if decoder_ids is not None:
+            result.decoder_tokens, result.decoder_token_texts = tokenizer.tokens(decoder_ids), \
+                tokenizer.texts(decoder_ids)
+        for patch in fixed[row]:
+            put(result.grids, patch, 0.0)
+        results.append(result)
+    scales = [1.0 if differences else clean - corrupt for clean, corrupt in zip(clean_values, corrupt_values)]
     if options.method in ("attribution", "both"):
         estimates = attribution(corrupt_logits, corrupt_cache, clean_cache, read, sweep, names) if sweep else []
         corrupt_cache = {name: value.detach() for name, value in corrupt_cache.items()}
         del corrupt_logits
-        attributed = new_grids()
+        attributed = [new_grids() for _ in pairs]
         for patch, value in zip(sweep, estimates):
-            put(attributed, patch, value / scale + 0.0)  # + 0.0: no -0.0 (printed "-0.0000")
-        for patch in fixed:
-            put(attributed, patch, 0.0)
+            put(attributed[patch.pair], patch, value / scales[patch.pair] + 0.0)  # + 0.0: no -0.0 ("-0.0000")
+        for row, result in enumerate(results):
+            for patch in fixed[row]:
+                put(attributed[row], patch, 0.0)
+            if options.method == "attribution":
+                result.grids, result.done, result.finished = attributed[row], result.total, dict(result.runs)
+            else:
+                result.attribution_grids = attributed[row]
         if options.method == "attribution":
-            result.grids, result.done, result.finished = attributed, len(sweep), dict(result.runs)
-            return result
-        result.attribution_grids = attributed
+            return results
     # a mean-ablation needs whole passes (the fast sweep runs part of the text); an encoder-decoder's fast sweep
     # runs its encoder's last block and the decoder outside the patched stack's hooks
     fast = options.fast and (ablation is None or not (ablation.by_mean or encoder_decoder))
+    first = min((f for f in firsts if f is not None), default=None)
     sweeper = fast_sweep(model, sweep, clean_cache, corrupt_cache, metric, inputs, position, options.batch_mb,
                          first, removed) \
         if fast else naive_sweep(model, sweep, clean_cache, corrupt_t, metric, inputs, removed)
+    done = 0
     try:
         if progress is not None:
-            progress(0, result.total)
+            progress(0, len(sweep))
         for done_patches, values in sweeper:
             for patch, value in zip(done_patches, values):
-                put(result.grids, patch, (value - corrupt_value) / scale + 0.0)
+                result = results[patch.pair]
+                put(result.grids, patch, (value - corrupt_values[patch.pair]) / scales[patch.pair] + 0.0)
                 result.finished[patch.grid] += 1
-            result.done += len(done_patches)
+                result.done += 1
+            done += len(done_patches)
             if progress is not None:
-                progress(result.done, result.total)
+                progress(done, len(sweep))
     except KeyboardInterrupt:
-        result.interrupted = True
-    return result
+        for result in results:
+            result.interrupted = True
+    return results
 
 
-def attribution(logits: Tensor, cache: dict[str, Tensor], clean_cache: dict[str, Tensor], metric: Metric,
+class PairMetric:
+    """The metric of a batch of pairs, each with its own target and foil (`targets`, `foils`: (P,) ids; foils None:
+    the target's logit alone): target - foil at `position` of a token head's logits, or of a classifier's labels
+    (position None)."""
+
+    def __init__(self, targets: Tensor, foils: Tensor | None, position: int | None):
+        self.targets, self.foils, self.position = targets, foils, position
+
+    def of_rows(self, logits: Tensor, pairs: Tensor) -> Tensor:
+        """(R, V) logits of rows patched in `pairs` (R,) -> (R,) in float64."""
+        logits = logits.double()
+        value = logits.gather(1, self.targets[pairs, None])[:, 0]
+        return value - logits.gather(1, self.foils[pairs, None])[:, 0] if self.foils is not None else value
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        """The pairs' logits, (P, T, V) or (P, labels) -> (P,)."""
+        import torch
+
+        rows = logits[:, self.position] if self.position is not None else logits
+        return self.of_rows(rows, torch.arange(rows.shape[0], device=rows.device))
+
+
+def attribution(logits: Tensor, cache: dict[str, Tensor], clean_cache: dict[str, Tensor], metric: PairMetric,
                 sweep: list[Patch], names: list[str]) -> list[float]:
-    """(clean - corrupt) . d metric / d site, the gradient on the corrupt run (its `logits` and `cache`, kept with
-    their graph), for every patch of the sweep, from one backward pass: the products summed over every axis of the
-    site but those the patch's kind selects along."""
+    """(clean - corrupt) . d metric / d site, the gradient on the corrupt runs (their `logits` and `cache`, kept with
+    their graph), for every patch of the sweep, from one backward pass (the pairs' runs are independent rows): the
+    products summed over every axis of the site but those the patch's kind selects along."""
     import torch
 
     from tfcli.model import sites
 
     grads = dict(zip(names, torch.autograd.grad(metric(logits).sum(), [cache[n] for n in names], allow_unused=True)))
-    sums: dict[tuple[str, str], Tensor] = {}  # (site, kind) -> the products summed, along the kind's axes
+    sums: dict[tuple[str, str], Tensor] = {}  # (site, kind) -> the products summed, (P, *the kind's axes)
     for patch in sweep:
         if (patch.name, patch.kind) in sums:
             continue
@@ -481,39 +548,47 @@ def attribution(logits: Tensor, cache: dict[str, Tensor], clean_cache: dict[str,
         if grad is None:  # the metric does not depend on it (a site after the metric's position)
             grad = torch.zeros_like(cache[patch.name])
         clean, corrupt = clean_cache[patch.name].double(), cache[patch.name].detach().double()
-        product = ((clean - corrupt) * grad.double())[0]
+        product = (clean - corrupt) * grad.double()
         position_axis, head_axis = sites.axes(patch.name)
-        kept = [{"position": position_axis, "head": head_axis}[axis] - 1 for axis in KINDS[patch.kind].axes]
-        summed = product.sum([d for d in range(product.dim()) if d not in kept])  # its axes in increasing order
-        sums[patch.name, patch.kind] = summed.permute([sorted(kept).index(d) for d in kept])
-    return [float(sums[patch.name, patch.kind][patch.cell]) for patch in sweep]
+        kept = [{"position": position_axis, "head": head_axis}[axis] for axis in KINDS[patch.kind].axes]
+        summed = product.sum([d for d in range(1, product.dim()) if d not in kept])  # its axes in increasing order
+        sums[patch.name, patch.kind] = summed.permute([0] + [1 + sorted(kept).index(d) for d in kept])
+    return [float(sums[patch.name, patch.kind][(patch.pair, *patch.cell)]) for patch in sweep]
 
 
 def naive_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[str, Tensor], corrupt: Tensor,
-                metric: Metric, inputs: dict[str, Any], removed: dict[str, Hook] | None = None
+                metric: PairMetric, inputs: dict[str, Any], removed: dict[str, Hook] | None = None
                 ) -> Iterator[tuple[list[Patch], list[float]]]:
-    """One whole forward pass of the corrupt text per site, the clean value put back with a hook (what
-    TransformerLens's patching functions do); `removed`: the hooks of --ablate, first on every pass."""
+    """One whole forward pass of the corrupt texts per site, the pairs it is patched in as one batch, the clean
+    value put back with a hook (what TransformerLens's patching functions do); `removed`: the hooks of --ablate,
+    first on every pass."""
     import torch
 
     from tfcli.model import sites
 
+    by_site: dict[Patch, list[Patch]] = {}
     for patch in sweep:
-        positions = None if patch.position is None else [patch.position]
-        heads = None if patch.head is None else [patch.head]
-        hook = sites.replace(patch.name, clean_cache[patch.name], positions, heads)
+        by_site.setdefault(dataclasses.replace(patch, pair=0), []).append(patch)
+    for site, patched in by_site.items():
+        rows = torch.tensor([p.pair for p in patched], device=corrupt.device)
+        positions = None if site.position is None else [site.position]
+        heads = None if site.head is None else [site.head]
+        hook = sites.replace(site.name, clean_cache[site.name][rows], positions, heads)
         with torch.no_grad():
-            logits = model.run_with_hooks(corrupt, sites.merged(removed, {patch.name: hook}), **inputs)
-        yield [patch], [float(metric(logits)[0])]
+            logits = model.run_with_hooks(corrupt[rows], sites.merged(removed, {site.name: hook}),
+                                          **{name: value[rows] for name, value in inputs.items()})
+        rows_read = logits[:, metric.position] if metric.position is not None else logits
+        yield patched, metric.of_rows(rows_read, rows).tolist()
+
 
 
 # ---------------------------------------------------------------- the fast sweep
 
 
 def _hook(placed: list[tuple[int, Patch]], source: Tensor, start: int) -> Callable[[Tensor], Tensor]:
-    """A hook on one site for a batch of patched runs: row r of `placed` (row, patch) gets the clean run's value
-    (`source`, the site of the whole text, batch 1) where its patch selects; the batch covers the positions from
-    `start` (a pattern: the queries, its keys from 0)."""
+    """A hook on one site for a batch of patched runs: row r of `placed` (row, patch) gets its pair's clean run's
+    value (`source`, the site of the pairs' whole texts, (P, ...)) where its patch selects; the batch covers the
+    positions from `start` (a pattern: the queries, its keys from 0)."""
     import torch
 
     from tfcli.model import sites
@@ -523,22 +598,22 @@ def _hook(placed: list[tuple[int, Patch]], source: Tensor, start: int) -> Callab
     order = (position_axis,) if head_axis is None else (position_axis, head_axis)
     device = source.device
     rows = torch.tensor([r for r, _ in placed], device=device)
+    pairs = torch.tensor([p.pair for _, p in placed], device=device)
     heads = torch.tensor([p.head if p.head is not None else 0 for _, p in placed], device=device)
     positions = torch.tensor([p.position - start if p.position is not None else 0 for _, p in placed],
                              device=device)
-    # the clean value as (T, [H,] ...): positions first, then heads
-    clean = source[0].movedim([axis - 1 for axis in order], list(range(len(order))))
+    clean = source.movedim(order, list(range(1, len(order) + 1)))  # (P, T, [H,] ...): positions, then heads
 
     def hook(value: Tensor) -> Tensor:
         value = value.clone()
         patched = value.movedim(order, list(range(1, len(order) + 1)))  # a view: (B, T', [H,] ...)
-        src = clean[start:start + patched.shape[1]][..., :patched.shape[-1]].to(value.dtype)
+        src = clean[:, start:start + patched.shape[1]][..., :patched.shape[-1]].to(value.dtype)
         if axes == ("position",):
-            patched[rows, positions] = src[positions]
+            patched[rows, positions] = src[pairs, positions]
         elif axes == ("head",):  # every position
-            patched[rows, :, heads] = src[:, heads].transpose(0, 1)
+            patched[rows, :, heads] = src[pairs, :, heads]
         else:  # one head at one position
-            patched[rows, positions, heads] = src[positions, heads]
+            patched[rows, positions, heads] = src[pairs, positions, heads]
         return value
     return hook
 
@@ -558,17 +633,25 @@ def _patched_runs(stack: Stack, prefix: str, chunk: list[Patch], resid: Callable
                   clean_cache: dict[str, Tensor], inputs: BlockInputs, start: int, cache: Any,
                   removed: dict[str, Hook] | None = None) -> Tensor:
     """The patched runs of `chunk` (sorted by layer) through `stack`, over the positions `inputs` cover from
-    `start`: each joins the batch at its layer, entering with the corrupt run's stream there (`resid(layer)`, (1, T',
-    d)), and reads the corrupt run's keys and values before `start` (`cache`). Returns the stack's output (B, T', d)
+    `start`: each joins the batch at its layer, entering with its pair's corrupt run's stream there (`resid(layer)`,
+    (P, T', d)), and reads that run's keys and values before `start` (`cache`). Returns the stack's output (B, T', d)
     after its final norm (and projection)."""
+    import torch
+
     from tfcli.model import Sites
     from tfcli.model.sites import NO_SITES, merged
 
-    joining = {layer: len(list(group)) for layer, group in itertools.groupby(p.layer for p in chunk)}
+    joining = {layer: [p.pair for p in group] for layer, group in itertools.groupby(chunk, key=lambda p: p.layer)}
+
+    def entering(layer: int) -> Tensor | None:
+        if layer not in joining:
+            return None
+        x = resid(layer)
+        return x[torch.tensor(joining[layer], device=x.device)]
+
     hooks = merged(removed, _hooks(chunk, clean_cache, start))
     sites = NO_SITES if not hooks else Sites(hooks=hooks).scope(prefix[:-1]) if prefix else Sites(hooks=hooks)
-    return stack.run_blocks(None, inputs, chunk[0].layer, cache, sites,
-                            lambda layer: resid(layer).expand(joining[layer], -1, -1) if layer in joining else None)
+    return stack.run_blocks(None, inputs, chunk[0].layer, cache, sites, entering)
 
 
 def _rows(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
@@ -577,13 +660,14 @@ def _rows(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
 
 
 def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[str, Tensor],
-               corrupt_cache: dict[str, Tensor], metric: Metric, inputs: dict[str, Any], position: int | None,
+               corrupt_cache: dict[str, Tensor], metric: PairMetric, inputs: dict[str, Any], position: int | None,
                batch_mb: float = BATCH_MB, first: int | None = None, removed: dict[str, Hook] | None = None
                ) -> Iterator[tuple[list[Patch], list[float]]]:
     """The same scores as naive_sweep, batch by batch (see the module docstring): yields (patches, metric values).
-    The sweep holds no patch that cannot change the metric (`unchanged`: run_ids scores those 0 without a run).
+    The sweep holds no patch that cannot change the metric (`unchanged`: run_pairs scores those 0 without a run).
     A patch of every position (a head, q, k, v, pattern) on the causal stack that reads the texts runs from the
-    `first` position where they differ: before it the clean and corrupt values are the same."""
+    `first` position where some pair's texts differ: before it the clean and corrupt values are the same. The
+    pairs' patched runs share the batches, each row reading its own pair's runs."""
     import torch
 
     from tfcli.model.attention import PrefixKV
@@ -606,6 +690,7 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
 
     entering = {prefix: corrupt_cache[block_site(0, "resid_pre", prefix)] for prefix in by_prefix}
     full = {prefix: x.shape[1] for prefix, x in entering.items()}
+    device = model.embed_tokens.weight.device
     with torch.no_grad():
         memory = None
         if "encoder." in by_prefix:  # the corrupt run's memory, from the stream entering the encoder's last block
@@ -620,26 +705,26 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], clean_cache: dict[st
         stop = position + 1 if stack.causal and position is not None else full[prefix]
         rows = max(1, int(batch_mb * 2**20 // ((stop - start) * width * element * 8)))
         group.sort(key=lambda p: p.layer)
-        given = None  # a causal stack's keys and values before `start`: the corrupt run's, (1, G, T, D) per layer
+        given = None  # a causal stack's keys and values before `start`: the corrupt runs', (P, G, T, D) per layer
         if stack.causal and start > 0:
             given = [{i: corrupt_cache[block_site(i, f"attn.{which}", prefix)].transpose(1, 2)
                       for i in range(len(stack.blocks))} for which in "kv"]
         for chunk in _rows(group, rows):
-            cache = PrefixKV(*given, start) if given is not None else None  # its cross-attention's per batch
+            pairs = torch.tensor([p.pair for p in chunk], device=device)  # the batch's rows: joining in this order
+            cache = PrefixKV(*given, start, pairs) if given is not None else None  # its cross-attention's per batch
             with torch.no_grad():
                 hidden = _patched_runs(stack, prefix, chunk, resid_of(prefix, start, stop), clean_cache,
                                        whole[prefix].rows(start, stop), start, cache, removed)
-                if prefix == "encoder.":  # the patched memory, then the whole decoder
-                    decoder_ids = inputs["decoder_input_ids"].expand(len(chunk), -1)
+                if prefix == "encoder.":  # the patched memory, then the whole decoder (one pair: run_pairs)
+                    decoder_ids = inputs["decoder_input_ids"][:1].expand(len(chunk), -1)
                     logits = model(decoder_ids, decoder_input_ids=decoder_ids,
                                    encoder_output=ModelOutput(hidden)).logits
-                    values = metric(logits)
+                    values = metric.of_rows(logits[:, metric.position], pairs)
                 elif position is None:  # a classifier: the labels of the whole text
-                    values = metric.of_row(model.head_logits(hidden))
+                    values = metric.of_rows(model.head_logits(hidden), pairs)
                 else:
-                    local = position - start
-                    values = metric.of_row(model.head_logits(hidden[:, local]))
-            yield chunk, [float(v) for v in values]
+                    values = metric.of_rows(model.head_logits(hidden[:, position - start]), pairs)
+            yield chunk, values.tolist()
 
 
 def _whole_pass(stack: Stack, x: Tensor, memory: Tensor | None = None) -> BlockInputs:
@@ -658,9 +743,9 @@ ALIGNS = ("start", "end")
 
 @dataclass
 class Pair:
-    """One checked line of a patch dataset."""
+    """A clean/corrupt pair to patch: a checked line of a patch dataset, or a single run's texts (run_ids)."""
 
-    line: int
+    line: int | None  # None: a single run's texts
     clean: str
     corrupt: str
     ids_clean: list[int]
@@ -759,22 +844,26 @@ class DatasetPatching(Patching):
 def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, pairs: list[Pair], options: PatchOptions,
                 columns: Columns | None, resamples: int, dataset: str = "", skipped: int = 0,
                 each: Callable[[Patching], None] | None = None,
-                progress: Callable[[int, int], None] | None = None,
+                progress: Callable[[float, int], None] | None = None,
                 results: Iterable[Patching] | None = None) -> DatasetPatching:
     """Patch every pair (`columns`: the positions swept in each), then aggregate. `each(result)` gets each pair's
-    result as a single run gives it, in order; `progress(pairs done, pairs)`. `results`: the pairs' results made
+    result as a single run gives it, in order; `progress(pairs done, pairs)`, in fractions of a pair while a batch
+    of them runs. `results`: the pairs' results made
     elsewhere (a Ray cluster: tfcli/cluster.py), in order, instead of `model`'s. Ctrl-C (KeyboardInterrupt)
     aggregates the pairs finished (`interrupted`)."""
     done: list[tuple[Pair, Patching]] = []
     interrupted = False
-    results = results if results is not None else pair_results(model, tokenizer, pairs, options, columns)
+    local = results is None  # the sweep's runs advance the progress, not only the pairs as they come
+    if local:
+        results = pair_results(model, tokenizer, pairs, options, columns,
+                               None if progress is None else lambda finished: progress(finished, len(pairs)))
     by_line = {pair.line: pair for pair in pairs}
     try:
         for result in results:
             done.append((by_line[result.line], result))
             if each is not None:
                 each(normalised(result))
-            if progress is not None:
+            if progress is not None and not local:
                 progress(len(done), len(pairs))
     except KeyboardInterrupt:
         interrupted = True
@@ -782,19 +871,50 @@ def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, pairs: lis
 
 
 def pair_results(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], options: PatchOptions,
-                 columns: Columns | None) -> Iterator[Patching]:
+                 columns: Columns | None, progress: Callable[[float], None] | None = None) -> Iterator[Patching]:
     """Each pair patched as a single run patches it, its grids holding differences (patched - corrupt), in order
-    (`columns`: the positions swept in each). Ctrl-C during a pair: KeyboardInterrupt after the pairs done."""
-    for pair in pairs:
-        positions = None if columns is None else [columns.position(pair, c) for c in columns.swept]
-        single = PatchOptions(pair.target, pair.foil, pair.position, options.sites, options.method, options.fast,
-                              options.batch_mb, positions, options.ablation)
-        result = run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt, single, clean=pair.clean,
-                         corrupt=pair.corrupt, differences=True)
-        if result.interrupted:
-            raise KeyboardInterrupt
-        result.line = pair.line
-        yield result
+    (`columns`: the positions swept in each). The pairs go in batches (run_pairs): up to `batch_pairs` of them at a
+    time, those of one length and metric position together. `progress(pairs)`: the pairs finished, in fractions of
+    a pair as a batch's patched runs finish. Ctrl-C during a batch: KeyboardInterrupt after the batches done."""
+    limit = batch_pairs(model, pairs, options.batch_mb)
+    for start in range(0, len(pairs), limit):
+        window = pairs[start:start + limit]
+        batches: dict[tuple, list[Pair]] = {}
+        for pair in window:
+            positions = None if columns is None else tuple(columns.position(pair, c) for c in columns.swept)
+            batches.setdefault((len(pair.ids_clean), pair.end, positions), []).append(pair)
+        done: dict[int | None, Patching] = {}
+        for (_, _, positions), batch in batches.items():
+            swept = dataclasses.replace(options, positions=None if positions is None else list(positions))
+            before = start + len(done)
+
+            def runs(finished: int, total: int) -> None:  # the batch's patched runs, as a share of its pairs
+                if progress is not None:
+                    progress(before + len(batch) * finished / max(total, 1))
+
+            for result in run_pairs(model, tokenizer, batch, swept, runs, differences=True):
+                if result.interrupted:
+                    raise KeyboardInterrupt
+                done[result.line] = result
+            if progress is not None:
+                progress(start + len(done))
+        yield from (done[pair.line] for pair in window)
+
+
+PAIRS = 16  # the most pairs patched in one batch
+
+
+def batch_pairs(model: TransformerModel, pairs: list[Pair], batch_mb: float) -> int:
+    """How many pairs are patched together: PAIRS, fewer where their clean and corrupt caches (every block's
+    sites, about 8 x hidden wide) would pass `batch_mb`; one on an encoder-decoder (its patched runs share one
+    memory)."""
+    config = model.config
+    if config.architecture == "encoder-decoder" or not pairs:
+        return 1
+    longest = max(len(pair.ids_clean) for pair in pairs)
+    blocks = sum(len(stack.blocks) for _, stack in model.stacks())
+    element = model.embed_tokens.weight.element_size()
+    return max(1, min(PAIRS, int(batch_mb * 2**20 // (2 * longest * blocks * 8 * config.hidden_size * element))))
 
 
 def patch_block(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],

@@ -92,18 +92,20 @@ class KVCache:
 
 
 class PrefixKV:
-    """The keys and values of the positions before `length`, given (B 1, per self-attention layer (1, G, length, D),
-    after any rotation) and shared by every row of a batch that covers the positions after them: a pass over the
-    positions that can change reads the others' from another run (the patch sweep). Quacks like KVCache."""
+    """The keys and values of the positions before `length`, given (of P runs, per self-attention layer (P, G,
+    length, D), after any rotation), row r of a batch that covers the positions after them reading run `rows[r]`'s:
+    a pass over the positions that can change reads the others' from another run (the patch sweep). Quacks like
+    KVCache."""
 
-    def __init__(self, keys: dict[int, Tensor], values: dict[int, Tensor], length: int):
-        self.keys, self.values, self.length = keys, values, length
+    def __init__(self, keys: dict[int, Tensor], values: dict[int, Tensor], length: int, rows: Tensor):
+        self.keys, self.values, self.length, self.rows = keys, values, length, rows
         self.cross: dict[int, tuple[Tensor, Tensor]] = {}
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """k, v (B, G, T, D) of the positions after the given ones -> with the given ones before them."""
-        return tuple(torch.cat([given[layer][:, :, :self.length].expand(new.shape[0], -1, -1, -1).to(new.dtype), new],
-                               dim=2) for given, new in ((self.keys, k), (self.values, v)))
+        rows = self.rows[:k.shape[0]]  # the batch's first rows: those that have joined it by this layer
+        return tuple(torch.cat([given[layer][rows, :, :self.length].to(new.dtype), new], dim=2)
+                     for given, new in ((self.keys, k), (self.values, v)))
 
 
 class Attention(nn.Module):
