@@ -158,22 +158,30 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
     """Attribute prompts, each with its own target, foil and position, in padded batches of `batch_size`; yields
     one Attribution per prompt, in order. `neurons`: with --by neuron, the neurons kept one by one (default: the
     options' top)."""
+    import torch
+
     config = model.config
     device = model.embed_tokens.weight.device
     names = writer_sites(model, options.by)
     layers = len(model.output_stack.blocks)
     ablation = options.ablation
+    converted: dict = {}  # the float64 weights the decomposition reads, converted once for all the prompts
+
+    def run(ids: Tensor, mask: Tensor, names: list[str], at: Tensor, hooks=None) -> tuple[Tensor, dict[str, Tensor]]:
+        """A batch's pass: the head's logits at each prompt's position `at` only, (B, V), and the cache."""
+        _, cache = model.run_with_cache(ids, names, attention_mask=mask, hooks=hooks, logits_to_keep=0)
+        return model.head_logits(final_state(model, cache)[torch.arange(len(at), device=device), at]), cache
+
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         ids, mask = padded([prompt.ids for prompt in batch], tokenizer, device)
-        logits, cache = model.run_with_cache(ids, names, attention_mask=mask, hooks=ablation and ablation.hooks)
+        at = torch.tensor([prompt.position for prompt in batch], device=device)
+        logits, cache = run(ids, mask, names, at, ablation and ablation.hooks)
         if ablation is not None:  # the same prompts with nothing removed, for the model's value without
-            plain = model.run_with_cache(ids, names[-2:] if model.output_stack.final_norm is not None else
-                                         names[-1:], attention_mask=mask)
+            plain = run(ids, mask, names[-2:] if model.output_stack.final_norm is not None else names[-1:], at)
         for row, prompt in enumerate(batch):
             position, foil = prompt.position, prompt.foil
-            scores = logits[row, position].double()
-            target = prompt.target or token_of(tokenizer, int(scores.argmax()))
+            target = prompt.target or token_of(tokenizer, int(logits[row].double().argmax()))
             readout = model.readout(target.id, foil and foil.id)
             metric = Metric(target.id, foil and foil.id, position)
             value = value_at(model, logits, cache, readout, metric, row)
@@ -182,7 +190,7 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
             yield Attribution(
                 prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), position, target, foil, value,
                 decompose(model, cache, row, position, readout, options.by, options.layers,
-                          options.top if neurons is None else neurons),
+                          options.top if neurons is None else neurons, converted),
                 options.by, layers, config.num_attention_heads, model.lm_head.softcap, top=options.top,
                 read_text=encoding.read_part(0) if encoding is not None else None,
                 untruncated_length=encoding.untruncated_length if encoding is not None and encoding.truncated
@@ -192,11 +200,12 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
 
 def value_at(model: TransformerModel, logits: Tensor, cache: dict[str, Tensor], readout: Readout, metric: Metric,
              row: int) -> float:
-    """The model's logit (difference) at `metric`'s position of one row of a pass (its logits (B, T, V) and the
-    cache of its final state): before the final soft cap, where the model has one, as the components sum."""
+    """The model's logit (difference) at `metric`'s position of one row of a pass (its logits at each row's position
+    (B, V) and the cache of its final state): before the final soft cap, where the model has one, as the components
+    sum."""
     if model.lm_head.softcap is not None:
         return before_cap(readout, final_state(model, cache)[row, metric.position])
-    return float(metric.of_row(logits[row, metric.position].double()[None])[0])
+    return float(metric.of_row(logits[row].double()[None])[0])
 
 
 # ---------------------------------------------------------------- over a dataset

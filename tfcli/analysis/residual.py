@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from tfcli.analysis.names import block_site
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    from torch import Tensor, nn
 
     from tfcli.model import TransformerModel
     from tfcli.model.layers import Block
@@ -71,24 +71,42 @@ def direction_at(readout: Readout, cache: dict[str, Tensor], row: int, position:
     return readout.direction / cache["final_norm.scale"][row, position, 0].double()
 
 
-def head_values(block: Block, z: Tensor, direction: Tensor) -> Tensor:
+KEPT_FLOAT64_BYTES = 512 * 2**20  # the most float64 weights float64_weight keeps (a large model's: converted each time)
+
+
+def float64_weight(linear: nn.Module, converted: dict[nn.Module, Tensor]) -> Tensor:
+    """A linear layer's weight in float64, kept in `converted` for the next call while they hold less than
+    KEPT_FLOAT64_BYTES (a dataset's prompts read each weight again and again)."""
+    weight = converted.get(linear)
+    if weight is None:
+        weight = linear.weight.detach().double()
+        if sum(w.numel() for w in converted.values()) * 8 + weight.numel() * 8 <= KEPT_FLOAT64_BYTES:
+            converted[linear] = weight
+    return weight
+
+
+def head_values(block: Block, z: Tensor, direction: Tensor, converted: dict[nn.Module, Tensor]) -> Tensor:
     """z (H, D) of one position -> (H,): what each head writes through its slice of the output projection, read
     along `direction` (d,)."""
-    read = (direction @ block.attn.out.weight.detach().double()).view(z.shape)  # (H, D): what each z direction adds
+    read = (direction @ float64_weight(block.attn.out, converted)).view(z.shape)  # (H, D): what each z direction adds
     return (z.double() * read).sum(-1)
 
 
-def neuron_values(block: Block, post: Tensor, direction: Tensor) -> Tensor:
+def neuron_values(block: Block, post: Tensor, direction: Tensor, converted: dict[nn.Module, Tensor]) -> Tensor:
     """post (F,) of one position -> (F,): each neuron's activation times its output row, read along `direction`."""
-    return post.double() * (direction @ block.mlp.output.weight.detach().double())
+    return post.double() * (direction @ float64_weight(block.mlp.output, converted))
 
 
 def decompose(model: TransformerModel, cache: dict[str, Tensor], row: int, position: int, readout: Readout,
-              by: str = "component", layers: list[int] | None = None, neurons: int = 10) -> list[Component]:
+              by: str = "component", layers: list[int] | None = None, neurons: int = 10,
+              converted: dict[nn.Module, Tensor] | None = None) -> list[Component]:
     """The components of row `row` of a batch's cache (of `writer_sites`) at `position`: with `by` head or neuron
     the blocks of `layers` (None: all) broken into heads or neurons (the `neurons` largest |value| kept one by one,
     the rest of each MLP as `L{l}.mlp_rest`: `kept_neurons`); then the readout's constants (the final norm's and the unembedding's
-    biases). They sum to the model's own logit (difference) before a soft cap."""
+    biases). They sum to the model's own logit (difference) before a soft cap. `converted`: the float64 weights
+    (float64_weight) kept from one call to the next."""
+    converted = {} if converted is None else converted
+
     def at(name: str) -> Tensor:
         return cache[name][row, position]
 
@@ -108,7 +126,7 @@ def decompose(model: TransformerModel, cache: dict[str, Tensor], row: int, posit
             add(f"L{i}.attn", at(block_site(i, block.output_site("attn"))).double() @ direction, layer=i)
             add(f"L{i}.mlp", at(block_site(i, block.output_site("mlp"))).double() @ direction, layer=i)
             continue
-        per_head = head_values(block, at(block_site(i, "attn.z")), direction)
+        per_head = head_values(block, at(block_site(i, "attn.z")), direction, converted)
         if by == "head" and i in broken:
             for h, value in enumerate(per_head):
                 add(f"L{i}H{h}", value, layer=i, head=h)
@@ -118,7 +136,7 @@ def decompose(model: TransformerModel, cache: dict[str, Tensor], row: int, posit
             add(f"L{i}.attn_bias", block.attn.out.bias.detach().double() @ direction, layer=i)
         mlp = at(block_site(i, "mlp.out")).double() @ direction
         if by == "neuron" and i in broken:
-            values = neuron_values(block, at(block_site(i, "mlp.post")), direction)
+            values = neuron_values(block, at(block_site(i, "mlp.post")), direction, converted)
             each_neuron += [Component(f"L{i}N{n}", v, layer=i, neuron=n) for n, v in enumerate(values.tolist())]
             add(f"L{i}.mlp_rest", mlp, layer=i)  # the rest of that MLP: the neurons kept are taken out below
         else:

@@ -249,8 +249,8 @@ class LMHead(nn.Module):
         MLM head transforms x first: it has no such form (a ValueError)."""
         if self.transform:
             raise ValueError("an MLM head's logits are not linear in its input")
-        weight = self.unembed.weight.detach().double()
-        direction = weight[target] - (weight[foil] if foil is not None else 0)
+        weight = self.unembed.weight.detach()  # the two rows made float64, not the whole vocabulary's (exact both ways)
+        direction = weight[target].double() - (weight[foil].double() if foil is not None else 0)
         if self.input_scale is not None:  # T5's tied head reads the hidden state scaled
             direction = direction * self.input_scale
         bias = None
