@@ -454,7 +454,8 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
                           options.method, new_grids(), total=len(every) - len(fixed[row]), label_metric=classifier,
                           positions=positions, unchanged=len(fixed[row]),
                           before_first="" in stacks and stacks[""].causal,
-                          token_texts_clean=tokenizer.texts(ids_clean), token_texts_corrupt=tokenizer.texts(ids_corrupt),
+                          token_texts_clean=tokenizer.texts(ids_clean),
+                          token_texts_corrupt=tokenizer.texts(ids_corrupt),
                           ablated=ablation and ablation.specs, line=pair.line,
                           unablated=None if unablated is None else unablated[row])
         result.runs = {grid: runs[row, grid] for grid in result.grids}
