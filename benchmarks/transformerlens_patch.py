@@ -216,7 +216,8 @@ def main() -> None:
     with torch.no_grad():
         diff = float((bridge(ids) - hf(input_ids=ids).logits).abs().max())
     print(f"transformer_lens {importlib.metadata.version('transformer_lens')}, transformers "
-          f"{transformers.__version__}, torch {torch.__version__}, torch threads {torch.get_num_threads()}; TransformerBridge ({bridge.original_model.config._attn_implementation}"
+          f"{transformers.__version__}, torch {torch.__version__}, torch threads {torch.get_num_threads()}; "
+          f"TransformerBridge ({bridge.original_model.config._attn_implementation}"
           f" attention) vs transformers' LlamaForCausalLM ({hf.config._attn_implementation}), same weights: "
           f"max |logit difference| on one text ({ids.shape[1]} tokens) {diff:.1e} "
           f"({'ok' if diff <= 1e-3 else 'OVER 1e-3'})")
@@ -253,7 +254,8 @@ def main() -> None:
               f"(CPU {seconds_tl[1]:.1f} s), hand loop {seconds_hand[0]:.1f} s (CPU {seconds_hand[1]:.1f} s), "
               f"ratio {seconds_tl[0] / seconds_hand[0]:.3f} (CPU {seconds_tl[1] / seconds_hand[1]:.3f}); {uptime()}")
     sites = sum(totals.values())
-    print(f"\n{len(pairs)} pairs x {sites} sites, extrapolated, {args.repeats} repeats, {torch.get_num_threads()} torch "
+    print(f"\n{len(pairs)} pairs x {sites} sites, extrapolated, {args.repeats} repeats, "
+          f"{torch.get_num_threads()} torch "
           "thread(s):")
     for name, values in runs.items():
         print(f"  {name}: wall {spread([v[0] for v in values], ' s')}; CPU {spread([v[1] for v in values], ' s')}")
