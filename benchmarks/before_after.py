@@ -10,6 +10,8 @@ alike. Measured, with the public Python API both trees have:
 - `attribute --by head` on the bundled gpt2-small and the 45-token text of benchmarks/attribute.py (median of 10);
 - `patch`'s fast sweep, resid + attn + mlp and heads, on the SmolLM2-135M-shaped random Llama of
   benchmarks/patch.py and its indirect-object pair (median of 3 each);
+- `patch --dataset --sites heads` and `attribute --dataset --by head` through the command line, on 8 copies of
+  that pair (median of 3, the model built and the bootstrap included);
 - `heads` over 300 synthetic lines of benchmarks/heads.py on the bundled bert-base (texts per second, median of 3);
 - the plain pass: `generate` 64 tokens on gpt2-small (median of 5) and a bert-base forward of 8 x 128 tokens
   (median of 10).
@@ -70,6 +72,17 @@ sweep = lambda kinds: patch.run_ids(model, tokenizer, clean, corrupt,
 sweep(("heads",))
 for kinds in (("resid", "attn", "mlp"), ("heads",)):
     out[f"patch {'+'.join(kinds)} (s)"] = median_of(3, lambda: sweep(kinds))
+# the dataset commands whole, through the command line (what both trees have): 8 pairs, heads; the same lines
+# attributed by head; model built and bootstrap included
+from typer.testing import CliRunner
+from tfcli.cli import app
+lines = os.path.join(path, "pairs.jsonl")
+with open(lines, "w") as file:
+    file.write((json.dumps({"clean": CLEAN, "corrupt": CORRUPT, "target": "mary", "foil": "john"}) + "\n") * 8)
+for command, extra in (("patch", ["--sites", "heads"]), ("attribute", ["--by", "head"])):
+    invoke = lambda: CliRunner().invoke(app, [command, "-m", path, "--dataset", lines, "--json", *extra])
+    assert invoke().exit_code == 0
+    out[f"{command} --dataset, 8 pairs, whole command (s)"] = median_of(3, invoke)
 
 model, tokenizer = tfcli.load_model("bert-base"), tfcli.load_tokenizer("bert-base")
 texts = corpus(300)

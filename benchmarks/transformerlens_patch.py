@@ -64,14 +64,15 @@ def read_pairs(path: str, config, tokenizer, n: int):
     """The first N pairs of the most common token length, and their target and foil ids."""
     from tfcli import patch
     from tfcli.analysis.dataset import lines_of
+    from tfcli.analysis.metric import parse_metric
 
     items = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    pairs = [patch.check_pair(config, tokenizer, line) for line in lines_of(items, patch.PATCH_LINE)]
+    pairs = [patch.check_pair(config, tokenizer, line) for line in lines_of(items, patch.PAIR_LINE)]
     length, count = Counter(len(p.ids_clean) for p in pairs).most_common(1)[0]
     if count < n:
         raise SystemExit(f"only {count} pairs of {length} tokens; ask for fewer")
     pairs = [p for p in pairs if len(p.ids_clean) == length][:n]
-    tokens = [patch.check_metric(config, tokenizer, p.target, p.foil, p.position, prefix="") for p in pairs]
+    tokens = [parse_metric(config, tokenizer, p.target, p.foil, p.position, prefix="") for p in pairs]
     if any(p.end != length - 1 for p in pairs):
         raise SystemExit("a pair's metric is not at its last position")
     return pairs, [t.id for t, _ in tokens], [f.id for _, f in tokens]

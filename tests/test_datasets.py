@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import tfcli
-from tfcli import patch
-from tfcli.analysis.dataset import lines_of, ratio_of_means
+from tfcli import patch, runner
+from tfcli.analysis.dataset import Dataset, Done, lines_of, ratio_of_means
 from tfcli.analysis.names import KINDS
 from tfcli.errors import TfcliError
 
@@ -302,8 +302,18 @@ def oriented(hand: ByHand, rows: list[tuple[str, str, str]], foil: bool = True) 
     return items
 
 
+def run_dataset(model, tokenizer, pairs, options, columns, resamples, results=None, progress=None):
+    """The aggregate of `pairs` as `patch --dataset` makes it (the runner: tfcli/runner.py), or of the pairs' given
+    `results` (what the sweep made of each: the aggregate alone)."""
+    analysis = patch.PatchDataset(options, columns=columns)
+    dataset = Dataset("", pairs, 0, resamples)
+    if results is None:
+        return runner.run(analysis, model, tokenizer, dataset, progress=progress)
+    return analysis.aggregate(Done(zip(pairs, results)), dataset)
+
+
 def pairs_of(model, tokenizer, items: list[dict]) -> list:
-    pairs = [patch.check_pair(model.config, tokenizer, line) for line in lines_of(items, patch.PATCH_LINE)]
+    pairs = [patch.check_pair(model.config, tokenizer, line) for line in lines_of(items, patch.PAIR_LINE)]
     for pair, item in zip(pairs, items):  # tfcli reads the texts as they are read here
         assert (pair.ids_clean, pair.ids_corrupt) == (ids_of(item["clean"]), ids_of(item["corrupt"]))
     return pairs
@@ -339,7 +349,7 @@ def test_the_aggregate_is_the_ratio_of_means_patched_by_hand(name, models):
     items, results = by_hand(hand, "same", ALL_KINDS)
     pairs = pairs_of(model, tokenizer, items)
     columns = patch.columns_of(pairs, ALL_KINDS, None, None)
-    result = patch.run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=ALL_KINDS), columns, 0)
+    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=ALL_KINDS), columns, 0)
     assert result.n == len(items) and result.equal == 0 and result.intervals is None
     assert result.clean_value == pytest.approx(np.mean([r["clean"] for r in results]), abs=1e-5)
     assert result.corrupt_value == pytest.approx(np.mean([r["corrupt"] for r in results]), abs=1e-5)
@@ -376,7 +386,7 @@ def test_columns_aligned_at_the_end_are_each_pairs_positions_counted_back(name, 
     with pytest.raises(TfcliError, match="different lengths"):
         patch.columns_of(pairs, kinds, None, None)
     columns = patch.columns_of(pairs, kinds, "end", None)
-    result = patch.run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
+    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
     count = 10
     assert len(result.grids["resid"][0]) == count and len(result.grids["heads-by-position"][0][0]) == count
     assert [result.column_label(c) for c in range(count)] == [str(-k) for k in range(count, 0, -1)]
@@ -420,10 +430,10 @@ def test_the_bootstrap_is_seeded_and_is_the_one_done_by_hand(models):
     columns = patch.columns_of(pairs, kinds, None, None)
     options = patch.PatchOptions("", sites=kinds)
     singles = list(patch.pair_results(model, tokenizer, pairs, options, columns))  # what run_dataset aggregates
-    first = patch.run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
-    second = patch.run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
+    first = run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
+    second = run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
     assert first.intervals == second.intervals and first.resamples == 500
-    assert patch.run_dataset(model, tokenizer, pairs, options, columns, 0).intervals is None
+    assert run_dataset(model, tokenizer, pairs, options, columns, 0).intervals is None
     gaps = np.array([s.clean_value - s.corrupt_value for s in singles])
     assert gaps.min() > 0
     for kind in kinds:
@@ -474,7 +484,7 @@ def test_the_aggregate_is_the_mean_of_each_pairs_own_run(name, dataset, models):
     columns = patch.columns_of(pairs, kinds, None if dataset == "same" else "end", None)
     options = patch.PatchOptions("", sites=kinds)
     batched = list(patch.pair_results(model, tokenizer, pairs, options, columns))
-    result = patch.run_dataset(model, tokenizer, pairs, options, columns, 0, results=batched)
+    result = run_dataset(model, tokenizer, pairs, options, columns, 0, results=batched)
     count = min(len(p.ids_clean) for p in pairs)
     singles = []
     for pair, item, single in zip(pairs, items, batched):
@@ -560,7 +570,7 @@ def test_the_progress_of_a_batch_of_pairs_moves_as_its_runs_finish(models):
     _, model, tokenizer, hand = models("gpt2")
     pairs = pairs_of(model, tokenizer, oriented(hand, SAME))
     seen = []
-    patch.run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=("resid",)),
+    run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=("resid",)),
                       patch.columns_of(pairs, ("resid",), None, None), 0,
                       progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (4, 4) and {total for _, total in seen} == {4}
@@ -587,7 +597,7 @@ def test_pairs_with_the_same_metric_count_in_the_aggregate_but_not_in_the_share(
     results = [hand_pair(hand, item["clean"], item["corrupt"], item["target"], None, kinds) for item in items]
     pairs = pairs_of(model, tokenizer, items)
     columns = patch.columns_of(pairs, kinds, None, None)
-    result = patch.run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
+    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
     assert (result.n, result.equal, result.foil_each, result.target) == (5, 2, False, None)
     for i, r in enumerate(results):  # by hand too: the same metric clean and corrupt in the two, and only there
         assert (abs(r["clean"] - r["corrupt"]) < 1e-6) == (i in equal), (i, r["clean"], r["corrupt"])

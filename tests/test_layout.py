@@ -28,7 +28,10 @@ ALLOWED = {
     "render": {"errors", "command", "api", "tokenizer", "analysis"},  # api: `tfcli config`'s core is api.describe
     # --ray: workers that build the model and run the work function a command's CLI hands them (knows no command)
     "cluster": {"errors", "api", "sources"},
-    "cli": {"errors", "texts", "command", "render", "sources", "api", "model", "tokenizer", "analysis", "cluster"},
+    # one runner for every analysis over a dataset, here or on the cluster (knows no command: the CLI hands it one)
+    "runner": {"errors", "texts", "config", "model", "tokenizer", "analysis", "cluster"},
+    "cli": {"errors", "texts", "command", "render", "sources", "api", "model", "tokenizer", "analysis", "cluster",
+            "runner"},
     "package": {"cli"},
 }
 
@@ -132,20 +135,81 @@ def test_no_module_is_named_like_a_standard_library_module():
     assert named == []
 
 
-def test_commands_are_small_and_each_renderer_holds_its_report():
-    """Each module of the command line that declares commands stays short (what they share is in
-    `tfcli/cli/common.py`), and the renderer of every command that writes --report holds its page section and its
-    figure: `page_section` and `figure`, which the page and the figure find by the command's name."""
-    too_long = []
+def command_functions(path: Path) -> list[tuple[ast.FunctionDef, set[str], bool]]:
+    """The commands a CLI module declares (functions decorated with `@<app>.command(...)`): each with the command
+    cores it imports and whether it takes --report."""
+    found = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "command"
+                for d in node.decorator_list):
+            cores = {name for name in function_imports(node) if layer(name) == "command"}
+            report = any(isinstance(arg.annotation, ast.Name) and arg.annotation.id == "ReportOption"
+                         for arg in node.args.args)
+            found.append((node, cores, report))
+    return found
+
+
+def function_imports(node: ast.AST) -> set[str]:
+    """The tfcli modules imported inside `node` (`from tfcli import patch as core` counts as tfcli.patch)."""
+    found = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
+            found |= {inner.module} | {f"{inner.module}.{alias.name}" for alias in inner.names}
+        elif isinstance(inner, ast.Import):
+            found |= {alias.name for alias in inner.names}
+    return {name for name in found if name in modules() and name != "tfcli"}
+
+
+def test_a_cli_module_imports_only_the_cores_of_the_commands_it_declares():
+    """Each command imports one core (its own); a module of the command line imports no core that none of its
+    commands is about (what two commands share lives in `analysis/`, or in the runner)."""
+    wrong = []
     for path in sorted((PACKAGE / "cli").glob("*.py")):
-        text = path.read_text(encoding="utf-8")
-        if "@app.command" in text and len(text.splitlines()) > 600:
-            too_long.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+        declared = command_functions(path)
+        own = set().union(*(cores for _, cores, _ in declared)) if declared else set()
+        wrong += [f"{path.name}: {node.name} imports {sorted(cores)}" for node, cores, _ in declared if len(cores) > 1]
+        name = "tfcli.cli" if path.stem == "__init__" else f"tfcli.cli.{path.stem}"
+        wrong += [f"{path.name} imports {core}, which none of its commands is about"
+                  for core in sorted(graph()[name]) if layer(core) == "command" and core not in own]
+    assert wrong == []
+
+
+def test_the_cli_modules_are_small_and_each_renderer_holds_its_report():
+    """Every module of the command line stays short (600 lines: what commands share goes to `cli/common.py`, the
+    runner or `analysis/`), no module of the package passes 700, and the renderer of every command that takes
+    --report holds its page section and its figure: `page_section` and `figure`, which the page and the figure find
+    by the command's name."""
+    too_long = [f"{path.relative_to(ROOT)}: {count} lines" for path in sorted(PACKAGE.rglob("*.py"))
+                if (count := len(path.read_text(encoding="utf-8").splitlines())) >
+                (600 if path.parent.name == "cli" else 700)]
     assert too_long == []
+    reporting = {core.split(".")[-1] for path in (PACKAGE / "cli").glob("*.py")
+                 for _, cores, report in command_functions(path) if report for core in cores}
+    assert {"encode", "classify", "generate", "attribute", "patch", "heads", "steer"} <= reporting
     missing = []
-    for command in ("encode", "classify", "generate", "attribute", "patch", "heads"):
+    for command in sorted(reporting):
         path = PACKAGE / "render" / f"{command}.py"
         defined = {node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
                    if isinstance(node, ast.FunctionDef)}
         missing += [f"render/{command}.py: {name}" for name in ("page_section", "figure") if name not in defined]
     assert missing == []
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """Options travel as one object (a dataclass), not as long lists of positions: no function of the package takes
+    more than 8 parameters, but the commands' own (Typer declares each option as one) and the model's `forward` and
+    `generate`, which mirror transformers'."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef) or node.name in ("forward", "generate"):
+                continue
+            if any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "command"
+                   for d in node.decorator_list):
+                continue
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            count = len(arguments) - (1 if arguments and arguments[0].arg in ("self", "cls") else 0)
+            if count > 8:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} takes {count}")
+    assert long == []

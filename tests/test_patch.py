@@ -568,8 +568,10 @@ def test_head_sites_equal_patching_by_hand_on_transformers_modules(name, checkpo
 def counting_runs(monkeypatch):
     """Counts what the sweeps run: the fast sweep's patched rows and the positions each covers (rows x positions),
     and the naive sweep's whole passes."""
+    from tfcli.analysis import patching
+
     counted = {"rows": 0, "row_positions": 0, "passes": 0}
-    fast_runs = patch._patched_runs
+    fast_runs = patching._patched_runs
 
     def rows(stack, prefix, chunk, *args):
         hidden = fast_runs(stack, prefix, chunk, *args)
@@ -577,7 +579,7 @@ def counting_runs(monkeypatch):
         counted["row_positions"] += len(chunk) * hidden.shape[1]
         return hidden
 
-    monkeypatch.setattr(patch, "_patched_runs", rows)
+    monkeypatch.setattr(patching, "_patched_runs", rows)
     naive = patch.naive_sweep
 
     def passes(*args, **kwargs):

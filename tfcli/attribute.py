@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tfcli.analysis.dataset import Line, LineSpec, mean_spread
+from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, check_one_metric, mean_spread
 from tfcli.analysis.inputs import model_input, padded
-from tfcli.analysis.metric import Metric, Token, parse_token, position_of, token_of
+from tfcli.analysis.metric import Metric, Token, check_head, parse_metric, position_of, token_of
 from tfcli.analysis.residual import BY, Component, before_cap, decompose, final_state, kept_neurons, writer_sites
 from tfcli.errors import TfcliError, usage_error
 
@@ -86,10 +86,8 @@ def check_model(config: ModelConfig, by: str) -> None:
     if by not in BY:
         raise usage_error(f"by must be one of {', '.join(BY)}, got `{by}`", parameter="by")
     name = config.name
-    if config.head not in ("lm", "mlm"):
-        has = "no head" if config.head == "none" else f"a `{config.head}` head"
-        raise usage_error(f"{name} has {has}: attribute splits the logit of a token, which needs an LM head",
-                          "use a decoder (or a masked-LM encoder) with its head")
+    check_head(config, ("lm", "mlm"), "attribute splits the logit of a token, which needs an LM head",
+               "use a decoder (or a masked-LM encoder) with its head")
     if config.architecture == "encoder-decoder":
         raise usage_error(f"{name} is an encoder-decoder: attribute splits a decoder-only or encoder stack's "
                           "residual stream, not one that cross-attention also writes to",
@@ -118,10 +116,7 @@ def check_options(config: ModelConfig, tokenizer: Tokenizer, options: AttributeO
     check_model(config, options.by)
     if options.layers is not None and options.by == "component":
         raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")
-    vocab = config.vocab_size
-    target = parse_token(tokenizer, options.target, "--target", vocab) if options.target is not None else None
-    foil = parse_token(tokenizer, options.foil, "--foil", vocab) if options.foil is not None else None
-    return target, foil
+    return parse_metric(config, tokenizer, options.target, options.foil)
 
 
 @dataclass
@@ -161,7 +156,7 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
     import torch
 
     config = model.config
-    device = model.embed_tokens.weight.device
+    device = model.device
     names = writer_sites(model, options.by)
     layers = len(model.output_stack.blocks)
     ablation = options.ablation
@@ -178,7 +173,7 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
         at = torch.tensor([prompt.position for prompt in batch], device=device)
         logits, cache = run(ids, mask, names, at, ablation and ablation.hooks)
         if ablation is not None:  # the same prompts with nothing removed, for the model's value without
-            plain = run(ids, mask, names[-2:] if model.output_stack.final_norm is not None else names[-1:], at)
+            plain = run(ids, mask, names[-2:] if model.has_final_norm else names[-1:], at)
         for row, prompt in enumerate(batch):
             position, foil = prompt.position, prompt.foil
             target = prompt.target or token_of(tokenizer, int(logits[row].double().argmax()))
@@ -189,9 +184,9 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
             encoding = prompt.encoding
             yield Attribution(
                 prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), position, target, foil, value,
-                decompose(model, cache, row, position, readout, options.by, options.layers,
+                decompose(model, cache, (row, position), readout, options.by, options.layers,
                           options.top if neurons is None else neurons, converted),
-                options.by, layers, config.num_attention_heads, model.lm_head.softcap, top=options.top,
+                options.by, layers, config.num_attention_heads, model.final_softcap, top=options.top,
                 read_text=encoding.read_part(0) if encoding is not None else None,
                 untruncated_length=encoding.untruncated_length if encoding is not None and encoding.truncated
                 else None, token_texts=tokenizer.texts(prompt.ids), ablated=ablation and ablation.specs,
@@ -203,23 +198,12 @@ def value_at(model: TransformerModel, logits: Tensor, cache: dict[str, Tensor], 
     """The model's logit (difference) at `metric`'s position of one row of a pass (its logits at each row's position
     (B, V) and the cache of its final state): before the final soft cap, where the model has one, as the components
     sum."""
-    if model.lm_head.softcap is not None:
+    if model.final_softcap is not None:
         return before_cap(readout, final_state(model, cache)[row, metric.position])
     return float(metric.of_row(logits[row].double()[None])[0])
 
 
 # ---------------------------------------------------------------- over a dataset
-
-
-def prompt_block(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
-                 settings: tuple[AttributeOptions, list[str] | None]) -> list[Attribution]:
-    """A block of a dataset's prompts on a Ray worker (tfcli/cluster.py), as run_dataset attributes them; the
-    --ablate specs made into hooks here (hooks do not travel)."""
-    from tfcli.analysis.ablation import ablation
-
-    options, ablate = settings
-    options = dataclasses.replace(options, ablation=ablation(ablate, model.config))
-    return list(run_prompts(model, tokenizer, prompts, options, neurons=10**9 if options.by == "neuron" else None))
 
 ATTRIBUTE_LINE = LineSpec(("text",), ("target", "foil", "position"), aliases={"clean": "text"}, ignored=("corrupt",))
 
@@ -228,9 +212,7 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Promp
     """A dataset line checked as a single run's text and options are (one token each, the position in range),
     before any model is built. A patch dataset's line reads as its clean text."""
     fields = line.fields
-    vocab = config.vocab_size
-    target = parse_token(tokenizer, fields["target"], "target", vocab) if fields["target"] is not None else None
-    foil = parse_token(tokenizer, fields["foil"], "foil", vocab) if fields["foil"] is not None else None
+    target, foil = parse_metric(config, tokenizer, fields["target"], fields["foil"], prefix="")
     encoding = tokenizer.encode([fields["text"]])[0]
     ids = model_input(config, encoding)
     limit = config.max_position_embeddings
@@ -259,47 +241,54 @@ class DatasetAttribution(Attribution):
     interrupted: bool = False
 
 
-def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, prompts: list[Prompt],
-                options: AttributeOptions, resamples: int, dataset: str = "", skipped: int = 0,
-                each: Callable[[Attribution], None] | None = None,
-                progress: Callable[[int, int], None] | None = None,
-                results: Iterable[Attribution] | None = None) -> DatasetAttribution:
-    """Attribute every prompt, then aggregate (see DatasetAttribution). `each(result)` gets each prompt's result as a
-    single run gives it, in order; `progress(prompts done, prompts)`. With --by neuron every neuron is kept per
-    prompt and the `top` largest |mean| are listed. `results`: the prompts' results made elsewhere (a Ray cluster:
-    tfcli/cluster.py, with `prompt_block`), in order, instead of `model`'s. Ctrl-C (KeyboardInterrupt) aggregates
-    the prompts finished."""
+@dataclass
+class AttributeDataset:
+    """`attribute --dataset` as the runner runs it (tfcli/runner.py): an item is a line's Prompt, its result the
+    prompt's Attribution (with --by neuron, every neuron kept), the aggregate a DatasetAttribution."""
+
+    options: AttributeOptions
+    command, unit, line, block = "attribute", "prompts", ATTRIBUTE_LINE, None
+
+    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Prompt:
+        return check_prompt(config, tokenizer, line)
+
+    def check_items(self, prompts: list[Prompt]) -> None:
+        check_one_metric([(prompt.line, prompt.foil is not None) for prompt in prompts])
+
+    def results(self, model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
+                progress: Callable[[float], None] | None) -> Iterator[Attribution]:
+        every = 10**9 if self.options.by == "neuron" else None
+        for done, result in enumerate(run_prompts(model, tokenizer, prompts, self.options, neurons=every), 1):
+            yield result
+            if progress is not None:
+                progress(done)
+
+    def shown(self, result: Attribution) -> Attribution:
+        if self.options.by != "neuron":
+            return result
+        return dataclasses.replace(result, components=kept_neurons(result.components, self.options.top))
+
+    def aggregate(self, done: Done, dataset: Dataset) -> DatasetAttribution:
+        results = [result for _, result in done]
+        return aggregate(results, self.options, dataset, done.interrupted)
+
+
+def aggregate(results: list[Attribution], options: AttributeOptions, dataset: Dataset,
+              interrupted: bool) -> DatasetAttribution:
+    """Each component's mean over the prompts' results, with its spread (see DatasetAttribution). With --by neuron
+    every neuron is kept per prompt and the `top` largest |mean| are listed."""
     import torch
 
     every = options.by == "neuron"
-    if results is None:
-        results = run_prompts(model, tokenizer, prompts, options, neurons=10**9 if every else None)
-    rows: list[list[float]] = []
-    logits, unablated, worst = [], [], 0.0
-    first: Attribution | None = None
-    metrics, positions = set(), set()
-    interrupted = False
-    try:
-        for result in results:
-            if first is None:
-                first = result
-            elif [c.name for c in result.components] != [c.name for c in first.components]:
-                raise TfcliError("the prompts' components differ: this is a bug in tfcli")
-            rows.append([c.value for c in result.components])
-            logits.append(result.logit)
-            unablated.append(result.unablated)
-            worst = max(worst, abs(result.total - result.logit))
-            metrics.add((result.target.id, result.foil and result.foil.id))
-            positions.add(result.position)
-            if each is not None:
-                each(dataclasses.replace(result, components=kept_neurons(result.components, options.top))
-                     if every else result)
-            if progress is not None:
-                progress(len(rows), len(prompts))
-    except KeyboardInterrupt:
-        interrupted = True
-    if first is None:
-        raise KeyboardInterrupt  # interrupted before a prompt finished: nothing to aggregate
+    first = results[0]
+    if any([c.name for c in result.components] != [c.name for c in first.components] for result in results):
+        raise TfcliError("the prompts' components differ: this is a bug in tfcli")
+    rows = [[c.value for c in result.components] for result in results]
+    logits = [result.logit for result in results]
+    unablated = [result.unablated for result in results]
+    worst = max(abs(result.total - result.logit) for result in results)
+    metrics = {(result.target.id, result.foil and result.foil.id) for result in results}
+    positions = {result.position for result in results}
     values = torch.tensor(rows, dtype=torch.float64)  # (N, components)
     names = [c.name for c in first.components]
     components = [dataclasses.replace(c, value=v) for c, v in zip(first.components, values.mean(0).tolist())]
@@ -322,7 +311,7 @@ def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, prompts: l
             per_layer[j, c.layer + layers * c.in_mlp] = 1.0
     sums = values @ per_layer  # (N, 2 L): each prompt's attention and MLP per layer
     layer_std = sums.std(0) if len(sums) > 1 else torch.zeros(2 * layers, dtype=torch.float64)
-    mean, std, low, high = mean_spread(values, resamples)
+    mean, std, low, high = mean_spread(values, dataset.resamples)
     components = [dataclasses.replace(c, value=v) for c, v in zip(components, mean.tolist())]
     spread = {c.name: (float(std[j]), None if low is None else float(low[j]), None if high is None else
                        float(high[j])) for j, c in enumerate(components)}
@@ -330,8 +319,8 @@ def run_dataset(model: TransformerModel | None, tokenizer: Tokenizer, prompts: l
     return DatasetAttribution(
         "", [], [], first.position if len(positions) == 1 else None, first.target if same else None,
         first.foil if same else None, sum(logits) / len(logits), components, options.by, first.layers, first.heads,
-        first.softcap, top=options.top, dataset=dataset, n=len(rows), prompts=len(prompts), skipped=skipped,
-        resamples=resamples, spread=spread, worst=worst, layer_std=(layer_std[:layers].tolist(),
-                                                                    layer_std[layers:].tolist()),
+        first.softcap, top=options.top, dataset=dataset.path, n=len(rows), prompts=len(dataset.items),
+        skipped=dataset.skipped, resamples=dataset.resamples, spread=spread, worst=worst,
+        layer_std=(layer_std[:layers].tolist(), layer_std[layers:].tolist()),
         foil_each=first.foil is not None, interrupted=interrupted, ablated=first.ablated,
         unablated=None if first.ablated is None else sum(unablated) / len(unablated))

@@ -181,9 +181,9 @@ class Cluster:
             progress: Callable[[int, int, int], None] | None = None, block: int = BLOCK) -> Iterator[Any]:
         """work(model, tokenizer, block of items, options) -> a list (one per item, or a block's sums) on the
         workers, in blocks of at most `block` items, at least SHARES per worker so that none waits on another's
-        last long block; yields each block's list in the order of `items`, as the blocks finish (`progress(items
-        done, items, workers alive)`). Ctrl-C cancels the blocks not finished, yields those finished (in order,
-        with gaps) and then raises KeyboardInterrupt."""
+        last long block; yields (the block's first index in `items`, its list) in the order of `items`, as the
+        blocks finish (`progress(items done, items, workers alive)`). Ctrl-C cancels the blocks not finished, yields
+        those finished (in order, with gaps) and then raises KeyboardInterrupt."""
         import ray
 
         size = max(1, min(block, -(-len(items) // (SHARES * len(self.workers)))))
@@ -203,7 +203,7 @@ class Cluster:
                         raise _cause(error) from None
                     done += len(blocks[index])
                 while following in finished:
-                    yield finished.pop(following)
+                    yield following * size, finished.pop(following)
                     following += 1
                 if progress is not None:
                     progress(done, len(items), self.alive())
@@ -211,7 +211,7 @@ class Cluster:
             for ref in pending:  # a queued block is dropped; one running ends with its worker (Cluster.__exit__)
                 ray.cancel(ref)
             for index in sorted(finished):
-                yield finished[index]
+                yield index * size, finished[index]
             raise
 
 
@@ -245,7 +245,7 @@ def spec_of(source: str | None, revision: str | None, device: str, dtype: str, s
     return ModelSpec(source, revision, device, dtype, seed, source is not None and os.path.exists(source))
 
 
-def flattened(blocks: Iterator[list[Any]]) -> Iterator[Any]:
+def flattened(blocks: Iterator[tuple[int, list[Any]]]) -> Iterator[Any]:
     """The items of each block's list, in order (a KeyboardInterrupt after them passes on)."""
-    for block in blocks:
+    for _, block in blocks:
         yield from block

@@ -135,7 +135,7 @@ def run(models: Models, encoding: Encoding, tolerance: float | None = None) -> C
 
     if tolerance is None:
         tolerance = default_tolerance(models.dtype)
-    input_ids = torch.tensor([encoding.ids], device=models.ours.embed_tokens.weight.device)
+    input_ids = torch.tensor([encoding.ids], device=models.ours.device)
     return Comparison(models.source, encoding, tolerance, compare_with(models.ours, models.theirs, input_ids),
                       models.dtype)
 
@@ -173,7 +173,7 @@ def transformers_model(source: "Source", like: "TransformerModel"):
         if cls is None:
             raise TfcliError(f"transformers has no class `{names[0]}`", "compare supports transformers' own models only")
     reference = cls.from_pretrained(str(source.weights.parent), **options).eval()
-    return reference.to(device=like.embed_tokens.weight.device, dtype=dtype)
+    return reference.to(device=like.device, dtype=dtype)
 
 
 def compare(model: "TransformerModel", source: Source, input_ids: "Tensor") -> list[Difference]:

@@ -238,7 +238,7 @@ def encode_batch(model: "TransformerModel", tokenizer: "Tokenizer", encodings: l
 
     from tfcli.model.sites import Sites, check_names, merged, name_filter
 
-    device = model.embed_tokens.weight.device
+    device = model.device
     ids, mask, type_ids = tokenizer.pad(encodings)
     inputs = {"input_ids": torch.tensor(ids, device=device), "attention_mask": torch.tensor(mask, device=device)}
     if model.reads_segments:
@@ -278,10 +278,11 @@ def _keep_heads(selected: dict[str, "Tensor"], name: str, heads: list[int]):
     return keep
 
 
-def _maps(kind: str, captured: Captured, names: list[str], row: int, q_len: int, k_len: int,
-          options: EncodeOptions, query_tokens: list[str], key_tokens: list[str], query_texts: list[str],
-          key_texts: list[str]) -> list[AttentionMap]:
-    """The attention maps of one text from the batch's patterns (`names`: one per layer of the stack)."""
+def _maps(kind: str, captured: Captured, names: list[str], row: int, options: EncodeOptions,
+          queries: tuple[int, list[str], list[str]], keys: tuple[int, list[str], list[str]]) -> list[AttentionMap]:
+    """The attention maps of one text from the batch's patterns (`names`: one per layer of the stack); `queries` and
+    `keys` (length, tokens, the text each token stands for) label the maps' rows and columns."""
+    (q_len, query_tokens, query_texts), (k_len, key_tokens, key_texts) = queries, keys
     maps = []
     for layer, name in enumerate(names):
         if name not in captured.patterns:
@@ -381,11 +382,12 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
         tokens, texts, length = (t_tokens, t_texts, t_len) if prefix == "decoder." else \
             (encoding.tokens, report.token_texts, n)
         blocks = range(len(stack.blocks))
-        report.attention += _maps(kind, captured, [pattern_name(prefix, i) for i in blocks], row, length, length,
-                                  options, tokens, tokens, texts, texts)
+        report.attention += _maps(kind, captured, [pattern_name(prefix, i) for i in blocks], row, options,
+                                  (length, tokens, texts), (length, tokens, texts))
         if prefix == "decoder.":
             report.attention += _maps("cross", captured, [pattern_name(prefix, i, cross=True) for i in blocks],
-                                      row, t_len, n, options, t_tokens, encoding.tokens, t_texts, report.token_texts)
+                                      row, options, (t_len, t_tokens, t_texts), (n, encoding.tokens,
+                                                                                  report.token_texts))
     if options.top_k and model.has_lens:  # no lens for narrower embeddings without an MLM head (ELECTRA, ALBERT)
         prefix, stack = model.stacks()[-1]
         hidden = [captured.values[name] for name in hidden_names(model, prefix, stack)]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tfcli.errors import usage_error
+from tfcli.analysis.inputs import Prompt, prompts
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
@@ -22,15 +22,6 @@ if TYPE_CHECKING:
     from tfcli.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "gpt2-small"  # the bundled default (bert-base) is an encoder and cannot generate
-
-
-@dataclass
-class Prompt:
-    """One prompt, tokenized for the model, and how many new tokens fit after it."""
-
-    text: str
-    ids: list[int]  # what the model reads: the decoder's prompt, or the encoder's input
-    budget: int  # new tokens that fit in the position table (at most the number asked for)
 
 
 @dataclass
@@ -44,39 +35,17 @@ class Generation:
     stopped_at_eos: bool = False
 
 
-def prompts(config: ModelConfig, tokenizer: Tokenizer, texts: list[str], max_new_tokens: int) -> list[Prompt]:
-    """Tokenize prompts for a model that can generate (else a clear error naming its head). A decoder
-    continues the prompt, so an end-of-sequence token that the tokenizer appends (BERT's [SEP] ends every
-    text) is dropped; an encoder reads the text as encoded. A prompt longer than the position table is
-    refused; a budget shorter than `max_new_tokens` means the table ends first."""
-    from tfcli.model.decoding import check_can_generate
-
-    check_can_generate(config, max_new_tokens=max_new_tokens)
-    out = []
-    for text in texts:
-        if not text.strip():
-            raise usage_error("the prompt is empty", "give some text to continue")
-        ids = tokenizer.encode([text])[0].ids
-        decoder_only = config.architecture == "decoder"
-        if decoder_only and len(ids) > 1 and ids[-1] in config.eos_token_ids:
-            ids = ids[:-1]
-        check_can_generate(config, len(ids), max_new_tokens)
-        used = len(ids) if decoder_only else 1  # an encoder-decoder's decoder starts from one token
-        out.append(Prompt(text, ids, max(1, min(max_new_tokens, config.max_position_embeddings - used))))
-    return out
-
-
 def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[Prompt]], sampling: Sampling,
-        max_new_tokens: int, lens: bool = False, on_text: Callable[[str], None] | None = None,
-        warn: Callable[[str], None] | None = None, hooks: dict[str, Hook] | None = None) -> Iterator[Generation]:
+        lens: bool = False, on_text: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None,
+        hooks: dict[str, Hook] | None = None) -> Iterator[Generation]:
     """Generate for each prompt of a stream of batches (`prompts`), yielding each prompt's generation in order;
-    `warn` hears when fewer than `max_new_tokens` fit after a prompt, and on_text receives each new piece of text
+    `warn` hears when fewer new tokens than asked fit after a prompt, and on_text receives each new piece of text
     as soon as it is decoded; `hooks` (by site name: steering) run on every pass."""
     number = 0
     for batch in batches:
         for prompt in batch:
             number += 1
-            if prompt.budget < max_new_tokens and warn is not None:
+            if prompt.budget < prompt.asked and warn is not None:
                 tokens = f"{prompt.budget} new token{'s' if prompt.budget != 1 else ''}"
                 warn(f"prompt {number}: only {tokens} fit in the model's {model.config.max_position_embeddings} "
                      "positions")

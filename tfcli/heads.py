@@ -302,7 +302,7 @@ def score_batch(model: TransformerModel, config: ModelConfig, tokenizer: Tokeniz
     text, row, head and detector (DETECTORS order), and (B, D) whether each text counts for each detector."""
     import torch
 
-    device = model.embed_tokens.weight.device
+    device = model.device
     stacks = model.stacks()
     hooks, scorers, found = {}, [], None
     inputs: dict[str, Tensor] = {}
@@ -522,7 +522,7 @@ def attach_maps(model: TransformerModel, result: Heads) -> None:
             for h, best in enumerate(row):
                 if best is not None:
                     wanted.setdefault(best.text, set()).add((r, h))
-    device = model.embed_tokens.weight.device
+    device = model.device
     names = every_block(model, "attn.pattern")  # one per row, as row_names
     stack_of_row = [prefix for prefix, stack in model.stacks() for _ in stack.blocks]
     for index, cells in wanted.items():

@@ -1,6 +1,6 @@
 """`tfcli steer`: steering vectors. `fit` finds, for each chosen block, a direction in the residual stream that
-separates the positive texts of contrast pairs from their negatives; `steering_hooks` adds vectors to the blocks'
-outputs while the model runs.
+separates the positive texts of contrast pairs from their negatives; `steering_hooks` (tfcli/analysis/vectors.py)
+adds vectors to the blocks' outputs while the model runs.
 
 The representation of a text at block L is its last token's `blocks.{L}.resid_post` (the block's output, before
 any final norm; a decoder reads each text as `generate` reads a prompt). With P the positives' and N the negatives'
@@ -19,7 +19,8 @@ tie). mean-diff keeps its sign: the mean gap along it is |mean(P - N)| >= 0.
 
 How well a direction v separates the pairs, per block: `separation`, the share of pairs whose positive projects
 above its negative (P.v > N.v), and `gap`, the mean projection gap mean((P - N).v) / |v| in units of the standard
-deviation of the projections of all 2n representations (n - 1).
+deviation of the projections of all 2n representations (n - 1); and `resid_norm`, the median norm of those
+representations, against which a strength (times |v|) is small or large.
 
 Shapes: n pairs, d the model width.
 """
@@ -33,15 +34,17 @@ from typing import TYPE_CHECKING
 from tfcli.analysis.dataset import Line, LineSpec
 from tfcli.analysis.indices import parse_indices
 from tfcli.analysis.inputs import model_input, padded
+from tfcli.analysis.names import block_site
+from tfcli.analysis.vectors import check_model, steering_hooks
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from tfcli.analysis.inputs import Prompt
     from tfcli.analysis.metric import Token
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
-    from tfcli.model.sites import Hook
     from tfcli.tokenizer import Tokenizer
 
 METHODS = ("pca-diff", "pca-center", "mean-diff")
@@ -69,6 +72,7 @@ class LayerFit:
     direction: Tensor
     separation: float  # share of pairs whose positive projects above its negative
     gap: float  # mean projection gap positive - negative, in standard deviations of all projections
+    resid_norm: float  # median norm of the texts' representations: what strength x |direction| compares with
 
 
 @dataclass
@@ -87,13 +91,6 @@ class SteerFit:
         return {fit.layer: fit.direction for fit in self.layers}
 
 
-def check_model(config: ModelConfig) -> None:
-    """Refuse, before a model is built, a model whose blocks' outputs are not one residual stream to steer."""
-    if config.architecture == "encoder-decoder":
-        raise usage_error(f"{config.name} is an encoder-decoder: steer reads and steers one stack's residual stream",
-                          "use a decoder-only model (llama.cpp's control vectors are for those)")
-
-
 def check_method(method: str) -> str:
     if method not in METHODS:
         raise usage_error(f"--method must be one of {', '.join(METHODS)}, got `{method}`", parameter="method")
@@ -105,7 +102,7 @@ def chosen_layers(config: ModelConfig, spec: str | None) -> list[int]:
     `read_representations` reads them (range(-1, -n, -1)) and as llama.cpp applies them (never block 0); a model of
     one block: that block."""
     count = config.num_hidden_layers
-    layers = parse_indices(spec, count, "layers")
+    layers = parse_indices(spec, count, "layers", noun="blocks")
     if layers is None:
         layers = list(range(1, count)) or [0]
     return layers
@@ -143,8 +140,8 @@ def representations(model: TransformerModel, tokenizer: Tokenizer, pairs: list[P
     import torch
 
     rows = [ids for pair in pairs for ids in (pair.positive_ids, pair.negative_ids)]
-    names = [f"blocks.{layer}.resid_post" for layer in layers]
-    device = model.embed_tokens.weight.device
+    names = [block_site(layer, "resid_post") for layer in layers]
+    device = model.device
     kept: dict[int, list[Tensor]] = {layer: [] for layer in layers}
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
@@ -217,50 +214,12 @@ def fit(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], method
     for layer in layers:
         vector = direction(hidden[layer], method)
         share, gap = separation(hidden[layer], vector)
-        result.layers.append(LayerFit(layer, vector, share, gap))
+        norm = float(hidden[layer].norm(dim=1).quantile(0.5))
+        result.layers.append(LayerFit(layer, vector, share, gap, norm))
     return result
 
 
 # ---------------------------------------------------------------- applying
-
-
-def steering_hooks(model: TransformerModel, vectors: list[dict[int, Tensor]], strengths: list[float],
-                   normalize: bool = False, layers: list[int] | None = None) -> dict[str, Hook]:
-    """Hooks {`blocks.{L}.resid_post`: hook} that add sum_i strengths[i] * vectors[i][L] to block L's output at every
-    position (prompt and generated: the hook runs on every pass), as llama.cpp adds a control vector to `l_out` and
-    repeng's ControlModel to the decoder layer's output. `layers`: only these blocks (default: every block a vector
-    has). `normalize`: each position keeps the norm it had before (repeng's `normalize=True`). For
-    `model.run_with_hooks` and the generation loop."""
-    import torch
-
-    if len(vectors) != len(strengths):
-        raise ValueError("one strength per vector")
-    total: dict[int, Tensor] = {}
-    for vector, strength in zip(vectors, strengths):
-        for layer, values in vector.items():
-            if layers is not None and layer not in layers:
-                continue
-            added = values.to(torch.float32) * float(strength)
-            total[layer] = total[layer] + added if layer in total else added
-    config = model.config
-    check_model(config)
-    hooks: dict[str, Hook] = {}
-    for layer, added in sorted(total.items()):
-        if not 0 <= layer < config.num_hidden_layers or added.shape != (config.hidden_size,):
-            raise usage_error(f"a steering vector for block {layer} of width {added.shape[-1]} does not fit "
-                              f"{config.name} ({config.num_hidden_layers} blocks, {config.hidden_size} wide)")
-        hooks[f"blocks.{layer}.resid_post"] = _adding(added, normalize)
-    return hooks
-
-
-def _adding(added: Tensor, normalize: bool) -> Hook:
-    def hook(value: Tensor) -> Tensor:
-        steered = value + added.to(value)
-        if normalize:
-            steered = steered / steered.norm(dim=-1, keepdim=True) * value.norm(dim=-1, keepdim=True)
-        return steered
-
-    return hook
 
 
 # ---------------------------------------------------------------- steer sweep: what a vector does, strength by strength
@@ -306,25 +265,40 @@ def parse_strengths(spec: str) -> list[float]:
     return strengths
 
 
-def sweep(model: TransformerModel, tokenizer: Tokenizer, prompt: str, ids: list[int], vector: dict[int, Tensor],
-          name: str, strengths: list[float], layers: list[int], new_tokens: int, target: Token | None = None,
-          foil: Token | None = None, normalize: bool = False) -> Sweep:
+@dataclass
+class SweepOptions:
+    """What `steer sweep` sweeps: a vector (its directions by block, and its file's name as given), the strengths,
+    the blocks steered, the logit (difference) whose change is the effect (None: no effect measured), and whether
+    each position keeps its norm (--normalize)."""
+
+    vector: dict[int, Tensor]
+    name: str
+    strengths: list[float]
+    layers: list[int]
+    target: Token | None = None
+    foil: Token | None = None
+    normalize: bool = False
+
+
+def sweep(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, options: SweepOptions) -> Sweep:
     """For each strength: the vector times it added to the chosen blocks' outputs (steering_hooks) on a whole pass
     of the prompt (T, V) (the effect at its last position; the cost: KL from the unsteered pass's distributions,
-    averaged over its T positions) and on a greedy generation of `new_tokens` (stopping at the end of sequence).
-    Strength 0 is the model unsteered."""
+    averaged over its T positions) and on a greedy generation of the new tokens that fit (`prompt.budget`, stopping
+    at the end of sequence). Strength 0 is the model unsteered."""
     import torch
 
     from tfcli.analysis.metric import Metric
     from tfcli.model.decoding import generate
 
-    device = model.embed_tokens.weight.device
+    ids, new_tokens, target, foil = prompt.ids, prompt.budget, options.target, options.foil
+    vector, layers, normalize = options.vector, options.layers, options.normalize
+    device = model.device
     input_ids = torch.tensor([ids], device=device)
     metric = None if target is None else Metric(target.id, foil and foil.id, len(ids) - 1)
-    result = Sweep(prompt, ids, name, layers, normalize, target, foil, token_texts=tokenizer.texts(ids))
+    result = Sweep(prompt.text, ids, options.name, layers, normalize, target, foil, token_texts=tokenizer.texts(ids))
     with torch.no_grad():
         plain = model(input_ids).logits.double().log_softmax(-1)[0]  # (T, V)
-        for strength in strengths:
+        for strength in options.strengths:
             hooks = steering_hooks(model, [vector], [strength], normalize, layers) if strength else None
             logits = model.run_with_hooks(input_ids, hooks) if hooks else model(input_ids).logits
             steered = logits.double().log_softmax(-1)[0]

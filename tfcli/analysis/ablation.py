@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfcli.errors import TfcliError, usage_error
+from tfcli.model.sites import block_site
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
@@ -42,9 +43,9 @@ def parse_ablation(spec: str, config: ModelConfig, known: list[str]) -> tuple[li
         if head >= config.num_attention_heads:
             raise usage_error(f"--ablate {spec}: {config.name} has {config.num_attention_heads} heads per layer "
                               f"(H0 to H{config.num_attention_heads - 1})")
-        target = f"blocks.{layer}.attn.z"
+        target = block_site(layer, "attn.z")
     elif match := SUBLAYER.fullmatch(target):
-        target = f"blocks.{match[1]}.{match[2]}.out"
+        target = block_site(int(match[1]), f"{match[2]}.out")
     try:
         check_names([target], known)
     except TfcliError as exc:
@@ -55,14 +56,19 @@ def parse_ablation(spec: str, config: ModelConfig, known: list[str]) -> tuple[li
 @dataclass
 class Ablation:
     """What `--ablate` removes: the specs as given, their hooks by site, and whether any replaces a value by its mean
-    over the text's positions (a pass over the whole text is then needed: patch's fast sweep runs only part of it)."""
+    over the text's positions (a pass over the whole text is then needed: patch's fast sweep runs only part of it).
+    It travels (to a Ray worker) as its specs and config, and is made again there: hooks do not travel."""
 
     specs: list[str]
     hooks: dict[str, Hook]
     by_mean: bool
+    config: ModelConfig
 
     def label(self) -> str:
         return ablated_label(self.specs)
+
+    def __reduce__(self):
+        return ablation, (self.specs, self.config)
 
 
 def ablated_label(specs: list[str]) -> str:
@@ -89,4 +95,4 @@ def ablation(specs: list[str] | None, config: ModelConfig, generating: bool = Fa
         by_mean = by_mean or how == "mean"
         heads = None if head is None else [head]
         groups += [{name: (sites.zero if how == "zero" else sites.mean)(name, heads=heads)} for name in names]
-    return Ablation(list(specs), sites.merged(*groups) or {}, by_mean)
+    return Ablation(list(specs), sites.merged(*groups) or {}, by_mean, config)

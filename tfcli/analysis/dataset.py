@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +43,35 @@ class LineSpec:
     @property
     def known(self) -> tuple[str, ...]:
         return self.required + self.optional + tuple(self.aliases) + self.ignored
+
+
+@dataclass
+class Dataset:
+    """A dataset read and checked (tfcli/runner.py): its `path` (`-`: stdin), its items (what the analysis made of
+    each line), the lines skipped (--skip-bad) and the bootstrap's resamples (0: none)."""
+
+    path: str
+    items: list
+    skipped: int
+    resamples: int
+
+
+class Done:
+    """(item, result) of each item of a dataset as it finishes (iterated once, by an analysis's aggregate), each
+    result handed to `each` first; Ctrl-C (KeyboardInterrupt) ends the iteration, and `interrupted` says so."""
+
+    def __init__(self, results: Iterable[tuple[Any, Any]], each: Callable[[Any], None] | None = None):
+        self.results, self.each = results, each
+        self.interrupted = False
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        try:
+            for item, result in self.results:
+                if self.each is not None:
+                    self.each(result)
+                yield item, result
+        except KeyboardInterrupt:
+            self.interrupted = True
 
 
 @dataclass
@@ -110,8 +139,9 @@ def line_of(number: int, value: Any, spec: LineSpec) -> Line:
                       f"each line is one JSON object with {', '.join(spec.required)}")
     unknown = [key for key in value if key not in spec.known]
     if unknown:
+        optional = f" and optionally {', '.join(spec.optional)}" if spec.optional else ""
         raise BadLine(number, f"unknown key {', '.join(f'`{k}`' for k in unknown)}",
-                      f"a line has {', '.join(spec.required)} and optionally {', '.join(spec.optional)}")
+                      f"a line has {', '.join(spec.required)}{optional}")
     value = dict(value)
     for alias, key in spec.aliases.items():
         if key not in value and alias in value:

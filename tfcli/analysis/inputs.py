@@ -1,9 +1,12 @@
-"""What a model reads of the texts an analysis runs on: a decoder's text read as a prompt, and a batch of id lists
-padded into ids and a mask."""
+"""What a model reads of the texts an analysis runs on: a decoder's text read as a prompt, a batch of id lists
+padded into ids and a mask, and prompts to generate from (`generate`, `steer sweep`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
     import torch
@@ -32,3 +35,36 @@ def padded(rows: list[list[int]], tokenizer: Tokenizer, device: torch.device | s
     ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows], device=device)
     mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows], device=device)
     return ids, mask
+
+
+@dataclass
+class Prompt:
+    """One prompt, tokenized for the model, and how many new tokens fit after it."""
+
+    text: str
+    ids: list[int]  # what the model reads: the decoder's prompt, or the encoder's input
+    budget: int  # new tokens that fit in the position table (at most the number asked for)
+    asked: int = 0  # new tokens asked for (more than the budget: the position table ends first)
+
+
+def prompts(config: ModelConfig, tokenizer: Tokenizer, texts: list[str], max_new_tokens: int) -> list[Prompt]:
+    """Tokenize prompts for a model that can generate (else a clear error naming its head). A decoder
+    continues the prompt, so an end-of-sequence token that the tokenizer appends (BERT's [SEP] ends every
+    text) is dropped; an encoder reads the text as encoded. A prompt longer than the position table is
+    refused; a budget shorter than `max_new_tokens` means the table ends first."""
+    from tfcli.model.decoding import check_can_generate
+
+    check_can_generate(config, max_new_tokens=max_new_tokens)
+    out = []
+    for text in texts:
+        if not text.strip():
+            raise usage_error("the prompt is empty", "give some text to continue")
+        ids = tokenizer.encode([text])[0].ids
+        decoder_only = config.architecture == "decoder"
+        if decoder_only and len(ids) > 1 and ids[-1] in config.eos_token_ids:
+            ids = ids[:-1]
+        check_can_generate(config, len(ids), max_new_tokens)
+        used = len(ids) if decoder_only else 1  # an encoder-decoder's decoder starts from one token
+        out.append(Prompt(text, ids, max(1, min(max_new_tokens, config.max_position_embeddings - used)),
+                          max_new_tokens))
+    return out

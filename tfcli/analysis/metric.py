@@ -81,6 +81,34 @@ def parse_label(config: ModelConfig, spec: str, option: str) -> Token:
                       f"(or #0 to #{len(names) - 1})")
 
 
+def parse_metric(config: ModelConfig, tokenizer: Tokenizer, target: str | None, foil: str | None,
+                 position: int | None = None, prefix: str = "--") -> tuple[Token | None, Token | None]:
+    """The target and foil of a metric, as options (`prefix` "--") or a dataset line's keys (prefix ""): tokens of
+    the tokenizer, or a classifier's labels (read from the whole text: no position); None where not given (a target:
+    the model's own top prediction). A target and foil that are the same are refused (their difference is 0)."""
+    if config.head == "classifier":
+        if position is not None:
+            raise usage_error(f"{prefix}position is for a token's logit: a classifier's labels are read from the "
+                              "whole text")
+        read = [None if spec is None else parse_label(config, spec, f"{prefix}{name}")
+                for name, spec in (("target", target), ("foil", foil))]
+    else:
+        read = [None if spec is None else parse_token(tokenizer, spec, f"{prefix}{name}", config.vocab_size)
+                for name, spec in (("target", target), ("foil", foil))]
+    if read[0] is not None and read[1] is not None and read[0].id == read[1].id:
+        raise usage_error(f"{prefix}target and {prefix}foil are the same ({read[0].text!r}): their difference is "
+                          "always 0")
+    return read[0], read[1]
+
+
+def check_head(config: ModelConfig, heads: tuple[str, ...], reads: str, hint: str) -> None:
+    """Refuse, before a model is built, one whose head is not one of `heads` ("lm", "mlm", "classifier"): `reads`
+    says what the analysis reads of the output (a sentence's end, after "`name` has no head: "), `hint` what to use."""
+    if config.head not in heads:
+        has = "no head" if config.head == "none" else f"a `{config.head}` head"
+        raise usage_error(f"{config.name} has {has}: {reads}", hint)
+
+
 def position_of(ids: list[int], tokenizer: Tokenizer, config: ModelConfig, position: int | None) -> int:
     """The position the metric is read at: `position` (negative counts from the end), else a masked-LM encoder's
     [MASK] when the text has one, else the last token."""

@@ -1,7 +1,7 @@
 """Site names as analyses build them, and the kinds of site an analysis sweeps (`tfcli patch --sites`), each with
 the site it reads and the axes one patch of it selects: what patch, heads, the renderers and the next analyses read.
 
-The names themselves are the model's (tfcli/model/sites.py, docs/sites.md): `blocks.{l}.{leaf}` under a stack's
+The names themselves are the model's (tfcli/model/sites.py, `block_site`; docs/sites.md): `blocks.{l}.{leaf}` under a stack's
 prefix (`""`, or `encoder.` / `decoder.` in an encoder-decoder).
 """
 
@@ -10,14 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tfcli.model.sites import block_site
+
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
-
-
-def block_site(layer: int, leaf: str, stack: str = "") -> str:
-    """`blocks.{layer}.{leaf}` under the stack's prefix: (3, "attn.z", "decoder.") -> decoder.blocks.3.attn.z."""
-    return f"{stack}blocks.{layer}.{leaf}"
 
 
 def every_block(model: TransformerModel, leaf: str, causal: bool = False) -> list[str]:

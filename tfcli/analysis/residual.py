@@ -97,15 +97,16 @@ def neuron_values(block: Block, post: Tensor, direction: Tensor, converted: dict
     return post.double() * (direction @ float64_weight(block.mlp.output, converted))
 
 
-def decompose(model: TransformerModel, cache: dict[str, Tensor], row: int, position: int, readout: Readout,
+def decompose(model: TransformerModel, cache: dict[str, Tensor], where: tuple[int, int], readout: Readout,
               by: str = "component", layers: list[int] | None = None, neurons: int = 10,
               converted: dict[nn.Module, Tensor] | None = None) -> list[Component]:
-    """The components of row `row` of a batch's cache (of `writer_sites`) at `position`: with `by` head or neuron
+    """The components of a batch's cache (of `writer_sites`) at `where`, (row, position): with `by` head or neuron
     the blocks of `layers` (None: all) broken into heads or neurons (the `neurons` largest |value| kept one by one,
-    the rest of each MLP as `L{l}.mlp_rest`: `kept_neurons`); then the readout's constants (the final norm's and the unembedding's
-    biases). They sum to the model's own logit (difference) before a soft cap. `converted`: the float64 weights
-    (float64_weight) kept from one call to the next."""
+    the rest of each MLP as `L{l}.mlp_rest`: `kept_neurons`); then the readout's constants (the final norm's and the
+    unembedding's biases). They sum to the model's own logit (difference) before a soft cap. `converted`: the
+    float64 weights (float64_weight) kept from one call to the next."""
     converted = {} if converted is None else converted
+    row, position = where
 
     def at(name: str) -> Tensor:
         return cache[name][row, position]

@@ -1,4 +1,5 @@
-"""Steering-vector files: one direction per block, `direction.{L}` added to the output of block L (0-based), in
+"""Steering vectors: their files, and the hooks that add them to a model's blocks (`steering_hooks`, for
+`generate --steer` and `steer sweep`). The files hold one direction per block, `direction.{L}` added to the output of block L (0-based), in
 llama.cpp's control-vector GGUF or in safetensors; written whole or not at all, and read back checked against the
 model they are for.
 
@@ -25,11 +26,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfcli.errors import TfcliError, check_output_file, replace_atomically, usage_error
+from tfcli.model.sites import block_site
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from tfcli.config import ModelConfig
+    from tfcli.model import TransformerModel
+    from tfcli.model.sites import Hook
 
 ARCHITECTURE = "controlvector"
 MAGIC = b"GGUF"
@@ -265,3 +269,52 @@ def _read_gguf(path: Path) -> dict[int, Tensor]:
         values = np.frombuffer(data, dtype="<f4", count=count, offset=first)
         tensors[name] = torch.from_numpy(values.copy()).reshape(list(reversed(dims)))
     return _directions(path, tensors)
+
+
+# ---------------------------------------------------------------- applying them: hooks on the blocks' outputs
+
+
+def check_model(config: ModelConfig) -> None:
+    """Refuse, before a model is built, a model whose blocks' outputs are not one residual stream to steer."""
+    if config.architecture == "encoder-decoder":
+        raise usage_error(f"{config.name} is an encoder-decoder: steer reads and steers one stack's residual stream",
+                          "use a decoder-only model (llama.cpp's control vectors are for those)")
+
+
+def steering_hooks(model: TransformerModel, vectors: list[dict[int, Tensor]], strengths: list[float],
+                   normalize: bool = False, layers: list[int] | None = None) -> dict[str, Hook]:
+    """Hooks {`blocks.{L}.resid_post`: hook} that add sum_i strengths[i] * vectors[i][L] to block L's output at every
+    position (prompt and generated: the hook runs on every pass), as llama.cpp adds a control vector to `l_out` and
+    repeng's ControlModel to the decoder layer's output. `layers`: only these blocks (default: every block a vector
+    has). `normalize`: each position keeps the norm it had before (repeng's `normalize=True`). For
+    `model.run_with_hooks` and the generation loop."""
+    import torch
+
+    if len(vectors) != len(strengths):
+        raise ValueError("one strength per vector")
+    total: dict[int, Tensor] = {}
+    for vector, strength in zip(vectors, strengths):
+        for layer, values in vector.items():
+            if layers is not None and layer not in layers:
+                continue
+            added = values.to(torch.float32) * float(strength)
+            total[layer] = total[layer] + added if layer in total else added
+    config = model.config
+    check_model(config)
+    hooks: dict[str, Hook] = {}
+    for layer, added in sorted(total.items()):
+        if not 0 <= layer < config.num_hidden_layers or added.shape != (config.hidden_size,):
+            raise usage_error(f"a steering vector for block {layer} of width {added.shape[-1]} does not fit "
+                              f"{config.name} ({config.num_hidden_layers} blocks, {config.hidden_size} wide)")
+        hooks[block_site(layer, "resid_post")] = _adding(added, normalize)
+    return hooks
+
+
+def _adding(added: Tensor, normalize: bool) -> Hook:
+    def hook(value: Tensor) -> Tensor:
+        steered = value + added.to(value)
+        if normalize:
+            steered = steered / steered.norm(dim=-1, keepdim=True) * value.norm(dim=-1, keepdim=True)
+        return steered
+
+    return hook

@@ -1,6 +1,8 @@
 """What every command of the `tfcli` command line shares: the Typer `app` (its error reporting and help layout),
-messages on stderr (`say`, `warn`, `note`, `fail`), the option types, building the tokenizer and the model, and
-`emit`, the one loop that prints a command's results (the terminal view or JSON Lines) and writes its --report.
+messages and progress on stderr (`say`, `warn`, `note`, `fail`, `count_bar`), building the tokenizer and the model,
+`emit`, the one loop that prints a command's results (the terminal view or JSON Lines) and writes its --report, and
+`run_dataset`, the runner's face (tfcli/runner.py): an analysis over a dataset or texts. The option types are
+`tfcli/cli/options.py`.
 
 Results go to stdout (a console laid out for --width and --color); warnings, progress and errors to stderr
 (`err_console`). Nothing here imports torch or transformers at import time.
@@ -13,6 +15,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -24,13 +27,14 @@ from typer.core import TyperArgument, TyperGroup
 from typer.exceptions import TyperException
 
 from tfcli import __version__
-from tfcli.errors import TfcliError, usage_error
+from tfcli.errors import TfcliError
 from tfcli.render.jsonl import write_jsonl
-from tfcli.render.layout import MIN_WIDTH, make_console, message_lines, output_width, print_lines
+from tfcli.render.layout import make_console, message_lines, output_width, print_lines
 from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, Inputs
 
 if TYPE_CHECKING:
+    from tfcli.cli.options import DatasetOptions, RunOptions
     from rich.text import Text
 
     from tfcli.model import TransformerModel
@@ -38,6 +42,17 @@ if TYPE_CHECKING:
     from tfcli.tokenizer import Tokenizer
 
 T = TypeVar("T")
+
+
+@dataclass
+class View:
+    """How a command shows one result: on `out`, as its JSON record (`record(result)`: a dict, or a list of them)
+    or its terminal view (`lines(result, number)`, numbered from 1; `spaced`: a blank line between two)."""
+
+    out: Console
+    record: Callable[[Any], dict[str, Any] | list[dict[str, Any]]]
+    lines: Callable[[Any, int], list[Text]]
+    spaced: bool = False
 
 err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
@@ -208,25 +223,6 @@ def option_words(error: TfcliError) -> str:
     return error.message
 
 
-def requires(test: Callable[[Any], bool], requirement: str):
-    """An option callback: a usage error naming the option when a given value fails `test`."""
-
-    def check(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-        if value is not None and not test(value):
-            raise usage_error(f"{param.opts[0]} {requirement}, got {value}")
-        return value
-
-    return check
-
-
-AT_LEAST_ONE = requires(lambda value: value >= 1, "must be at least 1")
-NOT_NEGATIVE = requires(lambda value: value >= 0, "must be at least 0")
-POSITIVE = requires(lambda value: value > 0, "must be positive")
-PROBABILITY = requires(lambda value: 0 < value <= 1, "must be in (0, 1]")
-SEED_RANGE = requires(lambda value: 0 <= value < 2**64, "must be between 0 and 2**64 - 1")
-WIDE_ENOUGH = requires(lambda value: value >= MIN_WIDTH, f"must be at least {MIN_WIDTH}")
-
-
 def output_console(width: int | None, color: bool | None) -> Console:
     """The stdout console of a command: `--width` (else $COLUMNS, the terminal's, or 120) and `--color`. Its
     width is stderr's too (`say`)."""
@@ -292,15 +288,35 @@ def build(source: Source, device: str, dtype: str, seed: int, random_means: str 
     return model
 
 
-def write_report_file(path: Path, command: str, model: TransformerModel, source: Source, items: list[Any],
-                      overwrite: bool, tokenizer: Any = None, detail: list[int] | None = None) -> None:
-    """Write --report PATH from a command's report objects, and say so on stderr (`detail`: encode's layers shown
-    in full, which a figure draws)."""
+@dataclass
+class Report:
+    """--report: where (`path`; `force` overwrites), and what the page or figure says of the run: the command, the
+    model built from `source`, the tokenizer the page reads tokens with, encode's layers shown in full (`detail`)."""
+
+    path: Path
+    force: bool
+    command: str
+    model: TransformerModel
+    source: Source
+    tokenizer: Any = None
+    detail: list[int] | None = None
+
+
+def report_of(path: Path | None, force: bool, command: str, model: TransformerModel, source: Source,
+              tokenizer: Any = None, detail: list[int] | None = None) -> Report | None:
+    """The Report of --report PATH (None without it)."""
+    return None if path is None else Report(path, force, command, model, source, tokenizer, detail)
+
+
+def write_report_file(report: Report, items: list[Any]) -> None:
+    """Write --report from a command's report objects, and say so on stderr."""
     from tfcli.render.report_file import write_report
     from tfcli.render.run_info import run_info
 
-    check_report_path(path, overwrite, len(items))  # a stream's texts are counted only now
-    write_report(path, run_info(command, model, source.description, detail), items, overwrite, tokenizer)
+    path = report.path
+    check_report_path(path, report.force, len(items))  # a stream's texts are counted only now
+    write_report(path, run_info(report.command, report.model, report.source.description, report.detail), items,
+                 report.force, report.tokenizer)
     say(f"wrote {path}", whole=[str(path)])  # a path is never broken across lines
 
 
@@ -320,13 +336,55 @@ def stderr_width(default: int) -> int:
     return _stderr_width or default
 
 
+PLAIN_EVERY = 60.0  # seconds between two progress lines in a log
+
+
+class PlainProgress:
+    """Progress into a log, for a batch job: a line every PLAIN_EVERY seconds (none for a run that ends sooner)
+    with the items done, the rate and the time left; when the rate falls under a fifth of the best seen, a word on
+    why (a busy machine) and what helps."""
+
+    def __init__(self, what: str, unit: str, clock: Callable[[], float] | None = None):
+        import time
+
+        self.what, self.unit, self.clock = what, unit, clock or time.monotonic
+        self.start = self.last = self.clock()
+        self.last_done, self.best = 0.0, 0.0
+
+    def __call__(self, done: float, total: int | None, note: str = "") -> None:
+        now = self.clock()
+        if now - self.last < PLAIN_EVERY:
+            return
+        rate = (done - self.last_done) / (now - self.last)
+        self.best = max(self.best, rate)
+        self.last, self.last_done = now, done
+        overall = done / (now - self.start)
+        line = f"{self.what}: {int(done)} of {total if total is not None else '?'} {self.unit}, {rate:.3g} per s"
+        if total is not None and overall > 0:
+            line += f", about {duration((total - done) / overall)} left"
+        if rate < self.best / 5:
+            line += " (slower than before: a busy machine? OMP_NUM_THREADS=1 helps under load)"
+        say(line + (f"; {note}" if note else ""))
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `3 min 20 s`, `1 h 5 min`."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
 @contextlib.contextmanager
-def count_bar(what: str, unit: str) -> Iterator[Callable[..., None] | None]:
-    """On a terminal stderr, a bar counting `done` of `total` `unit` with the time left (a pipe gets none: None),
-    gone when the block ends, before the results are printed. It yields the callback `progress(done, total,
-    note="")` that advances it (`note`: said after it, e.g. the workers alive)."""
+def count_bar(what: str, unit: str) -> Iterator[Callable[..., None]]:
+    """On a terminal stderr, a bar counting `done` of `total` `unit` with the time left, gone when the block ends,
+    before the results are printed; into a log (stderr not a terminal), a plain line now and then (PlainProgress).
+    It yields the callback `progress(done, total, note="")` that advances it (`note`: said after it, e.g. the
+    workers alive)."""
     if not err_console.is_terminal:
-        yield None
+        yield PlainProgress(what, unit)
         return
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -342,27 +400,22 @@ def count_bar(what: str, unit: str) -> Iterator[Callable[..., None] | None]:
         yield progress
 
 
-def emit(results: Iterable[T], *, out: Console, json_output: bool,
-         record: Callable[[T], dict[str, Any] | list[dict[str, Any]]],
-         lines: Callable[[T, int], list[Text]], spaced: bool = False, after: Callable[[], None] | None = None,
-         truncated: CappedWarnings | None = None, report: Path | None = None, force: bool = False,
-         command: str = "", model: TransformerModel | None = None, source: Source | None = None,
-         tokenizer: Any = None, detail: list[int] | None = None) -> int:
+def emit(results: Iterable[T], view: View, json_output: bool, *, after: Callable[[], None] | None = None,
+         truncated: CappedWarnings | None = None, report: Report | None = None) -> int:
     """The one way a command shows what its core yields: each result, as it comes, as one JSON line
-    (`record(result)`) or as its terminal view (`lines(result, number)`, numbered from 1; `spaced`: a blank line
-    between two); then `after()`, the note of the texts `truncated` beyond those already said, and --report
-    `report` (`command`'s report of every result, written by `write_report_file`); `record` may give a list, a JSON
-    line each (steer sweep: one per strength). Returns the number of results."""
+    (`view.record(result)`: a dict, or a list of them, a JSON line each) or as its terminal view (`view.lines(result,
+    number)`, numbered from 1); then `after()`, the note of the texts `truncated` beyond those already said, and
+    --report (`report`: every result, written by `write_report_file`). Returns the number of results."""
     number, kept = 0, []  # kept: every result, for --report
     for result in results:
         number += 1
         if json_output:
-            written = record(result)
+            written = view.record(result)
             write_jsonl(written if isinstance(written, list) else [written])
         else:
-            if spaced and number > 1:
-                out.print()  # a blank line between results
-            print_lines(out, lines(result, number))
+            if view.spaced and number > 1:
+                view.out.print()  # a blank line between results
+            print_lines(view.out, view.lines(result, number))
         if report is not None:
             kept.append(result)
     if after is not None:
@@ -370,56 +423,8 @@ def emit(results: Iterable[T], *, out: Console, json_output: bool,
     if truncated is not None:
         truncated.finish(number)
     if report is not None:
-        write_report_file(report, command, model, source, kept, force, tokenizer, detail)
+        write_report_file(report, kept)
     return number
-
-
-TextsArgument = Annotated[
-    list[str] | None,
-    typer.Argument(metavar="TEXT", help="Texts to process; `-` alone reads stdin, one text per line.",
-                   show_default=False),
-]
-FileOption = Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
-                                                 help="Read texts from FILE, one per line.")]
-ModelOption = Annotated[
-    str | None,
-    typer.Option("--model", "-m", metavar="SRC", help="Model source: a path, a bundled config name or a Hugging Face hub id."),
-]
-RevisionOption = Annotated[str | None, typer.Option(metavar="REV", help="Branch, tag or commit of a Hugging Face hub model.")]
-JsonOption = Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per text.")]
-DeviceOption = Annotated[str, typer.Option(metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
-DtypeOption = Annotated[str, typer.Option(metavar="DTYPE", help="float32, float16 or bfloat16.")]
-SeedOption = Annotated[int, typer.Option(metavar="N", help="Seed of the random weights when the model has none.",
-                                         callback=SEED_RANGE)]
-PairOption = Annotated[str | None, typer.Option(metavar="TEXT", help="Second segment, paired with every text.")]
-# no range check here: the smallest useful N depends on the tokenizer's special tokens, which it checks (one message)
-MaxLengthOption = Annotated[int | None, typer.Option("--max-length", metavar="N",
-                                                     help="Truncate texts to at most N tokens (default: the model's "
-                                                     "positions).")]
-ReportOption = Annotated[Path | None, typer.Option(
-    "--report", metavar="PATH", dir_okay=False,
-    help="Also write the results to PATH: an interactive page (.html) or a figure (.svg, .png, .pdf).")]
-ReportForceOption = Annotated[bool, typer.Option("--force", help="Overwrite the --report file if it exists.")]
-DatasetOption = Annotated[str | None, typer.Option(
-    "--dataset", metavar="FILE", help="Run over a dataset instead: JSON Lines, one item per line (`-`: stdin); "
-    "prints the aggregate with its spread (docs/datasets.md).")]
-SkipBadOption = Annotated[bool, typer.Option("--skip-bad", help="With --dataset: skip the lines that cannot be used "
-                                             "(saying why on stderr) instead of refusing the dataset.")]
-BootstrapOption = Annotated[int | None, typer.Option(metavar="N", help="With --dataset: resamples of the 95% "
-                                                     "bootstrap interval over items (default 1000; 0: none).")]
-PerItemOption = Annotated[bool, typer.Option("--per-item", help="With --dataset: first each item's result, as a "
-                                             "single run prints it, then the aggregate.")]
-WidthOption = Annotated[int | None, typer.Option(
-    "--width", metavar="N", callback=WIDE_ENOUGH,
-    help="Lay tables out for N columns (default: $COLUMNS, else the terminal's width, else 120).")]
-ColorOption = Annotated[bool | None, typer.Option(
-    "--color/--no-color", show_default=False,
-    help="Colour on or off (default: on when stdout is a terminal and NO_COLOR is unset).")]
-
-AblateOption = Annotated[list[str] | None, typer.Option(
-    "--ablate", metavar="SITE[:zero|mean]", help="Run with a component removed: a head (L23H3), a sublayer's output "
-    "(L5.mlp, L5.attn) or any site name, * allowed; zeroed, or :mean (its mean over the text's positions); "
-    "repeatable.")]
 
 
 def ablation_of(specs: list[str] | None, config, generating: bool = False):
@@ -431,37 +436,46 @@ def ablation_of(specs: list[str] | None, config, generating: bool = False):
     if result is not None:
         note(f"ablating: {result.label()}")
     return result
-RayOption = Annotated[str | None, typer.Option(
-    "--ray", metavar="ADDRESS", help="Spread the dataset over a Ray cluster: its address (ray://HOST:10001, auto) "
-    "or `local` (one on this machine); default $TFCLI_RAY_ADDRESS (docs/ray.md).")]
-RayWorkersOption = Annotated[int | None, typer.Option("--ray-workers", metavar="N", help="With --ray: workers, each "
-                                                      "with the model loaded (default: one per CPU of the cluster).")]
-RayGpusOption = Annotated[float | None, typer.Option("--ray-gpus-per-worker", metavar="G", help="With --ray: GPUs "
-                                                     "per worker (the model goes on its GPU).")]
 
 
-def ray_settings(address: str | None, workers: int | None, gpus: float | None, dataset: bool, what: str):
-    """--ray (or $TFCLI_RAY_ADDRESS where the command runs a dataset) and its options, checked (tfcli.cluster);
-    None for a run on this process."""
-    from tfcli.cluster import check_settings
+def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, view: View,
+                random_means: str) -> None:
+    """An analysis over a dataset (tfcli/runner.py): every line read and checked before the model is built, the
+    items run here or on Ray, a progress bar of items on stderr, each item's result as a single run shows it
+    (--per-item), then the aggregate, its JSON or view and --report; Ctrl-C shows the aggregate of the items
+    finished and exits 130. `random_means`: what the results say nothing about on random weights."""
+    from tfcli import runner
 
-    if not dataset:
-        if address is not None or workers is not None or gpus is not None:
-            raise usage_error(f"--ray and its options are for {what}")
-        return None
-    return check_settings(address or os.environ.get("TFCLI_RAY_ADDRESS") or None, workers, gpus)
+    tokenizer = tokenizer_of(source)
+    if given.texts is not None:
+        texts = ((item.text, item.where) for batch in given.texts.batches(None) for item in batch)
+        dataset = runner.read_texts(analysis, source.config, tokenizer, texts, given.bootstrap, warn)
+    else:
+        dataset = runner.read_dataset(analysis, source.config, tokenizer, given.path, given.skip_bad,
+                                      given.bootstrap, warn)
+    model = build(source, run.device, run.dtype, run.seed, random_means)
+    cluster = None if given.ray is None else runner.Cluster(given.ray, run.spec(), note)
+
+    def each(result) -> None:
+        if given.per_item:
+            emit([result], view, run.json_output)
+    try:
+        with count_bar(analysis.command, analysis.unit) as progress:
+            result = runner.run(analysis, model, tokenizer, dataset, each, progress, cluster)
+    except KeyboardInterrupt:
+        warn(f"interrupted before any of the {analysis.unit} finished: nothing to show")
+        raise typer.Exit(130) from None
+    emit([result], view, run.json_output, report=report_of(run.report, run.force, analysis.command, model, source))
+    if result.interrupted:
+        warn(f"interrupted: {result.n} {analysis.unit} finished; the aggregate is theirs")
+        raise typer.Exit(130)
 
 
-def on_cluster(settings, model: str | None, revision: str | None, device: str, dtype: str, seed: int, work,
-               items: list, options, progress: Callable[..., None] | None, block: int | None = None) -> Iterator:
-    """`work`'s results over `items` from the workers of `settings`' Ray cluster (tfcli.cluster: each worker builds
-    the model as the driver did), in the order of `items`; the cluster starts when the first result is asked for
-    (said on stderr) and its workers end with the iteration. `progress`: count_bar's callback."""
-    from tfcli.cluster import BLOCK, Cluster, flattened, spec_of
+def warn_spacing(tokenizer: Tokenizer, target: str | None, foil: str | None) -> None:
+    """A --target or --foil given without the leading space its word has after a space (" Mary"): said on stderr."""
+    from tfcli.analysis.metric import spacing_hint
 
-    with Cluster(settings, spec_of(model, revision, device, dtype, seed)) as cluster:
-        workers = len(cluster.workers)
-        note(f"ray: {workers} workers at {settings.address}")
-        told = None if progress is None else \
-            (lambda done, total, alive: progress(done, total, f"{alive} of {workers} workers alive"))
-        yield from flattened(cluster.map(work, items, options, told, block or BLOCK))
+    for option, spec in (("--target", target), ("--foil", foil)):
+        hint = spacing_hint(tokenizer, spec, option)
+        if hint is not None:
+            warn(hint)

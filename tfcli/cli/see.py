@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli.common import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, SEED_RANGE, AblateOption,
-                              ColorOption, DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption,
-                              ModelOption, PairOption, ReportForceOption, ReportOption, RevisionOption, SeedOption,
-                              TextsArgument, WidthOption, ablation_of, app, build, emit, inputs, note, noted,
-                              output_console, say, started, stderr_is_terminal, tokenizer_of, warn, with_progress)
+from tfcli.cli.common import (View, ablation_of, app, build, emit, inputs, note, noted, output_console, report_of, say,
+                              started, stderr_is_terminal, tokenizer_of, warn, with_progress)
+from tfcli.cli.options import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, SEED_RANGE, AblateOption,
+                               ColorOption, DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption,
+                               ModelOption, PairOption, ReportForceOption, ReportOption, RevisionOption, SeedOption,
+                               TextsArgument, WidthOption)
 from tfcli.errors import usage_error
 from tfcli.render.layout import print_lines
 from tfcli.render.report_file import check_report_path
@@ -56,8 +57,9 @@ def tokenize(
     tokenizer = noted(core.tokenizer_for(model, revision))
     batches = with_progress(texts_in.batches(core.BATCH_SIZE), "tokenize", len)
     encodings = core.run(tokenizer, batches, pair, not no_special, max_length, warn)
-    emit(encodings, out=out, json_output=json_output, record=render.record,
-         lines=lambda encoding, number: render.token_lines(encoding, number, tokenizer.name, out.width))
+    emit(encodings, View(out, render.record,
+                         lambda encoding, number: render.token_lines(encoding, number, tokenizer.name, out.width)),
+         json_output)
 
 
 def _one_source(positional: str | None, option: str | None) -> str | None:
@@ -191,12 +193,11 @@ def encode(
         "tfcli_version": __version__, "model": source.description, "weights": loaded.weights_description})
     reports = core.run(loaded, tokenizer, with_progress(chunks, "encode", len), options, decoder_input,
                        max_capture_mb, save_to, warn)
-    emit(reports, out=out, json_output=json_output,
-         record=lambda text_report: render.record(text_report, loaded.trained, source.weights, seed,
-                                                  attention_weights=not no_attention_weights),
-         lines=lambda text_report, number: render.report_lines(text_report, number, out.width, view),
-         after=None if save is None else lambda: say(f"saved {save}", whole=[str(save)]), truncated=truncated,
-         report=report, force=force, command="encode", model=loaded, source=source, detail=detail)
+    emit(reports, View(out, lambda text_report: render.record(text_report, loaded.trained, source.weights, seed,
+                                                              attention_weights=not no_attention_weights),
+                       lambda text_report, number: render.report_lines(text_report, number, out.width, view)),
+         json_output, after=None if save is None else lambda: say(f"saved {save}", whole=[str(save)]),
+         truncated=truncated, report=report_of(report, force, "encode", loaded, source, detail=detail))
     if not json_output and layers is None:  # last, where it is still on the screen when the run ends
         note("showing the last layer in full and a line per position for every layer; see more with "
              "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
@@ -258,9 +259,10 @@ def compare(
             tolerance_said = render.tolerance_words(comparison)
             yield comparison
 
-    count = emit(judged(core.run_all(models, chunks, tolerance)), out=out, json_output=json_output,
-                 record=render.record, spaced=True, truncated=truncated,
-                 lines=lambda comparison, number: render.compare_lines(comparison, number, out.width))
+    count = emit(judged(core.run_all(models, chunks, tolerance)),
+                 View(out, render.record, lambda comparison, number: render.compare_lines(comparison, number,
+                                                                                          out.width), spaced=True),
+                 json_output, truncated=truncated)
     if failed:
         which = f"in {failed} of {count} texts " if count > 1 else ""
         say(f"largest difference {worst:.3g} {which}exceeds {tolerance_said}")
@@ -338,9 +340,9 @@ def classify(
         shown = render.classification_lines(result, number, out.width, top)
         return shown + ([] if result.explanation is None else render.explanation_lines(result.explanation, out.width))
 
-    emit(core.run(loaded, tokenizer, with_progress(chunks, "classify", len), explained), out=out,
-         json_output=json_output, record=render.record, lines=lines, spaced=True, truncated=truncated,
-         report=report, force=force, command="classify", model=loaded, source=source)
+    emit(core.run(loaded, tokenizer, with_progress(chunks, "classify", len), explained),
+         View(out, render.record, lines, spaced=True), json_output, truncated=truncated,
+         report=report_of(report, force, "classify", loaded, source))
 
 
 def steering(specs: list[str] | None, layers: str | None, normalize: bool, config) -> tuple | None:
@@ -366,7 +368,7 @@ def steering(specs: list[str] | None, layers: str | None, normalize: bool, confi
                               "give PATH or PATH:STRENGTH, e.g. happy.gguf:4 or happy.gguf:-2") from None
         vectors.append(load_vector(path, config))
         strengths.append(value)
-    chosen = parse_indices(layers, config.num_hidden_layers, "steer-layers")
+    chosen = parse_indices(layers, config.num_hidden_layers, "steer-layers", noun="blocks")
     blocks = sorted({layer for vector in vectors for layer in vector if chosen is None or layer in chosen})
     if not blocks:
         raise usage_error("--steer-layers leaves no block of the vectors to steer")
@@ -469,18 +471,18 @@ def generate(
     hooks = ablations
     if vectors is not None:
         from tfcli.model.sites import merged
-        from tfcli.steer import steering_hooks
+        from tfcli.analysis.vectors import steering_hooks
 
         hooks = merged(ablations, steering_hooks(loaded, *vectors[:4]))
     changed = render.changes_record(None if vectors is None else (steer, vectors[4], steer_normalize),
                                     ablation and ablation.specs)
-    generations = core.run(loaded, tokenizer, batches, sampling, max_new_tokens, lens, show_text if live else None,
+    generations = core.run(loaded, tokenizer, batches, sampling, lens, show_text if live else None,
                            warn, hooks)
-    emit(ended(generations), out=out, json_output=json_output,
-         record=lambda result: render.record(result, tokenizer) | changed,
-         lines=lambda result, number: render.generation_lines(result, tokenizer, number,
-                                                              seed if do_sample else None, out.width,
-                                                              with_text=live is not sys.stdout, changed=changed),
-         report=report, force=force, command="generate", model=loaded, source=source, tokenizer=tokenizer)
+    emit(ended(generations),
+         View(out, lambda result: render.record(result, tokenizer) | changed,
+              lambda result, number: render.generation_lines(result, tokenizer, number, seed if do_sample else None,
+                                                             out.width, with_text=live is not sys.stdout,
+                                                             changed=changed)),
+         json_output, report=report_of(report, force, "generate", loaded, source, tokenizer))
 
 

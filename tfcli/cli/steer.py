@@ -10,9 +10,10 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (AT_LEAST_ONE, ColorOption, DeviceOption, DtypeOption, FileOption, ReportForceOption,
-                              ReportOption, RevisionOption, SeedOption, WidthOption, app, build, count_bar, emit,
-                              inputs, note, output_console, started, tokenizer_of, warn)
+from tfcli.cli.common import (View, app, build, count_bar, emit, inputs, note, output_console, report_of, started,
+                              tokenizer_of, warn, warn_spacing)
+from tfcli.cli.options import (AT_LEAST_ONE, ColorOption, DeviceOption, DtypeOption, FileOption, ReportForceOption,
+                               ReportOption, RevisionOption, SeedOption, WidthOption)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 
@@ -53,13 +54,14 @@ def fit(
     dtype: DtypeOption = "float32",
     seed: SeedOption = 0,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout: layers [{layer, "
-                                              "separation, gap}], method, model_hint, width, output.")] = False,
+                                              "separation, gap, resid_norm}], method, model_hint, width, "
+                                              "output.")] = False,
     width: WidthOption = None,
     color: ColorOption = None,
 ) -> None:
     """Fit a steering vector: per block, the direction of the residual stream (the block's output at each text's
     last token) that separates the positive texts of contrast pairs from their negatives; print how well it
-    separates them and write it where llama.cpp reads it (--control-vector).
+    separates them and write it where llama.cpp reads it (--control-vector-scaled FILE:STRENGTH).
 
     \b
     Examples:
@@ -98,8 +100,7 @@ def fit(
         result = core.fit(loaded, tokenizer, read, method, chosen, progress=progress)
     write_vector(output, result.directions, result.model_hint, force)
     result.output = str(output)
-    emit([result], out=out, json_output=json_output, record=render.record,
-         lines=lambda fitted, number: render.fit_lines(fitted, out.width))
+    emit([result], View(out, render.record, lambda fitted, number: render.fit_lines(fitted, out.width)), json_output)
 
 
 def pair_lines(path: str) -> list[tuple[int, str]]:
@@ -164,10 +165,9 @@ def sweep(
     """
     from tfcli import steer as core
     from tfcli.analysis.indices import parse_indices, spans
-    from tfcli.analysis.metric import parse_token
+    from tfcli.analysis.metric import parse_metric
     from tfcli.analysis.vectors import load_vector
-    from tfcli.cli.why import warn_spacing
-    from tfcli.generate import prompts as read_prompts
+    from tfcli.analysis.inputs import prompts as read_prompts
     from tfcli.render import steer as render
     from tfcli.sources import resolve_source
 
@@ -186,27 +186,22 @@ def sweep(
     config = source.config
     core.check_model(config)
     directions = load_vector(vector, config)
-    chosen = parse_indices(layers, config.num_hidden_layers, "layers")
+    chosen = parse_indices(layers, config.num_hidden_layers, "layers", noun="blocks")
     blocks = [layer for layer in sorted(directions) if chosen is None or layer in chosen]
     if not blocks:
         raise usage_error(f"--layers {layers}: the vector has none of these blocks",
                           f"it has blocks {spans(sorted(directions))}")
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
-    vocab = config.vocab_size
-    target_token = parse_token(tokenizer, target, "--target", vocab) if target is not None else None
-    foil_token = parse_token(tokenizer, foil, "--foil", vocab) if foil is not None else None
+    target_token, foil_token = parse_metric(config, tokenizer, target, foil)
     batches = started(read_prompts(config, tokenizer, [item.text for item in batch], max_new_tokens)
                       for batch in prompts_in.batches(1))
     note(f"steering: {vector} at blocks {spans(blocks)}, strengths {', '.join(f'{s:g}' for s in chosen_strengths)}")
     loaded = build(source, device, dtype, seed, "a vector on random weights steers nothing")
 
-    def swept():
-        for batch in batches:
-            for prompt in batch:
-                yield core.sweep(loaded, tokenizer, prompt.text, prompt.ids, directions, vector, chosen_strengths,
-                                 blocks, prompt.budget, target_token, foil_token, normalize)
+    options = core.SweepOptions(directions, vector, chosen_strengths, blocks, target_token, foil_token, normalize)
+    swept = (core.sweep(loaded, tokenizer, prompt, options) for batch in batches for prompt in batch)
 
-    emit(swept(), out=out, json_output=json_output, record=render.sweep_records,
-         lines=lambda result, number: render.sweep_lines(result, number, out.width), spaced=True, report=report,
-         force=force, command="steer", model=loaded, source=source, tokenizer=tokenizer)
+    emit(swept, View(out, render.sweep_records, lambda result, number: render.sweep_lines(result, number, out.width),
+                       spaced=True),
+         json_output, report=report_of(report, force, "steer", loaded, source, tokenizer))

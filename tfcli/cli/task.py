@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from tfcli.analysis.tasks import DEFAULT_N, TASKS
-from tfcli.cli.common import AT_LEAST_ONE, SEED_RANGE, RevisionOption, app, say, tokenizer_of, warn
+from tfcli.cli.common import app, say, tokenizer_of, warn
+from tfcli.cli.options import AT_LEAST_ONE, SEED_RANGE, RevisionOption
 from tfcli.errors import check_output_file, replace_atomically
 
 
@@ -25,7 +26,8 @@ def task(
     n: Annotated[int, typer.Option("--n", metavar="N", callback=AT_LEAST_ONE,
                                    help="Lines to write (distinct clean prompts).")] = DEFAULT_N,
     seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
-                                      help="Seed of the draws: the same seed, the same lines.")] = 0,
+                                      help="Seed of the draws: the same seed, the same lines (--n N: the first "
+                                      "N of a longer run).")] = 0,
     output: Annotated[Path | None, typer.Option("--output", "-o", metavar="PATH", dir_okay=False,
                                                 help="Write the lines to PATH (default: stdout).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite the --output file if it exists.")] = False,

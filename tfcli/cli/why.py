@@ -10,26 +10,17 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (AT_LEAST_ONE, SEED_RANGE, AblateOption, BootstrapOption, ColorOption, DatasetOption,
-                              DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption, ModelOption,
-                              PerItemOption, RayGpusOption, RayOption, RayWorkersOption, ReportForceOption,
-                              ReportOption, RevisionOption, SeedOption, SkipBadOption, TextsArgument, WidthOption,
-                              ablation_of, app, build, count_bar, emit, inputs, note, on_cluster,
-                              output_console, ray_settings, say_lines, started, stderr_width, tokenizer_of, warn,
+from tfcli.cli.common import (View, ablation_of, app, build, count_bar, emit, inputs, note, output_console, report_of,
+                              run_dataset, say_lines, started, stderr_width, tokenizer_of, warn, warn_spacing,
                               with_progress)
+from tfcli.cli.options import (AT_LEAST_ONE, SEED_RANGE, AblateOption, BootstrapOption, ColorOption, DatasetOption,
+                               DatasetOptions, DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption,
+                               ModelOption, PerItemOption, RayGpusOption, RayOption, RayWorkersOption,
+                               ReportForceOption, ReportOption, RevisionOption, RunOptions, SeedOption, SkipBadOption,
+                               TextsArgument, WidthOption, ray_settings)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, tokenized
-
-
-def warn_spacing(tokenizer, target: str | None, foil: str | None) -> None:
-    """A --target or --foil given without the leading space its word has after a space (" Mary"): said on stderr."""
-    from tfcli.analysis.metric import spacing_hint
-
-    for option, spec in (("--target", target), ("--foil", foil)):
-        hint = spacing_hint(tokenizer, spec, option)
-        if hint is not None:
-            warn(hint)
 
 
 @app.command()
@@ -100,6 +91,7 @@ def patch(
       tfcli patch -m path/to/gpt2 --dataset ioi.jsonl --sites heads
     """
     from tfcli import patch as core
+    from tfcli.analysis.pairs import LengthMismatch, pair_inputs
     from tfcli.render import patch as render
     from tfcli.sources import resolve_source
 
@@ -113,9 +105,16 @@ def patch(
         for name, value in (("target", target), ("foil", foil), ("position", position)):
             if value is not None:
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
-        patch_dataset(dataset, model, revision, core.PatchOptions("", None, None, core.parse_sites(sites), method),
-                      ablate, positions, align, bootstrap, per_item, skip_bad, out, json_output, top, full, report,
-                      force, device, dtype, seed, cluster)
+        source = resolve_source(model or "gpt2-small", revision)
+        options = core.PatchOptions("", sites=core.parse_sites(sites), method=method,
+                                    ablation=ablation_of(ablate, source.config))
+        core.check_sweep(source.config, options)
+        run_dataset(core.PatchDataset(options, align, positions, top), source,
+                    DatasetOptions(dataset, bootstrap, per_item, skip_bad, cluster),
+                    RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
+                    View(out, render.record, lambda result, number: render.patch_lines(
+                        result, out.width, out.color_system is not None, top, full)),
+                    "these scores say nothing about a trained model")
         return
     for name, value in (("--align", align), ("--bootstrap", bootstrap), ("--per-item", per_item or None),
                         ("--skip-bad", skip_bad or None)):
@@ -132,132 +131,24 @@ def patch(
     warn_spacing(tokenizer, target, foil)
     core.check_options(source.config, tokenizer, options)  # before the model is built
     try:
-        ids_clean, ids_corrupt = core.pair_inputs(source.config, tokenizer, clean, corrupt)
-    except core.LengthMismatch as mismatch:
+        ids_clean, ids_corrupt = pair_inputs(source.config, tokenizer, clean, corrupt)
+    except LengthMismatch as mismatch:
         say_lines(render.alignment_lines(mismatch.rows, stderr_width(80)))
         raise
     options.positions = core.parse_positions(positions, len(ids_clean))
     loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
     with count_bar("patch", "sites") as progress:
-        result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, clean, corrupt)
+        result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, texts=(clean, corrupt))
     result.top = top  # the page lists as many as the terminal
     if result.small_gap:
         warn(f"the corrupt text barely moves the metric (clean {result.clean_value:+.4f}, corrupt "
              f"{result.corrupt_value:+.4f}): the scores, divided by that gap, read small changes as large ones")
-    emit([result], out=out, json_output=json_output, record=render.record,
-         lines=lambda patching, number: render.patch_lines(patching, out.width, out.color_system is not None, top,
-                                                           full),
-         report=report, force=force, command="patch", model=loaded, source=source)
+    emit([result], View(out, render.record, lambda patching, number: render.patch_lines(
+        patching, out.width, out.color_system is not None, top, full)),
+         json_output, report=report_of(report, force, "patch", loaded, source))
     if result.interrupted:
         warn(f"interrupted: {result.done} of {result.total} sites patched")
         raise typer.Exit(130)
-
-
-def dataset_items(dataset: str, spec, check, skip_bad: bool, bootstrap: int | None, what: str) -> tuple[list, int, int]:
-    """A dataset's items, every line read and checked before the model is built (a bad one refused naming its line,
-    or skipped and counted with --skip-bad), the metric of one kind over them, and the bootstrap's resamples: (items,
-    lines skipped, resamples)."""
-    from tfcli.analysis.dataset import BOOTSTRAP, check_bootstrap, check_one_metric, checked, read_lines
-
-    bad = CappedWarnings(warn, "bad lines skipped")
-    items = checked(read_lines(dataset), spec, check, skip_bad, lambda message: bad.add(f"skipped {message}"))
-    bad.finish()
-    check_one_metric([(item.line, item.foil is not None) for item in items])
-    resamples = check_bootstrap(BOOTSTRAP if bootstrap is None else bootstrap, len(items), bootstrap is not None)
-    if bootstrap is None and not resamples:
-        many = f"{len(items)} {what} are" if len(items) > 1 else f"1 {what.removesuffix('s')} is"
-        warn(f"no bootstrap interval: {many} too few for one to mean anything")
-    return items, bad.count, resamples
-
-
-def emit_dataset(run, each_lines, record, out, json_output: bool, per_item: bool, what: str, **report) -> None:
-    """Runs a dataset (`run(each, progress)` -> the aggregate) with a progress bar of items on stderr, shows each
-    item's result as a single run does (--per-item) and then the aggregate; Ctrl-C shows the aggregate of the items
-    finished and exits 130."""
-    def each(result) -> None:
-        if per_item:
-            emit([result], out=out, json_output=json_output, record=record, lines=each_lines)
-    try:
-        with count_bar(report["command"], what) as progress:
-            result = run(each, progress)
-    except KeyboardInterrupt:
-        warn(f"interrupted before any of the {what} finished: nothing to show")
-        raise typer.Exit(130) from None
-    emit([result], out=out, json_output=json_output, record=record, lines=each_lines, **report)
-    if result.interrupted:
-        warn(f"interrupted: {result.n} {what} finished; the aggregate is theirs")
-        raise typer.Exit(130)
-
-
-def patch_dataset(dataset: str, model: str | None, revision: str | None, options, ablate: list[str] | None,
-                  positions: str | None, align: str | None, bootstrap: int | None, per_item: bool, skip_bad: bool,
-                  out, json_output: bool, top: int, full: bool, report, force: bool, device: str, dtype: str,
-                  seed: int, cluster) -> None:
-    """`tfcli patch --dataset`: each pair patched, then the aggregate (docs/datasets.md); on a Ray cluster's
-    workers with --ray (docs/ray.md)."""
-    from tfcli import patch as core
-    from tfcli.render import patch as render
-    from tfcli.sources import resolve_source
-
-    source = resolve_source(model or "gpt2-small", revision)
-    options.ablation = ablation_of(ablate, source.config)
-    tokenizer = tokenizer_of(source)
-    core.check_options(source.config, tokenizer, core.PatchOptions("#0", None, None, options.sites, options.method))
-    pairs, skipped, resamples = dataset_items(dataset, core.PATCH_LINE,
-                                              lambda line: core.check_pair(source.config, tokenizer, line),
-                                              skip_bad, bootstrap, "pairs")
-    columns = core.columns_of(pairs, options.sites, align, positions)
-    loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
-    def run(each, progress):
-        if cluster is None:
-            result = core.run_dataset(loaded, tokenizer, pairs, options, columns, resamples, dataset, skipped, each,
-                                      progress)
-        else:
-            import dataclasses
-
-            travelling = (dataclasses.replace(options, ablation=None), columns, ablate)  # hooks do not travel
-            results = on_cluster(cluster, model or "gpt2-small", revision, device, dtype, seed, core.patch_block,
-                                 pairs, travelling, progress)
-            result = core.run_dataset(None, tokenizer, pairs, options, columns, resamples, dataset, skipped, each,
-                                      results=results)
-        result.top = top  # the page lists as many as the terminal
-        return result
-
-    emit_dataset(run,
-                 lambda result, number: render.patch_lines(result, out.width, out.color_system is not None, top,
-                                                           full),
-                 render.record, out, json_output, per_item, "pairs", report=report, force=force, command="patch",
-                 model=loaded, source=source)
-
-
-def attribute_dataset(dataset: str, source, options, bootstrap: int | None, per_item: bool, skip_bad: bool, out,
-                      json_output: bool, report, force: bool, device: str, dtype: str, seed: int, cluster,
-                      model: str | None, revision: str | None) -> None:
-    """`tfcli attribute --dataset`: each prompt attributed, then each component's mean with its spread; on a Ray
-    cluster's workers with --ray (docs/ray.md)."""
-    from tfcli import attribute as core
-    from tfcli.render import attribute as render
-
-    tokenizer = tokenizer_of(source)
-    prompts, skipped, resamples = dataset_items(dataset, core.ATTRIBUTE_LINE,
-                                                lambda line: core.check_prompt(source.config, tokenizer, line),
-                                                skip_bad, bootstrap, "prompts")
-    loaded = build(source, device, dtype, seed, "these components say nothing about a trained model")
-    def run(each, progress):
-        if cluster is None:
-            return core.run_dataset(loaded, tokenizer, prompts, options, resamples, dataset, skipped, each, progress)
-        import dataclasses
-
-        travelling = (dataclasses.replace(options, ablation=None), options.ablation and options.ablation.specs)
-        results = on_cluster(cluster, model or "gpt2-small", revision, device, dtype, seed, core.prompt_block, prompts,
-                             travelling, progress)
-        return core.run_dataset(None, tokenizer, prompts, options, resamples, dataset, skipped, each,
-                                results=results)
-
-    emit_dataset(run,
-                 lambda result, number: render.attribution_lines(result, number, out.width, options.top),
-                 render.record, out, json_output, per_item, "prompts", report=report, force=force,
-                 command="attribute", model=loaded, source=source)
 
 
 @app.command()
@@ -339,8 +230,12 @@ def attribute(
     if dataset is not None:
         if layers is not None and by == "component":
             raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")
-        attribute_dataset(dataset, source, options, bootstrap, per_item, skip_bad, out, json_output, report, force,
-                          device, dtype, seed, cluster, model, revision)
+        run_dataset(core.AttributeDataset(options), source, DatasetOptions(dataset, bootstrap, per_item, skip_bad,
+                                                                           cluster),
+                    RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
+                    View(out, render.record, lambda result, number: render.attribution_lines(result, number,
+                                                                                            out.width, top)),
+                    "these components say nothing about a trained model")
         return
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
@@ -349,10 +244,9 @@ def attribute(
     chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
                                max_length=max_length) for batch in texts_in.batches(core.BATCH_SIZE))
     loaded = build(source, device, dtype, seed, "these components say nothing about a trained model")
-    emit(core.run(loaded, tokenizer, with_progress(chunks, "attribute", len), options), out=out,
-         json_output=json_output, record=render.record,
-         lines=lambda result, number: render.attribution_lines(result, number, out.width, top), truncated=truncated,
-         report=report, force=force, command="attribute", model=loaded, source=source)
+    emit(core.run(loaded, tokenizer, with_progress(chunks, "attribute", len), options),
+         View(out, render.record, lambda result, number: render.attribution_lines(result, number, out.width, top)),
+         json_output, truncated=truncated, report=report_of(report, force, "attribute", loaded, source))
 
 
 @app.command()
@@ -402,6 +296,7 @@ def heads(
       tfcli heads -m bert-base-uncased --detect previous,special --file corpus.txt
     """
     from tfcli import heads as core
+    from tfcli import runner
     from tfcli.render import heads as render
     from tfcli.sources import resolve_source
 
@@ -429,7 +324,9 @@ def heads(
     elif cluster is None:
         results = core.run(loaded, tokenizer, with_progress(chunks, "heads", len), options)
     else:
-        results = heads_on_cluster(cluster, loaded, tokenizer, chunks, options, model, revision, device, dtype, seed)
+        results = heads_on_cluster(runner.Cluster(cluster, RunOptions(model, revision, device, dtype, seed, json_output,
+                                                                      report, force).spec(), note),
+                                   loaded, tokenizer, chunks, options)
     summaries: list[core.Heads] = []
 
     def each_text() -> Iterator[core.TextHeads]:
@@ -440,29 +337,28 @@ def heads(
             else:
                 summaries.append(item)
 
-    emit(each_text(), out=out, json_output=json_output, record=render.text_record,
-         lines=lambda item, number: render.text_lines(item, number, out.width, top))
+    emit(each_text(), View(out, render.text_record, lambda item, number: render.text_lines(item, number, out.width,
+                                                                                           top)), json_output)
     summary = summaries[-1]
     truncated.finish(summary.texts)
     if json_output:
         for line in summary.notes:
             note(line)
-    emit([summary], out=out, json_output=json_output, record=render.record,
-         lines=lambda scores, number: render.heads_lines(scores, out.width, top),
-         after=(lambda: core.attach_maps(loaded, summary)) if options.keep_best else None,
-         report=report, force=force, command="heads", model=loaded, source=source)
+    emit([summary], View(out, render.record, lambda scores, number: render.heads_lines(scores, out.width, top)),
+         json_output, after=(lambda: core.attach_maps(loaded, summary)) if options.keep_best else None,
+         report=report_of(report, force, "heads", loaded, source))
 
 
-def heads_on_cluster(cluster, loaded, tokenizer, chunks, options, model: str | None, revision: str | None,
-                     device: str, dtype: str, seed: int) -> Iterator:
+def heads_on_cluster(cluster, loaded, tokenizer, chunks, options) -> Iterator:
     """`heads` over a corpus on a Ray cluster's workers (--ray): the corpus read and tokenized here, scored in
-    blocks there, each block's totals merged here in the corpus's order (docs/ray.md)."""
+    blocks there (tfcli/runner.py), each block's totals merged here in the corpus's order (docs/ray.md)."""
     import itertools
 
     from tfcli import heads as core
+    from tfcli import runner
+    from tfcli.cluster import flattened
 
     encodings = list(itertools.chain.from_iterable(chunks))
     with count_bar("heads", "texts") as progress:
-        yield from core.run(loaded, tokenizer, [], options, blocks=on_cluster(
-            cluster, model, revision, device, dtype, seed, core.text_block, encodings, options, progress,
-            block=core.BATCH_SIZE))
+        yield from core.run(loaded, tokenizer, [], options, blocks=flattened(runner.blocks_on(
+            cluster, core.text_block, encodings, options, progress, core.BATCH_SIZE)))

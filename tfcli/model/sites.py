@@ -229,6 +229,12 @@ def add(name: str, vector: Tensor, positions: Iterable[int] | None = None,
 # ---------------------------------------------------------------- the names `--save` keeps for scripts
 
 
+def block_site(layer: int, leaf: str = "", stack: str = "") -> str:
+    """The one place a block's site names are made: `blocks.{layer}.{leaf}` under the stack's prefix (3, "attn.z",
+    "decoder.") -> decoder.blocks.3.attn.z; without a leaf, the block's own scope (`blocks.3`)."""
+    return f"{stack}blocks.{layer}" + (f".{leaf}" if leaf else "")
+
+
 def hidden_site(index: int) -> str:
     """`--save`'s hidden.{index}: 0 is the embeddings' output (block 0's input), i the output of block i - 1."""
-    return "blocks.0.resid_pre" if index == 0 else f"blocks.{index - 1}.resid_post"
+    return block_site(0, "resid_pre") if index == 0 else block_site(index - 1, "resid_post")

@@ -22,7 +22,7 @@ from tfcli.model.linear import Linear
 from tfcli.model.norms import RMSNormPlusOne, folded, norm, normed
 from tfcli.model.position_bias import RelativePositionBias
 from tfcli.model.rotary import Rotary
-from tfcli.model.sites import NO_SITES, Hook, Sites, check_names, name_filter
+from tfcli.model.sites import NO_SITES, Hook, Sites, block_site, check_names, name_filter
 
 
 @dataclass
@@ -134,7 +134,7 @@ class Stack(nn.Module):
         groups = [Block(config, cross=cross, attention_norm=config.first_block_attention_norm or g > 0)
                   for g in range(config.num_hidden_groups or num_layers)]
         self.blocks = nn.ModuleList(groups[int(i / (num_layers / len(groups)))] for i in range(num_layers))
-        self.block_names = [f"blocks.{i}" for i in range(num_layers)]  # the blocks' sites are named under these
+        self.block_names = [block_site(i) for i in range(num_layers)]  # the blocks' sites are named under these
         self.final_norm = norm(config) if config.final_norm else None
         # a relative position bias every block adds to its self-attention scores (T5, MPNet)
         buckets = config.relative_attention_num_buckets
@@ -216,7 +216,7 @@ class Stack(nn.Module):
         """The sites whose sum is the residual stream entering block 0, each a direct writer to it: the embeddings
         (token, position, segment) as they are added, or, where a norm follows their sum, its output alone."""
         if self.embeddings.norm is not None or self.embeddings.project is not None or self.project_in is not None:
-            return [self.block_names[0] + ".resid_pre"]
+            return [block_site(0, "resid_pre")]
         added = {"learned": ["pos_embed"], "sinusoidal": ["pos_embed"], "sinusoidal_halves": ["pos_embed"]}
         return ["embed", *added.get(self.embeddings.kind, []), *(["type_embed"] if self.embeddings.segments else [])]
 
@@ -359,6 +359,22 @@ class TransformerModel(nn.Module):
         if self.encoder is not None and self.decoder is not None:
             return [("encoder.", self.encoder), ("decoder.", self.decoder)]
         return [("", self.output_stack)]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (and where its inputs go)."""
+        return self.embed_tokens.weight.device
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Whether the output stack normalises its last residual stream before the head (the site `final_norm.*`)."""
+        return self.output_stack.final_norm is not None
+
+    @property
+    def final_softcap(self) -> float | None:
+        """An LM head's final logit soft cap (Gemma 2's final_logit_softcapping: cap * tanh(logits / cap)), or
+        None."""
+        return self.lm_head.softcap if self.lm_head is not None else None
 
     @property
     def lm_head(self) -> LMHead | None:
@@ -510,7 +526,7 @@ class TransformerModel(nn.Module):
                  hooks: dict[str, Hook] | None = None) -> Tensor:
         """Prompt + new ids (B, T + new) like transformers' generate (encoder-decoders: the decoder's ids,
         start token first); greedy unless do_sample; `hooks` by site name run on every pass (steering:
-        tfcli.steer.steering_hooks). See tfcli/model/decoding.py."""
+        tfcli.analysis.vectors.steering_hooks). See tfcli/model/decoding.py."""
         return generate(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, use_cache,
                         attention_mask, hooks)
 

@@ -21,7 +21,8 @@ from rich.text import Text
 from tfcli.analysis.ablation import ablated_label
 from tfcli.analysis.indices import spans
 from tfcli.analysis.names import Kind, kind_of
-from tfcli.patch import SMALL_GAP, DatasetPatching, Patching
+from tfcli.analysis.pairs import SMALL_GAP
+from tfcli.patch import DatasetPatching, Patching
 from tfcli.render.layout import GAP, GLUE, SPACE_NOTE, Column, has_space, plain, quoted, table, token_label, words
 
 if TYPE_CHECKING:

@@ -1,0 +1,141 @@
+"""The options the commands share: their types (`Annotated` Typer options, declared once here and named in each
+command's signature), the checks on their values (`AT_LEAST_ONE`, ...), and the objects they reach a core as
+(`RunOptions`, `DatasetOptions`, Ray's settings).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tfcli.errors import usage_error
+from tfcli.render.layout import MIN_WIDTH
+from tfcli.texts import Inputs
+
+
+def requires(test: Callable[[Any], bool], requirement: str):
+    """An option callback: a usage error naming the option when a given value fails `test`."""
+
+    def check(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        if value is not None and not test(value):
+            raise usage_error(f"{param.opts[0]} {requirement}, got {value}")
+        return value
+
+    return check
+
+
+AT_LEAST_ONE = requires(lambda value: value >= 1, "must be at least 1")
+NOT_NEGATIVE = requires(lambda value: value >= 0, "must be at least 0")
+POSITIVE = requires(lambda value: value > 0, "must be positive")
+PROBABILITY = requires(lambda value: 0 < value <= 1, "must be in (0, 1]")
+SEED_RANGE = requires(lambda value: 0 <= value < 2**64, "must be between 0 and 2**64 - 1")
+WIDE_ENOUGH = requires(lambda value: value >= MIN_WIDTH, f"must be at least {MIN_WIDTH}")
+
+
+TextsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="TEXT", help="Texts to process; `-` alone reads stdin, one text per line.",
+                   show_default=False),
+]
+FileOption = Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
+                                                 help="Read texts from FILE, one per line.")]
+ModelOption = Annotated[
+    str | None,
+    typer.Option("--model", "-m", metavar="SRC", help="Model source: a path, a bundled config name or a Hugging Face hub id."),
+]
+RevisionOption = Annotated[str | None, typer.Option(metavar="REV", help="Branch, tag or commit of a Hugging Face hub model.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per text.")]
+DeviceOption = Annotated[str, typer.Option(metavar="DEVICE", help="auto, cpu, cuda, cuda:N or mps.")]
+DtypeOption = Annotated[str, typer.Option(metavar="DTYPE", help="float32, float16 or bfloat16.")]
+SeedOption = Annotated[int, typer.Option(metavar="N", help="Seed of the random weights when the model has none.",
+                                         callback=SEED_RANGE)]
+PairOption = Annotated[str | None, typer.Option(metavar="TEXT", help="Second segment, paired with every text.")]
+# no range check here: the smallest useful N depends on the tokenizer's special tokens, which it checks (one message)
+MaxLengthOption = Annotated[int | None, typer.Option("--max-length", metavar="N",
+                                                     help="Truncate texts to at most N tokens (default: the model's "
+                                                     "positions).")]
+ReportOption = Annotated[Path | None, typer.Option(
+    "--report", metavar="PATH", dir_okay=False,
+    help="Also write the results to PATH: an interactive page (.html) or a figure (.svg, .png, .pdf).")]
+ReportForceOption = Annotated[bool, typer.Option("--force", help="Overwrite the --report file if it exists.")]
+DatasetOption = Annotated[str | None, typer.Option(
+    "--dataset", metavar="FILE", help="Run over a dataset instead: JSON Lines, one item per line (`-`: stdin); "
+    "prints the aggregate with its spread (docs/datasets.md).")]
+SkipBadOption = Annotated[bool, typer.Option("--skip-bad", help="With --dataset: skip the lines that cannot be used "
+                                             "(saying why on stderr) instead of refusing the dataset.")]
+BootstrapOption = Annotated[int | None, typer.Option(metavar="N", help="With --dataset: resamples of the 95% "
+                                                     "bootstrap interval over items (default 1000; 0: none).")]
+PerItemOption = Annotated[bool, typer.Option("--per-item", help="With --dataset: first each item's result, as a "
+                                             "single run prints it, then the aggregate.")]
+WidthOption = Annotated[int | None, typer.Option(
+    "--width", metavar="N", callback=WIDE_ENOUGH,
+    help="Lay tables out for N columns (default: $COLUMNS, else the terminal's width, else 120).")]
+ColorOption = Annotated[bool | None, typer.Option(
+    "--color/--no-color", show_default=False,
+    help="Colour on or off (default: on when stdout is a terminal and NO_COLOR is unset).")]
+
+AblateOption = Annotated[list[str] | None, typer.Option(
+    "--ablate", metavar="SITE[:zero|mean]", help="Run with a component removed: a head (L23H3), a sublayer's output "
+    "(L5.mlp, L5.attn) or any site name, * allowed; zeroed, or :mean (its mean over the text's positions); "
+    "repeatable.")]
+
+
+RayOption = Annotated[str | None, typer.Option(
+    "--ray", metavar="ADDRESS", help="Spread the dataset over a Ray cluster: its address (ray://HOST:10001, auto) "
+    "or `local` (one on this machine); default $TFCLI_RAY_ADDRESS (docs/ray.md).")]
+RayWorkersOption = Annotated[int | None, typer.Option("--ray-workers", metavar="N", help="With --ray: workers, each "
+                                                      "with the model loaded (default: one per CPU of the cluster).")]
+RayGpusOption = Annotated[float | None, typer.Option("--ray-gpus-per-worker", metavar="G", help="With --ray: GPUs "
+                                                     "per worker (the model goes on its GPU).")]
+
+
+def ray_settings(address: str | None, workers: int | None, gpus: float | None, dataset: bool, what: str):
+    """--ray (or $TFCLI_RAY_ADDRESS where the command runs a dataset) and its options, checked (tfcli.cluster);
+    None for a run on this process."""
+    from tfcli.cluster import check_settings
+
+    if not dataset:
+        if address is not None or workers is not None or gpus is not None:
+            raise usage_error(f"--ray and its options are for {what}")
+        return None
+    return check_settings(address or os.environ.get("TFCLI_RAY_ADDRESS") or None, workers, gpus)
+
+
+@dataclass
+class RunOptions:
+    """The options every analysis command shares, as one object: the model (--model as given, or the command's
+    default; --revision), how it is built (--device, --dtype, --seed) and how the results are shown (--json,
+    --report, --force; --width and --color are the console's)."""
+
+    model: str | None
+    revision: str | None
+    device: str
+    dtype: str
+    seed: int
+    json_output: bool
+    report: Path | None
+    force: bool
+
+    def spec(self):
+        """What a Ray worker needs to build the model as this process does (tfcli.cluster)."""
+        from tfcli.cluster import spec_of
+
+        return spec_of(self.model, self.revision, self.device, self.dtype, self.seed)
+
+
+@dataclass
+class DatasetOptions:
+    """--dataset and the options that go with it: --bootstrap, --per-item, --skip-bad and --ray's settings; or,
+    instead of a dataset's `path`, `texts` (the arguments, stdin or --file), each read as the line {"text": TEXT}."""
+
+    path: str | None
+    bootstrap: int | None
+    per_item: bool
+    skip_bad: bool
+    ray: Any  # tfcli.cluster.RaySettings, or None: this process
+    texts: Inputs | None = None
