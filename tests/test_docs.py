@@ -78,3 +78,27 @@ def test_every_docs_page_is_listed_in_the_readme_and_opens_with_its_title():
 def test_the_readme_stays_an_overview():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) < 300, f"README.md has {len(lines)} lines: move reference text to docs/"
+
+
+WRONG_CONTROL_VECTOR = re.compile(r"--control-vector[ =]+\S*:")  # llama.cpp reads `FILE:N` as a file name there
+
+
+def test_llama_cpp_is_shown_its_scaled_option():
+    """llama.cpp's `--control-vector` takes a file alone: `--control-vector happy.gguf:8` fails to open
+    'happy.gguf:8' and generates unsteered. A strength goes with `--control-vector-scaled FILE:STRENGTH`; no page, and
+    no help text of the package, shows the other form (issue 51, item 4)."""
+    sources = [*PAGES, *sorted((ROOT / "tfcli").rglob("*.py"))]
+    wrong = [f"{path.relative_to(ROOT)}: {match.group(0)}" for path in sources
+             for match in WRONG_CONTROL_VECTOR.finditer(path.read_text(encoding="utf-8"))]
+    assert not wrong, "; ".join(wrong)
+    assert "--control-vector-scaled happy.gguf:8 --control-vector-layer-range 14 22" in (
+        ROOT / "docs" / "steering.md").read_text(encoding="utf-8")
+
+
+def test_the_readme_says_what_helps_a_slow_torch_command():
+    """Under load a torch command can run many times slower: the README says so and names OMP_NUM_THREADS, not only
+    docs/errors.md (issue 51, item 9)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("## Quick start")
+    quick_start = readme[start:readme.index("## Commands", start)]
+    assert re.search(r"many times slower.*`OMP_NUM_THREADS=1`", " ".join(quick_start.split()))

@@ -254,3 +254,62 @@ def test_pdf_figure_opens_with_a_page_per_text_and_its_tokens_as_text(tmp_path, 
     first, second = (page.extract_text().split("\n") for page in pages)
     assert {"[CLS]", "good", "film", "[SEP]", "negative", "neutral", "positive"} <= set(first)
     assert "bad" in second and "film" not in second
+
+
+# The patch page's renderer (tfcli/data/report-patch.js) run in Node on a stand-in DOM: each element a plain object,
+# the page's text the strings appended to it. What the renderer writes, without a browser.
+PATCH_PAGE_IN_NODE = r"""
+const fs = require("fs"), vm = require("vm");
+const [script, data] = process.argv.slice(2);
+function el(tag, attrs, ...children) {
+  const node = {tag, attrs: attrs || {}, children: [], style: {}, addEventListener() {},
+                append(...items) { for (const c of items) if (c !== null && c !== undefined) this.children.push(c); }};
+  node.append(...children);
+  return node;
+}
+const text = (node) => typeof node === "string" || typeof node === "number" ? String(node)
+  : node.children.map(text).join("");
+const all = (node, tag) => typeof node !== "object" ? [] :
+  (node.tag === tag ? [node] : []).concat(...node.children.map((c) => all(c, tag)));
+global.window = {};
+vm.runInThisContext(fs.readFileSync(script, "utf8"));
+const section = el("section", {}), s = JSON.parse(fs.readFileSync(data, "utf8")).sections[0];
+const LIB = {el, echoed: (t) => t, quoted: (t) => JSON.stringify(t), label: (t) => t, spaceNote: () => []};
+window.tfcliRenderers.patch(section, s, 1, LIB).then(() => {
+  const tables = all(section, "table");
+  const rows = all(tables[tables.length - 1], "tbody").flatMap((b) => all(b, "tr"));
+  console.log(JSON.stringify({top: rows.map((r) => all(r, "td").map(text)),
+                              paragraphs: all(section, "p").map(text)}));
+});
+"""
+
+
+def test_the_patch_page_signs_its_numbers_as_the_terminal_does(tmp_path, tiny_decoder):
+    """The page's top list, its clean and corrupt values and its correlation read as the terminal's: `+0.6213`,
+    not `0.6213` (issue 51, item 9)."""
+    import shutil
+
+    node = shutil.which("node") or shutil.which("nodejs")
+    if node is None:
+        pytest.skip("no Node.js to run the page's script in (tests/test_report_browser.py runs it in Chromium)")
+    args = ["patch", "--model", str(tiny_decoder), "when mary and john went home john gave it to",
+            "when john and mary went home mary gave it to", "--target", "mary", "--foil", "john", "--sites",
+            "resid,heads", "--method", "both", "--top", "3", "--width", "200", "--no-color"]
+    page = tmp_path / "patch.html"
+    assert tfcli(*args, "--report", str(page)).exit_code == 0
+    terminal = tfcli(*args).stdout
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps(page_data(page)), encoding="utf-8")
+    harness = tmp_path / "harness.js"
+    harness.write_text(PATCH_PAGE_IN_NODE, encoding="utf-8")
+    script = Path(__file__).resolve().parent.parent / "tfcli" / "data" / "report-patch.js"
+    drawn = json.loads(subprocess.run([node, str(harness), str(script), str(data)], capture_output=True, text=True,
+                                      check=True).stdout)
+    section = page_data(page)["sections"][0]
+    assert [row[:4] for row in drawn["top"]] == [
+        [t["site"], t["where"], f"{t['score']:+.4f}", f"{t['attribution']:+.4f}"] for t in section["top"]]
+    for row in drawn["top"]:  # the terminal's top list has the same row, numbers signed alike
+        assert re.search(r"\s+".join(map(re.escape, row)), terminal), row
+    said = " ".join(drawn["paragraphs"])
+    assert f"clean {section['clean_value']:+.4f}, corrupt {section['corrupt_value']:+.4f}" in said
+    assert re.search(r"r = [+-]\d\.\d{3} over", said)

@@ -11,6 +11,7 @@ block that adds the vector to its output."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -183,6 +184,38 @@ def test_the_separation_and_gap(fitted):
         assert fit.separation >= 0.5
 
 
+def test_the_residual_norm_is_the_texts_median(fitted):
+    """resid_norm: the median norm of the block's output at the texts' last tokens (transformers' own), the scale a
+    strength meets (issue 51, item 7: the view's `norm` column was the unit direction's, always 1)."""
+    result, hand, _ = fitted("llama", "pca-diff")
+    for fit in result.layers:
+        assert fit.resid_norm == pytest.approx(float(hand[fit.layer].norm(dim=1).quantile(0.5)), rel=1e-5)
+
+
+@pytest.mark.parametrize("method", ["pca-diff", "mean-diff"])
+def test_the_fit_view_heads_every_column_and_says_what_best_means(cli, checkpoints, tmp_path, method):
+    """Every column of the fit's table has a header, none is the unit direction's norm (always 1), the direction's
+    norm is shown where it is not 1 (mean-diff), and the block marked best comes with what best means (issue 51,
+    item 7)."""
+    result = cli(*fit_args(checkpoints["gpt2"][0], pairs_file(tmp_path / "p.jsonl"), tmp_path / "v.gguf"),
+                 "--method", method, "--width", "100", "--no-color")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rule = next(i for i, line in enumerate(lines) if line.startswith("─"))
+    headers = re.split(r"\s{2,}", lines[rule - 1].strip())
+    assert len(headers) == len(lines[rule].split()) and all(headers), lines[rule - 1:rule + 1]
+    expected = ["block", "separated", "gap (sd)", "resid norm"] + (["|v|"] if method == "mean-diff" else [])
+    assert headers == expected
+    rows = [line.split() for line in lines[rule + 1:rule + 3]]
+    assert [row[0] for row in rows] == ["1", "2"] and all(len(row) == len(headers) for row in rows)
+    record = json.loads(cli(*fit_args(checkpoints["gpt2"][0], tmp_path / "p.jsonl", tmp_path / "w.gguf"), "--method",
+                            method, "--json").stdout)
+    best = max(record["layers"], key=lambda layer: (layer["separation"], layer["gap"]))["layer"]
+    said = " ".join(lines[rule + 3:])
+    assert f"best: block {best}, the highest share separated (then gap)" in said
+    assert "It need not be the one to steer" in said and "resid norm: the median norm" in said
+
+
 def test_a_batch_gives_what_texts_one_at_a_time_give(checkpoints):
     path = checkpoints["llama"][0]
     pairs = read_pairs(path)
@@ -260,7 +293,7 @@ def test_fit_writes_a_llama_cpp_control_vector(cli, checkpoints, fitted, tmp_pat
     assert record["method"] == "pca-diff" and record["model_hint"] == "gpt2" and record["width"] == 32
     assert record["output"] == str(output)
     assert [layer["layer"] for layer in record["layers"]] == [1, 2]  # block 0 left out by default
-    assert all(set(layer) == {"layer", "separation", "gap"} for layer in record["layers"])
+    assert all(set(layer) == {"layer", "separation", "gap", "resid_norm"} for layer in record["layers"])
     assert "every block but 0" in result.stderr
 
     data = output.read_bytes()
@@ -393,6 +426,8 @@ def test_a_bad_line_is_refused_naming_it_before_a_model_is_built(cli, checkpoint
     pairs.write_text('{"positive": "a b", "negative": "c d", "extra": 1}\n', encoding="utf-8")
     result = cli(*fit_args(path, pairs, tmp_path / "v.gguf"))
     assert result.exit_code == 2 and error_line(result).startswith("error: line 1: unknown key `extra`")
+    # a pair has no optional key: the hint ends with the keys it has (issue 51, item 6: "... and optionally ")
+    assert result.stderr.splitlines()[-1] == "hint: a line has positive, negative", result.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -591,6 +626,10 @@ def test_generate_steer_refusals_come_before_the_model(cli, checkpoints, tmp_pat
         assert result.exit_code == 2 and message in result.stderr, result.stderr
     result = cli("generate", "-m", str(path), "hello", "--steer-normalize")
     assert result.exit_code == 2 and "go with --steer" in result.stderr
+    write_vector(file, {1: torch.ones(32)}, "gpt2", force=True)
+    result = cli("generate", "-m", str(path), "hello", "--steer", str(file), "--steer-layers", "40")
+    assert result.exit_code == 2 and error_line(result) == (  # issue 51, item 7: not "3 steer-layers"
+        "error: --steer-layers: 40 is out of range: the model has 3 blocks"), result.stderr
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

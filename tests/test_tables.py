@@ -307,6 +307,23 @@ def test_the_summary_names_each_kind_and_head_and_says_each_layers_most_attended
     assert plain[0] == ["position", "attends most to", "lens top token"]
 
 
+@pytest.mark.parametrize("width", ["60", "80"])
+def test_a_summary_page_of_the_lens_alone_is_titled_by_the_lens(cli, width):
+    """At 80 columns the summary goes on two pages, the attention column's and the lens's: the lens page's title
+    explains a lens run, not the attention's (issue 51, item 9: it repeated `attend most to key 0`)."""
+    lines = run(cli, "encode", "time flies like an arrow", "--no-color", "--width", width).stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("every layer, a line per position")]
+    assert len(starts) == 2
+    pages = {}
+    for start in starts:
+        header = next(i for i in range(start, len(lines)) if lines[i].startswith("position"))
+        pages[lines[header].split()[-1]] = " ".join(lines[start:header])
+    assert set(pages) == {"to", "predicts"}  # `attends most to`, then the MLM head's `predicts`
+    assert "attend most to key 0" in pages["to"] and "(page 1 of 2)" in pages["to"]
+    assert "attend" not in pages["predicts"] and "(page 2 of 2)" in pages["predicts"]
+    assert "layers 1 to 5 predict Paris" in pages["predicts"]
+
+
 @pytest.mark.parametrize("layers,note", [([], "; sublayers of the last block only"),
                                          (["--layers", "3,1"], "; sublayers of block 1, 3 only"),
                                          (["--layers", "all"], "")])

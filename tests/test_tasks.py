@@ -249,6 +249,20 @@ def test_the_same_seed_gives_the_same_lines_and_another_seed_others(cli, task):
     assert other and other != first
 
 
+@pytest.mark.parametrize("task", ["ioi", "greater-than", "induction", "facts"])
+@pytest.mark.parametrize("seed", ["0", "3"])
+def test_n_lines_are_the_first_n_of_a_longer_run(cli, years_dir, task, seed, no_model_built):
+    """A seeded generator gives the first n lines of a longer run: `--n 2` is the start of `--n 100` (issue 51, item
+    8: the second line differed). Greater-than on the years tokenizer (the bundled WordPiece refuses it), also at
+    400 lines, where `random.sample` would change how it draws."""
+    model = ["--model", str(years_dir)] if task == "greater-than" else []
+    counts = [2, 7, 100] + ([400] if task == "greater-than" else [])
+    runs = [run_task(cli, task, *model, "--n", str(n), "--seed", seed) for n in counts]
+    assert [len(lines) for lines in runs] == counts
+    for shorter, longer in zip(runs, runs[1:]):
+        assert shorter == longer[:len(shorter)]
+
+
 def test_greater_than_is_seeded_too(years_dir):
     tokenizer, config = reader(str(years_dir))
     assert tasks.generate("greater-than", tokenizer, config, 30, 7) == tasks.generate("greater-than", tokenizer,

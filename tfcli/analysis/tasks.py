@@ -14,11 +14,14 @@ clean prompt reads as its next token (the prompt's ids with the token's text app
 token's), each written as text that `analysis.metric.parse_token` reads back as exactly that token, and the clean and
 corrupt prompts are as many tokens as the model reads them (`analysis.inputs.model_input`). What the tokenizer cannot
 give is left out, and a task with nothing left is refused, saying why. The draws are seeded (`random.Random(seed)`):
-the same tokenizer, n and seed give the same lines. docs/tasks.md has the templates and the choices behind them.
+the same tokenizer and seed give the same lines, and no draw depends on n, so that n lines are the first n of any
+longer run (ioi and facts draw in blocks of DEFAULT_N lines, which keeps the default 100 lines those that tfcli drew
+when the draws did depend on n). docs/tasks.md has the templates and the choices behind them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
@@ -226,7 +229,8 @@ class Reader:
 
 
 class Task:
-    """A task's lines for one tokenizer: `maximum` distinct clean prompts, `draw(rng, n)` n of them."""
+    """A task's lines for one tokenizer: `maximum` distinct clean prompts, `draw(rng, n)` n of them: the first n of
+    what any larger n draws (no draw depends on n)."""
 
     def __init__(self, reader: Reader):
         self.reader = reader
@@ -239,31 +243,30 @@ class Task:
         raise NotImplementedError
 
 
-def _distinct(rng: random.Random, count: int, n: int, line: Callable[[int], dict[str, str] | None]) -> Iterator[dict]:
+def _distinct(rng: random.Random, count: int, line: Callable[[int], dict[str, str] | None]) -> Iterator[dict]:
     """Lines from distinct random indices of range(count), in the order drawn, skipping those `line` refuses (None),
-    until n lines, every index tried or (among many) 20 n + 1,000 tried."""
-    if count <= max(4 * n, 100_000):
+    until every index is tried or (among many) 20 per line made and 1,000 more are: draws that do not depend on how
+    many lines are taken."""
+    made = 0
+    if count <= 100_000:
         order = list(range(count))
         rng.shuffle(order)
         indices: Iterator[int] = iter(order)
     else:
         def fresh() -> Iterator[int]:
             tried: set[int] = set()
-            while len(tried) < 20 * n + 1000:
+            while len(tried) < 20 * (made + 1) + 1000:
                 index = rng.randrange(count)
                 if index not in tried:
                     tried.add(index)
                     yield index
 
         indices = fresh()
-    made = 0
     for index in indices:
         result = line(index)
         if result is not None:
-            yield result
             made += 1
-            if made == n:
-                return
+            yield result
 
 
 class IOI(Task):
@@ -312,15 +315,21 @@ class IOI(Task):
         return text, self.names[first], self.names[second], nouns
 
     def draw(self, rng: random.Random, n: int) -> list[dict[str, str]]:
-        orders = {"ABBA": (n + 1) // 2, "BABA": n // 2}
         per_order = sum(self._sizes())
-        made = {}
-        for order, count in orders.items():
-            made[order] = list(_distinct(rng, per_order, count, lambda i, o=order: self._line(rng, o, i)))
-        if any(len(made[o]) < count for o, count in orders.items()):
-            raise TfcliError(f"ioi: only {sum(map(len, made.values()))} of {n} prompts passed the checks on "
-                             f"{self.reader.tokenizer.name}")
-        return [made["ABBA" if i % 2 == 0 else "BABA"][i // 2] for i in range(n)]  # the orders alternate
+        made = {order: _distinct(rng, per_order, lambda i, o=order: self._line(rng, o, i)) for order in IOI_TEMPLATES}
+        drawn: dict[str, list[dict[str, str]]] = {order: [] for order in IOI_TEMPLATES}
+        # whole blocks of DEFAULT_N lines, each block's ABBA half drawn before its BABA half: a line's draws never
+        # depend on n
+        wanted = {"ABBA": (n + 1) // 2, "BABA": n // 2}
+        while any(len(drawn[order]) < count for order, count in wanted.items()):
+            before = sum(map(len, drawn.values()))
+            for order in ("ABBA", "BABA"):
+                drawn[order] += itertools.islice(made[order], DEFAULT_N // 2)
+            if sum(map(len, drawn.values())) == before:
+                passed = sum(min(len(drawn[order]), count) for order, count in wanted.items())
+                raise TfcliError(f"ioi: only {passed} of {n} prompts passed the checks on "
+                                 f"{self.reader.tokenizer.name}")
+        return [drawn["ABBA" if i % 2 == 0 else "BABA"][i // 2] for i in range(n)]  # the orders alternate
 
     def _line(self, rng: random.Random, order: str, index: int) -> dict[str, str] | None:
         template, a, b, nouns = self._prompt(order, index)
@@ -365,7 +374,11 @@ class GreaterThan(Task):
         return len(self.lines)
 
     def draw(self, rng: random.Random, n: int) -> list[dict[str, str]]:
-        return rng.sample(self.lines, n)
+        # a line at a time, drawn again when one comes up twice (rng.sample's draws depend on n)
+        chosen: dict[int, None] = {}
+        while len(chosen) < n:
+            chosen.setdefault(rng.randrange(len(self.lines)))
+        return [self.lines[index] for index in chosen]
 
 
 class Induction(Task):
@@ -454,7 +467,16 @@ class Facts(Task):
         return len(self.partners)
 
     def draw(self, rng: random.Random, n: int) -> list[dict[str, str]]:
-        return [rng.choice(lines) for _, lines in rng.sample(self.partners, n)]
+        pool, lines = list(self.partners), []
+        while len(lines) < n:  # whole blocks of DEFAULT_N facts, then their partners: no draw depends on n
+            block = []
+            for _ in range(min(DEFAULT_N, len(pool))):  # as random.sample draws from a pool
+                index = rng.randrange(len(pool))
+                block.append(pool[index])
+                pool[index] = pool[-1]
+                pool.pop()
+            lines += [rng.choice(partners) for _, partners in block[:n - len(lines)]]
+        return lines
 
 
 TASK_CLASSES: dict[str, type[Task]] = {"ioi": IOI, "greater-than": GreaterThan, "induction": Induction,

@@ -16,7 +16,10 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       node.style.background = "rgb(" + WHITE.map((c, k) => Math.round(c + (end[k] - c) * t)).join(",") + ")";
       node.style.color = t > 0.6 ? "#fff" : "";
     }
-    function signed(v) { return v === null ? "" : (v >= 0 ? "+" : "") + v.toFixed(2); }
+    // a number signed as the terminal writes it: +0.58 in a cell, +0.5782 where four digits are shown
+    function signed(v, digits = 2) {
+      return v === null || v === undefined ? "" : (v >= 0 ? "+" : "") + v.toFixed(digits);
+    }
     const stackOf = (site) => (site.startsWith("encoder.") || site.startsWith("decoder.")) ? site.split(".")[0] : "";
     const differing = new Set(s.dataset !== undefined ? s.varying : s.differing), swept = new Set(s.positions);
     // over a dataset, a cell's hover also says its bootstrap interval and the share of pairs it restores
@@ -24,7 +27,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       if (s.dataset === undefined) return "";
       const at = (grid) => cell.reduce((g, k) => (g === null || g === undefined ? null : g[k]), grid);
       const interval = s.intervals ? at(s.intervals[site]) : null, share = at(s.restored_share[site]);
-      return (interval ? "\n95% interval: [" + interval[0].toFixed(4) + ", " + interval[1].toFixed(4) + "]" : "") +
+      return (interval ? "\n95% interval: [" + signed(interval[0], 4) + ", " + signed(interval[1], 4) + "]" : "") +
              (share !== null ? "\nrestores half of its pair's difference in " + Math.round(100 * share) + "% of pairs" : "");
     }
     // a column: its position (and * where the texts differ) over its token's text (*_shown, a space as \u2423), and
@@ -57,7 +60,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         row.values.forEach((v, k) => {
           const missing = columns[k].swept === false ? "not patched (--positions)" : "not computed (interrupted)";
           const td = el("td", {"data-tip": title + "\n" + row.tip + ", " + columns[k].tip + "\n" + what + ": " +
-                                (v === null ? missing : v.toFixed(4)) + (what === "score" ? spread(site, row.cell.concat([k])) : "")},
+                                (v === null ? missing : signed(v, 4)) + (what === "score" ? spread(site, row.cell.concat([k])) : "")},
                         signed(v));
           diverging(td, v, top);
           tr.append(td);
@@ -112,8 +115,8 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         (s.decoder_tokens_shown ? "" : " (#" + s.ids_clean[s.position] + ")");
       section.append(
         el("h2", {}, "pair " + number + ": " + echoed(s.clean) + " vs " + echoed(s.corrupt)),
-        el("p", {}, "The " + s.quantity + where + ": clean " + s.clean_value.toFixed(4) + ", corrupt " +
-                    s.corrupt_value.toFixed(4) + ". Each cell: (patched - corrupt) / (clean - corrupt). Positions marked * " +
+        el("p", {}, "The " + s.quantity + where + ": clean " + signed(s.clean_value, 4) + ", corrupt " +
+                    signed(s.corrupt_value, 4) + ". Each cell: (patched - corrupt) / (clean - corrupt). Positions marked * " +
                     "differ between the texts."));
     }
     section.append(
@@ -133,7 +136,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         const left = reached ? gridView(site, s.grids[site], "score") : missing;
         const right = gridView(site, s.attribution_grids[site], "estimate");
         if (reached) together(left, right);
-        box.append(el("p", {class: "note"}, reached && c && c.r !== null ? "correlation of the two: r = " + c.r.toFixed(3) + " over " + c.n + " sites" : ""),
+        box.append(el("p", {class: "note"}, reached && c && c.r !== null ? "correlation of the two: r = " + signed(c.r, 3) + " over " + c.n + " sites" : ""),
           el("div", {class: "views patch-views"}, el("div", {}, el("h4", {}, "activation"), left),
                                                    el("div", {}, el("h4", {}, "attribution estimate"), right)));
       } else {
@@ -145,9 +148,9 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       const spreads = s.dataset !== undefined ? (s.intervals ? ["95% interval", "restored"] : ["restored"]) : [];
       const head = ["site", "where", what].concat(spreads, s.attribution_grids ? ["attribution"] : []);
       const topRows = s.top.map((t) => el("tr", {},
-        el("td", {class: "left"}, t.site), el("td", {class: "left"}, t.where), el("td", {}, t.score.toFixed(4)),
+        el("td", {class: "left"}, t.site), el("td", {class: "left"}, t.where), el("td", {}, signed(t.score, 4)),
         ...(spreads.length === 2 ? [el("td", {}, t.interval)] : []), ...(spreads.length ? [el("td", {}, t.restored)] : []),
-        s.attribution_grids ? el("td", {}, t.attribution === null ? "" : t.attribution.toFixed(4)) : null));
+        s.attribution_grids ? el("td", {}, signed(t.attribution, 4)) : null));
       const kinds = new Set(s.top.map((t) => t.site)).size;
       section.append(el("h3", {}, "the " + s.top_each + " largest scores" + (kinds > 1 ? " of each site kind" : "")),
         el("div", {class: "scroll"}, el("table", {},

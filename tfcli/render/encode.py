@@ -277,11 +277,15 @@ def summary_lines(report: TextReport, width: int) -> list[Text]:
             cells.append([Text(f"{_layers(a, b)}: {token_label(text)}") for a, b, (_, text) in runs])
         tables.setdefault(positions, []).append(Column(LENS_COLUMN[report.lens_predicts], cells))
         texts.setdefault(positions, positions_texts(report))
+
+    def title(page: list[Column]) -> str:  # a page of the lens column alone is not titled by attention's example
+        lens_only = all(column.header in LENS_COLUMN.values() for column in page)
+        example = SUMMARY_EXAMPLES[report.lens_predicts if lens_only else "attention"]
+        return f"every layer, a line per position: runs of layers that agree merged ({example})"
+
     lines = []
     for tokens, columns in tables.items():
         keys = Column.of("position", [f"{i} {token_label(t)}" for i, t in enumerate(texts[tokens])])
-        title = ("every layer, a line per position: runs of layers that agree merged (`1-5: 0 [CLS]`: "
-                 "layers 1 to 5 attend most to key 0, [CLS])")
         lines += ([Text()] if lines else []) + table([keys, *columns], width, title=title)
     if report.lens:
         lines += [Text()] + words(lens_caption(report), width, "dim")
@@ -289,6 +293,9 @@ def summary_lines(report: TextReport, width: int) -> list[Text]:
 
 
 LENS_COLUMN = {True: "predicts", False: "lens top token"}  # the summary's lens column: a prediction head or not
+SUMMARY_EXAMPLES = {"attention": "`1-5: 0 [CLS]`: layers 1 to 5 attend most to key 0, [CLS]",
+                    True: "`1-5: Paris`: layers 1 to 5 predict Paris",
+                    False: "`1-5: Paris`: the top token of layers 1 to 5 is Paris"}
 
 
 def lens_caption(report: TextReport) -> str:

@@ -201,12 +201,14 @@ class Column:
         return max(widths)
 
 
-def table(columns: list[Column], width: int, keys: int = 1, title: Text | str | None = None,
+def table(columns: list[Column], width: int, keys: int = 1,
+          title: Text | str | Callable[[list[Column]], Text | str] | None = None,
           page_note: Callable[[list[Column]], str] | None = None, rule: bool = True) -> list[Text]:
     """Lay out `columns` (the first `keys` of them identify the rows) as lines of at most `width` cells:
     title, header, a rule, then the rows. Columns that do not fit go on to further pages, each repeating the
-    key columns; `page_note(page's columns)` says what a page holds when there are several. A row with a
-    cell of several lines is followed by a blank line."""
+    key columns; `page_note(page's columns)` says what a page holds when there are several, and a callable
+    `title(page's columns)` titles each page by what it holds. A row with a cell of several lines is followed by a
+    blank line."""
     key_columns, rest = columns[:keys], columns[keys:]
     key_widths = key_column_widths(key_columns, width, bool(rest))
     used = sum(key_widths) + GAP * max(len(key_columns) - 1, 0)
@@ -223,11 +225,12 @@ def table(columns: list[Column], width: int, keys: int = 1, title: Text | str | 
         page.append((column, fitted, gap))
         page_width += gap + fitted
     pages.append(page)
-    title_text = Text(title, style="bold") if isinstance(title, str) else title
     lines: list[Text] = []
     for number, page in enumerate(pages, 1):
         if number > 1:
             lines.append(Text())
+        titled = title([c for c, _, _ in page]) if callable(title) else title
+        title_text = Text(titled, style="bold") if isinstance(titled, str) else titled
         if title_text is not None:
             heading = title_text.copy()
             if len(pages) > 1:

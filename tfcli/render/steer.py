@@ -1,7 +1,8 @@
 """`tfcli steer` output. `fit`: per block, how well the fitted direction separates the pairs (the share of pairs whose
-positive projects above its negative, and the mean gap in standard deviations of the projections), the block that
-separates best marked; and the JSON object. `sweep`: per prompt, a row per strength (the effect, the cost, the
-continuation), its JSON Lines (one object per prompt and strength), the --report page's section and the figure."""
+positive projects above its negative, and the mean gap in standard deviations of the projections) and the norm of
+the residual stream there, the block that separates best named; and the JSON object. `sweep`: per prompt, a row per
+strength (the effect, the cost, the continuation), its JSON Lines (one object per prompt and strength), the --report
+page's section and the figure."""
 
 from __future__ import annotations
 
@@ -49,22 +50,33 @@ def fit_lines(result: SteerFit, width: int) -> list[Text]:
     columns = [Column.of("block", [str(fit.layer) for fit in rows], right=True),
                Column.of("separated", [f"{fit.separation:.0%}" for fit in rows], right=True),
                Column.of("gap (sd)", [_number(fit.gap, sign=True) for fit in rows], right=True),
-               Column.of("norm", [f"{float(fit.direction.norm()):.3g}" for fit in rows], right=True),
-               Column.of("", ["best" if fit.layer == top else "" for fit in rows])]
+               Column.of("resid norm", [f"{fit.resid_norm:.1f}" for fit in rows], right=True)]
+    unit = result.method != "mean-diff"  # a principal component is a unit vector: its norm says nothing
+    if not unit:
+        columns.append(Column.of("|v|", [f"{float(fit.direction.norm()):.2f}" for fit in rows], right=True))
     lines += table(columns, width)
+    size = "the direction is a unit vector: strength S adds a vector of norm S" if unit else \
+        "strength S adds a vector of norm S x |v|, the direction's norm"
     lines += words(Text("separated: the share of pairs whose positive text projects above its negative on the "
                         "block's direction; gap: the mean projection gap (positive - negative) in standard deviations "
-                        "of all the texts' projections", style="dim"), width)
+                        "of all the texts' projections; resid norm: the median norm of the block's output at the "
+                        f"texts' last tokens, the scale a strength meets ({size})", style="dim"), width)
+    if top is not None and len(rows) > 1:
+        lines += words(Text(f"best: block {top}, the highest share separated (then gap): the block whose direction "
+                            "tells the pairs apart best. It need not be the one to steer (late blocks have a larger "
+                            "resid norm and fewer blocks after them to act on the vector): compare bands of blocks "
+                            "with `tfcli steer sweep --layers`"), width)
     if result.output is not None:
         lines += words(Text(f"wrote {result.output}: direction.L is added to the output of block L"), width)
     return lines
 
 
 def record(result: SteerFit) -> dict[str, Any]:
-    """The JSON object: layers [{layer, separation, gap}], method, model_hint, width, output."""
+    """The JSON object: layers [{layer, separation, gap, resid_norm}], method, model_hint, width, output."""
     return {
         "layers": [{"layer": fit.layer, "separation": fit.separation,
-                    "gap": None if math.isnan(fit.gap) else fit.gap} for fit in result.layers],
+                    "gap": None if math.isnan(fit.gap) else fit.gap, "resid_norm": fit.resid_norm}
+                   for fit in result.layers],
         "method": result.method,
         "model_hint": result.model_hint,
         "width": result.width,
