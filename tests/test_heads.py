@@ -165,10 +165,9 @@ def test_every_detector_equals_the_hand_computation_on_transformers_attention(na
             counts[d] += 1
             grid = torch.tensor(ours.scores[d], dtype=torch.float64)
             hand = torch.tensor(expected[d], dtype=torch.float64)
-            # entropy, in bits, magnifies the weights' own difference (fp32, within 1e-4 of transformers') by -log2 a
-            tolerance = 1e-4 if d == "entropy" else 1e-5
-            assert torch.allclose(grid, hand, atol=tolerance, rtol=0), (d, encoding.text,
-                                                                        float((grid - hand).abs().max()))
+            # fp32 parity, 1e-4: the weights themselves differ from transformers' by up to 1.6e-5 on some CPUs (T5's
+            # on an AMD EPYC), and entropy, in bits, magnifies that by -log2 a
+            assert torch.allclose(grid, hand, atol=1e-4, rtol=0), (d, encoding.text, float((grid - hand).abs().max()))
             sums[d] += hand
             spread = max(spread, float(hand.max() - hand.min()))
     assert spread > 0.05  # the heads differ: a score swapped between heads or layers would show
