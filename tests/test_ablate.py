@@ -107,29 +107,31 @@ def captured(hf, ids: list[int], specs: list[str]) -> tuple[list[torch.Tensor], 
     return inputs, z
 
 
-@pytest.mark.parametrize("spec", ["L1H2", "L0.mlp:mean"])
-def test_patch_ablate_patches_the_ablated_model_as_by_hand(cli, gpt2, spec):
-    """patch --ablate: every run (clean, corrupt, patched) without the component, on transformers by hand: each
+@pytest.mark.parametrize("specs", [["L1H2"], ["L0.mlp:mean"], ["L0.mlp:mean", "L1H2"], ["L1H2", "L0.mlp:mean"]])
+def test_patch_ablate_patches_the_ablated_model_as_by_hand(cli, gpt2, specs):
+    """patch --ablate: every run (clean, corrupt, patched) without the components, on transformers by hand: each
     head's output put back (c_proj's input slice, every position) and each block's input at each position, with the
-    ablation's hooks on; the scores, the clean and corrupt values, and the values with nothing ablated. A
-    mean-ablation runs whole passes (the fast sweep covers part of the text), a zeroed head the fast sweep."""
+    ablations' hooks on; the scores, the clean and corrupt values, and the values with nothing ablated. A
+    mean-ablation runs whole passes (the fast sweep covers part of the text, and a mean reads every position: no
+    position before the first difference scores 0 by causality), a zeroed head the fast sweep; with both, in either
+    order, whole passes (issue 51, item 1: the last spec alone deciding failed this)."""
     path, hf = gpt2
     result = cli("patch", "-m", str(path), "--target", "mary", "--foil", "john", "--sites", "resid,heads",
-                 "--ablate", spec, "--json", CLEAN, CORRUPT)
+                 *(option for spec in specs for option in ("--ablate", spec)), "--json", CLEAN, CORRUPT)
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout)
     clean_ids, corrupt_ids, position = record["ids_clean"], record["ids_corrupt"], record["position"]
-    assert record["ablated"] == [spec]
-    clean = difference(hf_logits(hf, clean_ids, [spec]), position, record)
-    corrupt = difference(hf_logits(hf, corrupt_ids, [spec]), position, record)
+    assert record["ablated"] == specs
+    clean = difference(hf_logits(hf, clean_ids, specs), position, record)
+    corrupt = difference(hf_logits(hf, corrupt_ids, specs), position, record)
     assert abs(record["clean_value"] - clean) < 1e-4 and abs(record["corrupt_value"] - corrupt) < 1e-4
     assert abs(record["clean_value_unablated"] - difference(hf_logits(hf, clean_ids, []), position, record)) < 1e-4
     assert abs(record["corrupt_value_unablated"] - difference(hf_logits(hf, corrupt_ids, []), position, record)) < 1e-4
-    inputs, z = captured(hf, clean_ids, [spec])
+    inputs, z = captured(hf, clean_ids, specs)
     blocks = hf.transformer.h
 
     def patched(make) -> float:
-        return (difference(hf_logits(hf, corrupt_ids, [spec], [make]), position, record) - corrupt) / (clean - corrupt)
+        return (difference(hf_logits(hf, corrupt_ids, specs, [make]), position, record) - corrupt) / (clean - corrupt)
 
     def put_head(layer, head):
         def hook(module, args):
