@@ -108,7 +108,8 @@ OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 def promises(commands: dict) -> list[tuple[str, str, str]]:
     """(command, option, where) for every option README.md and docs/commands.md write down for a command: in the
     command's own section (its prose, examples and code spans; a span or example naming another command, or
-    `other's `--x``, counts for that one), and in the sentences that speak of every command."""
+    `other's `--x``, counts for that one; llama.cpp's options are not tfcli's), and in the sentences that speak of
+    every command."""
     documented = {"README.md": (ROOT / "README.md").read_text(encoding="utf-8"),
                   "docs/commands.md": (ROOT / "docs/commands.md").read_text(encoding="utf-8")}
     found = []
@@ -123,6 +124,8 @@ def promises(commands: dict) -> list[tuple[str, str, str]]:
                 found += [(command, option, where) for option in OPTION.findall(example)]
             prose = re.sub(r"^\$ tfcli .*$", "", body, flags=re.M)
             for before, span in re.findall(r"(\S*\s?)`([^`\n]*)`", prose):
+                if before.startswith("llama.cpp's"):  # another program's option (--control-vector-scaled)
+                    continue
                 other = re.match(rf"(?:tfcli )?({names})\b", span) or re.match(rf"({names})'s", before)
                 found += [(other.group(1) if other else name, option, where) for option in OPTION.findall(span)]
         # what every command shares: the README's Commands introduction, the reference's Common behaviour
