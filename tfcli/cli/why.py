@@ -297,6 +297,7 @@ def heads(
     """
     from tfcli import heads as core
     from tfcli import runner
+    from tfcli.cluster import spec_of
     from tfcli.render import heads as render
     from tfcli.sources import resolve_source
 
@@ -324,9 +325,8 @@ def heads(
     elif cluster is None:
         results = core.run(loaded, tokenizer, with_progress(chunks, "heads", len), options)
     else:
-        results = heads_on_cluster(runner.Cluster(cluster, RunOptions(model, revision, device, dtype, seed, json_output,
-                                                                      report, force).spec(), note),
-                                   loaded, tokenizer, chunks, options)
+        workers = runner.Cluster(cluster, spec_of(model, revision, device, dtype, seed), note)
+        results = heads_on_cluster(workers, loaded, tokenizer, chunks, options)
     summaries: list[core.Heads] = []
 
     def each_text() -> Iterator[core.TextHeads]:
