@@ -140,28 +140,30 @@ def test_an_attribute_dataset_on_the_cluster_equals_one_process(cli, cluster, mo
 def test_heads_over_a_corpus_on_the_cluster_equals_one_process(cli, cluster, models, tmp_path, name):
     """Every detector's mean per head over 40 texts (blocks of 32: two blocks, one per worker), each text's with
     --per-text in order, and the page's best text per head."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(f"{CLEAN[k % 5]} and {k} more words {'a b ' * (k % 4)}" for k in range(40)) + "\n",
-                      encoding="utf-8")
-    args = ["heads", "-m", str(models[name]), "--file", str(corpus), "--per-text", "--json"]
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("\n".join(f"{CLEAN[k % 5]} and {k} more words {'a b ' * (k % 4)}" for k in range(40))
+                           + "\n", encoding="utf-8")
+    args = ["heads", "-m", str(models[name]), "--file", str(corpus_file), "--per-text", "--json"]
     one, spread = lines_of(cli(*args)), lines_of(cli(*args, "--ray", "local"))
     assert len(one) == len(spread) == 41
     for a, b in zip(one, spread):
         assert_same(a, b, [key for key in a if key in ("scores", "texts", "counts")])
     import tfcli
     from tfcli import heads as core
+    from tfcli import runner
+    from tfcli.analysis.dataset import Dataset
     from tfcli.api import load_tokenizer_for
-    from tfcli.cluster import Cluster, RaySettings, flattened, spec_of
+    from tfcli.cluster import RaySettings, spec_of
     from tfcli.sources import resolve_source
 
     model = tfcli.load_model(str(models[name]))
     tokenizer = load_tokenizer_for(resolve_source(str(models[name])))
-    encodings = tokenizer.encode(corpus.read_text().splitlines())
     options = core.HeadsOptions(core.parse_detectors(None), False, False, False, keep_best=True)
-    here = list(core.run(model, tokenizer, [encodings], options))[-1]
-    with Cluster(RaySettings("local", 2), spec_of(str(models[name]), None, "cpu", "float32", 0)) as workers:
-        there = list(core.run(model, tokenizer, [], options,
-                              blocks=flattened(workers.map(core.text_block, encodings, options, block=16))))[-1]
+    corpus = core.HeadsCorpus(options)
+    texts = [core.text_of(model.config, tokenizer, e) for e in tokenizer.encode(corpus_file.read_text().splitlines())]
+    here = runner.run(corpus, model, tokenizer, Dataset("", texts, 0, 0))
+    there = runner.run(corpus, model, tokenizer, Dataset("", texts, 0, 0), cluster=runner.Cluster(
+        RaySettings("local", 2), spec_of(str(models[name]), None, "cpu", "float32", 0), lambda message: None))
     assert here.best == there.best and sorted(here.kept) == sorted(there.kept)
 
 

@@ -59,7 +59,7 @@ class Norms:
 
 @dataclass
 class ResidualNorm:
-    command, unit, line, block = "norms", "texts", LineSpec(("text",), ()), None
+    command, unit, line, block, streams = "norms", "texts", LineSpec(("text",), ()), None, False
 
     def check(self, config, tokenizer, line: Line) -> Text:
         ids = model_input(config, tokenizer.encode([line.fields["text"]])[0])
@@ -121,8 +121,8 @@ def norms(texts: TextsArgument = None, model: ModelOption = None, file: FileOpti
     given = DatasetOptions(dataset, bootstrap, per_item, skip_bad, ray_settings(ray, ray_workers, None, True, ""),
                            None if dataset is not None else inputs(texts, file))
     run_dataset(ResidualNorm(), resolve_source(model), given,
-                RunOptions(model, None, "cpu", "float32", 0, json_output, report, force), View(out, record, lines),
-                "these norms say nothing")
+                RunOptions(model, None, "cpu", "float32", 0, json_output, report, force),
+                (View(out, record, lines), View(out, record, lines)), "these norms say nothing")
 
 
 def invoke(*args: str):

@@ -247,7 +247,7 @@ class AttributeDataset:
     prompt's Attribution (with --by neuron, every neuron kept), the aggregate a DatasetAttribution."""
 
     options: AttributeOptions
-    command, unit, line, block = "attribute", "prompts", ATTRIBUTE_LINE, None
+    command, unit, line, block, streams = "attribute", "prompts", ATTRIBUTE_LINE, None, False
 
     def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Prompt:
         return check_prompt(config, tokenizer, line)

@@ -244,8 +244,3 @@ def _cause(error: Exception) -> Exception:
 def spec_of(source: str | None, revision: str | None, device: str, dtype: str, seed: int) -> ModelSpec:
     return ModelSpec(source, revision, device, dtype, seed, source is not None and os.path.exists(source))
 
-
-def flattened(blocks: Iterator[tuple[int, list[Any]]]) -> Iterator[Any]:
-    """The items of each block's list, in order (a KeyboardInterrupt after them passes on)."""
-    for _, block in blocks:
-        yield from block

@@ -27,10 +27,12 @@ tokens, and the patterns above are over one sequence. Shapes: B texts, H heads, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tfcli.analysis.dataset import Done, LineSpec
 from tfcli.analysis.inputs import padded
 from tfcli.analysis.names import block_site, every_block
 from tfcli.errors import usage_error
@@ -38,8 +40,10 @@ from tfcli.errors import usage_error
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from tfcli.analysis.dataset import Dataset, Line
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
+    from tfcli.texts import CappedWarnings
     from tfcli.tokenizer import Encoding, Tokenizer
 
 DETECTORS = ("previous", "duplicate", "induction", "first", "special", "self", "entropy")
@@ -112,6 +116,11 @@ class Heads:
     # its sequences per stack and, once `attach_maps` ran, the maps {(row, head): (queries, keys) tensor}
     best: dict[str, list[list[Best | None]]] | None = None
     kept: dict[int, dict] = field(default_factory=dict)
+    interrupted: bool = False  # Ctrl-C ended the run: the scores are the texts' finished before it
+
+    @property
+    def n(self) -> int:
+        return self.texts
 
     def label(self, row: int, head: int) -> str:
         """`L3H5`, or `decoder.L3H5` in an encoder-decoder."""
@@ -339,7 +348,113 @@ def score_batch(model: TransformerModel, config: ModelConfig, tokenizer: Tokeniz
     return scores, torch.stack([counted[name] for name in DETECTORS], dim=-1)
 
 
-# ---------------------------------------------------------------- a run
+# ---------------------------------------------------------------- the analysis (tfcli/runner.py)
+
+
+@dataclass
+class Text:
+    """One text as the heads read it: the text, its sequences per stack, its segment ids (None: none)."""
+
+    text: str
+    sequences: list[Sequence]
+    type_ids: list[int] | None = None
+
+
+@dataclass
+class TextScores:
+    """One text's scores: (R, H, D) per layer row, head and detector (DETECTORS order) and (D,) whether the text
+    counts for each detector; its text, ids and row names for its own view (--per-text)."""
+
+    text: str
+    ids: list[int]
+    scores: Tensor
+    counted: Tensor
+    layers: list[str]
+
+
+def text_of(config: ModelConfig, tokenizer: Tokenizer, encoding: Encoding) -> Text:
+    return Text(encoding.text, sequences(config, tokenizer, encoding), encoding.type_ids)
+
+
+def probe_text(config: ModelConfig, tokenizer: Tokenizer, length: int, seed: int) -> Text:
+    """The induction probe (probe_ids) as a text: its sequences per stack."""
+    ids, special = probe_ids(config, tokenizer, length, seed)
+    stacks = [Sequence(ids, tokenizer.tokens(ids), special, tokenizer.texts(ids))]
+    if config.architecture == "encoder-decoder":
+        from tfcli.model.transformer import start_token_id
+
+        decoder_ids = [start_token_id(config)] + ids
+        stacks.append(Sequence(decoder_ids, tokenizer.tokens(decoder_ids), [True] + special,
+                               tokenizer.texts(decoder_ids)))
+    return Text(f"induction probe: {length} random tokens (seed {seed}), repeated", stacks)
+
+
+@dataclass
+class HeadsCorpus:
+    """heads over texts, as the runner runs an analysis: a text is an item (truncated to `max_length`, or the
+    model's positions, said through `truncated`), its scores the result, the means per detector the aggregate.
+    The texts stream: a corpus of any length runs in flat memory (only sums are kept)."""
+
+    options: HeadsOptions
+    max_length: int | None = None
+    truncated: CappedWarnings | None = None
+    batch_size: int = BATCH_SIZE  # texts per forward pass
+    command, unit, line, block, streams = "heads", "texts", LineSpec(("text",), ()), BATCH_SIZE, True
+
+    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Text:
+        (encoding,) = tokenizer.encode_for_model([line.fields["text"]], config.max_position_embeddings, None,
+                                                 self.max_length)
+        if encoding.truncated and self.truncated is not None:
+            self.truncated.add(f"{line.where} truncated from {encoding.untruncated_length} to {len(encoding.ids)} "
+                               "tokens")
+        return text_of(config, tokenizer, encoding)
+
+    def check_items(self, items: list[Text]) -> None:
+        pass
+
+    def results(self, model: TransformerModel, tokenizer: Tokenizer, items: list[Text],
+                progress: Callable[[float], None] | None) -> Iterator[TextScores]:
+        """Each text's scores, in order, from padded batches of `batch_size` texts of similar lengths."""
+        config, layers = model.config, row_names(model)
+        order = sorted(range(len(items)), key=lambda i: len(items[i].sequences[0].ids))
+        scored: dict[int, TextScores] = {}
+        for start in range(0, len(order), self.batch_size):
+            chosen = order[start:start + self.batch_size]
+            type_ids = [items[i].type_ids for i in chosen]
+            scores, counted = score_batch(model, config, tokenizer, [items[i].sequences for i in chosen],
+                                          self.options, None if None in type_ids else type_ids)
+            for b, i in enumerate(chosen):
+                scored[i] = TextScores(items[i].text, items[i].sequences[0].ids, scores[b], counted[b], layers)
+            if progress is not None:
+                progress(start + len(chosen))
+        return (scored[i] for i in range(len(items)))
+
+    def shown(self, result: TextScores) -> TextHeads:
+        return TextHeads(result.text, result.ids, {
+            name: result.scores[:, :, d].tolist() if bool(result.counted[d]) else None
+            for d, name in enumerate(DETECTORS) if name in self.options.detectors}, result.layers)
+
+    def aggregate(self, done: Iterable[tuple[Text, TextScores]], dataset: Dataset | None) -> Heads:
+        """Each detector's mean per head over the texts it counts, added BATCH_SIZE texts at a time."""
+        import torch
+
+        totals, batch, cross = None, [], False
+        for item, result in itertools.chain(done, [(None, None)]):
+            if item is not None:
+                if totals is None:
+                    totals = Totals(len(result.layers), result.scores.shape[1], self.options.keep_best)
+                    layers = result.layers
+                batch.append((item, result))
+                cross = cross or len(item.sequences) > 1
+            if batch and (item is None or len(batch) == BATCH_SIZE):
+                totals.add(torch.stack([r.scores for _, r in batch]), torch.stack([r.counted for _, r in batch]),
+                           [(i.text, i.sequences) for i, _ in batch])
+                batch = []
+        result = totals.result(self.options.detectors, layers, totals.sums.shape[2], self.options)
+        result.interrupted = bool(getattr(done, "interrupted", False))
+        if cross:
+            result.notes.append(CROSS_NOTE)
+        return result
 
 
 class Totals:
@@ -382,25 +497,6 @@ class Totals:
             self.kept = {k: v for k, v in self.kept.items() if k in used}  # memory stays flat
         self.texts += len(texts)
 
-    def merge(self, other: Totals) -> None:
-        """Add the totals of the texts that follow these (another block of the corpus): the same as adding its
-        texts here one batch after another (a head's best text: the earlier one on a tie)."""
-        import torch
-
-        self.sums += other.sums
-        self.counts += other.counts
-        if self.keep_best:
-            sign = torch.tensor([-1.0 if name in LOWEST_FIRST else 1.0 for name in DETECTORS],
-                                dtype=torch.float64)[:, None, None]
-            theirs = torch.nan_to_num(other.best_score * sign, nan=float("-inf"))
-            better = theirs > torch.nan_to_num(self.best_score * sign, nan=float("-inf"))
-            self.best_score = torch.where(better, other.best_score, self.best_score)
-            self.best_text = torch.where(better, other.best_text + self.texts, self.best_text)
-            self.kept.update({index + self.texts: kept for index, kept in other.kept.items()})
-            used = set(self.best_text.flatten().tolist())
-            self.kept = {k: v for k, v in self.kept.items() if k in used}
-        self.texts += other.texts
-
     def result(self, detectors: list[str], layers: list[str], heads: int, options: HeadsOptions) -> Heads:
         means, counts, best = {}, {}, None
         for d, name in enumerate(DETECTORS):
@@ -424,89 +520,32 @@ def torch_nan(like: Tensor) -> Tensor:
 
 
 def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Encoding]], options: HeadsOptions,
-        batch_size: int = BATCH_SIZE,
-        blocks: Iterable[tuple[list[TextHeads], Totals]] | None = None) -> Iterator[TextHeads | Heads]:
-    """Score tokenized texts, chunk by chunk (a stream's batches), in padded batches of `batch_size` (texts of
-    similar lengths together); yields each text's TextHeads in order when `options.per_text`, then the Heads over
-    all of them. A text's scores are the same alone or in any batch (its padding is masked out). `blocks`: the
-    corpus scored elsewhere (a Ray cluster: tfcli/cluster.py, with `text_block`), block by block in order, instead
-    of `chunks`."""
-    config = model.config
-    layers = row_names(model)
-    heads = config.num_attention_heads
-    totals = Totals(len(layers), heads, options.keep_best)
-    if blocks is not None:
-        for texts, part in blocks:
-            totals.merge(part)
-            yield from texts
-    for encodings in chunks if blocks is None else ():
-        items = [(e.text, sequences(config, tokenizer, e), e.type_ids) for e in encodings]
-        yield from _score_items(model, config, tokenizer, items, options, totals, batch_size)
-    result = totals.result(options.detectors, layers, heads, options)
-    if config.architecture == "encoder-decoder":
-        result.notes.append(CROSS_NOTE)
+        batch_size: int = BATCH_SIZE) -> Iterator[TextHeads | Heads]:
+    """The Python API: tokenized texts (chunks of encodings) scored as `tfcli heads` scores them, in padded
+    batches of `batch_size` texts of similar lengths; each text's TextHeads in order with `options.per_text`, then the Heads
+    over all of them. A text's scores are the same alone or in any batch (its padding is masked out)."""
+    corpus, shown = HeadsCorpus(options, batch_size=batch_size), []
+
+    def done() -> Iterator[tuple[Text, TextScores]]:
+        for encodings in chunks:
+            texts = [text_of(model.config, tokenizer, encoding) for encoding in encodings]
+            yield from zip(texts, corpus.results(model, tokenizer, texts, None))
+    result = corpus.aggregate(Done(done(), shown.append if options.per_text else None), None)
+    yield from (corpus.shown(scores) for scores in shown)
     yield result
 
 
 def run_probe(model: TransformerModel, tokenizer: Tokenizer, options: HeadsOptions, length: int,
               seed: int) -> Iterator[TextHeads | Heads]:
     """The induction probe (probe_ids) scored as one text; its Heads carries its ids."""
-    config = model.config
-    ids, special = probe_ids(config, tokenizer, length, seed)
-    own = Sequence(ids, tokenizer.tokens(ids), special, tokenizer.texts(ids))
-    stacks = [own]
-    if config.architecture == "encoder-decoder":
-        from tfcli.model.transformer import start_token_id
-
-        decoder_ids = [start_token_id(config)] + ids
-        stacks.append(Sequence(decoder_ids, tokenizer.tokens(decoder_ids), [True] + special,
-                               tokenizer.texts(decoder_ids)))
-    text = f"induction probe: {length} random tokens (seed {seed}), repeated"
-    totals = Totals(len(row_names(model)), config.num_attention_heads, options.keep_best)
-    yield from _score_items(model, config, tokenizer, [(text, stacks, None)], options, totals, 1)
-    result = totals.result(options.detectors, row_names(model), config.num_attention_heads, options)
-    result.ids, result.probe = ids, "induction"
-    if config.architecture == "encoder-decoder":
-        result.notes.append(CROSS_NOTE)
-    yield result
-
-
-def text_block(model: TransformerModel, tokenizer: Tokenizer, encodings: list[Encoding],
-               options: HeadsOptions) -> list[tuple[list[TextHeads], Totals]]:
-    """A block of a corpus on a Ray worker (tfcli/cluster.py): its texts' TextHeads (with --per-text) and its
-    totals, which the driver merges (Totals.merge) in the corpus's order."""
-    config = model.config
-    totals = Totals(len(row_names(model)), config.num_attention_heads, options.keep_best)
-    items = [(e.text, sequences(config, tokenizer, e), e.type_ids) for e in encodings]
-    return [(list(_score_items(model, config, tokenizer, items, options, totals, BATCH_SIZE)), totals)]
-
-
-def _score_items(model, config, tokenizer, items, options, totals, batch_size) -> Iterator[TextHeads]:
-    """Score (text, sequences, type ids) items in length-sorted batches; add them to `totals` in their order; yield
-    their TextHeads in order with --per-text."""
-    order = sorted(range(len(items)), key=lambda i: len(items[i][1][0].ids))
-    results = {}
-    for start in range(0, len(order), batch_size):
-        chosen = order[start:start + batch_size]
-        batch = [items[i][1] for i in chosen]
-        type_ids = [items[i][2] for i in chosen] if all(items[i][2] is not None for i in chosen) else None
-        scores, counted = score_batch(model, config, tokenizer, batch, options, type_ids)
-        for b, i in enumerate(chosen):
-            results[i] = (scores[b], counted[b])
-    if not items:
-        return
-    import torch
-
-    ordered = [results[i] for i in range(len(items))]
-    scores = torch.stack([s for s, _ in ordered])
-    counted = torch.stack([c for _, c in ordered])
-    totals.add(scores, counted, [(text, stacks) for text, stacks, _ in items])
+    text = probe_text(model.config, tokenizer, length, seed)
+    corpus = HeadsCorpus(options)
+    (scores,) = corpus.results(model, tokenizer, [text], None)
     if options.per_text:
-        for i, (text, stacks, _) in enumerate(items):
-            s, c = ordered[i]
-            yield TextHeads(text, stacks[0].ids, {
-                name: s[:, :, d].tolist() if bool(c[d]) else None
-                for d, name in enumerate(DETECTORS) if name in options.detectors}, row_names(model))
+        yield corpus.shown(scores)
+    result = corpus.aggregate([(text, scores)], None)
+    result.ids, result.probe = text.sequences[0].ids, "induction"
+    yield result
 
 
 def attach_maps(model: TransformerModel, result: Heads) -> None:

@@ -424,7 +424,7 @@ class PatchDataset:
     positions: str | None = None
     top: int = 5  # the aggregate's sites listed per kind (its page lists as many as the terminal)
     columns: Columns | None = None
-    command, unit, line, block = "patch", "pairs", PAIR_LINE, None
+    command, unit, line, block, streams = "patch", "pairs", PAIR_LINE, None, False
 
     def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
         return check_pair(config, tokenizer, line)

@@ -31,18 +31,23 @@ if TYPE_CHECKING:
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+CHUNK = 256  # texts of a stream read and run at a time (a batch also ends where no further line is ready yet)
 Progress = Callable[..., None]  # progress(items done, in fractions while a batch runs; items; note="")
 
 
 class Analysis(Protocol[Item, Result]):
     """What an analysis declares; an instance holds the run's options (it travels to Ray workers: keep it
     picklable). `command` names it (its progress bar, its report), `unit` what its items are ("pairs"), `line` the
-    keys of a dataset line, `block` the most items a Ray worker runs at a time (None: the cluster's default)."""
+    keys of a dataset line, `block` the most items a Ray worker runs at a time (None: the cluster's default).
+    `streams`: texts (not a dataset) are read, checked and run a batch at a time as they come (a corpus of any
+    length, its first batch checked before the model is built), for an analysis that checks nothing across items
+    and has no bootstrap; otherwise every item is read and checked before the model is built."""
 
     command: str
     unit: str
     line: LineSpec
     block: int | None
+    streams: bool  # texts run as they are read, in flat memory: no check across items, no bootstrap
 
     def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Item:
         """One line read as an item, checked as a single run's input is, before any model is built (a TfcliError
@@ -80,16 +85,34 @@ def read_dataset(analysis: Analysis, config: ModelConfig, tokenizer: Tokenizer, 
     return dataset_of(analysis, path, items, bad.count, bootstrap, warn)
 
 
-def read_texts(analysis: Analysis, config: ModelConfig, tokenizer: Tokenizer, texts: Iterable[tuple[str, str]],
-               bootstrap: int | None, warn: Callable[[str], None]) -> Dataset:
-    """Texts (from the arguments, stdin or --file: (text, where it came from)) as a dataset whose lines are
-    {"text": TEXT}, each checked as read_dataset checks a line (an error names where the text came from)."""
-    items = []
-    for number, (text, where) in enumerate(texts, 1):
+def read_texts(analysis: Analysis, config: ModelConfig, tokenizer: Tokenizer,
+               batches: Iterable[list[tuple[str, str]]], bootstrap: int | None, warn: Callable[[str], None]) -> Dataset:
+    """Texts (from the arguments, stdin or --file: batches of (text, where it came from)) as a dataset whose lines
+    are {"text": TEXT}, each checked as read_dataset checks a line (an error names where the text came from; one
+    about an option, as it is). An analysis that `streams` gets them a batch at a time, as they are read (the
+    first batch now); any other, all of them now."""
+    def text_item(number: int, text: str, where: str):
+        line = line_of(number, {"text": text}, analysis.line)
+        line.where = where
         try:
-            items.append(analysis.check(config, tokenizer, line_of(number, {"text": text}, analysis.line)))
+            return analysis.check(config, tokenizer, line)
         except TfcliError as error:
+            if error.parameter is not None:
+                raise
             raise TfcliError(f"{where}: {error.message}", error.hint, exit_code=error.exit_code) from None
+
+    def checked_batches() -> Iterator[list]:
+        numbers = itertools.count(1)
+        for batch in batches:
+            yield [text_item(next(numbers), text, where) for text, where in batch]
+
+    if analysis.streams:
+        stream = checked_batches()
+        first = next(stream, None)
+        if first is None:
+            raise TfcliError("no text to run", "give some text")
+        return Dataset("", [], 0, 0, itertools.chain([first], stream))
+    items = [item for batch in checked_batches() for item in batch]
     if not items:
         raise TfcliError("no text to run", "give some text")
     return dataset_of(analysis, "", items, 0, bootstrap, warn)
@@ -124,12 +147,15 @@ def run(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, datas
     single run shows it, in order; `progress(items done, items)`. With `cluster`, the items run in blocks on its
     workers instead of on `model`. Ctrl-C (KeyboardInterrupt) aggregates the items finished (a KeyboardInterrupt
     again when none had)."""
-    items = dataset.items
-    if cluster is None:
+    if cluster is None and dataset.batches is not None:
+        results = streamed(analysis, model, tokenizer, dataset.batches, progress)
+    elif cluster is None:
+        items = dataset.items
         told = None if progress is None else (lambda done: progress(done, len(items)))
         # the results first: the analysis's generator runs to its end (a last progress call) before zip stops
         results = ((item, result) for result, item in zip(analysis.results(model, tokenizer, items, told), items))
     else:
+        items = dataset.items if dataset.batches is None else [item for batch in dataset.batches for item in batch]
         results = on_cluster(analysis, items, cluster, progress)
     results = iter(results)
     first = next(results, None)  # a KeyboardInterrupt here (none finished) passes on: nothing to aggregate
@@ -137,6 +163,17 @@ def run(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, datas
         raise TfcliError(f"{analysis.command}: the dataset gave no result: this is a bug in tfcli")
     shown = None if each is None else (lambda result: each(analysis.shown(result)))
     return analysis.aggregate(Done(itertools.chain([first], results), shown), dataset)
+
+
+def streamed(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list],
+             progress: Progress | None = None) -> Iterator[tuple[Any, Any]]:
+    """(item, result) of each item of a stream, run a batch at a time as the batches come; `progress(items done,
+    None)`: the stream's length is not known."""
+    done = 0
+    for batch in batches:
+        told = None if progress is None else (lambda part, start=done: progress(start + part, None))
+        yield from ((item, result) for result, item in zip(analysis.results(model, tokenizer, batch, told), batch))
+        done += len(batch)
 
 
 def on_cluster(analysis: Analysis, items: list, cluster: Cluster, progress: Progress | None = None

@@ -48,12 +48,14 @@ class LineSpec:
 @dataclass
 class Dataset:
     """A dataset read and checked (tfcli/runner.py): its `path` (`-`: stdin), its items (what the analysis made of
-    each line), the lines skipped (--skip-bad) and the bootstrap's resamples (0: none)."""
+    each line), the lines skipped (--skip-bad) and the bootstrap's resamples (0: none). A stream (`batches`, an
+    analysis that `streams`) has its items in batches, each checked as it is read, instead of `items`."""
 
     path: str
     items: list
     skipped: int
     resamples: int
+    batches: Iterator[list] | None = None
 
 
 class Done:
@@ -76,10 +78,12 @@ class Done:
 
 @dataclass
 class Line:
-    """One line of a dataset: its number (from 1) and its fields (aliases resolved; absent optional keys None)."""
+    """One line of a dataset: its number (from 1), its fields (aliases resolved; absent optional keys None) and
+    where it came from, in words (`line 3`; a text's `text 2`, `line 5 of corpus.txt`)."""
 
     number: int
     fields: dict[str, Any]
+    where: str = ""
 
 
 class BadLine(TfcliError):
@@ -160,7 +164,7 @@ def line_of(number: int, value: Any, spec: LineSpec) -> Line:
         elif key in spec.required and not item.strip():
             raise BadLine(number, f"`{key}` is empty")
         fields[key] = item
-    return Line(number, fields)
+    return Line(number, fields, f"line {number}")
 
 
 def checked(lines: list[tuple[int, str]], spec: LineSpec, check: Callable[[Line], T], skip_bad: bool,

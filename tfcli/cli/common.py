@@ -401,19 +401,19 @@ def count_bar(what: str, unit: str) -> Iterator[Callable[..., None]]:
 
 
 def emit(results: Iterable[T], view: View, json_output: bool, *, after: Callable[[], None] | None = None,
-         truncated: CappedWarnings | None = None, report: Report | None = None) -> int:
+         truncated: CappedWarnings | None = None, report: Report | None = None, first: int = 1) -> int:
     """The one way a command shows what its core yields: each result, as it comes, as one JSON line
     (`view.record(result)`: a dict, or a list of them, a JSON line each) or as its terminal view (`view.lines(result,
-    number)`, numbered from 1); then `after()`, the note of the texts `truncated` beyond those already said, and
-    --report (`report`: every result, written by `write_report_file`). Returns the number of results."""
-    number, kept = 0, []  # kept: every result, for --report
+    number)`, numbered from `first`); then `after()`, the note of the texts `truncated` beyond those already said,
+    and --report (`report`: every result, written by `write_report_file`). Returns the number of results."""
+    number, kept = first - 1, []  # kept: every result, for --report
     for result in results:
         number += 1
         if json_output:
             written = view.record(result)
             write_jsonl(written if isinstance(written, list) else [written])
         else:
-            if view.spaced and number > 1:
+            if view.spaced and number > first:
                 view.out.print()  # a blank line between results
             print_lines(view.out, view.lines(result, number))
         if report is not None:
@@ -421,10 +421,10 @@ def emit(results: Iterable[T], view: View, json_output: bool, *, after: Callable
     if after is not None:
         after()
     if truncated is not None:
-        truncated.finish(number)
+        truncated.finish(number - first + 1)
     if report is not None:
         write_report_file(report, kept)
-    return number
+    return number - first + 1
 
 
 def ablation_of(specs: list[str] | None, config, generating: bool = False):
@@ -438,33 +438,43 @@ def ablation_of(specs: list[str] | None, config, generating: bool = False):
     return result
 
 
-def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, view: View,
-                random_means: str) -> None:
-    """An analysis over a dataset (tfcli/runner.py): every line read and checked before the model is built, the
-    items run here or on Ray, a progress bar of items on stderr, each item's result as a single run shows it
-    (--per-item), then the aggregate, its JSON or view and --report; Ctrl-C shows the aggregate of the items
-    finished and exits 130. `random_means`: what the results say nothing about on random weights."""
+def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, views: tuple[View, View],
+                random_means: str, after: Callable[[TransformerModel, Any], None] | None = None) -> None:
+    """An analysis over a dataset or texts (tfcli/runner.py): every line read and checked before the model is built
+    (a stream's first batch), the items run here or on Ray, a progress bar of items on stderr, each item's result
+    shown as a single run shows it (--per-item: `views[0]`), then the aggregate (`views[1]`), its JSON or view and
+    --report; Ctrl-C shows the aggregate of the items finished and exits 130. `random_means`: what the results say
+    nothing about on random weights; `after(model, aggregate)`: what the command adds before it is shown."""
     from tfcli import runner
 
     tokenizer = tokenizer_of(source)
     if given.texts is not None:
-        texts = ((item.text, item.where) for batch in given.texts.batches(None) for item in batch)
-        dataset = runner.read_texts(analysis, source.config, tokenizer, texts, given.bootstrap, warn)
+        batches = ([(item.text, item.where) for item in batch]
+                   for batch in given.texts.batches(runner.CHUNK if analysis.streams else None))
+        dataset = runner.read_texts(analysis, source.config, tokenizer, batches, given.bootstrap, warn)
     else:
         dataset = runner.read_dataset(analysis, source.config, tokenizer, given.path, given.skip_bad,
                                       given.bootstrap, warn)
     model = build(source, run.device, run.dtype, run.seed, random_means)
     cluster = None if given.ray is None else runner.Cluster(given.ray, run.spec(), note)
+    item_view, view = views
+    shown = 0
 
     def each(result) -> None:
+        nonlocal shown
         if given.per_item:
-            emit([result], view, run.json_output)
+            shown += 1
+            if item_view.spaced and shown > 1 and not run.json_output:
+                item_view.out.print()
+            emit([result], item_view, run.json_output, first=shown)
     try:
         with count_bar(analysis.command, analysis.unit) as progress:
             result = runner.run(analysis, model, tokenizer, dataset, each, progress, cluster)
     except KeyboardInterrupt:
         warn(f"interrupted before any of the {analysis.unit} finished: nothing to show")
         raise typer.Exit(130) from None
+    if after is not None:
+        after(model, result)
     emit([result], view, run.json_output, report=report_of(run.report, run.force, analysis.command, model, source))
     if result.interrupted:
         warn(f"interrupted: {result.n} {analysis.unit} finished; the aggregate is theirs")

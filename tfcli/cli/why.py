@@ -5,7 +5,6 @@ through `emit` and the renderer of the same name in `tfcli/render/`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -112,8 +111,8 @@ def patch(
         run_dataset(core.PatchDataset(options, align, positions, top), source,
                     DatasetOptions(dataset, bootstrap, per_item, skip_bad, cluster),
                     RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
-                    View(out, render.record, lambda result, number: render.patch_lines(
-                        result, out.width, out.color_system is not None, top, full)),
+                    (View(out, render.record, lambda result, number: render.patch_lines(
+                        result, out.width, out.color_system is not None, top, full)),) * 2,
                     "these scores say nothing about a trained model")
         return
     for name, value in (("--align", align), ("--bootstrap", bootstrap), ("--per-item", per_item or None),
@@ -233,8 +232,8 @@ def attribute(
         run_dataset(core.AttributeDataset(options), source, DatasetOptions(dataset, bootstrap, per_item, skip_bad,
                                                                            cluster),
                     RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
-                    View(out, render.record, lambda result, number: render.attribution_lines(result, number,
-                                                                                            out.width, top)),
+                    (View(out, render.record, lambda result, number: render.attribution_lines(result, number,
+                                                                                             out.width, top)),) * 2,
                     "these components say nothing about a trained model")
         return
     tokenizer = tokenizer_of(source)
@@ -296,8 +295,6 @@ def heads(
       tfcli heads -m bert-base-uncased --detect previous,special --file corpus.txt
     """
     from tfcli import heads as core
-    from tfcli import runner
-    from tfcli.cluster import spec_of
     from tfcli.render import heads as render
     from tfcli.sources import resolve_source
 
@@ -311,54 +308,31 @@ def heads(
     source = resolve_source(model, revision)
     options = core.HeadsOptions(detectors, exclude_first, exclude_self, per_text,
                                 keep_best=report is not None and report.suffix.lower() == ".html", top=top)
+    views = (View(out, render.text_record, lambda item, number: render.text_lines(item, number, out.width, top)),
+             View(out, render.record, lambda scores, number: render.heads_lines(scores, out.width, top)))
+    truncated = CappedWarnings(warn, "texts truncated")
+
+    def finish(loaded, summary: core.Heads) -> None:
+        """Said after the texts, before the run's scores: the texts truncated, the notes (in the view itself
+        without --json), and for the page, the maps of the texts where each head scores highest."""
+        truncated.finish(summary.texts)
+        if json_output:
+            for line in summary.notes:
+                note(line)
+        if options.keep_best:
+            core.attach_maps(loaded, summary)
+
+    if probe is None:
+        run_dataset(core.HeadsCorpus(options, max_length, truncated), source,
+                    DatasetOptions(None, 0, per_text, False, cluster, texts_in),
+                    RunOptions(model, revision, device, dtype, seed, json_output, report, force), views,
+                    "these scores say nothing about a trained model", finish)
+        return
     tokenizer = tokenizer_of(source)
     length = probe_length or core.DEFAULT_PROBE_LENGTH
-    truncated = CappedWarnings(warn, "texts truncated")
-    if probe is not None:
-        core.probe_ids(source.config, tokenizer, length, seed)  # its checks, before the model is built
-    else:
-        chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
-                                   max_length=max_length) for batch in texts_in.batches(core.CHUNK))
+    core.probe_ids(source.config, tokenizer, length, seed)  # its checks, before the model is built
     loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
-    if probe is not None:
-        results = core.run_probe(loaded, tokenizer, options, length, seed)
-    elif cluster is None:
-        results = core.run(loaded, tokenizer, with_progress(chunks, "heads", len), options)
-    else:
-        workers = runner.Cluster(cluster, spec_of(model, revision, device, dtype, seed), note)
-        results = heads_on_cluster(workers, loaded, tokenizer, chunks, options)
-    summaries: list[core.Heads] = []
-
-    def each_text() -> Iterator[core.TextHeads]:
-        """Each text's scores (--per-text), as they come; the run's, last, put aside."""
-        for item in results:
-            if isinstance(item, core.TextHeads):
-                yield item
-            else:
-                summaries.append(item)
-
-    emit(each_text(), View(out, render.text_record, lambda item, number: render.text_lines(item, number, out.width,
-                                                                                           top)), json_output)
-    summary = summaries[-1]
-    truncated.finish(summary.texts)
-    if json_output:
-        for line in summary.notes:
-            note(line)
-    emit([summary], View(out, render.record, lambda scores, number: render.heads_lines(scores, out.width, top)),
-         json_output, after=(lambda: core.attach_maps(loaded, summary)) if options.keep_best else None,
-         report=report_of(report, force, "heads", loaded, source))
-
-
-def heads_on_cluster(cluster, loaded, tokenizer, chunks, options) -> Iterator:
-    """`heads` over a corpus on a Ray cluster's workers (--ray): the corpus read and tokenized here, scored in
-    blocks there (tfcli/runner.py), each block's totals merged here in the corpus's order (docs/ray.md)."""
-    import itertools
-
-    from tfcli import heads as core
-    from tfcli import runner
-    from tfcli.cluster import flattened
-
-    encodings = list(itertools.chain.from_iterable(chunks))
-    with count_bar("heads", "texts") as progress:
-        yield from core.run(loaded, tokenizer, [], options, blocks=flattened(runner.blocks_on(
-            cluster, core.text_block, encodings, options, progress, core.BATCH_SIZE)))
+    *each_text, summary = core.run_probe(loaded, tokenizer, options, length, seed)
+    emit(each_text, views[0], json_output)
+    finish(loaded, summary)
+    emit([summary], views[1], json_output, report=report_of(report, force, "heads", loaded, source))
