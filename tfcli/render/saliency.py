@@ -1,0 +1,297 @@
+"""`tfcli saliency` output: the text with each token shaded by its share of the attributions (in colour; plain
+numbers beside each token without it), the largest attributions, the completeness delta, the faithfulness curves;
+over a dataset, each aligned position's mean share with its spread. The JSON Lines record, and for --report the
+page's section (`page_section`, drawn by tfcli/data/report-saliency.js) and the figure (`figure`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+
+from tfcli.render.layout import GLUE, SPACE_NOTE, Column, echo, has_space, plain, quoted, table, token_label, words, wrap
+from tfcli.saliency import METHODS, DatasetSaliency, Saliency, SaliencyOptions
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from tfcli.render.run_info import RunInfo
+    from tfcli.tokenizer import Tokenizer
+
+DEFAULT_TOP = 10
+# |share| relative to the largest: (lowest, background for a positive, for a negative); below the last, none
+SHADES = ((0.8, "color(27)", "color(160)"), (0.6, "color(69)", "color(203)"), (0.4, "color(111)", "color(210)"),
+          (0.2, "color(153)", "color(217)"), (0.05, "color(195)", "color(224)"))
+NAMES = dict(zip(METHODS, ("integrated gradients", "gradient (L2 norm)", "input x gradient", "occlusion",
+                           "attention rollout")))
+BAR = "█"
+
+
+def method_words(options: SaliencyOptions) -> str:
+    """`integrated gradients (32 steps, Gauss-Legendre) at embed from zero token embeddings`."""
+    name = NAMES[options.method]
+    if options.method == "integrated-gradients":
+        rule = "Gauss-Legendre" if options.integration == "gausslegendre" else "Riemann trapezoid"
+        name += f" ({options.steps} steps, {rule})"
+    if options.method != "attention-rollout":
+        name += f" at {options.site}"
+    return name + f"; baseline: {baseline_words(options.baseline)}"
+
+
+def baseline_words(baseline: str) -> str:
+    return {"zero": "zero token embeddings", "pad": "the pad token (else the end token)",
+            "mask": "the mask token"}.get(
+        baseline, f"the text {baseline!r}") + (" (special tokens kept)" if baseline in ("zero", "pad", "mask") else "")
+
+
+def quantity(result: Saliency | DatasetSaliency) -> str:
+    """`the logit difference ' Mary' - ' John'`, `the logit of label positive`, `the norm of the mean-pooled output`;
+    tokens `quoted`."""
+    if result.metric == "pooled norm":
+        return "the norm of the mean-pooled output"
+    target, foil = result.target, result.foil
+    label = result.metric == "label"
+
+    def name(token) -> str:
+        return f"label {token.text}" if label else quoted(token.text)
+    if target is None:
+        return "the logit (difference) of each text's own target"
+    return f"the logit of {name(target)}" if foil is None else f"the logit difference {name(target)} - {name(foil)}"
+
+
+def shade(share: float, largest: float) -> str:
+    """The background of a token whose share is `share`, the largest |share| of the text being `largest`."""
+    level = abs(share) / largest if largest else 0.0
+    for lowest, positive, negative in SHADES:
+        if level >= lowest:
+            return f"black on {positive if share >= 0 else negative}"
+    return ""
+
+
+def token_items(result: Saliency, color: bool) -> list[Text]:
+    """Each token as it is shown: shaded by its share (colour), or with its attribution beside it (plain)."""
+    shares = result.shares
+    largest = max(map(abs, shares), default=0.0)
+    items = []
+    for label, value, share, special in zip(map(token_label, result.token_texts), result.attributions, shares,
+                                            result.special):
+        if color:
+            items.append(Text(label, style=shade(share, largest) or ("dim" if special else "")))
+        else:
+            items.append(Text(f"{label} {value:+.3f}", style="dim" if special else ""))
+    return items
+
+
+def saliency_lines(result: Saliency | DatasetSaliency, number: int, width: int, color: bool,
+                   top: int = DEFAULT_TOP, spaced: bool = False) -> list[Text]:
+    """The terminal view of one text (numbered by its line) or of a dataset's aggregate, lines of at most `width`
+    cells; `spaced`: each after the first of several views, a blank line first."""
+    if isinstance(result, DatasetSaliency):
+        return ([Text()] if spaced else []) + dataset_lines(result, width, color)
+    number = result.line or number
+    lines = [Text()] if spaced and number > 1 else []
+    lines += echo(f"text {number}: ", result.text, width)
+    lines += words(method_words(result.options), width)
+    lines += words(f"{quantity(result)}{where(result)}: {result.value:+.4f} on the text, {result.baseline_value:+.4f} "
+                   "on the baseline", width)
+    if result.delta is not None:
+        lines += words(f"the attributions sum to {result.total:+.4f}; f(text) - f(baseline) = "
+                       f"{result.value - result.baseline_value:+.4f}; completeness delta {result.delta:+.2e} (more "
+                       "--steps make it smaller)", width)
+    lines.append(Text())
+    lines += wrap(token_items(result, color), width, sep=" " if color else "  ")
+    note = ("shade: blue raises, red lowers the metric; the darker, the larger the share" if color else
+            "each token's attribution beside it")
+    lines += words(note + ("; " + SPACE_NOTE if has_space([token_label(t) for t in result.token_texts]) else ""),
+                   width, "dim")
+    lines += [Text()] + top_lines(result, width, top)
+    if result.curves is not None:
+        lines += [Text()] + curve_lines(result, width)
+    return lines
+
+
+def where(result: Saliency) -> str:
+    if result.position is None:
+        return ""
+    return f" at position {result.position} {quoted(result.token_texts[result.position])}{GLUE}" \
+        f"(#{result.ids[result.position]})"
+
+
+def top_lines(result: Saliency, width: int, top: int) -> list[Text]:
+    """The `top` largest |attributions|: position, token, attribution, share of the absolute sum, bar."""
+    shares = result.shares
+    ranked = sorted(range(len(result.ids)), key=lambda p: -abs(result.attributions[p]))[:top]
+    largest = max((abs(shares[p]) for p in ranked), default=0.0)
+    bars = [Text(BAR * (round(abs(shares[p]) / largest * 16) if largest else 0),
+                 style="blue" if result.attributions[p] >= 0 else "red") for p in ranked]
+    columns = [Column.of("position", [str(p) for p in ranked], right=True),
+               Column.of("token", [quoted(result.token_texts[p]).replace(GLUE, " ") for p in ranked]),
+               Column.of("attribution", [f"{result.attributions[p]:+.4f}" for p in ranked], right=True),
+               Column.of("share", [f"{shares[p]:+.1%}" for p in ranked], right=True),
+               Column.of("", bars)]
+    return table(columns, width, title=f"the {len(ranked)} largest |attributions| (share: of their absolute sum)")
+
+
+def curve_lines(result: Saliency, width: int) -> list[Text]:
+    """--faithfulness: the areas against the random orders, and the curves as a table (a row per token replaced)."""
+    curves = result.curves
+    areas = curves.areas
+    lines = words("faithfulness: the metric as the most attributed tokens are replaced by the baseline's first "
+                  "(deletion) or restored first (insertion), against the mean of random orders", width, "bold")
+    lines += words(f"deletion area {areas['deletion']:+.4f} (random {areas['random_deletion']:+.4f}): lower is more "
+                   f"faithful; insertion area {areas['insertion']:+.4f} (random {areas['random_insertion']:+.4f}): "
+                   "higher is more faithful", width)
+    order = [""] + [quoted(result.token_texts[p]).replace(GLUE, " ") for p in curves.order]
+    columns = [Column.of("tokens", [str(k) for k in range(len(order))], right=True),
+               Column.of("deleted/restored", order)]
+    columns += [Column.of(header, [f"{v:+.4f}" for v in getattr(curves, name)], right=True)
+                for header, name in (("deletion", "deletion"), ("random", "random_deletion"),
+                                     ("insertion", "insertion"), ("random", "random_insertion"))]
+    return lines + table(columns, width)
+
+
+def dataset_lines(result: DatasetSaliency, width: int, color: bool) -> list[Text]:
+    """The aggregate: what was run, the mean metric, each aligned position's mean share, |delta|, faithfulness."""
+    skipped = f" ({result.skipped} bad line{'' if result.skipped == 1 else 's'} skipped)" if result.skipped else ""
+    what = f"dataset {result.dataset}" if result.dataset else "the texts"
+    lines = words(f"{what}: {result.n} text{'' if result.n == 1 else 's'}{skipped}", width, "bold")
+    lines += words(method_words(result.options), width)
+    lines += words(f"{quantity(result)}: mean over the texts {result.value:+.4f}", width)
+    if result.delta_mean is not None:
+        lines += words(f"completeness: mean |delta| {result.delta_mean:.2e}, largest {result.delta_worst:.2e}", width)
+    interval = f"; [low, high]: the 95% bootstrap interval of the mean ({result.resamples} resamples)" \
+        if result.resamples else ""
+    lines += [Text()] + words("each position, counted back from the one read (0), as far as every text reaches: "
+                              f"the mean share of the attributions' absolute sum{interval}", width, "dim")
+    largest = max((abs(c.mean) for c in result.columns), default=0.0)
+    columns = [Column.of("offset", [str(c.offset) for c in result.columns], right=True),
+               Column.of("token", ["(varies)" if c.token is None else quoted(c.token).replace(GLUE, " ")
+                                   for c in result.columns]),
+               Column.of("mean share", [f"{c.mean:+.1%}" for c in result.columns], right=True),
+               Column.of("std", [f"{c.std:.1%}" for c in result.columns], right=True)]
+    if result.resamples:
+        columns.append(Column.of("95% interval", [f"[{c.low:+.1%}, {c.high:+.1%}]" for c in result.columns],
+                                 right=True))
+    columns.append(Column.of("", [Text(BAR * (round(abs(c.mean) / largest * 16) if largest else 0),
+                                       style="blue" if c.mean >= 0 else "red") for c in result.columns]))
+    lines += table(columns, width)
+    if result.areas is not None:
+        rows = [("deletion", "lower is more faithful"), ("random_deletion", ""),
+                ("insertion", "higher is more faithful"), ("random_insertion", "")]
+        columns = [Column.of("area", [name.replace("_", " ") for name, _ in rows]),
+                   Column.of("mean", [f"{result.areas[name][0]:+.4f}" for name, _ in rows], right=True),
+                   Column.of("std", [f"{result.areas[name][1]:.4f}" for name, _ in rows], right=True)]
+        if result.resamples:
+            columns.append(Column.of("95% interval", [f"[{result.areas[name][2]:+.4f}, {result.areas[name][3]:+.4f}]"
+                                                      for name, _ in rows], right=True))
+        columns.append(Column.of("", [note for _, note in rows]))
+        lines += [Text()] + table(columns, width, title="faithfulness: the areas under the curves")
+        lines += words(f"the deletion area is below the random one in {result.deletion_beats_random} of "
+                       f"{result.n} texts", width)
+    return lines
+
+
+def token_record(token) -> dict[str, Any] | None:
+    return None if token is None else {"token": token.token, "id": token.id, "text": token.text}
+
+
+def options_record(options: SaliencyOptions) -> dict[str, Any]:
+    gradients = options.method == "integrated-gradients"
+    return {"method": options.method, "site": options.site if options.method != "attention-rollout" else None,
+            "baseline": options.baseline, "steps": options.steps if gradients else None,
+            "integration": options.integration if gradients else None}
+
+
+def record(result: Saliency | DatasetSaliency) -> dict[str, Any]:
+    """The JSON Lines record (docs/commands.md, saliency): a text's, or a dataset's aggregate (`dataset_record`)."""
+    if isinstance(result, DatasetSaliency):
+        return dataset_record(result)
+    curves = result.curves
+    return {"text": result.text, "ids": result.ids, "tokens": result.tokens, "token_texts": result.token_texts,
+            "spans": result.spans, "special": result.special, **options_record(result.options),
+            "metric": result.metric, "target": token_record(result.target), "foil": token_record(result.foil),
+            "position": result.position, "value": result.value, "baseline_value": result.baseline_value,
+            "attributions": result.attributions, "total": result.total, "delta": result.delta,
+            "faithfulness": None if curves is None else {
+                "order": curves.order, "deletion": curves.deletion, "insertion": curves.insertion,
+                "random_deletion": curves.random_deletion, "random_insertion": curves.random_insertion,
+                "areas": curves.areas}}
+
+
+def dataset_record(result: DatasetSaliency) -> dict[str, Any]:
+    spread = ("mean", "std", "low", "high")
+    return {"dataset": result.dataset, "n": result.n, "texts": result.texts, "skipped": result.skipped,
+            "bootstrap": result.resamples, "interrupted": result.interrupted, **options_record(result.options),
+            "metric": result.metric, "target": token_record(result.target), "foil": token_record(result.foil),
+            "value": result.value,
+            "columns": [{"offset": c.offset, "token": c.token, "mean": c.mean, "std": c.std, "low": c.low,
+                         "high": c.high} for c in result.columns],
+            "delta_mean": result.delta_mean, "delta_worst": result.delta_worst,
+            "faithfulness": None if result.areas is None else {
+                "areas": {name: dict(zip(spread, values)) for name, values in result.areas.items()},
+                "deletion_beats_random": result.deletion_beats_random}}
+
+
+def page_section(result: Saliency | DatasetSaliency, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """The --report page's section: the record, and the sentences the terminal writes above the numbers (`header`),
+    so that the page says what they are without wording of its own."""
+    section = record(result)
+    if isinstance(result, DatasetSaliency):
+        header = [line.plain for line in dataset_lines(result, 10**6, False)[:4]]
+    else:
+        header = [plain(f"{method_words(result.options)}"),
+                  plain(f"{quantity(result)}{where(result)}: {result.value:+.4f} on the text, "
+                        f"{result.baseline_value:+.4f} on the baseline")]
+        if result.delta is not None:
+            header.append(f"the attributions sum to {result.total:+.4f}; completeness delta {result.delta:+.2e}")
+        section["shares"] = result.shares
+    section.update(header=header, quantity=plain(quantity(result)))
+    return section
+
+
+def figure(result: Saliency | DatasetSaliency, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+    """A text's attributions as bars under its tokens (blue raises, red lowers the metric) and, with
+    --faithfulness, the deletion and insertion curves against the random ones; a dataset's mean shares per aligned
+    position with their intervals (and the mean areas)."""
+    import numpy as np
+
+    from tfcli.render.figure import blank_figure, caption
+
+    curves = isinstance(result, Saliency) and result.curves is not None
+    if isinstance(result, DatasetSaliency):
+        labels = ["" if c.token is None else token_label(c.token) for c in result.columns]
+        labels = [f"{c.offset}\n{label}" for c, label in zip(result.columns, labels)]
+        values = [c.mean for c in result.columns]
+        errors = None if not result.resamples else \
+            np.array([[c.mean - c.low for c in result.columns], [c.high - c.mean for c in result.columns]])
+        title = plain(f"tfcli saliency: {method_words(result.options)}; the mean share of each aligned position over "
+                      f"the {result.n} texts of {result.dataset or 'the run'} ({quantity(result)})")
+        ylabel = "mean share of |attributions|"
+    else:
+        labels = [token_label(t) for t in result.token_texts]
+        values, errors = result.attributions, None
+        title = plain(f"tfcli saliency: {method_words(result.options)}; {quantity(result)}{where(result)} of "
+                      f"{result.text!r}")
+        ylabel = "attribution"
+    figure = blank_figure(max(5.0, 0.32 * len(labels) + 1.6), 3.2 + (2.4 if curves else 0))
+    caption(figure, title, run)
+    grid = figure.add_gridspec(2 if curves else 1, 1)
+    bars = figure.add_subplot(grid[0])
+    x = np.arange(len(labels))
+    bars.bar(x, values, 0.7, color=["#2171b5" if v >= 0 else "#cb181d" for v in values], yerr=errors,
+             error_kw={"linewidth": 0.6})
+    bars.axhline(0, color="0.3", linewidth=0.6)
+    bars.set_xticks(x, labels, rotation=90 if isinstance(result, Saliency) else 0, fontsize=6)
+    bars.set_ylabel(ylabel)
+    if curves:
+        ax = figure.add_subplot(grid[1])
+        c = result.curves
+        share = np.linspace(0, 1, len(c.deletion))
+        for name, style, colour in (("deletion", "-", "#cb181d"), ("random_deletion", "--", "#cb181d"),
+                                    ("insertion", "-", "#2171b5"), ("random_insertion", "--", "#2171b5")):
+            ax.plot(share, getattr(c, name), style, color=colour, linewidth=1,
+                    label=f"{name.replace('_', ' ')} (area {c.areas[name]:+.3f})")
+        ax.set_xlabel("share of the tokens replaced (deletion) or restored (insertion), most attributed first")
+        ax.set_ylabel("metric")
+        ax.legend(fontsize=6, frameon=False)
+    return figure

@@ -1,0 +1,557 @@
+"""`tfcli saliency`: which input tokens a prediction rests on, and whether that answer is faithful.
+
+Each method gives every token of a text one number, its attribution to a metric of the model's output: a token's
+logit at the position read (default: the model's own top prediction), a target - foil difference, a classifier's
+label, or, for an encoder without a head, the norm of its mean-pooled output (sentence-transformers' pooling).
+The gradient methods differentiate at a site (`embed`, the token embeddings before positions are added, by
+default; `--site blocks.L.resid_pre` and the like for layer attributions), through `run_with_cache` with a hook
+that puts the rows of the pass in the site's place:
+
+- `gradient`: the L2 norm over the hidden dimension of d metric / d site (Simonyan et al.'s saliency);
+- `input-x-gradient`: site value x gradient, summed over the hidden dimension (Captum's InputXGradient, or
+  LayerGradientXActivation at a site);
+- `integrated-gradients`: (x - x') x the integral of the gradient along the straight path from the baseline x' to x,
+  summed over the hidden dimension (Captum's LayerIntegratedGradients with the same `n_steps` and `method`:
+  `gausslegendre` or `riemann_trapezoid`, whose weights are Captum's: 1/n each, the two ends halved), with the
+  completeness delta: sum(attributions) - (f(x) - f(x'));
+- `occlusion`: f(x) - f(x with the token's site value replaced by the baseline's), one token at a time (Captum's
+  FeatureAblation with one feature per token);
+- `attention-rollout`: Abnar and Zuidema (2020): per layer the heads' mean attention plus the identity, rows
+  renormalised, multiplied over the layers (the last on the left); the row of the position read (a classifier's
+  pooled token, or the mean of the rows where the head pools every token).
+
+The baseline x' is the site's value on the baseline text: every token that is not a special one (those the
+tokenizer adds: [CLS], [SEP], <s>) replaced by the pad token (the default; the end-of-text token where the
+tokenizer has no pad token, as GPT-2's) or the mask token, the token embeddings made zero there, or another text of
+as many tokens. (Zero embeddings are a poor baseline where an RMSNorm reads them: it divides by their vanishing
+norm, and the integral's points near the baseline carry huge gradients.) Faithfulness (`--faithfulness`): the metric as the most-attributed tokens are
+replaced by the baseline's first (deletion) or restored first from the baseline (insertion), against random orders
+(seeded), with the area under each curve.
+
+Shapes: T tokens, d the site's width (its trailing dimensions, flattened), S steps, R rows of a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, check_one_metric, mean_spread
+from tfcli.analysis.inputs import model_input
+from tfcli.analysis.metric import Metric, Token, check_head, parse_metric, position_of, token_of
+from tfcli.errors import usage_error
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from tfcli.config import ModelConfig
+    from tfcli.model import TransformerModel
+    from tfcli.tokenizer import Tokenizer
+
+METHODS = ("integrated-gradients", "gradient", "input-x-gradient", "occlusion", "attention-rollout")
+GRADIENT_METHODS = METHODS[:3]
+INTEGRATIONS = {"gausslegendre": "gausslegendre", "riemann": "riemann_trapezoid"}  # ours -> Captum's `method`
+DEFAULT_STEPS = 32
+BASELINES = ("pad", "zero", "mask")  # or a text of as many tokens
+SITE_LEAVES = ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out")  # --site blocks.L.<leaf>
+TOKENS_PER_PASS = 8192  # rows x tokens of one pass (the integration's steps go in passes of this many)
+RANDOM_ORDERS = 4  # the random curve of --faithfulness: the mean over this many seeded orders
+
+
+@dataclass
+class SaliencyOptions:
+    """The run's options: the method and its settings, the metric of texts given as arguments (a dataset's lines
+    carry their own), whether to measure faithfulness, and the seed of its random orders."""
+
+    method: str = "integrated-gradients"
+    baseline: str = "pad"  # pad (else the end-of-text token) | zero | mask | a text of as many tokens
+    steps: int = DEFAULT_STEPS
+    integration: str = "gausslegendre"
+    site: str = "embed"
+    target: str | None = None
+    foil: str | None = None
+    position: int | None = None
+    faithfulness: bool = False
+    seed: int = 0
+
+
+@dataclass
+class Curves:
+    """--faithfulness of one text: the metric with the first k tokens of an order replaced by the baseline's
+    (deletion) or restored from it (insertion), k = 0 .. n (n: the tokens that are not special ones), for the
+    attributions' order (most attributed first) and the mean of RANDOM_ORDERS random orders; the areas under them
+    (trapezoids over the share of tokens, 0 to 1, in the metric's units)."""
+
+    order: list[int]  # positions, most attributed first
+    deletion: list[float]
+    insertion: list[float]
+    random_deletion: list[float]
+    random_insertion: list[float]
+
+    @property
+    def areas(self) -> dict[str, float]:
+        return {name: area(getattr(self, name)) for name in ("deletion", "insertion", "random_deletion",
+                                                             "random_insertion")}
+
+
+def area(values: list[float]) -> float:
+    """The trapezoid area under values at 0, 1/n, ..., 1."""
+    n = len(values) - 1
+    return values[0] if n == 0 else (sum(values) - (values[0] + values[-1]) / 2) / n
+
+
+@dataclass
+class Saliency:
+    """One text's attributions, one per token, with what they are of: `value` f(x) and `baseline_value` f(x'), the
+    metric on the text and on the baseline; `delta` the completeness delta of integrated gradients (None for the
+    other methods)."""
+
+    text: str
+    ids: list[int]
+    tokens: list[str]  # vocabulary entries
+    token_texts: list[str]  # what each stands for (' Mary')
+    spans: list[list[int] | None]  # (start, end) in the text; None for a special token
+    special: list[bool]
+    method: str
+    options: SaliencyOptions
+    target: Token | None
+    foil: Token | None
+    position: int | None  # None: a classifier's label, or a pooled output
+    metric: str  # "logit", "label", "pooled norm"
+    value: float
+    baseline_value: float
+    attributions: list[float]
+    delta: float | None = None
+    curves: Curves | None = None
+    line: int | None = None
+    n: int = 1  # as an aggregate of one text (a single run)
+    interrupted: bool = False
+
+    @property
+    def total(self) -> float:
+        return math.fsum(self.attributions)
+
+    @property
+    def shares(self) -> list[float]:
+        """Each attribution over the sum of their absolute values (0 where all are 0)."""
+        scale = math.fsum(abs(a) for a in self.attributions)
+        return [a / scale if scale else 0.0 for a in self.attributions]
+
+
+@dataclass
+class Column:
+    """One aligned position of a dataset's texts: `offset` from the position read (0 is it, -1 the token before),
+    the token's text where every text has the same one there (else None), the mean share over the texts with its
+    standard deviation and 95% bootstrap interval (None without resamples)."""
+
+    offset: int
+    token: str | None
+    mean: float
+    std: float
+    low: float | None
+    high: float | None
+
+
+@dataclass
+class DatasetSaliency:
+    """The aggregate over a dataset's (or several texts') attributions: the mean share of each aligned position (the
+    positions every text has, counted back from the one read), the mean metric, the integrated gradients' mean and
+    largest |delta|, and with --faithfulness each area's mean (std, low, high) and how many texts' deletion area is
+    below the random one's."""
+
+    dataset: str
+    n: int
+    texts: int
+    skipped: int
+    resamples: int
+    options: SaliencyOptions
+    metric: str
+    target: Token | None  # where every text has the same (else None)
+    foil: Token | None
+    value: float
+    columns: list[Column]
+    delta_mean: float | None = None  # mean |delta|
+    delta_worst: float | None = None
+    areas: dict[str, tuple[float, float, float | None, float | None]] | None = None
+    deletion_beats_random: int | None = None
+    interrupted: bool = False
+
+
+@dataclass
+class Prompt:
+    """One text read and checked: its ids as the model reads them, which are special tokens, its spans, the
+    baseline's ids (None: zero embeddings), the metric's target (None: the model's top prediction), foil and
+    position (None: a label or a pooled output)."""
+
+    line: int
+    text: str
+    ids: list[int]
+    special: list[bool]
+    spans: list[list[int] | None]
+    baseline: list[int] | None
+    target: Token | None
+    foil: Token | None
+    position: int | None
+
+
+# ---------------------------------------------------------------- checks before the model is built
+
+
+def check_options(config: ModelConfig, options: SaliencyOptions) -> None:
+    """Everything about the options that can be checked before a model is built (each text's checks, its baseline
+    among them, follow in check_prompt): the method, the integration and its steps, the site, the model's head."""
+    if options.method not in METHODS:
+        raise usage_error(f"--method must be one of {', '.join(METHODS)}, got `{options.method}`")
+    if options.integration not in INTEGRATIONS:
+        raise usage_error(f"--integration must be one of {', '.join(INTEGRATIONS)}, got `{options.integration}`")
+    least = 2 if options.integration == "riemann" else 1
+    if options.steps < least:
+        raise usage_error(f"--steps must be at least {least}" + (" with --integration riemann" if least == 2 else "")
+                          + f", got {options.steps}")
+    check_site(config, options.site)
+    if options.method == "attention-rollout" and options.site != "embed":
+        raise usage_error("attention rollout reads the attention of every layer: --site is for the gradient methods "
+                          "and occlusion")
+    if config.architecture == "encoder-decoder":
+        raise usage_error(f"{config.name} is an encoder-decoder: saliency attributes to the tokens of one stack",
+                          "use a decoder-only model or an encoder")
+    check_head(config, ("lm", "mlm", "classifier", "none"), "saliency reads a token's logit, a label's or, without a "
+               "head, the pooled output", "use a model with an LM or classifier head, or an encoder without one")
+    if config.head == "none":
+        for name, value in (("target", options.target), ("foil", options.foil), ("position", options.position)):
+            if value is not None:
+                raise usage_error(f"--{name}: {config.name} has no head, and the metric is the norm of its "
+                                  "mean-pooled output", "leave it out, or use a model with a head")
+
+
+def check_site(config: ModelConfig, site: str) -> None:
+    """`embed` or `blocks.L.<leaf>` with L one of the model's layers and a leaf of SITE_LEAVES (whether this kind
+    of block has it, resid_mid in a parallel block, is the model's to say when it runs)."""
+    if site == "embed":
+        return
+    parts = site.split(".", 2)
+    layers = config.num_hidden_layers
+    if len(parts) != 3 or parts[0] != "blocks" or not parts[1].isdigit() or parts[2] not in SITE_LEAVES:
+        raise usage_error(f"--site {site}: not a site saliency attributes at",
+                          f"give embed or blocks.L.LEAF, LEAF one of {', '.join(SITE_LEAVES)}")
+    if int(parts[1]) >= layers:
+        raise usage_error(f"--site {site}: the model has no block {parts[1]}: it has {layers} (0 to {layers - 1})")
+
+
+SALIENCY_LINE = LineSpec(("text",), ("target", "foil", "position", "baseline"), aliases={"clean": "text"},
+                         ignored=("corrupt",))
+
+
+def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options: SaliencyOptions) -> Prompt:
+    """A text (a dataset's line, or a text of the arguments read as {"text": TEXT} with the options' metric) read as
+    the model reads it and checked: its length, its metric, its baseline of as many tokens."""
+    fields = line.fields
+    target, foil, position = (fields.get(key) if fields.get(key) is not None else getattr(options, key)
+                              for key in ("target", "foil", "position"))
+    prefix = "" if line.fields.get("target") is not None or line.fields.get("foil") is not None else "--"
+    encoding = tokenizer.encode([fields["text"]])[0]
+    ids = model_input(config, encoding)
+    limit = config.max_position_embeddings
+    if limit and len(ids) > limit and config.position == "learned":
+        raise usage_error(f"the text has {len(ids)} tokens: the model has {limit} positions")
+    special = [sequence is None for sequence in encoding.sequence_ids[:len(ids)]]
+    if all(special):
+        raise usage_error("the text has no token to attribute to (only special tokens)", "give some text")
+    spans = [None if s else list(offset) for s, offset in zip(special, encoding.offsets)]
+    if config.head in ("classifier", "none"):
+        target, foil = parse_metric(config, tokenizer, target, foil, position, prefix) if config.head != "none" \
+            else (None, None)
+        at = None
+    else:
+        target, foil = parse_metric(config, tokenizer, target, foil, prefix=prefix)
+        at = position_of(ids, tokenizer, config, position)
+    return Prompt(line.number, fields["text"], ids, special, spans,
+                  baseline_ids(config, tokenizer, fields.get("baseline") or options.baseline, ids, special),
+                  target, foil, at)
+
+
+def baseline_ids(config: ModelConfig, tokenizer: Tokenizer, baseline: str, ids: list[int],
+                 special: list[bool]) -> list[int] | None:
+    """The baseline's ids: the special tokens kept, the others the pad or mask token; a text's own ids (as many);
+    None for zero embeddings."""
+    if baseline == "zero":
+        return None
+    if baseline in ("pad", "mask"):
+        token = tokenizer.mask_token_id if baseline == "mask" else tokenizer.pad_token_id \
+            if tokenizer.pad_token_id is not None else tokenizer.eos_token_id  # GPT-2's: its end of text
+        if token is None:
+            raise usage_error(f"--baseline {baseline}: {tokenizer.name} has no {baseline} token",
+                              "use --baseline zero (zero token embeddings) or a text of as many tokens")
+        return [i if s else token for i, s in zip(ids, special)]
+    other = model_input(config, tokenizer.encode([baseline])[0])
+    if len(other) != len(ids):
+        raise usage_error(f"the baseline text has {len(other)} tokens and the text {len(ids)}: they must have as "
+                          "many", "`tfcli tokenize` shows how each tokenizes")
+    return other
+
+
+# ---------------------------------------------------------------- the passes of one text
+
+
+def quadrature(steps: int, integration: str) -> tuple[list[float], list[float]]:
+    """Captum's points and weights on [0, 1] (approximation_methods): Gauss-Legendre's, or riemann_trapezoid's
+    (points 0 to 1, weights 1/n with the two ends halved)."""
+    if integration == "gausslegendre":
+        import numpy as np
+
+        points, weights = np.polynomial.legendre.leggauss(steps)
+        return (0.5 * (1 + points)).tolist(), (0.5 * weights).tolist()
+    import torch
+
+    weights = [1 / steps] * steps
+    weights[0] /= 2
+    weights[-1] /= 2
+    return torch.linspace(0, 1, steps).tolist(), weights
+
+
+class Passes:
+    """The passes of one text: its ids (1, T), the site whose value the rows of a pass replace, and the metric read
+    from the output: a token's or label's logit (difference), or the norm of the mean-pooled output."""
+
+    def __init__(self, model: TransformerModel, prompt: Prompt, site: str):
+        import torch
+
+        self.model, self.prompt, self.site = model, prompt, site
+        self.ids = torch.tensor([prompt.ids], device=model.device)
+        self.head = model.config.head
+        if self.head == "none":
+            last = len(model.output_stack.blocks) - 1
+            self.final = "final_norm.out" if model.has_final_norm else f"blocks.{last}.resid_post"
+        self.metric: Metric | None = None  # set once the target is known (after the first pass)
+        self.rows_per_pass = max(1, TOKENS_PER_PASS // len(prompt.ids))
+
+    def run(self, rows: Tensor | None, grad: bool, names: list[str] = (), hooks: dict | None = None,
+            ids: Tensor | None = None) -> tuple[Tensor | None, dict[str, Tensor], Tensor | None]:
+        """One pass of R rows: the site replaced by `rows` (R, T, ...) (None: the pass of `ids`, default the text's);
+        the metric (R,) float64 (None before the target is known), the cache of `names`, and the logits."""
+        if ids is None:
+            ids = self.ids.expand(1 if rows is None else rows.shape[0], -1)
+        hooks = dict(hooks or {})
+        if rows is not None:
+            hooks[self.site] = lambda value: rows
+        names = list(names) + ([self.final] if self.head == "none" else [])
+        keep = {}
+        if self.head in ("lm", "mlm") and self.prompt.position is not None:
+            keep["logits_to_keep"] = len(self.prompt.ids) - self.prompt.position
+        logits, cache = self.model.run_with_cache(ids, names, hooks=hooks or None, grad=grad, **keep)
+        return self.measure(logits, cache), cache, logits
+
+    def measure(self, logits: Tensor | None, cache: dict[str, Tensor]) -> Tensor | None:
+        """(R,) float64: the metric of a pass."""
+        if self.head == "none":
+            return cache[self.final].double().mean(1).norm(dim=-1)
+        if self.metric is None:
+            return None
+        return self.metric(logits[:, 0] if self.prompt.position is not None else logits)
+
+    def values(self, rows: Tensor) -> Tensor:
+        """(R, T, ...) -> (R,) float64: the metric of each row, in passes of rows_per_pass."""
+        import torch
+
+        return torch.cat([self.run(rows[start:start + self.rows_per_pass], False)[0]
+                          for start in range(0, len(rows), self.rows_per_pass)])
+
+    def gradients(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """(R, T, ...) -> the metric of each row (R,) and its gradient with respect to the row (R, T, ...)."""
+        import torch
+
+        values, grads = [], []
+        for start in range(0, len(rows), self.rows_per_pass):
+            chunk = rows[start:start + self.rows_per_pass].detach().requires_grad_()
+            value = self.run(chunk, True)[0]
+            grads.append(torch.autograd.grad(value.sum(), chunk)[0])
+            values.append(value.detach())
+        return torch.cat(values), torch.cat(grads)
+
+
+def first_pass(passes: Passes, tokenizer: Tokenizer, prompt: Prompt) -> tuple[Tensor, Tensor, float, float, Token]:
+    """The text and its baseline as one pass of two rows: the site's value on each, x and x' (T, ...), f(x), f(x'),
+    and the target (the model's top prediction on the text where none was given)."""
+    import torch
+
+    model = passes.model
+    ids = torch.tensor([prompt.ids, prompt.baseline or prompt.ids], device=model.device)
+    hooks = None
+    if prompt.baseline is None:  # zero token embeddings at the tokens that are not special ones
+        kept = torch.tensor([[1.0] * len(prompt.ids), [float(s) for s in prompt.special]], device=model.device)
+        hooks = {"embed": lambda value: value * kept[..., None].to(value.dtype)}
+    _, cache, logits = passes.run(None, False, [passes.site], hooks, ids)
+    target = prompt.target
+    if passes.head in ("lm", "mlm", "classifier"):
+        row = logits[0, 0] if prompt.position is not None else logits[0]
+        if target is None:
+            top = int(row.double().argmax())
+            target = token_of(tokenizer, top) if passes.head != "classifier" else \
+                Token(model.config.label_names[top], top)
+        passes.metric = Metric(target.id, prompt.foil and prompt.foil.id, None)
+    values = passes.measure(logits, cache)
+    site = cache[passes.site]
+    return site[0], site[1], float(values[0]), float(values[1]), target
+
+
+def attribute(passes: Passes, method: str, x: Tensor, baseline: Tensor, options: SaliencyOptions
+              ) -> tuple[Tensor, float | None]:
+    """(T,) float64 attributions of `method` from the site's values on the text `x` and its baseline (T, ...), and
+    integrated gradients' sum of the gradients' contributions (for its delta; None for the others)."""
+    import torch
+
+    if method == "gradient":
+        _, grads = passes.gradients(x[None])
+        return grads[0].double().flatten(1).norm(dim=-1), None
+    if method == "input-x-gradient":
+        _, grads = passes.gradients(x[None])
+        return (x.double() * grads[0].double()).flatten(1).sum(-1), None
+    if method == "integrated-gradients":
+        points, weights = quadrature(options.steps, options.integration)
+        alphas = torch.tensor(points, dtype=torch.float32, device=x.device).view(-1, *[1] * x.dim())
+        start, difference = baseline.float(), (x.float() - baseline.float())
+        _, grads = passes.gradients((start + alphas * difference).to(x.dtype))
+        w = torch.tensor(weights, dtype=torch.float64, device=x.device).view(-1, *[1] * x.dim())
+        total = (grads.double() * w).sum(0)
+        attributions = (difference.double() * total).flatten(1).sum(-1)
+        return attributions, float(attributions.sum())
+    if method == "occlusion":
+        positions = [p for p, s in enumerate(passes.prompt.special) if not s]
+        rows = x[None].repeat(1 + len(positions), *[1] * x.dim())  # the text itself first, as FeatureAblation
+        for row, p in enumerate(positions, 1):
+            rows[row, p] = baseline[p]
+        values = passes.values(rows)
+        out = torch.zeros(len(x), dtype=torch.float64, device=x.device)
+        out[positions] = values[0] - values[1:]
+        return out, None
+    return rollout(passes), None
+
+
+def rollout(passes: Passes) -> Tensor:
+    """(T,) float64: Abnar and Zuidema's attention rollout, the row of the position read (the mean of the rows
+    where the head pools every token: a classifier's mean pooling, or no head)."""
+    import torch
+
+    from tfcli.analysis.names import every_block
+
+    names = every_block(passes.model, "attn.pattern")
+    _, cache, _ = passes.run(None, False, names)
+    length = len(passes.prompt.ids)
+    eye = torch.eye(length, dtype=torch.float64, device=passes.ids.device)
+    product = eye
+    for name in names:
+        attention = cache[name][0].double().mean(0) + eye  # (T, T): heads' mean, plus the residual's identity
+        product = (attention / attention.sum(-1, keepdim=True)) @ product
+    config = passes.model.config
+    if passes.prompt.position is not None:
+        return product[passes.prompt.position]
+    if config.head == "none" or config.classifier_pooling == "mean":
+        return product.mean(0)
+    return product[0]
+
+
+def curves(passes: Passes, x: Tensor, baseline: Tensor, attributions: Tensor, seed: int) -> Curves:
+    """--faithfulness: deletion and insertion curves for the attributions' order and RANDOM_ORDERS random ones (a
+    generator seeded from `seed` and the text's line)."""
+    import torch
+
+    positions = [p for p, s in enumerate(passes.prompt.special) if not s]
+    order = sorted(positions, key=lambda p: -float(attributions[p]))
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + passes.prompt.line) % 2**63)
+    randoms = [[positions[i] for i in torch.randperm(len(positions), generator=generator).tolist()]
+               for _ in range(RANDOM_ORDERS)]
+    rows = []
+    for ranking in [order, *randoms]:
+        for first, other in ((x, baseline), (baseline, x)):  # deletion: x losing tokens; insertion: x' gaining
+            for k in range(len(ranking) + 1):
+                row = first.clone()
+                row[ranking[:k]] = other[ranking[:k]]
+                rows.append(row)
+    values = passes.values(torch.stack(rows)).view(1 + RANDOM_ORDERS, 2, len(positions) + 1)
+    random = values[1:].mean(0)
+    return Curves(order, values[0, 0].tolist(), values[0, 1].tolist(), random[0].tolist(), random[1].tolist())
+
+
+def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, options: SaliencyOptions) -> Saliency:
+    """One text's attributions (and, with options.faithfulness, its curves)."""
+    passes = Passes(model, prompt, options.site)
+    x, baseline, value, baseline_value, target = first_pass(passes, tokenizer, prompt)
+    attributions, total = attribute(passes, options.method, x, baseline, options)
+    delta = None if total is None else total - (value - baseline_value)
+    metric = {"none": "pooled norm", "classifier": "label"}.get(model.config.head, "logit")
+    return Saliency(prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), tokenizer.texts(prompt.ids),
+                    prompt.spans, prompt.special, options.method, options, target, prompt.foil, prompt.position,
+                    metric, value, baseline_value, attributions.tolist(), delta,
+                    curves(passes, x, baseline, attributions, options.seed) if options.faithfulness else None,
+                    prompt.line)
+
+
+# ---------------------------------------------------------------- the analysis the runner runs
+
+
+@dataclass
+class SaliencyAnalysis:
+    """`saliency` as the runner runs it (tfcli/runner.py): an item is a text's Prompt, its result the text's
+    Saliency, the aggregate a DatasetSaliency (or, for one text given as an argument, its Saliency)."""
+
+    options: SaliencyOptions
+    command, unit, line, block, streams = "saliency", "texts", SALIENCY_LINE, None, False
+    single: bool = field(default=False)  # texts of the arguments: one alone is shown as itself
+
+    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Prompt:
+        return check_prompt(config, tokenizer, line, self.options)
+
+    def check_items(self, prompts: list[Prompt]) -> None:
+        check_one_metric([(prompt.line, prompt.foil is not None) for prompt in prompts])
+
+    def results(self, model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
+                progress: Callable[[float], None] | None) -> Iterator[Saliency]:
+        for done, prompt in enumerate(prompts, 1):
+            yield run_prompt(model, tokenizer, prompt, self.options)
+            if progress is not None:
+                progress(done)
+
+    def shown(self, result: Saliency) -> Saliency:
+        return result
+
+    def aggregate(self, done: Done, dataset: Dataset) -> Saliency | DatasetSaliency:
+        results = [result for _, result in done]
+        if self.single and len(dataset.items) == 1 and results:
+            return results[0]
+        return aggregate(results, self.options, dataset, done.interrupted)
+
+
+def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Dataset,
+              interrupted: bool) -> DatasetSaliency:
+    """The texts' shares at the positions every text has, counted back from the position read (the last token
+    for a label or a pooled output), with their spread; the mean metric, |delta| and faithfulness areas."""
+    import torch
+
+    first = results[0]
+    read = [r.position if r.position is not None else len(r.ids) - 1 for r in results]
+    width = min(read) + 1
+    shares = torch.tensor([r.shares[at - width + 1:at + 1] for r, at in zip(results, read)], dtype=torch.float64)
+    mean, std, low, high = mean_spread(shares, dataset.resamples)
+    columns = []
+    for j in range(width):
+        texts = {r.token_texts[at - width + 1 + j] for r, at in zip(results, read)}
+        columns.append(Column(j - width + 1, texts.pop() if len(texts) == 1 else None, float(mean[j]), float(std[j]),
+                              None if low is None else float(low[j]), None if high is None else float(high[j])))
+    same = len({(r.target.id if r.target else None, r.foil.id if r.foil else None) for r in results}) == 1
+    deltas = [abs(r.delta) for r in results if r.delta is not None]
+    areas, beats = None, None
+    if options.faithfulness:
+        names = ("deletion", "insertion", "random_deletion", "random_insertion")
+        table = torch.tensor([[r.curves.areas[name] for name in names] for r in results], dtype=torch.float64)
+        a_mean, a_std, a_low, a_high = mean_spread(table, dataset.resamples)
+        areas = {name: (float(a_mean[j]), float(a_std[j]), None if a_low is None else float(a_low[j]),
+                        None if a_high is None else float(a_high[j])) for j, name in enumerate(names)}
+        beats = int((table[:, 0] < table[:, 2]).sum())
+    return DatasetSaliency(dataset.path, len(results), len(dataset.items), dataset.skipped, dataset.resamples, options,
+                           first.metric, first.target if same else None, first.foil if same else None,
+                           sum(r.value for r in results) / len(results), columns,
+                           sum(deltas) / len(deltas) if deltas else None, max(deltas) if deltas else None,
+                           areas, beats, interrupted)
+
