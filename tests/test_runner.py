@@ -88,15 +88,23 @@ class ResidualNorm:
                      None if high is None else high.tolist())
 
 
-def record(result) -> dict:
-    return {"line": result.line, "norms": result.norms} if isinstance(result, TextNorms) else vars(result)
+def item_record(result: TextNorms) -> dict:
+    return {"line": result.line, "norms": result.norms}
 
 
-def lines(result, number: int) -> list:
+def item_lines(result: TextNorms, number: int) -> list:
     from rich.text import Text as Line
 
-    if isinstance(result, TextNorms):
-        return [Line(f"text {result.line}: " + " ".join(f"{v:.3f}" for v in result.norms))]
+    return [Line(f"text {number} (line {result.line}): " + " ".join(f"{v:.3f}" for v in result.norms))]
+
+
+def record(result: Norms) -> dict:
+    return vars(result)
+
+
+def lines(result: Norms, number: int) -> list:
+    from rich.text import Text as Line
+
     return [Line(f"{result.n} texts: " + " ".join(f"{v:.3f}" for v in result.mean))]
 
 
@@ -122,7 +130,7 @@ def norms(texts: TextsArgument = None, model: ModelOption = None, file: FileOpti
                            None if dataset is not None else inputs(texts, file))
     run_dataset(ResidualNorm(), resolve_source(model), given,
                 RunOptions(model, None, "cpu", "float32", 0, json_output, report, force),
-                (View(out, record, lines), View(out, record, lines)), "these norms say nothing")
+                (View(out, item_record, item_lines), View(out, record, lines)), "these norms say nothing")
 
 
 def invoke(*args: str):
@@ -196,12 +204,14 @@ def test_a_bad_line_is_named_before_any_model_is_built(gpt2, tmp_path, no_model_
 
 
 def test_the_views_and_the_page_come_from_the_runner(gpt2, tmp_path, monkeypatch):
-    """The terminal view is the analysis's `lines`; --report finds the renderer's page_section by the command's
+    """The terminal views are the analysis's: one for an item, one for the aggregate; --report finds the renderer's page_section by the command's
     name, as it finds tfcli's own (a renderer module here stands in for tfcli/render/norms.py)."""
     path, hf = gpt2
     result = invoke("-m", str(path), "--per-item", TEXTS[0], TEXTS[1])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.splitlines()[0].startswith("text 1: ") and result.stdout.splitlines()[2].startswith("2 texts")
+    first, second, aggregate = result.stdout.splitlines()
+    assert first.startswith("text 1 (line 1): ") and second.startswith("text 2 (line 2): ")  # each item its number
+    assert aggregate.startswith("2 texts")
     renderer = types.ModuleType("tfcli.render.norms")
     renderer.page_section = lambda result, tokenizer: {"mean": result.mean}
     monkeypatch.setitem(sys.modules, "tfcli.render.norms", renderer)
