@@ -101,6 +101,8 @@ def saliency(
     run_dataset(core.SaliencyAnalysis(options, single), source,
                 DatasetOptions(dataset, 0 if single else bootstrap, each, skip_bad, cluster, texts_in),
                 RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
-                View(out, render.record, lambda result, number: render.saliency_lines(
-                    result, number, out.width, out.color_system is not None, top, spaced=each)),
+                (View(out, render.record, lambda result, number: render.saliency_lines(
+                    result, number, out.width, out.color_system is not None, top), spaced=True),
+                 View(out, render.record, lambda result, number: render.saliency_lines(
+                     result, number, out.width, out.color_system is not None, top, spaced=each))),
                 "these attributions say nothing about a trained model")

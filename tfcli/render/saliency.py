@@ -39,9 +39,8 @@ def method_words(options: SaliencyOptions) -> str:
 
 
 def baseline_words(baseline: str) -> str:
-    return {"zero": "zero token embeddings", "pad": "the pad token (else the end token)",
-            "mask": "the mask token"}.get(
-        baseline, f"the text {baseline!r}") + (" (special tokens kept)" if baseline in ("zero", "pad", "mask") else "")
+    return {"zero": "zero token embeddings", "pad": "the pad token", "mask": "the mask token"}.get(
+        baseline, f"the text {baseline!r}") + (", special tokens kept" if baseline in ("zero", "pad", "mask") else "")
 
 
 def quantity(result: Saliency | DatasetSaliency) -> str:
@@ -84,13 +83,11 @@ def token_items(result: Saliency, color: bool) -> list[Text]:
 
 def saliency_lines(result: Saliency | DatasetSaliency, number: int, width: int, color: bool,
                    top: int = DEFAULT_TOP, spaced: bool = False) -> list[Text]:
-    """The terminal view of one text (numbered by its line) or of a dataset's aggregate, lines of at most `width`
-    cells; `spaced`: each after the first of several views, a blank line first."""
+    """The terminal view of one text (the `number`th shown) or of a dataset's aggregate, lines of at most `width`
+    cells; `spaced`: the aggregate follows the texts' views, after a blank line."""
     if isinstance(result, DatasetSaliency):
         return ([Text()] if spaced else []) + dataset_lines(result, width, color)
-    number = result.line or number
-    lines = [Text()] if spaced and number > 1 else []
-    lines += echo(f"text {number}: ", result.text, width)
+    lines = echo(f"text {number}: ", result.text, width)
     lines += words(method_words(result.options), width)
     lines += words(f"{quantity(result)}{where(result)}: {result.value:+.4f} on the text, {result.baseline_value:+.4f} "
                    "on the baseline", width)
