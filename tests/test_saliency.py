@@ -165,6 +165,30 @@ def test_layer_integrated_gradients_at_a_block_input_equal_captums(gpt2):
     close([result.delta], delta, "its delta")
 
 
+def test_a_llama_with_grouped_query_attention_as_captum_does(tmp_path, save_hf_model):
+    """RMSNorm, rotary positions, grouped-query attention: integrated gradients and occlusion, on embed_tokens."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=48, max_position_embeddings=64, vocab_size=30522, bos_token_id=101,
+                         eos_token_id=102, pad_token_id=0, initializer_range=0.1)
+    hf = save_hf_model(LlamaForCausalLM, config, tmp_path, perturb=True)
+    setup = (tmp_path, hf, tfcli.load_model(str(tmp_path)), load_tokenizer_for(resolve_source(str(tmp_path))))
+    result, read = run(setup, TEXT, target="mary", foil="john")
+    forward = logit_metric(hf, read.position, read.target.id, read.foil.id)
+    theirs = LayerIntegratedGradients(forward, hf.model.embed_tokens).attribute(
+        torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=32)
+    close(result.attributions, theirs.sum(-1)[0], "Llama's integrated gradients")
+    occluded, _ = run(setup, TEXT, method="occlusion", target="mary", foil="john")
+    x, _ = zero_baseline(hf.model.embed_tokens, read.ids, read.special)
+    with torch.no_grad():
+        pad = hf.model.embed_tokens(torch.tensor([read.baseline]))
+    mask = torch.arange(len(read.ids))[None, :, None].expand_as(x)
+    theirs = FeatureAblation(logit_metric(hf, read.position, read.target.id, read.foil.id, embeds=True)).attribute(
+        x, baselines=pad, feature_mask=mask)
+    close(occluded.attributions, theirs[0, :, 0], "Llama's occlusion")
+
+
 def test_a_classifiers_label_is_attributed_as_captum_does(bert):
     _, hf, model, _ = bert
     result, read = run(bert, "a gripping , funny and moving film", baseline="pad", target="positive",
@@ -418,3 +442,70 @@ def test_the_report_page_and_figures(cli, gpt2, tmp_path):
     assert "mary" in (tmp_path / "saliency.svg").read_text()  # tokens as text
     aggregate = tmp_path / "aggregate.svg"
     assert cli("saliency", "-m", path, *TEXTS, "--steps", "4", "--report", str(aggregate)).exit_code == 0
+
+
+@pytest.mark.slow
+def test_ray_gives_the_one_process_aggregate(cli, gpt2, tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed: pip install \"tfcli[ray]\"")
+    dataset = tmp_path / "texts.jsonl"
+    dataset.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 4))
+    args = ["saliency", "-m", str(gpt2[0]), "--dataset", str(dataset), "--json", "--steps", "4", "--faithfulness",
+            "--per-item"]
+    here = records(cli(*args))
+    there = records(cli(*args, "--ray", "local", "--ray-workers", "2"))
+    assert len(here) == len(there) == 13
+    for a, b in zip(here[:-1], there[:-1]):
+        close(b["attributions"], a["attributions"], "a text's attributions")
+    close([c["mean"] for c in there[-1]["columns"]], [c["mean"] for c in here[-1]["columns"]], "the aggregate")
+
+
+def test_the_page_draws_in_a_browser(gpt2, tmp_path):
+    """The page draws every token, the curves and the aggregate's table, and asks the network for nothing."""
+    import shutil
+
+    browser_path = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+    if browser_path is None:
+        pytest.skip("no browser: apt-get install -y chromium-headless-shell")
+    from typer.testing import CliRunner
+
+    from playwright.sync_api import sync_playwright
+    from tfcli.cli import app
+
+    single, several = tmp_path / "one.html", tmp_path / "several.html"
+    for path, texts in ((single, [TEXT]), (several, TEXTS)):
+        result = CliRunner().invoke(app, ["saliency", "-m", str(gpt2[0]), *texts, "--steps", "4", "--faithfulness",
+                                          "--report", str(path)])
+        assert result.exit_code == 0, result.stderr
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=browser_path)
+        page = browser.new_page()
+        asked, page_uri = [], [None]
+        page.route("**/*", lambda route: (asked.append(route.request.url), route.continue_() if route.request.url
+                                          == page_uri[0] else route.abort()))
+        for path, check in ((single, "div.saliency span.tok"), (several, "table.columns tbody tr")):
+            page_uri[0] = path.as_uri()
+            page.goto(path.as_uri())
+            page.wait_for_selector("body[data-ready]")
+            assert page.get_attribute("body", "data-ready") == "1", page.text_content("body")
+            assert page.locator(check).count() >= 10
+        assert page.locator("table.areas tbody tr").count() == 4
+        browser.close()
+    assert asked == [single.as_uri(), several.as_uri()]
+
+
+@pytest.mark.slow
+def test_the_reference_example_is_what_smollm2_prints(cli):
+    """docs/commands.md's saliency example is real output: SmolLM2-135M at 80 columns (the completeness delta, float
+    noise on another CPU's kernels, checked to be under 1e-4 instead)."""
+    import re
+    import shlex
+
+    gguf = smollm2()
+    reference = (Path(__file__).resolve().parent.parent / "docs/commands.md").read_text(encoding="utf-8")
+    section = reference[reference.index("### saliency"):]
+    block = re.search(r"```console\n\$ tfcli saliency --model \S+ (.*?)\n(.*?)```", section, re.S)
+    result = cli("saliency", "--model", str(gguf), *shlex.split(block.group(1)), "--width", "80", "--no-color")
+    assert result.exit_code == 0, result.stderr
+    delta = re.compile(r"delta ([-+]\S+) ")
+    assert abs(float(delta.search(result.stdout).group(1))) < 1e-4
+    assert delta.sub("delta ... ", result.stdout) == delta.sub("delta ... ", block.group(2))
