@@ -118,6 +118,20 @@ def test_integrated_gradients_equal_captums_layer_integrated_gradients_on_the_to
     assert result.delta == pytest.approx(result.total - (value - base), abs=1e-4)
 
 
+def test_the_log_probability_as_the_metric_equals_captums(gpt2):
+    _, hf, _, _ = gpt2
+    result, read = run(gpt2, TEXT, target="mary", metric="logprob", steps=16)
+
+    def forward(ids):
+        return hf(input_ids=ids, use_cache=False).logits[:, read.position].log_softmax(-1)[:, read.target.id]
+    theirs = LayerIntegratedGradients(forward, hf.transformer.wte).attribute(
+        torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=16)
+    close(result.attributions, theirs.sum(-1)[0], "log-probability attributions")
+    with torch.no_grad():
+        close([result.value], forward(torch.tensor([read.ids])), "the log-probability")
+    assert result.metric == "logprob" and result.value < 0
+
+
 def test_integrated_gradients_from_zero_embeddings_equal_captums_on_inputs_embeds(gpt2):
     _, hf, _, _ = gpt2
     result, read = run(gpt2, TEXT, steps=8, baseline="zero")  # the target: the model's top prediction
@@ -202,7 +216,7 @@ def test_a_classifiers_label_is_attributed_as_captum_does(bert):
     theirs = LayerIntegratedGradients(forward, hf.bert.embeddings.word_embeddings).attribute(
         torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=32)
     close(result.attributions, theirs.sum(-1)[0], "a label's integrated gradients")
-    assert result.metric == "label" and result.target.text == "positive" and result.position is None
+    assert result.metric == "label logit" and result.target.text == "positive" and result.position is None
 
 
 def test_attention_rollout_is_abnar_and_zuideams_formula_on_transformers_attentions(gpt2, bert):
@@ -402,6 +416,7 @@ def test_a_view_is_laid_out_within_the_width(gpt2):
     (["--site", "blocks.0.nowhere"], "error: --site blocks.0.nowhere: not a site saliency attributes at"),
     (["--method", "attention-rollout", "--site", "blocks.1.resid_pre"], "error: attention rollout reads"),
     (["--target", "a whole phrase"], "is not one token of"),
+    (["--metric", "probability"], "error: --metric must be logit or logprob"),
 ])
 def test_bad_input_is_one_error_line_before_any_model_is_built(cli, gpt2, no_model_built, args, said):
     result = cli("saliency", "-m", str(gpt2[0]), TEXT, *args)

@@ -1,8 +1,9 @@
 """`tfcli saliency`: which input tokens a prediction rests on, and whether that answer is faithful.
 
 Each method gives every token of a text one number, its attribution to a metric of the model's output: a token's
-logit at the position read (default: the model's own top prediction), a target - foil difference, a classifier's
-label, or, for an encoder without a head, the norm of its mean-pooled output (sentence-transformers' pooling).
+logit (or log-probability) at the position read (default: the model's own top prediction), a target - foil
+difference, a classifier's label, or, for an encoder without a head, the norm of its mean-pooled output
+(sentence-transformers' pooling).
 The gradient methods differentiate at a site (`embed`, the token embeddings before positions are added, by
 default; `--site blocks.L.resid_pre` and the like for layer attributions), through `run_with_cache` with a hook
 that puts the rows of the pass in the site's place:
@@ -24,9 +25,9 @@ The baseline x' is the site's value on the baseline text: every token that is no
 tokenizer adds: [CLS], [SEP], <s>) replaced by the pad token (the default; the end-of-text token where the
 tokenizer has no pad token, as GPT-2's) or the mask token, the token embeddings made zero there, or another text of
 as many tokens. (Zero embeddings are a poor baseline where an RMSNorm reads them: it divides by their vanishing
-norm, and the integral's points near the baseline carry huge gradients.) Faithfulness (`--faithfulness`): the metric as the most-attributed tokens are
-replaced by the baseline's first (deletion) or restored first from the baseline (insertion), against random orders
-(seeded), with the area under each curve.
+norm, and the integral's points near the baseline carry huge gradients.) Faithfulness (`--faithfulness`): the metric
+as the most-attributed tokens are replaced by the baseline's first (deletion) or restored first from the baseline
+(insertion), against random orders (seeded), with the area under each curve.
 
 Shapes: T tokens, d the site's width (its trailing dimensions, flattened), S steps, R rows of a pass.
 """
@@ -75,6 +76,7 @@ class SaliencyOptions:
     position: int | None = None
     faithfulness: bool = False
     seed: int = 0
+    metric: str = "logit"  # logit | logprob (the log-softmax of the head's output)
 
 
 @dataclass
@@ -119,7 +121,7 @@ class Saliency:
     target: Token | None
     foil: Token | None
     position: int | None  # None: a classifier's label, or a pooled output
-    metric: str  # "logit", "label", "pooled norm"
+    metric: str  # "logit", "logprob", "label logit", "label logprob", "pooled norm"
     value: float
     baseline_value: float
     attributions: list[float]
@@ -202,6 +204,8 @@ class Prompt:
 def check_options(config: ModelConfig, options: SaliencyOptions) -> None:
     """Everything about the options that can be checked before a model is built (each text's checks, its baseline
     among them, follow in check_prompt): the method, the integration and its steps, the site, the model's head."""
+    if options.metric not in ("logit", "logprob"):
+        raise usage_error(f"--metric must be logit or logprob, got `{options.metric}`")
     if options.method not in METHODS:
         raise usage_error(f"--method must be one of {', '.join(METHODS)}, got `{options.method}`")
     if options.integration not in INTEGRATIONS:
@@ -220,7 +224,8 @@ def check_options(config: ModelConfig, options: SaliencyOptions) -> None:
     check_head(config, ("lm", "mlm", "classifier", "none"), "saliency reads a token's logit, a label's or, without a "
                "head, the pooled output", "use a model with an LM or classifier head, or an encoder without one")
     if config.head == "none":
-        for name, value in (("target", options.target), ("foil", options.foil), ("position", options.position)):
+        for name, value in (("target", options.target), ("foil", options.foil), ("position", options.position),
+                            ("metric logprob", options.metric == "logprob" or None)):
             if value is not None:
                 raise usage_error(f"--{name}: {config.name} has no head, and the metric is the norm of its "
                                   "mean-pooled output", "leave it out, or use a model with a head")
@@ -315,10 +320,10 @@ class Passes:
     """The passes of one text: its ids (1, T), the site whose value the rows of a pass replace, and the metric read
     from the output: a token's or label's logit (difference), or the norm of the mean-pooled output."""
 
-    def __init__(self, model: TransformerModel, prompt: Prompt, site: str):
+    def __init__(self, model: TransformerModel, prompt: Prompt, site: str, logprob: bool = False):
         import torch
 
-        self.model, self.prompt, self.site = model, prompt, site
+        self.model, self.prompt, self.site, self.logprob = model, prompt, site, logprob
         self.ids = torch.tensor([prompt.ids], device=model.device)
         self.head = model.config.head
         if self.head == "none":
@@ -349,7 +354,8 @@ class Passes:
             return cache[self.final].double().mean(1).norm(dim=-1)
         if self.metric is None:
             return None
-        return self.metric(logits[:, 0] if self.prompt.position is not None else logits)
+        logits = logits[:, 0] if self.prompt.position is not None else logits
+        return self.metric(logits.double().log_softmax(-1) if self.logprob else logits)
 
     def values(self, rows: Tensor) -> Tensor:
         """(R, T, ...) -> (R,) float64: the metric of each row, in passes of rows_per_pass."""
@@ -476,11 +482,12 @@ def curves(passes: Passes, x: Tensor, baseline: Tensor, attributions: Tensor, se
 
 def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, options: SaliencyOptions) -> Saliency:
     """One text's attributions (and, with options.faithfulness, its curves)."""
-    passes = Passes(model, prompt, options.site)
+    passes = Passes(model, prompt, options.site, options.metric == "logprob")
     x, baseline, value, baseline_value, target = first_pass(passes, tokenizer, prompt)
     attributions, total = attribute(passes, options.method, x, baseline, options)
     delta = None if total is None else total - (value - baseline_value)
-    metric = {"none": "pooled norm", "classifier": "label"}.get(model.config.head, "logit")
+    head = model.config.head
+    metric = "pooled norm" if head == "none" else ("label " if head == "classifier" else "") + options.metric
     return Saliency(prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), tokenizer.texts(prompt.ids),
                     prompt.spans, prompt.special, options.method, options, target, prompt.foil, prompt.position,
                     metric, value, baseline_value, attributions.tolist(), delta,

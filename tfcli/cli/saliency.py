@@ -33,6 +33,8 @@ def saliency(
                                              "- foil.")] = None,
     position: Annotated[int | None, typer.Option(metavar="N", help="The position read, negative counting from the end "
                                                  "(default: the last token; a masked-LM encoder: its [MASK]).")] = None,
+    metric: Annotated[str, typer.Option(metavar="WHAT", help="logit, or logprob (the log-softmax of the head's "
+                                        "output).")] = "logit",
     baseline: Annotated[str, typer.Option(metavar="BASELINE", help="What a token is replaced by: pad (else the end "
                                           "token), zero (zero token embeddings), mask, or a text of as many tokens; "
                                           "special tokens are kept.")] = "pad",
@@ -89,7 +91,7 @@ def saliency(
     elif skip_bad:
         raise usage_error("--skip-bad is for a --dataset")
     options = core.SaliencyOptions(method, baseline, steps, integration, site, target, foil, position, faithfulness,
-                                   seed)
+                                   seed, metric)
     texts_in = inputs(texts, file) if dataset is None else None
     single = texts_in is not None and texts_in.count == 1
     cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, not single, "a --dataset or several texts")

@@ -49,13 +49,15 @@ def quantity(result: Saliency | DatasetSaliency) -> str:
     if result.metric == "pooled norm":
         return "the norm of the mean-pooled output"
     target, foil = result.target, result.foil
-    label = result.metric == "label"
+    label = result.metric.startswith("label")
+    kind = "log-probability" if result.metric.endswith("logprob") else "logit"
 
     def name(token) -> str:
         return f"label {token.text}" if label else quoted(token.text)
     if target is None:
-        return "the logit (difference) of each text's own target"
-    return f"the logit of {name(target)}" if foil is None else f"the logit difference {name(target)} - {name(foil)}"
+        return f"the {kind} (difference) of each text's own target"
+    return f"the {kind} of {name(target)}" if foil is None else \
+        f"the {kind} difference {name(target)} - {name(foil)}"
 
 
 def shade(share: float, largest: float) -> str:
