@@ -82,6 +82,20 @@ def captured_pass(model, input_ids, **inputs):
     return result
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Torch computes on one thread in the test process: the models here are tiny, so a second thread mostly waits
+    for a core, and on a shared 2-core machine (CI's) a pass took many times as long with 2 threads under load
+    (tests/test_datasets.py's `one_thread`). Tests about thread counts set their own (test_determinism.py); the
+    subprocesses the tests start keep torch's default."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def cli():
     """cli(*args, input=None, env=None) -> Result with .exit_code, .stdout, .stderr (in-process CliRunner)."""
