@@ -219,6 +219,22 @@ def test_a_classifiers_label_is_attributed_as_captum_does(bert):
     assert result.metric == "label logit" and result.target.text == "positive" and result.position is None
 
 
+def test_a_continuation_gives_a_row_per_token_each_as_captum_computes_it(gpt2):
+    """Each token of the continuation: its logit at the position before it, attributed over the tokens before it."""
+    _, hf, model, tokenizer = gpt2
+    options = core.SaliencyOptions(continuation=" john gave a drink", steps=8)
+    read = prompt(model, tokenizer, "when mary and john went to the store", options)
+    result = core.run_prompt(model, tokenizer, read, options)
+    assert [row.position for row in result.rows] == list(range(result.start - 1, len(result.ids) - 1))
+    assert [row.target.text for row in result.rows] == ["john", "gave", "a", "drink"]
+    for row in result.rows:
+        end = row.position + 1
+        forward = logit_metric(hf, row.position, row.target.id, None)
+        theirs = LayerIntegratedGradients(forward, hf.transformer.wte).attribute(
+            torch.tensor([read.ids[:end]]), baselines=torch.tensor([read.baseline[:end]]), n_steps=8)
+        close(row.attributions, theirs.sum(-1)[0], f"the row of {row.target.text!r}")
+
+
 def test_attention_rollout_is_abnar_and_zuideams_formula_on_transformers_attentions(gpt2, bert):
     for setup, row in ((gpt2, -1), (bert, 0)):  # a decoder's last position; a classifier's pooled [CLS]
         _, hf, _, _ = setup
@@ -417,6 +433,8 @@ def test_a_view_is_laid_out_within_the_width(gpt2):
     (["--method", "attention-rollout", "--site", "blocks.1.resid_pre"], "error: attention rollout reads"),
     (["--target", "a whole phrase"], "is not one token of"),
     (["--metric", "probability"], "error: --metric must be logit or logprob"),
+    (["--continuation", " more", "--target", "mary"], "error: --target is not for --continuation"),
+    (["--continuation", " more", "--faithfulness"], "error: --faithfulness is not for --continuation"),
 ])
 def test_bad_input_is_one_error_line_before_any_model_is_built(cli, gpt2, no_model_built, args, said):
     result = cli("saliency", "-m", str(gpt2[0]), TEXT, *args)
@@ -486,9 +504,10 @@ def test_the_page_draws_in_a_browser(gpt2, tmp_path):
     from playwright.sync_api import sync_playwright
     from tfcli.cli import app
 
-    single, several = tmp_path / "one.html", tmp_path / "several.html"
-    for path, texts in ((single, [TEXT]), (several, TEXTS)):
-        result = CliRunner().invoke(app, ["saliency", "-m", str(gpt2[0]), *texts, "--steps", "4", "--faithfulness",
+    single, several, matrix = tmp_path / "one.html", tmp_path / "several.html", tmp_path / "matrix.html"
+    for path, texts in ((single, [TEXT]), (several, TEXTS), (matrix, [TEXT, "--continuation", " mary and"])):
+        faithfulness = [] if path == matrix else ["--faithfulness"]
+        result = CliRunner().invoke(app, ["saliency", "-m", str(gpt2[0]), *texts, "--steps", "4", *faithfulness,
                                           "--report", str(path)])
         assert result.exit_code == 0, result.stderr
     with sync_playwright() as playwright:
@@ -497,15 +516,17 @@ def test_the_page_draws_in_a_browser(gpt2, tmp_path):
         asked, page_uri = [], [None]
         page.route("**/*", lambda route: (asked.append(route.request.url), route.continue_() if route.request.url
                                           == page_uri[0] else route.abort()))
-        for path, check in ((single, "div.saliency span.tok"), (several, "table.columns tbody tr")):
+        for path, check in ((single, "div.saliency span.tok"), (several, "table.columns tbody tr"),
+                            (matrix, "table.matrix tbody td[data-tip]")):
             page_uri[0] = path.as_uri()
             page.goto(path.as_uri())
             page.wait_for_selector("body[data-ready]")
             assert page.get_attribute("body", "data-ready") == "1", page.text_content("body")
             assert page.locator(check).count() >= 10
-        assert page.locator("table.areas tbody tr").count() == 4
+            if path == several:
+                assert page.locator("table.areas tbody tr").count() == 4
         browser.close()
-    assert asked == [single.as_uri(), several.as_uri()]
+    assert asked == [single.as_uri(), several.as_uri(), matrix.as_uri()]
 
 
 @pytest.mark.slow
@@ -524,3 +545,33 @@ def test_the_reference_example_is_what_smollm2_prints(cli):
     delta = re.compile(r"delta ([-+]\S+) ")
     assert abs(float(delta.search(result.stdout).group(1))) < 1e-4
     assert delta.sub("delta ... ", result.stdout) == delta.sub("delta ... ", block.group(2))
+
+
+def test_a_continuation_is_refused_where_nothing_continues_a_text_and_for_several(cli, gpt2, no_model_built):
+    path = str(gpt2[0])
+    refused = cli("saliency", "-m", "bert-base", TEXT, "--continuation", " more")
+    assert refused.exit_code == 2 and "is not a decoder with an LM head" in refused.stderr
+    refused = cli("saliency", "-m", path, TEXT, "the cat", "--continuation", " more")
+    assert refused.exit_code == 2 and "--continuation is for one text" in refused.stderr
+
+
+def test_a_continuations_matrix_in_json_the_terminal_and_a_report(cli, gpt2, tmp_path):
+    path = str(gpt2[0])
+    args = ["saliency", "-m", path, "when mary and john went to the store", "--continuation", " john gave a drink",
+            "--steps", "4"]
+    [record] = records(cli(*args, "--json"))
+    assert set(record) == {"text", "continuation", "ids", "tokens", "token_texts", "start", "method", "site",
+                           "baseline", "steps", "integration", "metric", "rows"}
+    assert [len(row["attributions"]) for row in record["rows"]] == list(range(record["start"], len(record["ids"])))
+    assert set(record["rows"][0]) == {"target", "position", "value", "baseline_value", "attributions", "total", "delta"}
+    for width in (80, 120):
+        shown = cli(*args, "--no-color", "--width", str(width))
+        assert shown.exit_code == 0 and max(map(len, shown.stdout.splitlines())) <= width
+        for row in record["rows"]:
+            assert all(f"{value:+.3f}" in shown.stdout for value in row["attributions"])
+    for suffix in (".html", ".svg"):
+        report = tmp_path / f"continuation{suffix}"
+        assert cli(*args, "--report", str(report)).exit_code == 0
+    data = (tmp_path / "continuation.html").read_text().split('<script id="tfcli-data" type="application/json">')[1]
+    [section] = json.loads(data.split("</script>")[0])["sections"]
+    assert section["rows"] == record["rows"]

@@ -27,7 +27,9 @@ tokenizer has no pad token, as GPT-2's) or the mask token, the token embeddings 
 as many tokens. (Zero embeddings are a poor baseline where an RMSNorm reads them: it divides by their vanishing
 norm, and the integral's points near the baseline carry huge gradients.) Faithfulness (`--faithfulness`): the metric
 as the most-attributed tokens are replaced by the baseline's first (deletion) or restored first from the baseline
-(insertion), against random orders (seeded), with the area under each curve.
+(insertion), against random orders (seeded), with the area under each curve. A continuation (`--continuation`)
+gives a matrix, as Inseq shows one: for each of its tokens, the attributions of its logit at the position before it
+to every token it reads (the text's and the continuation's before it).
 
 Shapes: T tokens, d the site's width (its trailing dimensions, flattened), S steps, R rows of a pass.
 """
@@ -77,6 +79,7 @@ class SaliencyOptions:
     faithfulness: bool = False
     seed: int = 0
     metric: str = "logit"  # logit | logprob (the log-softmax of the head's output)
+    continuation: str | None = None  # a text that follows: each of its tokens is a metric (a decoder's)
 
 
 @dataclass
@@ -196,6 +199,25 @@ class Prompt:
     target: Token | None
     foil: Token | None
     position: int | None
+    continuation: int | None = None  # where the continuation's tokens start in `ids` (None: none)
+
+
+@dataclass
+class ContinuationSaliency:
+    """A text and its continuation: a row of attributions (a Saliency) per token of the continuation, of its metric at
+    the position before it, over the tokens before it (`ids[:start + k]` for the k-th)."""
+
+    text: str
+    continuation: str
+    ids: list[int]
+    tokens: list[str]
+    token_texts: list[str]
+    start: int  # the continuation's first position in `ids`
+    options: SaliencyOptions
+    rows: list[Saliency]
+    metric: str
+    n: int = 1
+    interrupted: bool = False
 
 
 # ---------------------------------------------------------------- checks before the model is built
@@ -223,12 +245,26 @@ def check_options(config: ModelConfig, options: SaliencyOptions) -> None:
                           "use a decoder-only model or an encoder")
     check_head(config, ("lm", "mlm", "classifier", "none"), "saliency reads a token's logit, a label's or, without a "
                "head, the pooled output", "use a model with an LM or classifier head, or an encoder without one")
+    if options.continuation is not None:
+        check_continuation(config, options)
     if config.head == "none":
         for name, value in (("target", options.target), ("foil", options.foil), ("position", options.position),
                             ("metric logprob", options.metric == "logprob" or None)):
             if value is not None:
                 raise usage_error(f"--{name}: {config.name} has no head, and the metric is the norm of its "
                                   "mean-pooled output", "leave it out, or use a model with a head")
+
+
+def check_continuation(config: ModelConfig, options: SaliencyOptions) -> None:
+    """--continuation: a decoder with an LM head, each token its own target (no --target, --foil, --position)."""
+    if config.architecture != "decoder" or config.head != "lm":
+        raise usage_error(f"--continuation: {config.name} is not a decoder with an LM head: nothing continues a text",
+                          "use a decoder (GPT-2, Llama, ...)")
+    for name, value in (("target", options.target), ("foil", options.foil), ("position", options.position),
+                        ("faithfulness", options.faithfulness or None)):
+        if value is not None:
+            raise usage_error(f"--{name} is not for --continuation: each token of the continuation is its own target "
+                              "at the position before it")
 
 
 def check_site(config: ModelConfig, site: str) -> None:
@@ -265,6 +301,15 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options:
     if all(special):
         raise usage_error("the text has no token to attribute to (only special tokens)", "give some text")
     spans = [None if s else list(offset) for s, offset in zip(special, encoding.offsets)]
+    start = None
+    if options.continuation is not None:  # its tokens read on their own, no special token: ' Paris' has its space
+        following = tokenizer.encode([options.continuation], add_special_tokens=False)[0].ids
+        if not following:
+            raise usage_error("the continuation has no token", "give the text that follows, e.g. \" Paris\"")
+        start = len(ids)
+        ids, special, spans = ids + following, special + [False] * len(following), spans + [None] * len(following)
+        if limit and len(ids) > limit and config.position == "learned":
+            raise usage_error(f"the text and its continuation have {len(ids)} tokens: the model has {limit} positions")
     if config.head in ("classifier", "none"):
         target, foil = parse_metric(config, tokenizer, target, foil, position, prefix) if config.head != "none" \
             else (None, None)
@@ -274,7 +319,7 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options:
         at = position_of(ids, tokenizer, config, position)
     return Prompt(line.number, fields["text"], ids, special, spans,
                   baseline_ids(config, tokenizer, fields.get("baseline") or options.baseline, ids, special),
-                  target, foil, at)
+                  target, foil, at, start)
 
 
 def baseline_ids(config: ModelConfig, tokenizer: Tokenizer, baseline: str, ids: list[int],
@@ -480,8 +525,11 @@ def curves(passes: Passes, x: Tensor, baseline: Tensor, attributions: Tensor, se
     return Curves(order, values[0, 0].tolist(), values[0, 1].tolist(), random[0].tolist(), random[1].tolist())
 
 
-def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, options: SaliencyOptions) -> Saliency:
-    """One text's attributions (and, with options.faithfulness, its curves)."""
+def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt,
+               options: SaliencyOptions) -> Saliency | ContinuationSaliency:
+    """One text's attributions (and, with options.faithfulness, its curves); with a continuation, its matrix."""
+    if prompt.continuation is not None:
+        return run_continuation(model, tokenizer, prompt, options)
     passes = Passes(model, prompt, options.site, options.metric == "logprob")
     x, baseline, value, baseline_value, target = first_pass(passes, tokenizer, prompt)
     attributions, total = attribute(passes, options.method, x, baseline, options)
@@ -493,6 +541,24 @@ def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, op
                     metric, value, baseline_value, attributions.tolist(), delta,
                     curves(passes, x, baseline, attributions, options.seed) if options.faithfulness else None,
                     prompt.line)
+
+
+def run_continuation(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt,
+                     options: SaliencyOptions) -> ContinuationSaliency:
+    """A row of attributions per token of the continuation: its metric at the position before it, over the tokens
+    before it (the text's, then the continuation's), each row run as a text of its own."""
+    import dataclasses
+
+    start, ids = prompt.continuation, prompt.ids
+    rows = []
+    for end in range(start, len(ids)):
+        cut = dataclasses.replace(prompt, ids=ids[:end], special=prompt.special[:end], spans=prompt.spans[:end],
+                                  baseline=None if prompt.baseline is None else prompt.baseline[:end],
+                                  target=token_of(tokenizer, ids[end]), foil=None, position=end - 1,
+                                  continuation=None)
+        rows.append(run_prompt(model, tokenizer, cut, options))
+    return ContinuationSaliency(prompt.text, options.continuation, ids, tokenizer.tokens(ids), tokenizer.texts(ids),
+                                start, options, rows, rows[0].metric)
 
 
 # ---------------------------------------------------------------- the analysis the runner runs
@@ -512,6 +578,8 @@ class SaliencyAnalysis:
 
     def check_items(self, prompts: list[Prompt]) -> None:
         check_one_metric([(prompt.line, prompt.foil is not None) for prompt in prompts])
+        if self.options.continuation is not None and len(prompts) > 1:
+            raise usage_error("--continuation is for one text: its matrix has no mean over several")
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
                 progress: Callable[[float], None] | None) -> Iterator[Saliency]:

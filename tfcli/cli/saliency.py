@@ -44,6 +44,9 @@ def saliency(
     site: Annotated[str, typer.Option(metavar="SITE", help="Where the gradients and occlusion act: embed (the token "
                                       "embeddings) or blocks.L.resid_pre (and resid_mid, resid_post, attn.out, "
                                       "mlp.out).")] = "embed",
+    continuation: Annotated[str | None, typer.Option(metavar="TEXT", help="A text that follows (\" Paris\" with its "
+                                                     "space): each of its tokens attributed to the tokens before it, "
+                                                     "a row each.")] = None,
     faithfulness: Annotated[bool, typer.Option("--faithfulness", help="Also the deletion and insertion curves against "
                                                "random orders, and their areas.")] = False,
     top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Tokens listed by their "
@@ -75,6 +78,7 @@ def saliency(
           "When Mary and John went to the store, John gave a drink to"
       tfcli saliency -m path/to/gpt2 --method occlusion --faithfulness "The capital of France is"
       tfcli saliency -m path/to/classifier --target positive "a gripping, funny film"
+      tfcli saliency -m path/to/gpt2 "The capital of France is" --continuation " Paris, a city"
       tfcli saliency -m path/to/gpt2 --dataset ioi.jsonl --bootstrap 1000
     """
     from tfcli import saliency as core
@@ -88,10 +92,12 @@ def saliency(
         for name, value in (("target", target), ("foil", foil), ("position", position)):
             if value is not None:
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
+        if continuation is not None:
+            raise usage_error("--continuation is for one text: its matrix has no mean over a dataset")
     elif skip_bad:
         raise usage_error("--skip-bad is for a --dataset")
     options = core.SaliencyOptions(method, baseline, steps, integration, site, target, foil, position, faithfulness,
-                                   seed, metric)
+                                   seed, metric, continuation)
     texts_in = inputs(texts, file) if dataset is None else None
     single = texts_in is not None and texts_in.count == 1
     cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, not single, "a --dataset or several texts")

@@ -13,6 +13,23 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       return "rgb(" + end.map((c) => Math.round(255 + (c - 255) * t)).join(",") + ")";
     }
     const dataset = s.dataset !== undefined;
+    if (s.rows !== undefined) {  // a continuation: a row per token of it, a column per token read, shaded per row
+      section.append(el("h2", {}, "text " + number + ": " + echoed(s.text) + " + " + echoed(s.continuation)),
+                     ...s.header.map((line) => el("p", {}, line)));
+      const read = s.token_texts.slice(0, -1);
+      section.append(el("table", {class: "labels matrix"},
+        el("thead", {}, el("tr", {}, el("th", {}, "token"), el("th", {}, "value"),
+                                     ...read.map((t, p) => el("th", {"data-tip": p + ": " + quoted(t)}, label(t))))),
+        el("tbody", {}, ...s.rows.map((row) => {
+          const largest = Math.max(0, ...row.attributions.map(Math.abs)) || 1;
+          return el("tr", {}, el("td", {class: "left"}, quoted(row.target.text)), el("td", {}, signed(row.value)),
+            ...read.map((t, p) => p < row.attributions.length ? el("td", {
+              style: "background:" + diverging(row.attributions[p] / largest),
+              "data-tip": quoted(row.target.text) + " from " + quoted(t) + ": " + signed(row.attributions[p])}, "") :
+              el("td", {}, "")));
+        }))), ...spaceNote(s.token_texts));
+      return;
+    }
     if (dataset) {
       section.append(el("h2", {}, s.header[0]), ...s.header.slice(1).map((line) => el("p", {}, line)));
       const largest = Math.max(0, ...s.columns.map((c) => Math.abs(c.mean))) || 1;

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from tfcli.render.layout import GLUE, SPACE_NOTE, Column, echo, has_space, plain, quoted, table, token_label, words, wrap
-from tfcli.saliency import METHODS, DatasetSaliency, Saliency, SaliencyOptions
+from tfcli.saliency import METHODS, ContinuationSaliency, DatasetSaliency, Saliency, SaliencyOptions
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -89,6 +89,8 @@ def saliency_lines(result: Saliency | DatasetSaliency, number: int, width: int, 
     cells; `spaced`: the aggregate follows the texts' views, after a blank line."""
     if isinstance(result, DatasetSaliency):
         return ([Text()] if spaced else []) + dataset_lines(result, width, color)
+    if isinstance(result, ContinuationSaliency):
+        return continuation_lines(result, number, width)
     lines = echo(f"text {number}: ", result.text, width)
     lines += words(method_words(result.options), width)
     lines += words(f"{quantity(result)}{where(result)}: {result.value:+.4f} on the text, {result.baseline_value:+.4f} "
@@ -190,6 +192,33 @@ def dataset_lines(result: DatasetSaliency, width: int, color: bool) -> list[Text
     return lines
 
 
+def continuation_lines(result: ContinuationSaliency, number: int, width: int) -> list[Text]:
+    """A continuation's matrix: a row per token of it (its metric at the position before it), a column per token read
+    (paged by columns when it does not fit), with each row's value and, for integrated gradients, its delta."""
+    lines = echo(f"text {number}: ", result.text, width) + echo("continuation: ", result.continuation, width)
+    lines += words(method_words(result.options), width)
+    kind = "log-probability" if result.metric == "logprob" else "logit"
+    lines += words(f"each row: a token of the continuation, the attributions of its {kind} at the position before it "
+                   "to the tokens before it (columns: position and token)", width, "dim")
+    deltas = [abs(row.delta) for row in result.rows if row.delta is not None]
+    if deltas:
+        lines += words(f"completeness: the largest |delta| of a row {max(deltas):.2e}", width)
+    rows = result.rows
+    columns = [Column.of("token", [quoted(result.token_texts[result.start + k]).replace(GLUE, " ")
+                                   for k in range(len(rows))]),
+               Column.of(kind, [f"{row.value:+.4f}" for row in rows], right=True)]
+    for p in range(len(result.ids) - 1):
+        columns.append(Column.of(f"{p}\n{token_label(result.token_texts[p])}",
+                                 [f"{row.attributions[p]:+.3f}" if p < len(row.attributions) else ""
+                                  for row in rows], right=True))
+    def positions(page: list[Column]) -> str:
+        return f"positions {page[0].header.split(chr(10))[0]}-{page[-1].header.split(chr(10))[0]}"
+    lines += [Text()] + table(columns, width, keys=2, page_note=positions)
+    if has_space([token_label(t) for t in result.token_texts]):
+        lines += words(SPACE_NOTE, width, "dim")
+    return lines
+
+
 def token_record(token) -> dict[str, Any] | None:
     return None if token is None else {"token": token.token, "id": token.id, "text": token.text}
 
@@ -205,6 +234,8 @@ def record(result: Saliency | DatasetSaliency) -> dict[str, Any]:
     """The JSON Lines record (docs/commands.md, saliency): a text's, or a dataset's aggregate (`dataset_record`)."""
     if isinstance(result, DatasetSaliency):
         return dataset_record(result)
+    if isinstance(result, ContinuationSaliency):
+        return continuation_record(result)
     curves = result.curves
     return {"text": result.text, "ids": result.ids, "tokens": result.tokens, "token_texts": result.token_texts,
             "spans": result.spans, "special": result.special, **options_record(result.options),
@@ -215,6 +246,18 @@ def record(result: Saliency | DatasetSaliency) -> dict[str, Any]:
                 "order": curves.order, "deletion": curves.deletion, "insertion": curves.insertion,
                 "random_deletion": curves.random_deletion, "random_insertion": curves.random_insertion,
                 "areas": curves.areas}}
+
+
+def continuation_record(result: ContinuationSaliency) -> dict[str, Any]:
+    """A continuation's record: the text's and the continuation's ids and tokens, where the continuation starts, and
+    a row per token of it: its target, position, value, baseline_value, attributions (one per token before it), total
+    and delta."""
+    return {"text": result.text, "continuation": result.continuation, "ids": result.ids, "tokens": result.tokens,
+            "token_texts": result.token_texts, "start": result.start, **options_record(result.options),
+            "metric": result.metric,
+            "rows": [{"target": token_record(row.target), "position": row.position, "value": row.value,
+                      "baseline_value": row.baseline_value, "attributions": row.attributions, "total": row.total,
+                      "delta": row.delta} for row in result.rows]}
 
 
 def dataset_record(result: DatasetSaliency) -> dict[str, Any]:
@@ -235,7 +278,9 @@ def page_section(result: Saliency | DatasetSaliency, tokenizer: Tokenizer | None
     """The --report page's section: the record, and the sentences the terminal writes above the numbers (`header`),
     so that the page says what they are without wording of its own."""
     section = record(result)
-    if isinstance(result, DatasetSaliency):
+    if isinstance(result, ContinuationSaliency):
+        header = [line.plain for line in continuation_lines(result, 1, 10**6)[2:5]]
+    elif isinstance(result, DatasetSaliency):
         header = [line.plain for line in dataset_lines(result, 10**6, False)[:4]]
     else:
         header = [plain(f"{method_words(result.options)}"),
@@ -244,7 +289,7 @@ def page_section(result: Saliency | DatasetSaliency, tokenizer: Tokenizer | None
         if result.delta is not None:
             header.append(f"the attributions sum to {result.total:+.4f}; completeness delta {result.delta:+.2e}")
         section["shares"] = result.shares
-    section.update(header=header, quantity=plain(quantity(result)))
+    section.update(header=header, quantity="" if isinstance(result, ContinuationSaliency) else plain(quantity(result)))
     return section
 
 
@@ -256,6 +301,8 @@ def figure(result: Saliency | DatasetSaliency, run: RunInfo, tokenizer: Tokenize
 
     from tfcli.render.figure import blank_figure, caption
 
+    if isinstance(result, ContinuationSaliency):
+        return continuation_figure(result, run)
     curves = isinstance(result, Saliency) and result.curves is not None
     if isinstance(result, DatasetSaliency):
         labels = ["" if c.token is None else token_label(c.token) for c in result.columns]
@@ -293,4 +340,29 @@ def figure(result: Saliency | DatasetSaliency, run: RunInfo, tokenizer: Tokenize
         ax.set_xlabel("share of the tokens replaced (deletion) or restored (insertion), most attributed first")
         ax.set_ylabel("metric")
         ax.legend(fontsize=6, frameon=False)
+    return figure
+
+
+def continuation_figure(result: ContinuationSaliency, run: RunInfo) -> Figure:
+    """A continuation's matrix as a heatmap: a row per token of the continuation, a column per token read, on one
+    diverging scale (blue raises, red lowers the row's metric); blank where a row reads no further."""
+    import matplotlib
+    import numpy as np
+
+    from tfcli.render.figure import blank_figure, caption
+
+    columns = len(result.ids) - 1
+    values = np.full((len(result.rows), columns), np.nan)
+    for k, row in enumerate(result.rows):
+        values[k, :len(row.attributions)] = row.attributions
+    largest = float(np.nanmax(np.abs(values))) or 1.0
+    figure = blank_figure(max(5.0, 0.32 * columns + 2.0), max(3.0, 0.3 * len(result.rows) + 2.2))
+    caption(figure, plain(f"tfcli saliency: {method_words(result.options)}; each token of the continuation "
+                          f"{result.continuation!r} (rows) from the tokens before it (columns)"), run)
+    ax = figure.add_subplot()
+    image = ax.imshow(values, cmap=matplotlib.colormaps["RdBu"], vmin=-largest, vmax=largest, aspect="auto",
+                      interpolation="nearest")
+    ax.set_xticks(range(columns), [token_label(t) for t in result.token_texts[:columns]], rotation=90, fontsize=6)
+    ax.set_yticks(range(len(result.rows)), [token_label(t) for t in result.token_texts[result.start:]], fontsize=6)
+    figure.colorbar(image, ax=ax, label="attribution (blue raises, red lowers)")
     return figure
