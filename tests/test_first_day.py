@@ -251,10 +251,23 @@ def test_compare_refuses_the_model_given_both_ways(cli, tmp_path, no_model_built
 # ---------------------------------------------------------------- 8. help: nothing cut or split
 
 
-def help_of(*args: str, columns: int) -> str:
-    result = subprocess.run([sys.executable, "-m", "tfcli", *args, "--help"], capture_output=True, text=True,
-                            env=env(COLUMNS=str(columns)), timeout=60)
-    assert result.returncode == 0, result.stderr
+def help_of(*args: str, columns: int, process: bool = False) -> str:
+    """`tfcli ARGS --help` at $COLUMNS=columns with NO_COLOR=1: from `python -m tfcli` when `process`, else from the
+    same app in this process through CliRunner, as prog `tfcli`, whose text is the process's byte for byte (both read
+    $COLUMNS, neither writes to a terminal; checked for every command at 80 and 100 columns) without a Python start
+    per command."""
+    if process:
+        result = subprocess.run([sys.executable, "-m", "tfcli", *args, "--help"], capture_output=True, text=True,
+                                env=env(COLUMNS=str(columns)), timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": str(columns), "NO_COLOR": "1"},
+                                prog_name="tfcli")
+    assert result.exit_code == 0, result.stderr
     return result.stdout
 
 
@@ -262,7 +275,7 @@ def help_of(*args: str, columns: int) -> str:
 def test_help_cuts_no_summary_splits_no_option_and_fits_the_width(columns):
     from tfcli.cli import app
 
-    top = help_of(columns=columns)
+    top = help_of(columns=columns, process=True)  # the real process's; each command's alike in-process
     assert "..." not in top[top.index("Commands:"):]  # the usage line's `[ARGS]...` aside
     assert max(map(len, top.splitlines())) <= columns
     flat = " ".join(top.split())
