@@ -575,3 +575,9 @@ def test_a_continuations_matrix_in_json_the_terminal_and_a_report(cli, gpt2, tmp
     data = (tmp_path / "continuation.html").read_text().split('<script id="tfcli-data" type="application/json">')[1]
     [section] = json.loads(data.split("</script>")[0])["sections"]
     assert section["rows"] == record["rows"]
+
+
+def test_the_help_fits_80_columns_and_shows_examples(cli):
+    result = cli("saliency", "--help", env={"COLUMNS": "80"})
+    assert result.exit_code == 0 and "Examples:" in result.stdout and "--continuation" in result.stdout
+    assert max(map(len, result.stdout.splitlines())) <= 80

@@ -76,9 +76,12 @@ def saliency(
     Examples:
       tfcli saliency -m path/to/gpt2 --target " Mary" --foil " John" \\
           "When Mary and John went to the store, John gave a drink to"
-      tfcli saliency -m path/to/gpt2 --method occlusion --faithfulness "The capital of France is"
-      tfcli saliency -m path/to/classifier --target positive "a gripping, funny film"
-      tfcli saliency -m path/to/gpt2 "The capital of France is" --continuation " Paris, a city"
+      tfcli saliency -m path/to/gpt2 --method occlusion --faithfulness \\
+          "The capital of France is"
+      tfcli saliency -m path/to/classifier --target positive \\
+          "a gripping, funny film"
+      tfcli saliency -m path/to/gpt2 "The capital of France is" \\
+          --continuation " Paris, a city"
       tfcli saliency -m path/to/gpt2 --dataset ioi.jsonl --bootstrap 1000
     """
     from tfcli import saliency as core

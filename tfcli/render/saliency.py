@@ -310,14 +310,14 @@ def figure(result: Saliency | DatasetSaliency, run: RunInfo, tokenizer: Tokenize
         values = [c.mean for c in result.columns]
         errors = None if not result.resamples else \
             np.array([[c.mean - c.low for c in result.columns], [c.high - c.mean for c in result.columns]])
-        title = plain(f"tfcli saliency: {method_words(result.options)}; the mean share of each aligned position over "
-                      f"the {result.n} texts of {result.dataset or 'the run'} ({quantity(result)})")
+        title = plain(f"tfcli saliency: the mean share of each aligned position over the {result.n} texts of "
+                      f"{result.dataset or 'the run'} ({quantity(result)}); {method_words(result.options)}")
         ylabel = "mean share of |attributions|"
     else:
         labels = [token_label(t) for t in result.token_texts]
         values, errors = result.attributions, None
-        title = plain(f"tfcli saliency: {method_words(result.options)}; {quantity(result)}{where(result)} of "
-                      f"{result.text!r}")
+        title = plain(f"tfcli saliency: {quantity(result)}{where(result)} of {result.text!r}; "
+                      f"{method_words(result.options)}")
         ylabel = "attribution"
     figure = blank_figure(max(5.0, 0.32 * len(labels) + 1.6), 3.2 + (2.4 if curves else 0))
     caption(figure, title, run)
