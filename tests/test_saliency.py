@@ -395,6 +395,24 @@ def test_several_texts_show_each_then_the_aggregate(cli, gpt2, tmp_path):
     assert aggregate["n"] == 12 and aggregate["target"]["token"] == "the" and aggregate["bootstrap"] == 100
 
 
+def test_a_patch_datasets_corrupt_text_is_the_baseline_unless_one_is_given(cli, gpt2, tmp_path):
+    """A line of `tfcli task` (clean, corrupt, target, foil) reads as its clean text from its corrupt one: integrated
+    gradients from the counterfactual; --baseline overrides every line's."""
+    path = str(gpt2[0])
+    clean, corrupt = TEXT, TEXT.replace("Mary and John", "John and Mary")
+    dataset = tmp_path / "pairs.jsonl"
+    dataset.write_text(json.dumps({"clean": clean, "corrupt": corrupt, "target": "mary", "foil": "john"}) + "\n")
+    _, _, model, tokenizer = gpt2
+    swapped = [i for i, j in zip(*(tokenizer.encode([t])[0].ids for t in (clean, corrupt))) if i != j]
+    item, aggregate = records(cli("saliency", "-m", path, "--dataset", str(dataset), "--per-item", "--json"))
+    assert item["baseline"] == aggregate["baseline"] == corrupt and len(swapped) == 2
+    assert [a != 0 for a in item["attributions"]] == [i in (2, 4) for i in range(len(item["ids"]))]
+    assert item["delta"] == pytest.approx(0, abs=1e-3)
+    [item, _] = records(cli("saliency", "-m", path, "--dataset", str(dataset), "--per-item", "--json", "--baseline",
+                            "pad"))
+    assert item["baseline"] == "pad" and all(a != 0 for a in item["attributions"][1:])
+
+
 @pytest.mark.parametrize("width", [80, 120])
 def test_the_views_keep_every_token_and_number(cli, gpt2, width):
     path = str(gpt2[0])

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, check_one_metric, mean_spread
@@ -69,7 +69,8 @@ class SaliencyOptions:
     carry their own), whether to measure faithfulness, and the seed of its random orders."""
 
     method: str = "integrated-gradients"
-    baseline: str = "pad"  # pad (else the end-of-text token) | zero | mask | a text of as many tokens
+    baseline: str | None = None  # pad (else the end-of-text token) | zero | mask | a text of as many tokens; None:
+    # a dataset line's own (`baseline`, or a patch line's `corrupt`), else pad
     steps: int = DEFAULT_STEPS
     integration: str = "gausslegendre"
     site: str = "embed"
@@ -200,6 +201,7 @@ class Prompt:
     foil: Token | None
     position: int | None
     continuation: int | None = None  # where the continuation's tokens start in `ids` (None: none)
+    baseline_spec: str = "pad"  # the baseline as given: pad, zero, mask or a text
 
 
 @dataclass
@@ -281,8 +283,9 @@ def check_site(config: ModelConfig, site: str) -> None:
         raise usage_error(f"--site {site}: the model has no block {parts[1]}: it has {layers} (0 to {layers - 1})")
 
 
-SALIENCY_LINE = LineSpec(("text",), ("target", "foil", "position", "baseline"), aliases={"clean": "text"},
-                         ignored=("corrupt",))
+# a patch dataset's line (`tfcli task`) reads as its clean text, from its corrupt text as the baseline
+SALIENCY_LINE = LineSpec(("text",), ("target", "foil", "position", "baseline"),
+                         aliases={"clean": "text", "corrupt": "baseline"})
 
 
 def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options: SaliencyOptions) -> Prompt:
@@ -317,9 +320,9 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options:
     else:
         target, foil = parse_metric(config, tokenizer, target, foil, prefix=prefix)
         at = position_of(ids, tokenizer, config, position)
+    baseline = options.baseline or fields.get("baseline") or "pad"
     return Prompt(line.number, fields["text"], ids, special, spans,
-                  baseline_ids(config, tokenizer, fields.get("baseline") or options.baseline, ids, special),
-                  target, foil, at, start)
+                  baseline_ids(config, tokenizer, baseline, ids, special), target, foil, at, start, baseline)
 
 
 def baseline_ids(config: ModelConfig, tokenizer: Tokenizer, baseline: str, ids: list[int],
@@ -528,6 +531,7 @@ def curves(passes: Passes, x: Tensor, baseline: Tensor, attributions: Tensor, se
 def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt,
                options: SaliencyOptions) -> Saliency | ContinuationSaliency:
     """One text's attributions (and, with options.faithfulness, its curves); with a continuation, its matrix."""
+    options = replace(options, baseline=prompt.baseline_spec)  # as the result says it
     if prompt.continuation is not None:
         return run_continuation(model, tokenizer, prompt, options)
     passes = Passes(model, prompt, options.site, options.metric == "logprob")
@@ -547,12 +551,10 @@ def run_continuation(model: TransformerModel, tokenizer: Tokenizer, prompt: Prom
                      options: SaliencyOptions) -> ContinuationSaliency:
     """A row of attributions per token of the continuation: its metric at the position before it, over the tokens
     before it (the text's, then the continuation's), each row run as a text of its own."""
-    import dataclasses
-
     start, ids = prompt.continuation, prompt.ids
     rows = []
     for end in range(start, len(ids)):
-        cut = dataclasses.replace(prompt, ids=ids[:end], special=prompt.special[:end], spans=prompt.spans[:end],
+        cut = replace(prompt, ids=ids[:end], special=prompt.special[:end], spans=prompt.spans[:end],
                                   baseline=None if prompt.baseline is None else prompt.baseline[:end],
                                   target=token_of(tokenizer, ids[end]), foil=None, position=end - 1,
                                   continuation=None)
@@ -605,6 +607,8 @@ def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Datase
     import torch
 
     first = results[0]
+    baselines = {r.options.baseline for r in results}
+    options = replace(options, baseline=baselines.pop() if len(baselines) == 1 else None)
     read = [r.position if r.position is not None else len(r.ids) - 1 for r in results]
     width = min(read) + 1
     shares = torch.tensor([r.shares[at - width + 1:at + 1] for r, at in zip(results, read)], dtype=torch.float64)

@@ -35,9 +35,10 @@ def saliency(
                                                  "(default: the last token; a masked-LM encoder: its [MASK]).")] = None,
     metric: Annotated[str, typer.Option(metavar="WHAT", help="logit, or logprob (the log-softmax of the head's "
                                         "output).")] = "logit",
-    baseline: Annotated[str, typer.Option(metavar="BASELINE", help="What a token is replaced by: pad (else the end "
-                                          "token), zero (zero token embeddings), mask, or a text of as many tokens; "
-                                          "special tokens are kept.")] = "pad",
+    baseline: Annotated[str | None, typer.Option(metavar="BASELINE", help="What a token is replaced by: pad (else "
+                                                 "the end token), zero (zero token embeddings), mask, or a text of as "
+                                                 "many tokens; special tokens are kept (default: pad, or a dataset "
+                                                 "line's baseline or corrupt text).")] = None,
     steps: Annotated[int, typer.Option(metavar="N", help="Integrated gradients: the points of the integral.")] = 32,
     integration: Annotated[str, typer.Option(metavar="RULE", help="Integrated gradients: gausslegendre or riemann "
                                              "(Captum's riemann_trapezoid).")] = "gausslegendre",

@@ -38,7 +38,9 @@ def method_words(options: SaliencyOptions) -> str:
     return name + f"; baseline: {baseline_words(options.baseline)}"
 
 
-def baseline_words(baseline: str) -> str:
+def baseline_words(baseline: str | None) -> str:
+    if baseline is None:
+        return "each line's own"
     return {"zero": "zero token embeddings", "pad": "the pad token", "mask": "the mask token"}.get(
         baseline, f"the text {baseline!r}") + (", special tokens kept" if baseline in ("zero", "pad", "mask") else "")
 
