@@ -315,13 +315,9 @@ def smollm2() -> Path:
 
 
 @pytest.mark.slow
-def test_smollm2_integrated_gradients_equal_captums_on_transformers_gguf_model():
+def test_smollm2_integrated_gradients_equal_captums_on_transformers_gguf_model(smollm2_gguf):
     """The real SmolLM2-135M-Instruct (Q4_1 GGUF), the indirect-object prompt, ' Mary' - ' John'."""
-    import transformers as T
-
-    path = smollm2()
-    hf = T.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, attn_implementation="eager",
-                                                dtype=torch.float32).eval()
+    path, hf, _ = smollm2_gguf
     setup = (path, hf, tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path)))
     result, read = run(setup, TEXT, target=" Mary", foil=" John")
     forward = logit_metric(hf, read.position, read.target.id, read.foil.id)
@@ -329,7 +325,6 @@ def test_smollm2_integrated_gradients_equal_captums_on_transformers_gguf_model()
         torch.tensor([read.ids]), baselines=torch.tensor([read.baseline]), n_steps=32, return_convergence_delta=True)
     close(result.attributions, theirs.sum(-1)[0], "SmolLM2's attributions")
     close([result.delta], delta, "SmolLM2's delta")  # large (-4.3 of 9.9): both say 32 steps do not integrate it
-
 
 
 # ---------------------------------------------------------------- the runner's aggregate
@@ -459,9 +454,12 @@ def test_bad_input_is_one_error_line_before_any_model_is_built(cli, gpt2, no_mod
     assert len([line for line in result.stderr.splitlines() if line.startswith("error:")]) == 1
 
 
-def test_a_model_without_a_head_refuses_a_target(cli, minilm_dir, no_model_built):
+def test_a_model_without_what_the_metric_needs_is_refused(cli, minilm_dir, no_model_built):
     result = cli("saliency", "-m", str(minilm_dir), "a text", "--target", "cat")
     assert result.exit_code == 2 and "has no head, and the metric is the norm of its mean-pooled output" in \
+        result.stderr
+    result = cli("saliency", "-m", "encoder-decoder", "a text")
+    assert result.exit_code == 2 and "is an encoder-decoder: saliency attributes to the tokens of one stack" in \
         result.stderr
 
 
