@@ -84,16 +84,22 @@ def captured_pass(model, input_ids, **inputs):
 
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
-    """Torch computes on one thread in the test process: the models here are tiny, so a second thread mostly waits
-    for a core, and on a shared 2-core machine (CI's) a pass took many times as long with 2 threads under load
-    (tests/test_datasets.py's `one_thread`). Tests about thread counts set their own (test_determinism.py); the
-    subprocesses the tests start keep torch's default."""
+    """Torch computes on one thread in the test process and, through OMP_NUM_THREADS=1 (unless already set), in the
+    processes the tests start (`python -m tfcli`, Ray's workers): the models here are tiny, so a second thread
+    mostly waits for a core, and on a shared 2-core machine (CI's) a pass took many times as long with 2 threads
+    under load (tests/test_datasets.py's `one_thread`; a 3,000-line `encode -` stream: 15-21 s against 66-83 s).
+    Tests about thread counts set their own (test_determinism.py)."""
+    import os
+
     import torch
 
-    threads = torch.get_num_threads()
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     yield
     torch.set_num_threads(threads)
+    if omp is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 @pytest.fixture
