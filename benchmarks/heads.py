@@ -43,6 +43,7 @@ def main() -> None:
 
     import tfcli
     from tfcli import heads
+    from tfcli.runner import CHUNK
 
     model, tokenizer = tfcli.load_model("bert-base"), tfcli.load_tokenizer("bert-base")
     c = model.config
@@ -52,7 +53,7 @@ def main() -> None:
                                   max_position_embeddings=c.max_position_embeddings,
                                   attn_implementation="eager")).eval()
     texts = corpus(args.lines)
-    chunks = [tokenizer.encode(texts[i:i + heads.CHUNK]) for i in range(0, len(texts), heads.CHUNK)]
+    chunks = [tokenizer.encode(texts[i:i + CHUNK]) for i in range(0, len(texts), CHUNK)]
     batches = []  # the padded batches tfcli runs: each chunk sorted by length, heads.BATCH_SIZE at a time
     for chunk in chunks:
         ordered = sorted(chunk, key=lambda e: len(e.ids))

@@ -18,6 +18,7 @@ import torch
 
 import tfcli
 from tfcli import heads
+from tfcli.runner import CHUNK
 
 TEXTS = ["the cat sat on the mat and the cat ran", "a b a b c", "hello", "one two one two one two three"]
 DETECTORS = heads.DETECTORS
@@ -462,6 +463,31 @@ def test_streamed_corpus_counts_every_line(cli, tiny_decoder):
     lines = "\n".join(f"line {i} of the corpus line {i}" for i in range(300)) + "\n"
     (run,) = records(cli("heads", "-", "--model", str(tiny_decoder), "--json", "--detect", "duplicate", input=lines))
     assert run["texts"] == 300 and run["counts"] == {"duplicate": 300}
+
+
+def test_ctrl_c_shows_the_scores_of_the_texts_finished(cli, tiny_decoder, monkeypatch):
+    """heads runs on the runner: Ctrl-C in the second batch of 256 texts read from a stream keeps the first 256
+    (their scores equal to a run of those alone) and exits 130."""
+    lines = [f"line {i} of the corpus line {i}" for i in range(300)]
+    whole = heads.score_batch
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > CHUNK // heads.BATCH_SIZE:  # the first batch of the second chunk
+            raise KeyboardInterrupt
+        return whole(*args, **kwargs)
+
+    monkeypatch.setattr(heads, "score_batch", interrupted)
+    result = cli("heads", "-", "--model", str(tiny_decoder), "--json", "--detect", "previous",
+                 input="\n".join(lines) + "\n")
+    assert result.exit_code == 130, result.stderr
+    assert "interrupted: 256 texts finished" in result.stderr
+    (run,) = [json.loads(line) for line in result.stdout.splitlines()]
+    monkeypatch.setattr(heads, "score_batch", whole)
+    (first,) = records(cli("heads", "-", "--model", str(tiny_decoder), "--json", "--detect", "previous",
+                           input="\n".join(lines[:256]) + "\n"))
+    assert run["texts"] == 256 and run["scores"] == first["scores"]
 
 
 def test_totals_keep_sums_not_texts():

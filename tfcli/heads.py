@@ -53,7 +53,6 @@ PROBES = ("induction",)
 DEFAULT_TOP = 5
 DEFAULT_PROBE_LENGTH = 50
 BATCH_SIZE = 32  # texts per forward pass
-CHUNK = 256  # texts read and sorted by length at a time (a stream's batch may end sooner)
 CROSS_NOTE = ("cross-attention left out: its keys are the encoder's tokens, and the detectors' patterns are over "
               "one sequence")
 
