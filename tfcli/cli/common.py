@@ -47,12 +47,15 @@ T = TypeVar("T")
 @dataclass
 class View:
     """How a command shows one result: on `out`, as its JSON record (`record(result)`: a dict, or a list of them)
-    or its terminal view (`lines(result, number)`, numbered from 1; `spaced`: a blank line between two)."""
+    or its terminal view (`lines(result, number)`, numbered from 1; `spaced`: a blank line between two); in a
+    --report, as `report`: its page section and figure (None: the renderer's `page_section` and `figure`, found by
+    the command's name), for a renderer with a result type per mode."""
 
     out: Console
     record: Callable[[Any], dict[str, Any] | list[dict[str, Any]]]
     lines: Callable[[Any, int], list[Text]]
     spaced: bool = False
+    report: tuple[Callable, Callable] | None = None
 
 err_console = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
@@ -274,12 +277,13 @@ def with_progress(batches: Iterable[T], what: str, count: Callable[[T], int]) ->
             progress.advance(task, count(batch))
 
 
-def build(source: Source, device: str, dtype: str, seed: int, random_means: str | None = None) -> TransformerModel:
-    """The model of a resolved source; says on stderr where its weights came from, and with `random_means` (what
-    the results say nothing about), warns when they are random."""
+def build(source: Source, run: RunOptions, random_means: str | None = None) -> TransformerModel:
+    """The model of a resolved source, built on --device in --dtype (--seed: its random weights, where it has no
+    weights); says on stderr where its weights came from, and with `random_means` (what the results say nothing
+    about), warns when they are random."""
     from tfcli.api import build_model
 
-    model = build_model(source, device=device, dtype=dtype, seed=seed)
+    model = build_model(source, device=run.device, dtype=run.dtype, seed=run.seed)
     paths = [str(source.weights)] if source.weights is not None else []
     say(f"model: {model.config.name} ({model.config.architecture}); weights: {model.weights_description}",
         whole=paths + [source.description])
@@ -308,15 +312,15 @@ def report_of(path: Path | None, force: bool, command: str, model: TransformerMo
     return None if path is None else Report(path, force, command, model, source, tokenizer, detail)
 
 
-def write_report_file(report: Report, items: list[Any]) -> None:
-    """Write --report from a command's report objects, and say so on stderr."""
+def write_report_file(report: Report, items: list[Any], parts: tuple[Callable, Callable] | None = None) -> None:
+    """Write --report from a command's report objects (`parts`: as View.report), and say so on stderr."""
     from tfcli.render.report_file import write_report
     from tfcli.render.run_info import run_info
 
     path = report.path
     check_report_path(path, report.force, len(items))  # a stream's texts are counted only now
     write_report(path, run_info(report.command, report.model, report.source.description, report.detail), items,
-                 report.force, report.tokenizer)
+                 report.force, report.tokenizer, parts)
     say(f"wrote {path}", whole=[str(path)])  # a path is never broken across lines
 
 
@@ -423,7 +427,7 @@ def emit(results: Iterable[T], view: View, json_output: bool, *, after: Callable
     if truncated is not None:
         truncated.finish(number - first + 1)
     if report is not None:
-        write_report_file(report, kept)
+        write_report_file(report, kept, view.report)
     return number - first + 1
 
 
@@ -455,7 +459,7 @@ def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions
     else:
         dataset = runner.read_dataset(analysis, source.config, tokenizer, given.path, given.skip_bad,
                                       given.bootstrap, warn)
-    model = build(source, run.device, run.dtype, run.seed, random_means)
+    model = build(source, run, random_means)
     cluster = None if given.ray is None else runner.Cluster(given.ray, run.spec(), note)
     item_view, view = views
     shown = 0

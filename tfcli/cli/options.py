@@ -5,7 +5,11 @@ command's signature), the checks on their values (`AT_LEAST_ONE`, ...), and the 
 
 from __future__ import annotations
 
+import copy
+import functools
+import inspect
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,9 +112,9 @@ def ray_settings(address: str | None, workers: int | None, gpus: float | None, d
 
 @dataclass
 class RunOptions:
-    """The options every analysis command shares, as one object: the model (--model as given, or the command's
-    default; --revision), how it is built (--device, --dtype, --seed) and how the results are shown (--json,
-    --report, --force; --width and --color are the console's)."""
+    """The options every command that builds a model shares (`SHARED`), as one object: the model (--model as given,
+    or the command's default; --revision), how it is built (--device, --dtype, --seed) and how the results are shown
+    (--json, --report, --force, --width, --color)."""
 
     model: str | None
     revision: str | None
@@ -120,12 +124,56 @@ class RunOptions:
     json_output: bool
     report: Path | None
     force: bool
+    width: int | None = None
+    color: bool | None = None
 
     def spec(self):
         """What a Ray worker needs to build the model as this process does (tfcli.cluster)."""
         from tfcli.cluster import spec_of
 
         return spec_of(self.model, self.revision, self.device, self.dtype, self.seed)
+
+
+# the options every command that builds a model shares, declared once: name -> (option type, default)
+SHARED = {"model": (ModelOption, None), "revision": (RevisionOption, None), "device": (DeviceOption, "cpu"),
+          "dtype": (DtypeOption, "float32"), "seed": (SeedOption, 0), "json_output": (JsonOption, False),
+          "report": (ReportOption, None), "force": (ReportForceOption, False), "width": (WidthOption, None),
+          "color": (ColorOption, None)}
+
+
+def shared_options(without: tuple[str, ...] = (), default_model: str | None = None, **helps: str):
+    """A command's decorator (under @app.command()): the command's options gain the SHARED ones but those
+    `without`, each with its help said the command's own way where `helps` has it (`json_output="..."`), and the
+    command gets them as one object, its parameter `run: RunOptions` (the model `default_model` when none is
+    given)."""
+    def declare(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True)
+        params = [param for name, param in own.parameters.items() if name != "run"]
+        for name, (kind, default) in SHARED.items():
+            if name not in without:
+                kind = with_help(kind, helps[name]) if name in helps else kind
+                params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                                annotation=kind))
+
+        @functools.wraps(command)
+        def with_shared(**given: Any) -> Any:
+            shared = {name: given.pop(name, default) for name, (_, default) in SHARED.items()}
+            shared["model"] = shared["model"] or default_model
+            return command(**given, run=RunOptions(**shared))
+
+        with_shared.__signature__ = own.replace(parameters=params)  # what Typer reads the options from
+        with_shared.__annotations__ = {}
+        return with_shared
+
+    return declare
+
+
+def with_help(kind: Any, text: str) -> Any:
+    """An `Annotated` option type with another help text."""
+    base, info = typing.get_args(kind)
+    info = copy.copy(info)
+    info.help = text
+    return Annotated[base, info]
 
 
 @dataclass

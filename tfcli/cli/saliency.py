@@ -9,21 +9,20 @@ from typing import Annotated
 import typer
 
 from tfcli.cli.common import View, app, inputs, output_console, run_dataset
-from tfcli.cli.options import (AT_LEAST_ONE, BootstrapOption, ColorOption, DatasetOption, DatasetOptions, DeviceOption,
-                               DtypeOption, FileOption, JsonOption, PerItemOption, RayGpusOption, RayOption,
-                               RayWorkersOption, ReportForceOption, ReportOption, RevisionOption, RunOptions,
-                               SEED_RANGE, SkipBadOption, TextsArgument, WidthOption, ray_settings)
+from tfcli.cli.options import (AT_LEAST_ONE, BootstrapOption, DatasetOption, DatasetOptions, FileOption, PerItemOption,
+                               RayGpusOption, RayOption, RayWorkersOption, RunOptions, SkipBadOption, TextsArgument,
+                               ray_settings, shared_options)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 
 
 @app.command()
+@shared_options(default_model="gpt2-small",
+                model="Model source with an LM, masked-LM or classifier head, or an encoder without a head (default: "
+                      "the bundled `gpt2-small`, random weights).",
+                seed="Seed of the random weights (when the model has none) and of --faithfulness's random orders.")
 def saliency(
     texts: TextsArgument = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM, masked-LM "
-                                              "or classifier head, or an encoder without a head (default: the "
-                                              "bundled `gpt2-small`, random weights).")] = None,
-    revision: RevisionOption = None,
     method: Annotated[str, typer.Option(metavar="METHOD", help="integrated-gradients, gradient, input-x-gradient, "
                                         "occlusion or attention-rollout.")] = "integrated-gradients",
     target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is the metric (\" Mary\" "
@@ -60,15 +59,8 @@ def saliency(
     ray: RayOption = None,
     ray_workers: RayWorkersOption = None,
     ray_gpus_per_worker: RayGpusOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE, help="Seed of the random weights (when the "
-                                      "model has none) and of --faithfulness's random orders.")] = 0,
-    json_output: JsonOption = False,
-    report: ReportOption = None,
-    force: ReportForceOption = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Attribute a prediction to the input tokens: integrated gradients (with its completeness delta), gradients,
     occlusion or attention rollout, with faithfulness curves.
@@ -89,7 +81,7 @@ def saliency(
     from tfcli.render import saliency as render
     from tfcli.sources import resolve_source
 
-    out = output_console(width, color)
+    out = output_console(run.width, run.color)
     if dataset is not None:
         if texts or file is not None:
             raise usage_error("give texts (or --file) or --dataset, not both")
@@ -101,20 +93,27 @@ def saliency(
     elif skip_bad:
         raise usage_error("--skip-bad is for a --dataset")
     options = core.SaliencyOptions(method, baseline, steps, integration, site, target, foil, position, faithfulness,
-                                   seed, metric, continuation)
+                                   run.seed, metric, continuation)
     texts_in = inputs(texts, file) if dataset is None else None
     single = texts_in is not None and texts_in.count == 1
     cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, not single, "a --dataset or several texts")
-    if report is not None:
-        check_report_path(report, force, 1)
-    source = resolve_source(model or "gpt2-small", revision)
+    if run.report is not None:
+        check_report_path(run.report, run.force, 1)
+    source = resolve_source(run.model, run.revision)
     core.check_options(source.config, options)  # before the model is built; each text's checks follow
     each = per_item or (texts_in is not None and not single)  # several texts: each text's view, then the aggregate
+    color = out.color_system is not None
+    text_view = View(out, render.record, lambda result, number: render.saliency_lines(result, number, out.width,
+                                                                                      color, top), spaced=True)
+    if continuation is not None:  # one text: its matrix
+        text_view = view = View(out, render.continuation_record, lambda result, number: render.continuation_lines(
+            result, number, out.width), report=(render.continuation_page_section, render.continuation_figure))
+    elif single:
+        view = text_view
+    else:
+        view = View(out, render.dataset_record, lambda result, number: render.dataset_lines(result, out.width, color,
+                                                                                            after_texts=each),
+                    report=(render.dataset_page_section, render.dataset_figure))
     run_dataset(core.SaliencyAnalysis(options, single), source,
-                DatasetOptions(dataset, 0 if single else bootstrap, each, skip_bad, cluster, texts_in),
-                RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
-                (View(out, render.record, lambda result, number: render.saliency_lines(
-                    result, number, out.width, out.color_system is not None, top), spaced=True),
-                 View(out, render.record, lambda result, number: render.saliency_lines(
-                     result, number, out.width, out.color_system is not None, top, spaced=each))),
-                "these attributions say nothing about a trained model")
+                DatasetOptions(dataset, 0 if single else bootstrap, each, skip_bad, cluster, texts_in), run,
+                (text_view, view), "these attributions say nothing about a trained model")

@@ -16,10 +16,8 @@ import typer
 from tfcli import __version__
 from tfcli.cli.common import (View, ablation_of, app, build, emit, inputs, note, noted, output_console, report_of, say,
                               started, stderr_is_terminal, tokenizer_of, warn, with_progress)
-from tfcli.cli.options import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, SEED_RANGE, AblateOption,
-                               ColorOption, DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption,
-                               ModelOption, PairOption, ReportForceOption, ReportOption, RevisionOption, SeedOption,
-                               TextsArgument, WidthOption)
+from tfcli.cli.options import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, AblateOption, FileOption,
+                               MaxLengthOption, PairOption, RunOptions, TextsArgument, shared_options)
 from tfcli.errors import usage_error
 from tfcli.render.layout import print_lines
 from tfcli.render.report_file import check_report_path
@@ -30,17 +28,15 @@ if TYPE_CHECKING:
 
 
 @app.command()
+@shared_options(without=("device", "dtype", "seed", "report", "force"))
 def tokenize(
     texts: TextsArgument = None,
     pair: PairOption = None,
     no_special: Annotated[bool, typer.Option("--no-special", help="Leave out special tokens ([CLS], [SEP], ...).")] = False,
     max_length: Annotated[int | None, typer.Option("--max-length", metavar="N", help="Truncate to at most N tokens.")] = None,
-    model: ModelOption = None,
-    revision: RevisionOption = None,
     file: FileOption = None,
-    json_output: JsonOption = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Show how texts split into tokens: ids, segments, and the characters each token covers.
 
@@ -52,14 +48,14 @@ def tokenize(
     from tfcli import tokens as core
     from tfcli.render import tokens as render
 
-    out = output_console(width, color)
+    out = output_console(run.width, run.color)
     texts_in = inputs(texts, file, keep_blank=True)
-    tokenizer = noted(core.tokenizer_for(model, revision))
+    tokenizer = noted(core.tokenizer_for(run.model, run.revision))
     batches = with_progress(texts_in.batches(core.BATCH_SIZE), "tokenize", len)
     encodings = core.run(tokenizer, batches, pair, not no_special, max_length, warn)
     emit(encodings, View(out, render.record,
                          lambda encoding, number: render.token_lines(encoding, number, tokenizer.name, out.width)),
-         json_output)
+         run.json_output)
 
 
 def _one_source(positional: str | None, option: str | None) -> str | None:
@@ -70,16 +66,15 @@ def _one_source(positional: str | None, option: str | None) -> str | None:
 
 
 @app.command("config")
+@shared_options(without=("device", "dtype", "seed", "report", "force"),
+                json_output="JSON on stdout: one object.")
 def show_config(
     source: Annotated[str | None, typer.Argument(metavar="SRC", show_default=False,
                                                  help="Path, bundled name or hub id (default: bert-base).")] = None,
-    model: ModelOption = None,
-    revision: RevisionOption = None,
     sites: Annotated[bool, typer.Option("--sites", help="List the model's named sites (what run_with_cache keeps "
                                         "and encode --sites saves) with their shapes.")] = False,
-    json_output: Annotated[bool, typer.Option("--json", help="JSON on stdout: one object.")] = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Print the resolved config of a model source and its parameter count, or with --sites its named sites.
 
@@ -93,23 +88,22 @@ def show_config(
     from tfcli.render import config as render
     from tfcli.sources import bundled_names
 
-    summary = describe(_one_source(source, model), revision, sites=sites)
-    if json_output:
+    summary = describe(_one_source(source, run.model), run.revision, sites=sites)
+    if run.json_output:
         from tfcli.render.jsonl import write_jsonl
 
         write_jsonl([render.record(summary)])
     else:
-        out = output_console(width, color)
+        out = output_console(run.width, run.color)
         lines = render.site_lines(summary, out.width) if sites else render.config_lines(summary, bundled_names(),
                                                                                           out.width)
         print_lines(out, lines)
 
 
 @app.command()
+@shared_options(force="Overwrite the --save or --report file if it exists.")
 def encode(
     texts: TextsArgument = None,
-    model: ModelOption = None,
-    revision: RevisionOption = None,
     layers: Annotated[str | None, typer.Option(metavar="LAYERS", help="Blocks to capture and show in full: 0,-1 or "
                                                "8-11 or -3- (the last three) or all (default: capture all, show the "
                                                "last in full and a line per position for the others).")] = None,
@@ -136,13 +130,7 @@ def encode(
                                                     "repeatable): a table, in --json and --save under their names. "
                                                     "`tfcli config SRC --sites` lists them.")] = None,
     ablate: AblateOption = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite the --save or --report file if it exists.")] = False,
-    report: ReportOption = None,
     file: FileOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: SeedOption = 0,
-    json_output: JsonOption = False,
     no_attention_weights: Annotated[bool, typer.Option("--no-attention-weights", help="With --json: leave each "
                                                        "attention map's query x key `weights` out of the record (its "
                                                        "max_key and max_weight stay): a 512-token record shrinks "
@@ -150,8 +138,8 @@ def encode(
     max_capture_mb: Annotated[float, typer.Option("--max-capture-mb", metavar="MB", callback=POSITIVE,
                                                   help="Most memory a batch's captured attention, hidden states "
                                                   "and logits may hold.")] = 1024,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Run a forward pass and show every stage's shape, the attention maps and the logit lens.
 
@@ -165,17 +153,17 @@ def encode(
     from tfcli.render import encode as render
     from tfcli.sources import resolve_source
 
-    if no_attention_weights and not json_output:
+    if no_attention_weights and not run.json_output:
         raise usage_error("--no-attention-weights goes with --json", "add --json, or leave it out")
-    out = output_console(width, color)
+    out = output_console(run.width, run.color)
     texts_in = inputs(texts, file)
     if save is not None:
-        core.check_save_path(save, overwrite=force)  # before any work, so nothing is lost or overwritten
-    if report is not None:
-        check_report_path(report, force, texts_in.count or 1)
-    source = resolve_source(model, revision)
+        core.check_save_path(save, overwrite=run.force)  # before any work, so nothing is lost or overwritten
+    if run.report is not None:
+        check_report_path(run.report, run.force, texts_in.count or 1)
+    source = resolve_source(run.model, run.revision)
     options = core.check_options(source.config, layers, heads, core.DEFAULT_TOP_K if top_k is None else top_k, sites)
-    options.keep_heads = report is not None  # the page's head selector shows every head behind a mean
+    options.keep_heads = run.report is not None  # the page's head selector shows every head behind a mean
     options.ablation = ablation_of(ablate, source.config)
     tokenizer = tokenizer_of(source)
     decoder_input = core.decoder_input(source.config, tokenizer, target)
@@ -184,42 +172,39 @@ def encode(
     chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length, no_truncate)
               for batch in texts_in.batches(None if save is not None else core.MAX_BATCH))
     chunks = started(chunks)
-    loaded = build(source, device, dtype, seed)
+    loaded = build(source, run)
     every_layer = list(range(max(source.config.num_hidden_layers, source.config.output_layers)))
     detail = None if layers is None else options.layers if options.layers is not None else every_layer
     view = render.View(detail, attention_top, out.color_system is not None, 1 if top_k is None else top_k,
                        lens=top_k is not None)
-    save_to = None if save is None else core.SaveTo(save, force, {
+    save_to = None if save is None else core.SaveTo(save, run.force, {
         "tfcli_version": __version__, "model": source.description, "weights": loaded.weights_description})
     reports = core.run(loaded, tokenizer, with_progress(chunks, "encode", len), options, decoder_input,
                        max_capture_mb, save_to, warn)
-    emit(reports, View(out, lambda text_report: render.record(text_report, loaded.trained, source.weights, seed,
+    emit(reports, View(out, lambda text_report: render.record(text_report, loaded.trained, source.weights, run.seed,
                                                               attention_weights=not no_attention_weights),
                        lambda text_report, number: render.report_lines(text_report, number, out.width, view)),
-         json_output, after=None if save is None else lambda: say(f"saved {save}", whole=[str(save)]),
-         truncated=truncated, report=report_of(report, force, "encode", loaded, source, detail=detail))
-    if not json_output and layers is None:  # last, where it is still on the screen when the run ends
+         run.json_output, after=None if save is None else lambda: say(f"saved {save}", whole=[str(save)]),
+         truncated=truncated, report=report_of(run.report, run.force, "encode", loaded, source, detail=detail))
+    if not run.json_output and layers is None:  # last, where it is still on the screen when the run ends
         note("showing the last layer in full and a line per position for every layer; see more with "
              "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
 
 
 @app.command()
+@shared_options(without=("seed", "report", "force"),
+                dtype="float32, float16 or bfloat16: both models run in it.")
 def compare(
     arguments: Annotated[list[str] | None, typer.Argument(metavar="SRC TEXT", show_default=False,
                                                           help="A checkpoint directory (config.json + weights), unless "
                                                           "--model gives it, then texts; `-` alone reads stdin.")] = None,
-    model: ModelOption = None,
-    revision: RevisionOption = None,
     file: FileOption = None,
-    device: DeviceOption = "cpu",
-    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="float32, float16 or bfloat16: both models run in it.")] = "float32",
     tolerance: Annotated[float | None, typer.Option(metavar="T", callback=POSITIVE, show_default=False,
                                                     help="Largest difference that counts as a match (default: 1e-4 "
                                                     "in float32; in bfloat16 0.05 and in float16 0.01 of each "
                                                     "tensor's largest value).")] = None,
-    json_output: JsonOption = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Run transformers' own model on the same checkpoint and texts; print each tensor's max abs difference.
     Exits 1 when a difference exceeds --tolerance.
@@ -233,6 +218,7 @@ def compare(
     from tfcli.render import compare as render
 
     arguments = list(arguments or [])
+    model = run.model
     if model is None:
         if not arguments:
             raise usage_error("no model source given", "tfcli compare SRC TEXT... or tfcli compare --model SRC TEXT...")
@@ -240,10 +226,10 @@ def compare(
     elif arguments and _names_a_model(arguments[0], model):
         raise usage_error("give the model source once: as SRC or with --model, not both",
                           f"with --model every argument is a text: tfcli compare --model {model} TEXT...")
-    out = output_console(width, color)
+    out = output_console(run.width, run.color)
     texts_in = inputs(arguments or None, file)
     batches = started(texts_in.batches(1))
-    models = core.load(model, device, revision, dtype)
+    models = core.load(model, run.device, run.revision, run.dtype)
     noted(models.tokenizer)
     positions = models.resolved.config.max_position_embeddings
     truncated = CappedWarnings(warn, "texts truncated")
@@ -262,7 +248,7 @@ def compare(
     count = emit(judged(core.run_all(models, chunks, tolerance)),
                  View(out, render.record, lambda comparison, number: render.compare_lines(comparison, number,
                                                                                           out.width), spaced=True),
-                 json_output, truncated=truncated)
+                 run.json_output, truncated=truncated)
     if failed:
         which = f"in {failed} of {count} texts " if count > 1 else ""
         say(f"largest difference {worst:.3g} {which}exceeds {tolerance_said}")
@@ -283,12 +269,9 @@ def _names_a_model(argument: str, model: str) -> bool:
 
 
 @app.command()
+@shared_options(model="Model source with a classification head (default: the bundled `classifier`, random weights).")
 def classify(
     texts: TextsArgument = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with a "
-                                              "classification head (default: the bundled `classifier`, random "
-                                              "weights).")] = None,
-    revision: RevisionOption = None,
     top: Annotated[int | None, typer.Option(metavar="N", callback=AT_LEAST_ONE,
                                             help="Show only the N most probable labels in the table.")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Show what the first token attends to in the last "
@@ -297,15 +280,9 @@ def classify(
                                                        help="Average --explain over the last N layers (default 1).")] = None,
     pair: PairOption = None,
     max_length: MaxLengthOption = None,
-    report: ReportOption = None,
-    force: ReportForceOption = False,
     file: FileOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: SeedOption = 0,
-    json_output: JsonOption = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Classify texts: every label's probability and the prediction; --explain shows why.
 
@@ -321,11 +298,11 @@ def classify(
 
     if explain_layers is not None and not explain:
         raise usage_error("--explain-layers goes with --explain", "add --explain to see the first token's attention")
-    out = output_console(width, color)
+    out = output_console(run.width, run.color)
     texts_in = inputs(texts, file)
-    if report is not None:
-        check_report_path(report, force, texts_in.count or 1)
-    source = resolve_source(model or "classifier", revision)
+    if run.report is not None:
+        check_report_path(run.report, run.force, texts_in.count or 1)
+    source = resolve_source(run.model or "classifier", run.revision)
     explained = (explain_layers or 1) if explain else 0
     core.check_options(source.config, explained)  # before building a model for nothing
     tokenizer = tokenizer_of(source)
@@ -334,15 +311,15 @@ def classify(
     chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length)
               for batch in texts_in.batches(core.BATCH_SIZE))
     chunks = started(chunks)
-    loaded = build(source, device, dtype, seed, "these probabilities say nothing about the texts")
+    loaded = build(source, run, "these probabilities say nothing about the texts")
 
     def lines(result: core.Classification, number: int) -> list[Text]:
         shown = render.classification_lines(result, number, out.width, top)
         return shown + ([] if result.explanation is None else render.explanation_lines(result.explanation, out.width))
 
     emit(core.run(loaded, tokenizer, with_progress(chunks, "classify", len), explained),
-         View(out, render.record, lines, spaced=True), json_output, truncated=truncated,
-         report=report_of(report, force, "classify", loaded, source))
+         View(out, render.record, lines, spaced=True), run.json_output, truncated=truncated,
+         report=report_of(run.report, run.force, "classify", loaded, source))
 
 
 def steering(specs: list[str] | None, layers: str | None, normalize: bool, config) -> tuple | None:
@@ -378,12 +355,12 @@ def steering(specs: list[str] | None, layers: str | None, normalize: bool, confi
 
 
 @app.command()
+@shared_options(model="Model source with an LM head (default: the bundled `gpt2-small`, random weights).",
+                seed="Seed of the random weights (when the model has none) and of sampling.",
+                json_output="JSON Lines on stdout, one object per prompt.")
 def generate(
     prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT", show_default=False,
                                                         help="Prompts to continue; `-` alone reads stdin, one per line.")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head "
-                                              "(default: the bundled `gpt2-small`, random weights).")] = None,
-    revision: RevisionOption = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", callback=AT_LEAST_ONE,
                                                 help="Stop after N new tokens.")] = 20,
     greedy: Annotated[bool, typer.Option("--greedy", help="Take the most probable token each step (the default "
@@ -407,17 +384,10 @@ def generate(
     ablate: Annotated[list[str] | None, typer.Option(metavar="SITE", help="Zero a component while generating: a "
                                                      "head (L23H3), a sublayer's output (L5.mlp, L5.attn) or any "
                                                      "site name, * allowed; repeatable.")] = None,
-    report: ReportOption = None,
-    force: ReportForceOption = False,
     file: Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
                                               help="Read prompts from FILE, one per line.")] = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
-                                      help="Seed of the random weights (when the model has none) and of sampling.")] = 0,
-    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per prompt.")] = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Continue prompts token by token: the text appears as it is made, then a step table (probability,
     alternatives, and with --lens each layer's guess).
@@ -438,12 +408,12 @@ def generate(
     if greedy and do_sample:
         raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
                           "leave out --greedy to sample")
-    out = output_console(width, color)
+    out = output_console(run.width, run.color)
     prompts_in = inputs(prompts, file)
-    if report is not None:
-        check_report_path(report, force, prompts_in.count or 1)
-    sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, seed)
-    source = resolve_source(model or core.DEFAULT_MODEL, revision)
+    if run.report is not None:
+        check_report_path(run.report, run.force, prompts_in.count or 1)
+    sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, run.seed)
+    source = resolve_source(run.model or core.DEFAULT_MODEL, run.revision)
     sampling.check(source.config.vocab_size)  # before the model is built
     vectors = steering(steer, steer_layers, steer_normalize, source.config)
     ablation = ablation_of(ablate, source.config, generating=True)
@@ -452,10 +422,10 @@ def generate(
     batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
                for batch in prompts_in.batches(1))
     batches = started(batches)
-    loaded = build(source, device, dtype, seed, "these continuations say nothing about the prompts")
+    loaded = build(source, run, "these continuations say nothing about the prompts")
     # the text appears once, as it is made: on stdout when that is the terminal (the table follows without it),
     # else on stderr when that is a terminal (stdout, a file or pipe, gets the text with the table)
-    live = sys.stdout if out.is_terminal and not json_output else sys.stderr if stderr_is_terminal() else None
+    live = sys.stdout if out.is_terminal and not run.json_output else sys.stderr if stderr_is_terminal() else None
 
     def show_text(piece: str) -> None:
         live.write(piece)
@@ -480,9 +450,9 @@ def generate(
                            warn, hooks)
     emit(ended(generations),
          View(out, lambda result: render.record(result, tokenizer) | changed,
-              lambda result, number: render.generation_lines(result, tokenizer, number, seed if do_sample else None,
+              lambda result, number: render.generation_lines(result, tokenizer, number, run.seed if do_sample else None,
                                                              out.width, with_text=live is not sys.stdout,
                                                              changed=changed)),
-         json_output, report=report_of(report, force, "generate", loaded, source, tokenizer))
+         run.json_output, report=report_of(run.report, run.force, "generate", loaded, source, tokenizer))
 
 

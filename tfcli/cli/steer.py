@@ -12,8 +12,7 @@ import typer
 
 from tfcli.cli.common import (View, app, build, count_bar, emit, inputs, note, output_console, report_of, started,
                               tokenizer_of, warn, warn_spacing)
-from tfcli.cli.options import (AT_LEAST_ONE, ColorOption, DeviceOption, DtypeOption, FileOption, ReportForceOption,
-                               ReportOption, RevisionOption, SeedOption, WidthOption)
+from tfcli.cli.options import (AT_LEAST_ONE, FileOption, RunOptions, shared_options)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 
@@ -32,10 +31,13 @@ app.add_typer(steer_app)
 
 
 @steer_app.command()
+@shared_options(without=("report",),
+                model="Model source: a path, a bundled config name or a Hugging Face hub id.",
+                force="Overwrite the --output file if it exists.",
+                json_output="One JSON object on stdout: layers [{layer, separation, gap, resid_norm}], method, "
+                            "model_hint, width, output.")
 def fit(
-    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source: a path, a "
-                                              "bundled config name or a Hugging Face hub id.",
-                                              show_default=False)] = None,
+
     pairs: Annotated[str | None, typer.Option("--pairs", metavar="FILE", help="JSON Lines, one {\"positive\": TEXT, "
                                               "\"negative\": TEXT} per line (`-`: stdin).",
                                               show_default=False)] = None,
@@ -48,16 +50,8 @@ def fit(
     output: Annotated[Path | None, typer.Option("--output", "-o", metavar="PATH", dir_okay=False,
                                                 help="Write the vector to PATH: .gguf (llama.cpp's control vector) "
                                                 "or .safetensors.", show_default=False)] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite the --output file if it exists.")] = False,
-    revision: RevisionOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: SeedOption = 0,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout: layers [{layer, "
-                                              "separation, gap, resid_norm}], method, model_hint, width, "
-                                              "output.")] = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Fit a steering vector: per block, the direction of the residual stream (the block's output at each text's
     last token) that separates the positive texts of contrast pairs from their negatives; print how well it
@@ -75,19 +69,19 @@ def fit(
     from tfcli.render import steer as render
     from tfcli.sources import resolve_source
 
-    out = output_console(width, color)
-    if model is None:
+    out = output_console(run.width, run.color)
+    if run.model is None:
         raise usage_error("give --model: the model to fit the vector on")
     if pairs is None:
         raise usage_error("give --pairs FILE: JSON Lines of {\"positive\": ..., \"negative\": ...}")
     if output is None:
         raise usage_error("give --output PATH (.gguf or .safetensors): where the vector is written")
     core.check_method(method)
-    check_output(output, force)
-    source = resolve_source(model, revision)
+    check_output(output, run.force)
+    source = resolve_source(run.model, run.revision)
     core.check_model(source.config)
     chosen = core.chosen_layers(source.config, layers)
-    check_output(output, force, chosen)  # a GGUF cannot hold block 0
+    check_output(output, run.force, chosen)  # a GGUF cannot hold block 0
     tokenizer = tokenizer_of(source)
     read = checked(pair_lines(pairs), core.PAIR_LINE, lambda line: core.check_pair(source.config, tokenizer, line),
                    False, warn)
@@ -95,12 +89,12 @@ def fit(
     if layers is None:
         note(f"blocks {chosen[0]}-{chosen[-1]}: every block but 0, whose output llama.cpp never steers "
              "(--layers picks others)" if chosen != [0] else "block 0: the model's only block")
-    loaded = build(source, device, dtype, seed, "a direction fitted on random weights steers nothing")
+    loaded = build(source, run, "a direction fitted on random weights steers nothing")
     with count_bar("steer fit", "texts") as progress:
         result = core.fit(loaded, tokenizer, read, method, chosen, progress=progress)
-    write_vector(output, result.directions, result.model_hint, force)
+    write_vector(output, result.directions, result.model_hint, run.force)
     result.output = str(output)
-    emit([result], View(out, render.record, lambda fitted, number: render.fit_lines(fitted, out.width)), json_output)
+    emit([result], View(out, render.record, lambda fitted, number: render.fit_lines(fitted, out.width)), run.json_output)
 
 
 def pair_lines(path: str) -> list[tuple[int, str]]:
@@ -119,12 +113,13 @@ def pair_lines(path: str) -> list[tuple[int, str]]:
 
 
 @steer_app.command()
+@shared_options(model="Model source with an LM head.",
+                json_output="JSON Lines on stdout, one object per prompt and strength: prompt, strength, layers, "
+                            "text, ids, effect, kl.")
 def sweep(
     prompts: Annotated[list[str] | None, typer.Argument(metavar="PROMPT", show_default=False,
                                                         help="Prompts to continue; `-` alone reads stdin, one per "
                                                         "line.")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head.",
-                                              show_default=False)] = None,
     vector: Annotated[str | None, typer.Option("--vector", metavar="PATH", help="The steering vector: a "
                                                "control-vector .gguf or .safetensors (tfcli steer fit, llama.cpp, "
                                                "repeng).", show_default=False)] = None,
@@ -142,16 +137,8 @@ def sweep(
     normalize: Annotated[bool, typer.Option("--normalize", help="Keep each position's norm as it was before the "
                                             "vector was added (repeng's normalize).")] = False,
     file: FileOption = None,
-    revision: RevisionOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: SeedOption = 0,
-    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one object per prompt and "
-                                              "strength: prompt, strength, layers, text, ids, effect, kl.")] = False,
-    report: ReportOption = None,
-    force: ReportForceOption = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """See what a steering vector does, strength by strength: each prompt's greedy continuation, the effect on a
     token's logit (--target, --foil) and the cost (the KL divergence from the unsteered model's next-token
@@ -171,8 +158,8 @@ def sweep(
     from tfcli.render import steer as render
     from tfcli.sources import resolve_source
 
-    out = output_console(width, color)
-    if model is None:
+    out = output_console(run.width, run.color)
+    if run.model is None:
         raise usage_error("give --model: the model to steer")
     if vector is None:
         raise usage_error("give --vector PATH: the steering vector to sweep (tfcli steer fit writes one)")
@@ -180,9 +167,9 @@ def sweep(
         raise usage_error("--foil goes with --target: the effect is the logit difference target - foil")
     chosen_strengths = core.parse_strengths(strengths)
     prompts_in = inputs(prompts, file)
-    if report is not None:
-        check_report_path(report, force, prompts_in.count or 1)
-    source = resolve_source(model, revision)
+    if run.report is not None:
+        check_report_path(run.report, run.force, prompts_in.count or 1)
+    source = resolve_source(run.model, run.revision)
     config = source.config
     core.check_model(config)
     directions = load_vector(vector, config)
@@ -197,11 +184,11 @@ def sweep(
     batches = started(read_prompts(config, tokenizer, [item.text for item in batch], max_new_tokens)
                       for batch in prompts_in.batches(1))
     note(f"steering: {vector} at blocks {spans(blocks)}, strengths {', '.join(f'{s:g}' for s in chosen_strengths)}")
-    loaded = build(source, device, dtype, seed, "a vector on random weights steers nothing")
+    loaded = build(source, run, "a vector on random weights steers nothing")
 
     options = core.SweepOptions(directions, vector, chosen_strengths, blocks, target_token, foil_token, normalize)
     swept = (core.sweep(loaded, tokenizer, prompt, options) for batch in batches for prompt in batch)
 
     emit(swept, View(out, render.sweep_records, lambda result, number: render.sweep_lines(result, number, out.width),
                        spaced=True),
-         json_output, report=report_of(report, force, "steer", loaded, source, tokenizer))
+         run.json_output, report=report_of(run.report, run.force, "steer", loaded, source, tokenizer))

@@ -11,26 +11,24 @@ import typer
 
 from tfcli.analysis.tasks import DEFAULT_N, TASKS
 from tfcli.cli.common import app, say, tokenizer_of, warn
-from tfcli.cli.options import AT_LEAST_ONE, SEED_RANGE, RevisionOption
+from tfcli.cli.options import AT_LEAST_ONE, RunOptions, shared_options
 from tfcli.errors import check_output_file, replace_atomically
 
 
 @app.command()
+@shared_options(without=("device", "dtype", "json_output", "report", "width", "color"), default_model="gpt2-small",
+                model="The model whose tokenizer the dataset is for (default: the bundled `gpt2-small`, whose "
+                      "tokenizer is the bundled BERT WordPiece). Only its config and tokenizer are read.",
+                seed="Seed of the draws: the same seed, the same lines (--n N: the first N of a longer run).",
+                force="Overwrite the --output file if it exists.")
 def task(
     name: Annotated[str, typer.Argument(metavar="TASK", help=f"The task: {', '.join(TASKS)}.", show_default=False)],
-    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="The model whose tokenizer the "
-                                              "dataset is for (default: the bundled `gpt2-small`, whose tokenizer is "
-                                              "the bundled BERT WordPiece). Only its config and tokenizer are "
-                                              "read.")] = None,
-    revision: RevisionOption = None,
     n: Annotated[int, typer.Option("--n", metavar="N", callback=AT_LEAST_ONE,
                                    help="Lines to write (distinct clean prompts).")] = DEFAULT_N,
-    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
-                                      help="Seed of the draws: the same seed, the same lines (--n N: the first "
-                                      "N of a longer run).")] = 0,
     output: Annotated[Path | None, typer.Option("--output", "-o", metavar="PATH", dir_okay=False,
                                                 help="Write the lines to PATH (default: stdout).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite the --output file if it exists.")] = False,
+    *,
+    run: RunOptions,
 ) -> None:
     """Write a task's dataset for a model's tokenizer: JSON Lines of {"clean", "corrupt", "target", "foil"}, the
     file `--dataset` reads.
@@ -52,16 +50,16 @@ def task(
 
     tasks.check_task(name)
     if output is not None:
-        check_output_file(output, force)
-    source = resolve_source(model or "gpt2-small", revision)
+        check_output_file(output, run.force)
+    source = resolve_source(run.model, run.revision)
     tokenizer = tokenizer_of(source)
     if source.config.architecture != "decoder":
         warn(f"{source.config.name} is not a decoder: these prompts ask for the next token, read at the last position")
-    lines = tasks.generate(name, tokenizer, source.config, n, seed)
+    lines = tasks.generate(name, tokenizer, source.config, n, run.seed)
     if output is None:
         write_jsonl(lines)
         return
     text = "".join(dumps(line) + "\n" for line in lines)
     replace_atomically(output, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
-    say(f"wrote {len(lines)} {name} lines for {tokenizer.name} (seed {seed}) to {output}",
+    say(f"wrote {len(lines)} {name} lines for {tokenizer.name} (seed {run.seed}) to {output}",
         whole=[str(output), tokenizer.name])

@@ -12,27 +12,26 @@ import typer
 from tfcli.cli.common import (View, ablation_of, app, build, count_bar, emit, inputs, note, output_console, report_of,
                               run_dataset, say_lines, started, stderr_width, tokenizer_of, warn, warn_spacing,
                               with_progress)
-from tfcli.cli.options import (AT_LEAST_ONE, SEED_RANGE, AblateOption, BootstrapOption, ColorOption, DatasetOption,
-                               DatasetOptions, DeviceOption, DtypeOption, FileOption, JsonOption, MaxLengthOption,
-                               ModelOption, PerItemOption, RayGpusOption, RayOption, RayWorkersOption,
-                               ReportForceOption, ReportOption, RevisionOption, RunOptions, SeedOption, SkipBadOption,
-                               TextsArgument, WidthOption, ray_settings)
+from tfcli.cli.options import (AT_LEAST_ONE, AblateOption, BootstrapOption, DatasetOption, DatasetOptions, FileOption,
+                               MaxLengthOption, PerItemOption, RayGpusOption, RayOption, RayWorkersOption, RunOptions,
+                               SkipBadOption, TextsArgument, ray_settings, shared_options)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, tokenized
 
 
 @app.command()
+@shared_options(default_model="gpt2-small",
+                model="Model source with an LM, masked-LM or classifier head (default: the bundled `gpt2-small`, "
+                      "random weights).",
+                json_output="One JSON object on stdout (with --dataset: the aggregate, after each item's with "
+                            "--per-item).")
 def patch(
     clean: Annotated[str | None, typer.Argument(metavar="CLEAN", help="The clean text, whose behaviour is "
                                                 "restored.", show_default=False)] = None,
     corrupt: Annotated[str | None, typer.Argument(metavar="CORRUPT", help="The corrupted text (as many tokens as "
                                                   "CLEAN), into which clean activations are put back.",
                                                   show_default=False)] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM, "
-                                              "masked-LM or classifier head (default: the bundled `gpt2-small`, "
-                                              "random weights).")] = None,
-    revision: RevisionOption = None,
     target: Annotated[str, typer.Option(metavar="TOKEN", help="The token whose logit is the metric: one token of the "
                                         "model's tokenizer (\" Mary\" with its leading space for byte-level BPE) or "
                                         "#ID; a classifier's label name or #index (with --dataset: each "
@@ -64,15 +63,8 @@ def patch(
     ray: RayOption = None,
     ray_workers: RayWorkersOption = None,
     ray_gpus_per_worker: RayGpusOption = None,
-    report: ReportOption = None,
-    force: ReportForceOption = False,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: SeedOption = 0,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object on stdout (with --dataset: the "
-                                              "aggregate, after each item's with --per-item).")] = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Put back activations of a clean run into a corrupted one, site by site, and see how much of the clean logit
     (difference) each restores (activation patching; attribution patching estimates it from one backward pass).
@@ -94,9 +86,9 @@ def patch(
     from tfcli.render import patch as render
     from tfcli.sources import resolve_source
 
-    out = output_console(width, color)
-    if report is not None:
-        check_report_path(report, force, 1)
+    out = output_console(run.width, run.color)
+    if run.report is not None:
+        check_report_path(run.report, run.force, 1)
     cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, dataset is not None, "a --dataset")
     if dataset is not None:
         if clean is not None:
@@ -104,15 +96,18 @@ def patch(
         for name, value in (("target", target), ("foil", foil), ("position", position)):
             if value is not None:
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
-        source = resolve_source(model or "gpt2-small", revision)
+        source = resolve_source(run.model, run.revision)
         options = core.PatchOptions("", sites=core.parse_sites(sites), method=method,
                                     ablation=ablation_of(ablate, source.config))
         core.check_sweep(source.config, options)
         run_dataset(core.PatchDataset(options, align, positions, top), source,
                     DatasetOptions(dataset, bootstrap, per_item, skip_bad, cluster),
-                    RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
+                    run,
                     (View(out, render.record, lambda result, number: render.patch_lines(
-                        result, out.width, out.color_system is not None, top, full)),) * 2,
+                        result, out.width, out.color_system is not None, top, full)),
+                     View(out, render.dataset_record, lambda result, number: render.dataset_lines(
+                         result, out.width, out.color_system is not None, top, full),
+                          report=(render.dataset_page_section, render.dataset_figure))),
                     "these scores say nothing about a trained model")
         return
     for name, value in (("--align", align), ("--bootstrap", bootstrap), ("--per-item", per_item or None),
@@ -123,7 +118,7 @@ def patch(
         raise usage_error("give a CLEAN and a CORRUPT text (or --dataset FILE)")
     if target is None:
         raise usage_error("give --target: the token whose logit is the metric", parameter="target")
-    source = resolve_source(model or "gpt2-small", revision)
+    source = resolve_source(run.model, run.revision)
     options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method,
                                 ablation=ablation_of(ablate, source.config))
     tokenizer = tokenizer_of(source)
@@ -135,7 +130,7 @@ def patch(
         say_lines(render.alignment_lines(mismatch.rows, stderr_width(80)))
         raise
     options.positions = core.parse_positions(positions, len(ids_clean))
-    loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
+    loaded = build(source, run, "these scores say nothing about a trained model")
     with count_bar("patch", "sites") as progress:
         result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, texts=(clean, corrupt))
     result.top = top  # the page lists as many as the terminal
@@ -144,18 +139,17 @@ def patch(
              f"{result.corrupt_value:+.4f}): the scores, divided by that gap, read small changes as large ones")
     emit([result], View(out, render.record, lambda patching, number: render.patch_lines(
         patching, out.width, out.color_system is not None, top, full)),
-         json_output, report=report_of(report, force, "patch", loaded, source))
+         run.json_output, report=report_of(run.report, run.force, "patch", loaded, source))
     if result.interrupted:
         warn(f"interrupted: {result.done} of {result.total} sites patched")
         raise typer.Exit(130)
 
 
 @app.command()
+@shared_options(default_model="gpt2-small",
+                model="Model source with an LM head (default: the bundled `gpt2-small`, random weights).")
 def attribute(
     texts: TextsArgument = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", metavar="SRC", help="Model source with an LM head "
-                                              "(default: the bundled `gpt2-small`, random weights).")] = None,
-    revision: RevisionOption = None,
     target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is split: one token of "
                                                "the model's tokenizer (\" Mary\" with its leading space for "
                                                "byte-level BPE) or #ID (default: the model's own top prediction).")] = None,
@@ -179,14 +173,8 @@ def attribute(
     ray: RayOption = None,
     ray_workers: RayWorkersOption = None,
     ray_gpus_per_worker: RayGpusOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: SeedOption = 0,
-    json_output: JsonOption = False,
-    report: ReportOption = None,
-    force: ReportForceOption = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Split a logit (or the difference of two) into the direct contribution of every component that writes to
     the residual stream: embeddings, heads, MLPs, neurons, biases (direct logit attribution).
@@ -204,7 +192,7 @@ def attribute(
     from tfcli.render import attribute as render
     from tfcli.sources import resolve_source
 
-    out = output_console(width, color)
+    out = output_console(run.width, run.color)
     if dataset is not None:
         if texts or file is not None:
             raise usage_error("give texts (or --file) or --dataset, not both")
@@ -219,9 +207,9 @@ def attribute(
                 raise usage_error(f"{name} is for a --dataset")
     cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, dataset is not None, "a --dataset")
     texts_in = inputs(texts, file) if dataset is None else None
-    if report is not None:
-        check_report_path(report, force, 1 if dataset is not None else texts_in.count or 1)
-    source = resolve_source(model or "gpt2-small", revision)
+    if run.report is not None:
+        check_report_path(run.report, run.force, 1 if dataset is not None else texts_in.count or 1)
+    source = resolve_source(run.model, run.revision)
     core.check_model(source.config, by)  # before the model is built
     selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
     options = core.AttributeOptions(target, foil, position, by, selected, top,
@@ -231,9 +219,12 @@ def attribute(
             raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")
         run_dataset(core.AttributeDataset(options), source, DatasetOptions(dataset, bootstrap, per_item, skip_bad,
                                                                            cluster),
-                    RunOptions(model or "gpt2-small", revision, device, dtype, seed, json_output, report, force),
+                    run,
                     (View(out, render.record, lambda result, number: render.attribution_lines(result, number,
-                                                                                             out.width, top)),) * 2,
+                                                                                             out.width, top)),
+                     View(out, render.dataset_record, lambda result, number: render.dataset_lines(result, out.width,
+                                                                                                  top),
+                          report=(render.dataset_page_section, render.dataset_figure))),
                     "these components say nothing about a trained model")
         return
     tokenizer = tokenizer_of(source)
@@ -242,17 +233,17 @@ def attribute(
     truncated = CappedWarnings(warn, "texts truncated")
     chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
                                max_length=max_length) for batch in texts_in.batches(core.BATCH_SIZE))
-    loaded = build(source, device, dtype, seed, "these components say nothing about a trained model")
+    loaded = build(source, run, "these components say nothing about a trained model")
     emit(core.run(loaded, tokenizer, with_progress(chunks, "attribute", len), options),
          View(out, render.record, lambda result, number: render.attribution_lines(result, number, out.width, top)),
-         json_output, truncated=truncated, report=report_of(report, force, "attribute", loaded, source))
+         run.json_output, truncated=truncated, report=report_of(run.report, run.force, "attribute", loaded, source))
 
 
 @app.command()
+@shared_options(seed="Seed of the random weights (when the model has none) and of the probe's tokens.",
+                json_output="JSON Lines on stdout: one object for the run (with --per-text, one per text before it).")
 def heads(
     texts: TextsArgument = None,
-    model: ModelOption = None,
-    revision: RevisionOption = None,
     detect: Annotated[str | None, typer.Option(metavar="DETECTORS", help="Comma-separated: previous, duplicate, "
                                                "induction (scored as TransformerLens's detect_head), first, "
                                                "special, self (mean attention to them), entropy (bits) or all "
@@ -270,21 +261,12 @@ def heads(
     per_text: Annotated[bool, typer.Option("--per-text", help="Also each text's top heads (with --json, one object "
                                            "per text before the run's).")] = False,
     max_length: MaxLengthOption = None,
-    report: ReportOption = None,
-    force: ReportForceOption = False,
     file: FileOption = None,
     ray: RayOption = None,
     ray_workers: RayWorkersOption = None,
     ray_gpus_per_worker: RayGpusOption = None,
-    device: DeviceOption = "cpu",
-    dtype: DtypeOption = "float32",
-    seed: Annotated[int, typer.Option(metavar="N", callback=SEED_RANGE,
-                                      help="Seed of the random weights (when the model has none) and of the "
-                                      "probe's tokens.")] = 0,
-    json_output: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout: one object for the run (with "
-                                              "--per-text, one per text before it).")] = False,
-    width: WidthOption = None,
-    color: ColorOption = None,
+    *,
+    run: RunOptions,
 ) -> None:
     """Score every head over a text or a whole corpus: previous-token, duplicate-token and induction heads, and
     the attention to the first token, special tokens and itself, and its entropy.
@@ -301,13 +283,13 @@ def heads(
     detectors = core.parse_detectors(detect)
     core.check_probe(probe, probe_length, bool(texts) or file is not None)
     cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, probe is None, "texts, not --probe")
-    out = output_console(width, color)
+    out = output_console(run.width, run.color)
     texts_in = inputs(texts, file) if probe is None else None
-    if report is not None:
-        check_report_path(report, force, 1)  # one report of the run, whatever the number of texts
-    source = resolve_source(model, revision)
+    if run.report is not None:
+        check_report_path(run.report, run.force, 1)  # one report of the run, whatever the number of texts
+    source = resolve_source(run.model, run.revision)
     options = core.HeadsOptions(detectors, exclude_first, exclude_self, per_text,
-                                keep_best=report is not None and report.suffix.lower() == ".html", top=top)
+                                keep_best=run.report is not None and run.report.suffix.lower() == ".html", top=top)
     views = (View(out, render.text_record, lambda item, number: render.text_lines(item, number, out.width, top)),
              View(out, render.record, lambda scores, number: render.heads_lines(scores, out.width, top)))
     truncated = CappedWarnings(warn, "texts truncated")
@@ -316,7 +298,7 @@ def heads(
         """Said after the texts, before the run's scores: the texts truncated, the notes (in the view itself
         without --json), and for the page, the maps of the texts where each head scores highest."""
         truncated.finish(summary.texts)
-        if json_output:
+        if run.json_output:
             for line in summary.notes:
                 note(line)
         if options.keep_best:
@@ -325,14 +307,14 @@ def heads(
     if probe is None:
         run_dataset(core.HeadsCorpus(options, max_length, truncated), source,
                     DatasetOptions(None, 0, per_text, False, cluster, texts_in),
-                    RunOptions(model, revision, device, dtype, seed, json_output, report, force), views,
+                    run, views,
                     "these scores say nothing about a trained model", finish)
         return
     tokenizer = tokenizer_of(source)
     length = probe_length or core.DEFAULT_PROBE_LENGTH
-    core.probe_ids(source.config, tokenizer, length, seed)  # its checks, before the model is built
-    loaded = build(source, device, dtype, seed, "these scores say nothing about a trained model")
-    *each_text, summary = core.run_probe(loaded, tokenizer, options, length, seed)
-    emit(each_text, views[0], json_output)
+    core.probe_ids(source.config, tokenizer, length, run.seed)  # its checks, before the model is built
+    loaded = build(source, run, "these scores say nothing about a trained model")
+    *each_text, summary = core.run_probe(loaded, tokenizer, options, length, run.seed)
+    emit(each_text, views[0], run.json_output)
     finish(loaded, summary)
-    emit([summary], views[1], json_output, report=report_of(report, force, "heads", loaded, source))
+    emit([summary], views[1], run.json_output, report=report_of(run.report, run.force, "heads", loaded, source))

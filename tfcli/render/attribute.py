@@ -33,14 +33,18 @@ def bar(value: float, largest: float, width: int) -> Text:
 
 
 def quantity(result: Attribution) -> str:
-    """`logit of ' Mary'` or `logit difference ' Mary' - ' John'` (a dataset whose lines differ: each line's): the
-    tokens' texts `quoted` (a page or a figure takes it through `plain`)."""
-    if result.target is None:
-        return "logit difference of each line's target - foil" if isinstance(result, DatasetAttribution) and \
-            result.foil_each else "logit of each line's target"
+    """`logit of ' Mary'` or `logit difference ' Mary' - ' John'`: the tokens' texts `quoted` (a page or a figure
+    takes it through `plain`)."""
     if result.foil is None:
         return f"logit of {quoted(result.target.text)}"
     return f"logit difference {quoted(result.target.text)} - {quoted(result.foil.text)}"
+
+
+def dataset_quantity(result: DatasetAttribution) -> str:
+    """As `quantity`; a dataset whose lines differ: each line's."""
+    if result.target is None:
+        return "logit difference of each line's target - foil" if result.foil_each else "logit of each line's target"
+    return quantity(result)
 
 
 def token_texts(result: Attribution) -> list[str]:
@@ -58,18 +62,28 @@ def position_words(result: Attribution) -> str:
 def attribution_lines(result: Attribution, number: int, width: int, top: int) -> list[Text]:
     """The terminal view of one text: what is attributed, the sum check, the top components with bars, a line per
     layer and, with --by head, the layer x head grid. Lines of at most `width` cells."""
-    if isinstance(result, DatasetAttribution):
-        lines = dataset_header(result, width)
-    else:
-        cut = "" if result.read_text is None else \
-            f" (as the model read it: {len(result.ids):,} of its {result.untruncated_length:,} tokens)"
-        lines = echo(f"text {number}: ", result.read_text or result.text, width, cut)
-        lines += words(f"{position_words(result)}: the {quantity(result)} "
-                       f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
-        lines += check_lines(result, width)
-    lines += ablation_lines(result, width)
-    lines += [Text()] + component_lines(result, width, top)
-    lines += [Text()] + layer_lines(result, width)
+    cut = "" if result.read_text is None else \
+        f" (as the model read it: {len(result.ids):,} of its {result.untruncated_length:,} tokens)"
+    lines = echo(f"text {number}: ", result.read_text or result.text, width, cut)
+    lines += words(f"{position_words(result)}: the {quantity(result)} "
+                   f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
+    lines += check_lines(result, width)
+    lines += ablation_lines(result, width, "")
+    lines += [Text()] + component_lines(result, width, top, quantity(result))
+    return lines + layers_lines(result, width)
+
+
+def dataset_lines(result: DatasetAttribution, width: int, top: int) -> list[Text]:
+    """The terminal view of a dataset: its prompts, the metric's mean, the sum check, each component's mean with
+    its spread, a line per layer and, with --by head, the layer x head grid."""
+    lines = dataset_header(result, width) + ablation_lines(result, width, " (means over the prompts)")
+    lines += [Text()] + component_lines(result, width, top, dataset_quantity(result), result)
+    return lines + layers_lines(result, width)
+
+
+def layers_lines(result: Attribution, width: int) -> list[Text]:
+    """A line per layer and, with --by head, the layer x head grid, each after a blank line."""
+    lines = [Text()] + layer_lines(result, width)
     if result.by == "head":
         lines += [Text()] + head_grid_lines(result, width)
     return lines
@@ -83,7 +97,7 @@ def dataset_header(result: DatasetAttribution, width: int) -> list[Text]:
     where = "each line's position" if result.position is None else f"position {result.position}"
     ids = "" if result.target is None else \
         f" (#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")"
-    lines += words(f"the {quantity(result)}{ids} at {where}: mean over the prompts {result.logit:+.4f}", width)
+    lines += words(f"the {dataset_quantity(result)}{ids} at {where}: mean over the prompts {result.logit:+.4f}", width)
     spread = f"; [low, high]: the 95% bootstrap interval of the mean ({result.resamples} resamples)" \
         if result.resamples else ""
     lines += words(f"each component: its mean over the prompts, std its standard deviation{spread}", width, "dim")
@@ -92,12 +106,11 @@ def dataset_header(result: DatasetAttribution, width: int) -> list[Text]:
     return lines
 
 
-def ablation_lines(result: Attribution, width: int) -> list[Text]:
+def ablation_lines(result: Attribution, width: int, mean: str) -> list[Text]:
     """With --ablate: what was removed and the model's value with and without it (the components are the ablated
-    model's)."""
+    model's; `mean`: what the values are over a dataset)."""
     if result.ablated is None:
         return []
-    mean = " (means over the prompts)" if isinstance(result, DatasetAttribution) else ""
     return words(f"ablated {ablated_label(result.ablated)}: the model's value {result.logit:+.4f}, "
                  f"{result.unablated:+.4f} with nothing ablated (the ablation moves it by "
                  f"{result.logit - result.unablated:+.4f}){mean}; the components are the ablated model's", width)
@@ -110,26 +123,27 @@ def check_lines(result: Attribution, width: int) -> list[Text]:
                  f"{result.total:+.4f} (differ by {abs(result.total - result.logit):.1e})", width)
 
 
-def component_lines(result: Attribution, width: int, top: int) -> list[Text]:
-    """The `top` components by size, with their values and bars; the rest summed on a line of its own."""
+def component_lines(result: Attribution, width: int, top: int, what: str,
+                    dataset: DatasetAttribution | None = None) -> list[Text]:
+    """The `top` components by size, with their values (over a `dataset`: their means, with their spread) and
+    bars; the rest summed on a line of its own. `what`: the quantity, as the title says it."""
     ranked = sorted(result.components, key=lambda c: -abs(c.value))
     shown_rows, rest = ranked[:top], ranked[top:]
     names = Column.of("component", [c.name for c in shown_rows])
-    dataset = isinstance(result, DatasetAttribution)
     values = Column.of("mean" if dataset else "value", [f"{c.value:+.4f}" for c in shown_rows], right=True)
     room = width - names.natural_width() - values.natural_width() - 2 * GAP
     largest = max((abs(c.value) for c in shown_rows), default=0.0)
     spread: list[Column] = []
-    if dataset:
-        stats = [result.spread[c.name] for c in shown_rows]
+    if dataset is not None:
+        stats = [dataset.spread[c.name] for c in shown_rows]
         spread.append(Column.of("std", [f"{std:.4f}" for std, _, _ in stats], right=True))
-        if result.resamples:
+        if dataset.resamples:
             spread.append(Column.of("95% interval", [f"[{low:+.4f}, {high:+.4f}]" for _, low, high in stats],
                                     right=True))
         room -= sum(c.natural_width() + GAP for c in spread)
     bars = Column.of("", [bar(c.value, largest, max(MIN_BAR, min(BAR_WIDTH, room))) for c in shown_rows])
     lines = table([names, values, *spread, bars], width, title=f"the {len(shown_rows)} largest components "
-                                                      f"({POSITIVE} raises, {NEGATIVE} lowers the {quantity(result)})")
+                                                      f"({POSITIVE} raises, {NEGATIVE} lowers the {what})")
     if rest:
         lines += words(f"the other {len(rest)}: {sum(c.value for c in rest):+.4f} in all", width, "dim")
     return lines
@@ -179,8 +193,6 @@ def head_grid_lines(result: Attribution, width: int) -> list[Text]:
 def record(result: Attribution) -> dict[str, Any]:
     """The attribute JSON Lines record: text, ids, tokens, position, target, foil, logit (the model's own value),
     total (the sum of the components), components. A dataset's: dataset_record."""
-    if isinstance(result, DatasetAttribution):
-        return dataset_record(result)
     return {"text": result.text, "ids": result.ids, "tokens": result.tokens, "position": result.position,
             "target": {"token": result.target.token, "id": result.target.id},
             "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
@@ -215,15 +227,25 @@ def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, 
     what the terminal shows that the page shows too: `top` (the run's --top, the components listed),
     `per_layer` (`layer_rows`, as {label, attention, mlp, total}) and `tokens_shown` (the text each token stands
     for, as the view shows them; `tokens` keeps the vocabulary entries)."""
-    section = record(result)
-    if isinstance(result, DatasetAttribution):  # what the view says above the lists; each component's value: its mean
-        section.update(header=[line.plain for line in dataset_header(result, 10**6)],
-                       components=[c | {"value": c["mean"]} for c in section["components"]])
-    section.update(quantity=plain(quantity(result)), by=result.by, layers=result.layers, heads=result.heads,
-                   softcap=result.softcap, top=result.top, tokens_shown=token_texts(result),
-                   per_layer=[{"label": label, "attention": a, "mlp": m, "total": t}
-                              for label, a, m, t in layer_rows(result)])
-    return section
+    return record(result) | page_parts(result, quantity(result))
+
+
+def dataset_page_section(result: DatasetAttribution, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """A dataset for the page: as one text's, with what the view says above the lists (`header`), each
+    component's value its mean."""
+    section = dataset_record(result)
+    section.update(header=[line.plain for line in dataset_header(result, 10**6)],
+                   components=[c | {"value": c["mean"]} for c in section["components"]])
+    return section | page_parts(result, dataset_quantity(result))
+
+
+def page_parts(result: Attribution, what: str) -> dict[str, Any]:
+    """What the page shows besides the record: the quantity (`what`), the grid's shape, --top, the tokens shown
+    and the per-layer rows."""
+    return dict(quantity=plain(what), by=result.by, layers=result.layers, heads=result.heads, softcap=result.softcap,
+                top=result.top, tokens_shown=token_texts(result),
+                per_layer=[{"label": label, "attention": a, "mlp": m, "total": t}
+                           for label, a, m, t in layer_rows(result)])
 
 
 def layer_sums(result: Attribution) -> tuple[list[float], list[float]]:
@@ -238,6 +260,21 @@ def layer_sums(result: Attribution) -> tuple[list[float], list[float]]:
 def figure(result: Attribution, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """The figure of one text: each layer's attention and MLP as bars (and, with --by head, the layer x head
     heatmap), on one diverging scale: blue raises, red lowers the quantity."""
+    return bars_figure(result, run, f"{quantity(result)} at {position_words(result)} of {result.text!r}",
+                       (None, None), "")
+
+
+def dataset_figure(result: DatasetAttribution, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+    """A dataset's figure: as one text's, of the components' means, with their standard deviations as error
+    bars."""
+    return bars_figure(result, run, f"{dataset_quantity(result)}, each component's mean over the {result.n} prompts "
+                       f"of {result.dataset} (error bars: the standard deviation over the prompts)",
+                       result.layer_std, "mean ")
+
+
+def bars_figure(result: Attribution, run: RunInfo, subject: str, errors: tuple, mean: str) -> Figure:
+    """The bars of each layer's attention and MLP (error bars `errors`, per layer: None for none) and the head
+    grid, captioned with `subject`; `mean`: how the title calls the values ("mean " over a dataset)."""
     import matplotlib
     import numpy as np
 
@@ -247,17 +284,11 @@ def figure(result: Attribution, run: RunInfo, tokenizer: Tokenizer | None) -> Fi
     grid_rows = result.by == "head"
     height = 2.6 + (0.3 * result.layers + 0.9 if grid_rows else 0)
     figure = blank_figure(max(5.0, 0.32 * result.layers + 1.6), height + 1.0)
-    if isinstance(result, DatasetAttribution):
-        caption(figure, plain(f"tfcli attribute: {quantity(result)}, each component's mean over the {result.n} prompts "
-                              f"of {result.dataset} (error bars: the standard deviation over the prompts)"), run)
-    else:
-        caption(figure, plain(f"tfcli attribute: {quantity(result)} at {position_words(result)} of {result.text!r}"),
-                run)
+    caption(figure, plain(f"tfcli attribute: {subject}"), run)
     grid = figure.add_gridspec(2 if grid_rows else 1, 1, height_ratios=[2.6, 0.3 * result.layers + 0.9]
                                if grid_rows else [1])
     bars = figure.add_subplot(grid[0])
     x = np.arange(result.layers)
-    errors = result.layer_std if isinstance(result, DatasetAttribution) else (None, None)
     bars.bar(x - 0.2, attention, 0.4, label="attention", color="#2171b5", yerr=errors[0], error_kw={"linewidth": 0.6})
     bars.bar(x + 0.2, mlp, 0.4, label="MLP", color="#e6550d", yerr=errors[1], error_kw={"linewidth": 0.6})
     bars.axhline(0, color="0.3", linewidth=0.6)
@@ -265,7 +296,6 @@ def figure(result: Attribution, run: RunInfo, tokenizer: Tokenizer | None) -> Fi
     bars.set_xlabel("layer")
     bars.set_ylabel("direct contribution")
     bars.legend(fontsize=6, frameon=False)
-    mean = "mean " if isinstance(result, DatasetAttribution) else ""
     bars.set_title(f"{mean}model's value {result.logit:+.4f}; sum of the {len(result.components)} {mean}components "
                    f"{result.total:+.4f}", fontsize=7)
     if grid_rows:

@@ -32,6 +32,7 @@ import math
 import re
 import textwrap
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -57,11 +58,13 @@ CJK_FONT_FILES = re.compile(r"NotoSans(Mono)?CJK|NotoSerifCJK|SourceHan|wqy|Droi
                             r"Nanum|UnDotum|HanaMin|unifont", re.IGNORECASE)
 
 
-def save_figure(stream: IO[bytes], fmt: str, run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None) -> None:
-    """Write the figure(s) of `items` to `stream` in format `fmt` (svg, png, pdf; several pages only in pdf)."""
+def save_figure(stream: IO[bytes], fmt: str, run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None,
+                draw: Callable[..., Figure] | None = None) -> None:
+    """Write the figure(s) of `items` to `stream` in format `fmt` (svg, png, pdf; several pages only in pdf), each
+    drawn by `draw(item, run, tokenizer)` (None: the command's renderer's, `tfcli.render.<command>.figure`)."""
     import matplotlib
 
-    draw = importlib.import_module(f"tfcli.render.{run.command}").figure
+    draw = draw or importlib.import_module(f"tfcli.render.{run.command}").figure
     families, _ = _fonts()
     # a CJK font of one weight (WenQuanYi's 500) is drawn as it is: not a line per text on stderr
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)

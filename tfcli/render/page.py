@@ -17,6 +17,7 @@ import gzip
 import html
 import importlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +30,11 @@ ASSETS = Path(__file__).resolve().parent.parent / "data"
 WEIGHT_SCALE = 1000  # weights are stored as round(weight * 1000): three decimals
 
 
-def page(run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None) -> str:
-    """The whole page for a run of `run.command` over its report objects: one section each, from the command's
-    renderer (`tfcli.render.<command>.page_section`)."""
-    section = importlib.import_module(f"tfcli.render.{run.command}").page_section
+def page(run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None,
+         section: Callable[[Any, Tokenizer | None], dict[str, Any]] | None = None) -> str:
+    """The whole page for a run of `run.command` over its report objects: one section each, from `section` (None:
+    the command's renderer's, `tfcli.render.<command>.page_section`)."""
+    section = section or importlib.import_module(f"tfcli.render.{run.command}").page_section
     data = {"run": asdict(run), "sections": [section(item, tokenizer) for item in items]}
     # "</" cannot end the script element early once written as "<\/" (still the same JSON string)
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")

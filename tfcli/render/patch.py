@@ -14,6 +14,7 @@ JSON, the page and the figure have every cell.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.text import Text
@@ -113,11 +114,9 @@ def head_ranges(pairs: list[tuple[int, int]], heads: int) -> str:
 
 
 def notes(result: Patching) -> list[tuple[str, str]]:
-    """What the scores need said beside them, as (sentence, style): a small gap, the sites scored 0 without a run,
-    the positions swept, an interruption. The view and the page both say them."""
-    out = ablation_notes(result)
-    if isinstance(result, DatasetPatching):
-        return out + dataset_notes(result)
+    """What a pair's scores need said beside them, as (sentence, style): a small gap, the sites scored 0 without a
+    run, the positions swept, an interruption. The view and the page both say them."""
+    out = ablation_notes(result, "")
     if result.small_gap:
         size = max(abs(result.clean_value), abs(result.corrupt_value), 1.0)
         out.append((f"warning: the corrupt text barely moves the metric: clean - corrupt = "
@@ -133,7 +132,7 @@ def notes(result: Patching) -> list[tuple[str, str]]:
         where = [f"{spans(before)} (before the first difference)"] if before else []
         where += [f"{spans(after)} (after the metric's)"] if after else []
         plural = "s" if len(before) + len(after) > 1 else ""
-        count = counted_sites(result.unchanged)
+        count = counted(result.unchanged, "site")
         out.append((f"position{plural} {' and '.join(where)} score{'' if plural else 's'} exactly 0 without a run: "
                     f"on a causal model a patch there changes nothing ({count})" if where else
                     f"{count} score exactly 0 without a run: a patch there changes nothing", "dim"))
@@ -150,21 +149,21 @@ def notes(result: Patching) -> list[tuple[str, str]]:
     return out
 
 
-def ablation_notes(result: Patching) -> list[tuple[str, str]]:
-    """With --ablate: what every run ran without, and the clean and corrupt values with and without it."""
+def ablation_notes(result: Patching, means: str) -> list[tuple[str, str]]:
+    """With --ablate: what every run ran without, and the clean and corrupt values with and without it (`means`:
+    what they are over a dataset)."""
     if result.ablated is None:
         return []
     clean, corrupt = result.unablated
-    means = " (means over the pairs)" if isinstance(result, DatasetPatching) else ""
     return [(f"ablated {ablated_label(result.ablated)} in every run (clean, corrupt and patched): clean "
              f"{result.clean_value:+.4f}, corrupt {result.corrupt_value:+.4f}; with nothing ablated clean {clean:+.4f}, "
              f"corrupt {corrupt:+.4f}{means}", "")]
 
 
 def dataset_notes(result: DatasetPatching) -> list[tuple[str, str]]:
-    """What a dataset's scores need said beside them: a small gap of the means, pairs whose own gap is small, the
-    columns swept, an interruption."""
-    out = []
+    """What a dataset's scores need said beside them: --ablate, a small gap of the means, pairs whose own gap is
+    small, the columns swept, an interruption."""
+    out = ablation_notes(result, " (means over the pairs)")
     if result.small_gap:
         out.append((f"warning: over the dataset the corrupt texts barely move the metric: mean clean - mean corrupt "
                     f"= {result.clean_value - result.corrupt_value:+.4f}; every score is divided by that gap",
@@ -181,21 +180,30 @@ def dataset_notes(result: DatasetPatching) -> list[tuple[str, str]]:
     return out
 
 
-def counted_sites(count: int) -> str:
-    return f"{count} site{'' if count == 1 else 's'}"
-
-
 def reached(result: Patching, site: str) -> bool:
     """Whether a site kind's activation grid has anything to show: a run finished (or it needs none)."""
     return result.method == "attribution" or not result.runs.get(site) or bool(result.finished.get(site))
 
 
 def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TOP, full: bool = False) -> list[Text]:
-    """The terminal view: the texts, the metric, what needs saying (notes), a grid per site kind (and its attribution
-    twin with --method both), the top sites of each kind. Unless `full`, a grid leaves out its rows and columns with
-    no |score| of SHOWN or more, naming them. Lines of at most `width` cells."""
-    lines = dataset_header(result, width) if isinstance(result, DatasetPatching) else header(result, width)
-    for sentence, style in notes(result):
+    """A pair's terminal view: the texts, the metric, what needs saying (notes), a grid per site kind (and its
+    attribution twin with --method both), the top sites of each kind. Unless `full`, a grid leaves out its rows and
+    columns with no |score| of SHOWN or more, naming them. Lines of at most `width` cells."""
+    return header(result, width) + grids_lines(result, notes(result), width, color, top, full)
+
+
+def dataset_lines(result: DatasetPatching, width: int, color: bool, top: int = DEFAULT_TOP,
+                  full: bool = False) -> list[Text]:
+    """A dataset's terminal view, as a pair's, of its aggregate: the top sites with their spread."""
+    return dataset_header(result, width) + grids_lines(result, dataset_notes(result), width, color, top, full,
+                                                       lambda best: spread_columns(result, best))
+
+
+def grids_lines(result: Patching, said: list[tuple[str, str]], width: int, color: bool, top: int, full: bool,
+                more: Callable[[list[Ranked]], list[Column]] = lambda best: []) -> list[Text]:
+    """The view after its header: what needs saying, the grids, the top sites (and the columns `more(best)`)."""
+    lines = []
+    for sentence, style in said:
         lines += words(sentence, width, style)
     nothing = result.interrupted and result.done == 0
     left_out = False
@@ -218,12 +226,12 @@ def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TO
             r, n = correlation(flat(grid), flat(twins[1][1]))
             lines += words(f"{site}: activation and attribution correlate r = {r:+.3f} over {n} sites" if r is not None
                            else f"{site}: too few sites to correlate", width)
-        said = _left_out_note(result, site, grid, rows, columns, what)
-        if said:
-            lines += words(said, width, "dim")
+        note = _left_out_note(result, site, grid, rows, columns, what)
+        if note:
+            lines += words(note, width, "dim")
             left_out = True
     if not nothing or result.method == "attribution":
-        best = top_lines(result, width, top)
+        best = top_lines(result, width, top, more)
         lines += [Text()] + best if best else []
     if left_out:
         lines += [Text()] + words("--full shows every grid whole", width, "dim")
@@ -276,7 +284,7 @@ def dataset_header(result: DatasetPatching, width: int) -> list[Text]:
     if result.align is not None:
         start = "positions" if result.align == "start" else \
             "positions counted back from the metric's (-1: the metric's position)"
-        marks = f"; * where the pairs' tokens differ" if result.varying else ""
+        marks = "; * where the pairs' tokens differ" if result.varying else ""
         corrupted = f"; clean and corrupt differ at {ranges_of(result, result.corrupted)}" if result.corrupted else ""
         lines += words(f"columns: {start}, labelled with the first pair's tokens{marks}{corrupted}"
                        f"{space_note(result)}", width, "dim")
@@ -473,9 +481,18 @@ def spread(result: DatasetPatching, item: Ranked) -> tuple[str, str]:
             "" if share is None else f"{share:.0%}")
 
 
-def top_lines(result: Patching, width: int, top: int) -> list[Text]:
-    """The `top` sites of each site kind by |score|, with the attribution estimate beside each under --method
-    both, and over a dataset each score's interval and restored share; no lines when nothing was computed."""
+def spread_columns(result: DatasetPatching, best: list[Ranked]) -> list[Column]:
+    """Over a dataset, each top site's interval (with a bootstrap) and restored share."""
+    spreads = [spread(result, item) for item in best]
+    columns = [Column.of("95% interval", [low_high for low_high, _ in spreads], right=True)] \
+        if result.intervals is not None else []
+    return columns + [Column.of("restored", [share for _, share in spreads], right=True)]
+
+
+def top_lines(result: Patching, width: int, top: int,
+              more: Callable[[list[Ranked]], list[Column]] = lambda best: []) -> list[Text]:
+    """The `top` sites of each site kind by |score|, then the columns `more(best)` (a dataset's spread), with the
+    attribution estimate beside each under --method both; no lines when nothing was computed."""
     per_kind = ranked(result)
     best = [item for items in per_kind.values() for item in items[:top]]
     if not best:
@@ -483,11 +500,7 @@ def top_lines(result: Patching, width: int, top: int) -> list[Text]:
     label = "attribution estimate" if result.method == "attribution" else "score"
     columns = [Column.of("site", [item.site for item in best]), Column.of("where", [item.where for item in best]),
                Column.of(label, [f"{item.score:+.4f}" for item in best], right=True)]
-    if isinstance(result, DatasetPatching):
-        spreads = [spread(result, item) for item in best]
-        if result.intervals is not None:
-            columns.append(Column.of("95% interval", [low_high for low_high, _ in spreads], right=True))
-        columns.append(Column.of("restored", [share for _, share in spreads], right=True))
+    columns += more(best)
     if result.attribution_grids is not None:
         columns.append(Column.of("attribution", [f"{item.estimate:+.4f}" if item.estimate is not None else ""
                                                  for item in best], right=True))
@@ -499,8 +512,6 @@ def record(result: Patching) -> dict[str, Any]:
     """The patch JSON record: clean, corrupt, tokens_clean, tokens_corrupt, ids_clean, ids_corrupt, position, target,
     foil, clean_value, corrupt_value, small_gap, method, positions, grids (and attribution_grids with --method both;
     decoder_tokens for an encoder-decoder). A dataset's: dataset_record."""
-    if isinstance(result, DatasetPatching):
-        return dataset_record(result)
     out = {"clean": result.clean, "corrupt": result.corrupt, "tokens_clean": result.tokens_clean,
            "tokens_corrupt": result.tokens_corrupt, "ids_clean": result.ids_clean, "ids_corrupt": result.ids_corrupt,
            "position": result.position, "target": token_record(result.target), "foil": token_record(result.foil),
@@ -560,38 +571,69 @@ def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any
     (--method both), the top sites of each kind, what needs saying (`notes`, as the view says it), whether the sweep
     was interrupted and which grids it reached; `tokens_clean_shown`, `tokens_corrupt_shown`, `decoder_tokens_shown`:
     the text each token stands for, as the view shows them (the record's tokens_* are vocabulary entries)."""
-    kinds = {site: {"axes": list(kind.axes), "what": kind.what} for site in result.grids
-             for _, kind in [kind_of(site)]}  # the page reads a grid's layout from here, not from the kinds' names
     correlations = {}
     if result.attribution_grids is not None:
         for site in result.grids:
             r, n = correlation(flat(result.grids[site]), flat(result.attribution_grids[site]))
             correlations[site] = {"r": r, "n": n}
-    top = [{"site": item.site, "where": item.where, "score": item.score, "attribution": item.estimate}
-           for items in ranked(result).values() for item in items[:result.top]]
-    clean, corrupt, decoder = texts_of(result)  # the text each token stands for: what the page shows
-    shown = {"tokens_clean_shown": clean, "tokens_corrupt_shown": corrupt, "decoder_tokens_shown": decoder}
-    if isinstance(result, DatasetPatching):  # each top site's interval and share, and how the view heads it
-        for entry, item in zip(top, [item for items in ranked(result).values() for item in items[:result.top]]):
-            entry["interval"], entry["restored"] = spread(result, item)
-        return record(result) | {"quantity": plain(quantity(result)), "kinds": kinds, "top": top,
-                                 "top_each": result.top,
-                                 "header": [line.plain for line in dataset_header(result, 10**6)],
-                                 "notes": [{"text": text, "style": style} for text, style in notes(result)],
-                                 "reached": dict.fromkeys(result.grids, True), "correlations": {}} | shown
-    return record(result) | {"quantity": plain(quantity(result)), "differing": result.differing, "kinds": kinds,
-                             "correlations": correlations, "top": top, "top_each": result.top,
+    top, _ = page_top(result)
+    return record(result) | {"quantity": plain(quantity(result)), "differing": result.differing,
+                             "kinds": page_kinds(result), "correlations": correlations, "top": top,
+                             "top_each": result.top,
                              "notes": [{"text": text, "style": style} for text, style in notes(result)],
                              "reached": {site: reached(result, site) and not (result.interrupted and result.done == 0
                                                                               and result.method != "attribution")
                                          for site in result.grids},
-                             "interrupted": result.interrupted, "done": result.done, "total": result.total} | shown
+                             "interrupted": result.interrupted, "done": result.done, "total": result.total} | \
+        shown_tokens(result)
+
+
+def dataset_page_section(result: DatasetPatching, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """A dataset's page data: as a pair's, with each top site's interval and share, and the view's header."""
+    top, best = page_top(result)
+    for entry, item in zip(top, best):
+        entry["interval"], entry["restored"] = spread(result, item)
+    return dataset_record(result) | {"quantity": plain(quantity(result)), "kinds": page_kinds(result), "top": top,
+                                     "top_each": result.top,
+                                     "header": [line.plain for line in dataset_header(result, 10**6)],
+                                     "notes": [{"text": text, "style": style} for text, style in dataset_notes(result)],
+                                     "reached": dict.fromkeys(result.grids, True), "correlations": {}} | \
+        shown_tokens(result)
+
+
+def page_kinds(result: Patching) -> dict[str, dict[str, Any]]:
+    """Each grid's axes and what it patches: the page reads a grid's layout from here, not from the kinds' names."""
+    return {site: {"axes": list(kind_of(site)[1].axes), "what": kind_of(site)[1].what} for site in result.grids}
+
+
+def page_top(result: Patching) -> tuple[list[dict[str, Any]], list[Ranked]]:
+    """The top sites of each kind as the page lists them, and as ranked."""
+    best = [item for items in ranked(result).values() for item in items[:result.top]]
+    return [{"site": item.site, "where": item.where, "score": item.score, "attribution": item.estimate}
+            for item in best], best
+
+
+def shown_tokens(result: Patching) -> dict[str, Any]:
+    """`tokens_clean_shown`, `tokens_corrupt_shown`, `decoder_tokens_shown`: the text each token stands for."""
+    clean, corrupt, decoder = texts_of(result)
+    return {"tokens_clean_shown": clean, "tokens_corrupt_shown": corrupt, "decoder_tokens_shown": decoder}
 
 
 def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """A heatmap per site kind, rows layers (heads-by-position: layer and head), columns positions (clean tokens)
     or heads; with --method both its attribution estimate beside it. One diverging scale symmetric about 0 (at least
     -1 to 1) in a colour bar under them; each value written in its cell where the cell is large enough."""
+    return grids_figure(result, run, f"{result.clean!r} vs {result.corrupt!r}")
+
+
+def dataset_figure(result: DatasetPatching, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+    """A dataset's figure: as a pair's, with the share of pairs each site restores beside its scores."""
+    shares = None if result.restored_share is None else [("share of pairs restored (≥ half)", result.restored_share)]
+    return grids_figure(result, run, f"over the {result.n} pairs of {result.dataset} (means)", shares)
+
+
+def grids_figure(result: Patching, run: RunInfo, subject: str, more: list[tuple[str, dict]] | None = None) -> Figure:
+    """The heatmaps side by side (the scores, --method both's estimate, then `more`), captioned with `subject`."""
     import matplotlib
     import numpy as np
 
@@ -600,8 +642,7 @@ def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
     twins = [("activation patching", result.grids)] if result.method != "attribution" else []
     if result.attribution_grids is not None or result.method == "attribution":
         twins.append(("attribution estimate", result.attribution_grids or result.grids))
-    if isinstance(result, DatasetPatching) and result.restored_share is not None:  # the spread over the pairs
-        twins.append(("share of pairs restored (≥ half)", result.restored_share))
+    twins += more or []
     rows_of: list[tuple[str, list[str], list[str]]] = []  # per site kind: (site, row labels, column labels)
     for site, grid in result.grids.items():
         _, kind = kind_of(site)
@@ -630,8 +671,6 @@ def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
     heights = [0.6 + h * len(rows) + 0.09 * longest for h, (_, rows, _) in zip(cell_heights, rows_of)]
     bar = 0.8  # the colour bar's own row under the grids, a little space, its ticks and label: clear of the caption
     fig = blank_figure(width, 1.2 + sum(heights) + bar)
-    subject = f"over the {result.n} pairs of {result.dataset} (means)" if isinstance(result, DatasetPatching) else \
-        f"{result.clean!r} vs {result.corrupt!r}"
     caption(fig, plain(f"tfcli patch: {quantity(result)}, clean {result.clean_value:+.3f}, corrupt "
                        f"{result.corrupt_value:+.3f}; {subject}{space_note(result)}"), run)
     layout = fig.add_gridspec(len(rows_of) + 1, len(twins), height_ratios=heights + [bar])

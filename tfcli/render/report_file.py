@@ -40,20 +40,23 @@ def check_report_path(path: Path, overwrite: bool, texts: int) -> None:
     check_writable_folder("--report", path)
 
 
-def write_report(path: Path, run: RunInfo, items: list[Any], overwrite: bool,
-                 tokenizer: Tokenizer | None = None) -> None:
+def write_report(path: Path, run: RunInfo, items: list[Any], overwrite: bool, tokenizer: Tokenizer | None = None,
+                 parts: tuple[Callable, Callable] | None = None) -> None:
     """Write the report of `items` (encode's TextReports, generate's Generations with their `tokenizer`,
-    or classify's Classifications) in the format of `path`'s extension."""
+    or classify's Classifications) in the format of `path`'s extension; `parts`: the page section and the figure
+    of one item (None: the command's renderer's `page_section` and `figure`)."""
+    section, draw = parts or (None, None)
     suffix = path.suffix.lower()
     if suffix == ".html":
         from tfcli.render.page import page
 
-        text = page(run, items, tokenizer)
+        text = page(run, items, tokenizer, section)
         write_atomically(path, lambda stream: stream.write(text.encode("utf-8")), overwrite)
     else:
         from tfcli.render.figure import save_figure
 
-        write_atomically(path, lambda stream: save_figure(stream, suffix[1:], run, items, tokenizer), overwrite)
+        write_atomically(path, lambda stream: save_figure(stream, suffix[1:], run, items, tokenizer, draw),
+                         overwrite)
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], Any], overwrite: bool) -> None:

@@ -85,14 +85,8 @@ def token_items(result: Saliency, color: bool) -> list[Text]:
     return items
 
 
-def saliency_lines(result: Saliency | DatasetSaliency, number: int, width: int, color: bool,
-                   top: int = DEFAULT_TOP, spaced: bool = False) -> list[Text]:
-    """The terminal view of one text (the `number`th shown) or of a dataset's aggregate, lines of at most `width`
-    cells; `spaced`: the aggregate follows the texts' views, after a blank line."""
-    if isinstance(result, DatasetSaliency):
-        return ([Text()] if spaced else []) + dataset_lines(result, width, color)
-    if isinstance(result, ContinuationSaliency):
-        return continuation_lines(result, number, width)
+def saliency_lines(result: Saliency, number: int, width: int, color: bool, top: int = DEFAULT_TOP) -> list[Text]:
+    """The terminal view of one text (the `number`th shown), lines of at most `width` cells."""
     lines = echo(f"text {number}: ", result.text, width)
     lines += words(method_words(result.options), width)
     lines += words(f"{quantity(result)}{where(result)}: {result.value:+.4f} on the text, {result.baseline_value:+.4f} "
@@ -153,11 +147,13 @@ def curve_lines(result: Saliency, width: int) -> list[Text]:
     return lines + table(columns, width)
 
 
-def dataset_lines(result: DatasetSaliency, width: int, color: bool) -> list[Text]:
-    """The aggregate: what was run, the mean metric, each aligned position's mean share, |delta|, faithfulness."""
+def dataset_lines(result: DatasetSaliency, width: int, color: bool, after_texts: bool = False) -> list[Text]:
+    """The aggregate: what was run, the mean metric, each aligned position's mean share, |delta|, faithfulness;
+    `after_texts`: after the texts' own views, a blank line first."""
+    lines = [Text()] if after_texts else []
     skipped = f" ({result.skipped} bad line{'' if result.skipped == 1 else 's'} skipped)" if result.skipped else ""
     what = f"dataset {result.dataset}" if result.dataset else "the texts"
-    lines = words(f"{what}: {result.n} text{'' if result.n == 1 else 's'}{skipped}", width, "bold")
+    lines += words(f"{what}: {result.n} text{'' if result.n == 1 else 's'}{skipped}", width, "bold")
     lines += words(method_words(result.options), width)
     lines += words(f"{quantity(result)}: mean over the texts {result.value:+.4f}", width)
     if result.delta_mean is not None:
@@ -232,12 +228,9 @@ def options_record(options: SaliencyOptions) -> dict[str, Any]:
             "integration": options.integration if gradients else None}
 
 
-def record(result: Saliency | DatasetSaliency) -> dict[str, Any]:
-    """The JSON Lines record (docs/commands.md, saliency): a text's, or a dataset's aggregate (`dataset_record`)."""
-    if isinstance(result, DatasetSaliency):
-        return dataset_record(result)
-    if isinstance(result, ContinuationSaliency):
-        return continuation_record(result)
+def record(result: Saliency) -> dict[str, Any]:
+    """A text's JSON Lines record (docs/commands.md, saliency; a continuation's: continuation_record, a dataset's
+    aggregate: dataset_record)."""
     curves = result.curves
     return {"text": result.text, "ids": result.ids, "tokens": result.tokens, "token_texts": result.token_texts,
             "spans": result.spans, "special": result.special, **options_record(result.options),
@@ -276,76 +269,83 @@ def dataset_record(result: DatasetSaliency) -> dict[str, Any]:
                 "deletion_beats_random": result.deletion_beats_random}}
 
 
-def page_section(result: Saliency | DatasetSaliency, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """The --report page's section: the record, and the sentences the terminal writes above the numbers (`header`),
-    so that the page says what they are without wording of its own."""
-    section = record(result)
-    if isinstance(result, ContinuationSaliency):
-        header = [line.plain for line in continuation_lines(result, 1, 10**6)[2:5]]
-    elif isinstance(result, DatasetSaliency):
-        header = [line.plain for line in dataset_lines(result, 10**6, False)[:4]]
-    else:
-        header = [plain(f"{method_words(result.options)}"),
-                  plain(f"{quantity(result)}{where(result)}: {result.value:+.4f} on the text, "
-                        f"{result.baseline_value:+.4f} on the baseline")]
-        if result.delta is not None:
-            header.append(f"the attributions sum to {result.total:+.4f}; completeness delta {result.delta:+.2e}")
-        section["shares"] = result.shares
-    section.update(header=header, quantity="" if isinstance(result, ContinuationSaliency) else plain(quantity(result)))
-    return section
+def page_section(result: Saliency, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """A text's --report section: the record, its shares, and the sentences the terminal writes above the numbers
+    (`header`), so that the page says what they are without wording of its own."""
+    header = [plain(f"{method_words(result.options)}"),
+              plain(f"{quantity(result)}{where(result)}: {result.value:+.4f} on the text, "
+                    f"{result.baseline_value:+.4f} on the baseline")]
+    if result.delta is not None:
+        header.append(f"the attributions sum to {result.total:+.4f}; completeness delta {result.delta:+.2e}")
+    return record(result) | {"shares": result.shares, "header": header, "quantity": plain(quantity(result))}
 
 
-def figure(result: Saliency | DatasetSaliency, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+def continuation_page_section(result: ContinuationSaliency, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """A continuation's section: its record and the lines the terminal writes above its matrix."""
+    header = [line.plain for line in continuation_lines(result, 1, 10**6)[2:5]]
+    return continuation_record(result) | {"header": header, "quantity": ""}
+
+
+def dataset_page_section(result: DatasetSaliency, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """The aggregate's section: its record and the lines the terminal writes above its table."""
+    header = [line.plain for line in dataset_lines(result, 10**6, False)[:4]]
+    return dataset_record(result) | {"header": header, "quantity": plain(quantity(result))}
+
+
+def figure(result: Saliency, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """A text's attributions as bars under its tokens (blue raises, red lowers the metric) and, with
-    --faithfulness, the deletion and insertion curves against the random ones; a dataset's mean shares per aligned
-    position with their intervals (and the mean areas)."""
+    --faithfulness, the deletion and insertion curves against the random ones."""
+    return bars_figure(run, ([token_label(t) for t in result.token_texts], result.attributions, None),
+                       plain(f"tfcli saliency: {quantity(result)}{where(result)} of {result.text!r}; "
+                             f"{method_words(result.options)}"), "attribution", result.curves)
+
+
+def dataset_figure(result: DatasetSaliency, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+    """A dataset's mean shares per aligned position, with their intervals."""
+    import numpy as np
+
+    labels = [f"{c.offset}\n{'' if c.token is None else token_label(c.token)}" for c in result.columns]
+    errors = None if not result.resamples else \
+        np.array([[c.mean - c.low for c in result.columns], [c.high - c.mean for c in result.columns]])
+    return bars_figure(run, (labels, [c.mean for c in result.columns], errors),
+                       plain(f"tfcli saliency: the mean share of each aligned position over the {result.n} texts of "
+                             f"{result.dataset or 'the run'} ({quantity(result)}); {method_words(result.options)}"),
+                       "mean share of |attributions|", rotation=0)
+
+
+def bars_figure(run: RunInfo, bars_of: tuple[list[str], list[float], Any], title: str, ylabel: str,
+                curves: Any = None, rotation: int = 90) -> Figure:
+    """Bars (labels, turned by `rotation`; values; error bars or None) captioned with `title`, and a text's
+    faithfulness `curves` under them where it has them."""
     import numpy as np
 
     from tfcli.render.figure import blank_figure, caption
 
-    if isinstance(result, ContinuationSaliency):
-        return continuation_figure(result, run)
-    curves = isinstance(result, Saliency) and result.curves is not None
-    if isinstance(result, DatasetSaliency):
-        labels = ["" if c.token is None else token_label(c.token) for c in result.columns]
-        labels = [f"{c.offset}\n{label}" for c, label in zip(result.columns, labels)]
-        values = [c.mean for c in result.columns]
-        errors = None if not result.resamples else \
-            np.array([[c.mean - c.low for c in result.columns], [c.high - c.mean for c in result.columns]])
-        title = plain(f"tfcli saliency: the mean share of each aligned position over the {result.n} texts of "
-                      f"{result.dataset or 'the run'} ({quantity(result)}); {method_words(result.options)}")
-        ylabel = "mean share of |attributions|"
-    else:
-        labels = [token_label(t) for t in result.token_texts]
-        values, errors = result.attributions, None
-        title = plain(f"tfcli saliency: {quantity(result)}{where(result)} of {result.text!r}; "
-                      f"{method_words(result.options)}")
-        ylabel = "attribution"
-    figure = blank_figure(max(5.0, 0.32 * len(labels) + 1.6), 3.2 + (2.4 if curves else 0))
+    labels, values, errors = bars_of
+    figure = blank_figure(max(5.0, 0.32 * len(labels) + 1.6), 3.2 + (2.4 if curves is not None else 0))
     caption(figure, title, run)
-    grid = figure.add_gridspec(2 if curves else 1, 1)
+    grid = figure.add_gridspec(2 if curves is not None else 1, 1)
     bars = figure.add_subplot(grid[0])
     x = np.arange(len(labels))
     bars.bar(x, values, 0.7, color=["#2171b5" if v >= 0 else "#cb181d" for v in values], yerr=errors,
              error_kw={"linewidth": 0.6})
     bars.axhline(0, color="0.3", linewidth=0.6)
-    bars.set_xticks(x, labels, rotation=90 if isinstance(result, Saliency) else 0, fontsize=6)
+    bars.set_xticks(x, labels, rotation=rotation, fontsize=6)
     bars.set_ylabel(ylabel)
-    if curves:
+    if curves is not None:
         ax = figure.add_subplot(grid[1])
-        c = result.curves
-        share = np.linspace(0, 1, len(c.deletion))
+        share = np.linspace(0, 1, len(curves.deletion))
         for name, style, colour in (("deletion", "-", "#cb181d"), ("random_deletion", "--", "#cb181d"),
                                     ("insertion", "-", "#2171b5"), ("random_insertion", "--", "#2171b5")):
-            ax.plot(share, getattr(c, name), style, color=colour, linewidth=1,
-                    label=f"{name.replace('_', ' ')} (area {c.areas[name]:+.3f})")
+            ax.plot(share, getattr(curves, name), style, color=colour, linewidth=1,
+                    label=f"{name.replace('_', ' ')} (area {curves.areas[name]:+.3f})")
         ax.set_xlabel("share of the tokens replaced (deletion) or restored (insertion), most attributed first")
         ax.set_ylabel("metric")
         ax.legend(fontsize=6, frameon=False)
     return figure
 
 
-def continuation_figure(result: ContinuationSaliency, run: RunInfo) -> Figure:
+def continuation_figure(result: ContinuationSaliency, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """A continuation's matrix as a heatmap: a row per token of the continuation, a column per token read, on one
     diverging scale (blue raises, red lowers the row's metric); blank where a row reads no further."""
     import matplotlib
