@@ -12,6 +12,8 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       const t = Math.min(Math.abs(v), 1), end = v >= 0 ? [33, 102, 172] : [178, 24, 43];
       return "rgb(" + end.map((c) => Math.round(255 + (c - 255) * t)).join(",") + ")";
     }
+    // a shaded cell's style: white text where the background is dark enough that black would read poorly
+    const shaded = (v) => "background:" + diverging(v) + (Math.abs(v) > 0.6 ? ";color:#fff" : "");
     const dataset = s.dataset !== undefined;
     if (s.rows !== undefined) {  // a continuation: a row per token of it, a column per token read, shaded per row
       section.append(el("h2", {}, "text " + number + ": " + echoed(s.text) + " + " + echoed(s.continuation)),
@@ -37,7 +39,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         el("thead", {}, el("tr", {}, ...["offset", "token", "mean share", "std", "95% interval"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...s.columns.map((c) => el("tr", {},
           el("td", {}, String(c.offset)), el("td", {class: "left"}, c.token === null ? "(varies)" : quoted(c.token)),
-          el("td", {style: "background:" + diverging(c.mean / largest)}, percent(c.mean)),
+          el("td", {style: shaded(c.mean / largest)}, percent(c.mean)),
           el("td", {}, (100 * c.std).toFixed(1) + "%"),
           el("td", {}, c.low === null ? "" : "[" + percent(c.low) + ", " + percent(c.high) + "]"))))));
     } else {
@@ -45,7 +47,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       const largest = Math.max(0, ...s.shares.map(Math.abs)) || 1;
       // each token shaded by its share; its attribution, share, id and vocabulary entry on hover
       section.append(el("div", {class: "tokens saliency"}, ...s.token_texts.map((t, k) => el("span", {
-        class: "tok", style: "background:" + diverging(s.shares[k] / largest) + (k === s.position ? ";border-color:#e6550d" : ""),
+        class: "tok", style: shaded(s.shares[k] / largest) + (k === s.position ? ";border-color:#e6550d" : ""),
         "data-tip": "position " + k + ": " + quoted(t) + " (#" + s.ids[k] + ", " + quoted(s.tokens[k]) + "): " +
                     signed(s.attributions[k]) + ", " + percent(s.shares[k]) + " of the absolute sum"}, label(t)))),
         ...spaceNote(s.token_texts),

@@ -20,8 +20,11 @@ if TYPE_CHECKING:
 
 DEFAULT_TOP = 10
 # |share| relative to the largest: (lowest, background for a positive, for a negative); below the last, none
-SHADES = ((0.8, "color(27)", "color(160)"), (0.6, "color(69)", "color(203)"), (0.4, "color(111)", "color(210)"),
-          (0.2, "color(153)", "color(217)"), (0.05, "color(195)", "color(224)"))
+# |share| / the text's largest at least this -> the token's style: white on the two darkest backgrounds (black there
+# reads at a contrast of about 4:1, white at 5:1), black on the others
+SHADES = ((0.8, "white on color(27)", "white on color(160)"), (0.6, "black on color(69)", "black on color(203)"),
+          (0.4, "black on color(111)", "black on color(210)"), (0.2, "black on color(153)", "black on color(217)"),
+          (0.05, "black on color(195)", "black on color(224)"))
 NAMES = dict(zip(METHODS, ("integrated gradients", "gradient (L2 norm)", "input x gradient", "occlusion",
                            "attention rollout")))
 BAR = "█"
@@ -67,7 +70,7 @@ def shade(share: float, largest: float) -> str:
     level = abs(share) / largest if largest else 0.0
     for lowest, positive, negative in SHADES:
         if level >= lowest:
-            return f"black on {positive if share >= 0 else negative}"
+            return positive if share >= 0 else negative
     return ""
 
 
