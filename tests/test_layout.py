@@ -202,13 +202,13 @@ def test_the_cli_modules_are_small_and_each_renderer_holds_its_report():
 
 
 def test_the_options_every_command_shares_are_declared_once():
-    """--model, --device, --json, --report and the rest come to a command from `@shared_options` (tfcli/cli/
-    options.py), never declared again in its signature."""
-    from tfcli.cli.options import SHARED
+    """--model, --device, --json, --report and the rest, and --dataset with the options that go with it, come to a
+    command from `@shared_options` (tfcli/cli/options.py), never declared again in its signature."""
+    from tfcli.cli.options import DATASET, SHARED
 
     again = [f"{path.name}: {node.name} declares {arg.arg}" for path in sorted((PACKAGE / "cli").glob("*.py"))
              for node, _, _ in command_functions(path)
-             for arg in node.args.args + node.args.kwonlyargs if arg.arg in SHARED]
+             for arg in node.args.args + node.args.kwonlyargs if arg.arg in SHARED | DATASET]
     assert again == []
     every = [node.name for path in sorted((PACKAGE / "cli").glob("*.py")) for node, _, _ in command_functions(path)]
     assert len(every) >= 12 and "heads" in every  # the check sees the commands

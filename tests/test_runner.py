@@ -20,8 +20,7 @@ from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, mean_spread
 from tfcli.analysis.inputs import model_input
 from tfcli.analysis.names import every_block
 from tfcli.cli.common import View, app, inputs, output_console, run_dataset
-from tfcli.cli.options import (BootstrapOption, DatasetOption, DatasetOptions, FileOption, PerItemOption, RayOption,
-                               RayWorkersOption, RunOptions, SkipBadOption, TextsArgument, ray_settings, shared_options)
+from tfcli.cli.options import DatasetFlags, FileOption, RunOptions, TextsArgument, shared_options
 from tfcli.errors import usage_error
 
 TEXTS = ["when mary and john went to the store john gave a drink to", "the cat sat on the mat",
@@ -118,15 +117,12 @@ def root() -> None:
 
 
 @norms_app.command()
-@shared_options()
-def norms(texts: TextsArgument = None, file: FileOption = None, dataset: DatasetOption = None,
-          bootstrap: BootstrapOption = None, per_item: PerItemOption = False, skip_bad: SkipBadOption = False,
-          ray: RayOption = None, ray_workers: RayWorkersOption = None, *, run: RunOptions) -> None:
+@shared_options(dataset=True, without=("ray_gpus_per_worker",))
+def norms(texts: TextsArgument = None, file: FileOption = None, *, run: RunOptions, data: DatasetFlags) -> None:
     from tfcli.sources import resolve_source
 
     out = output_console(run.width, run.color)
-    given = DatasetOptions(dataset, bootstrap, per_item, skip_bad, ray_settings(ray, ray_workers, None, True, ""),
-                           None if dataset is not None else inputs(texts, file))
+    given = data.options(data.cluster(True, ""), None if data.dataset is not None else inputs(texts, file))
     run_dataset(ResidualNorm(), resolve_source(run.model, run.revision), given, run,
                 (View(out, item_record, item_lines), View(out, record, lines)), "these norms say nothing")
 

@@ -141,15 +141,18 @@ SHARED = {"model": (ModelOption, None), "revision": (RevisionOption, None), "dev
           "color": (ColorOption, None)}
 
 
-def shared_options(without: tuple[str, ...] = (), default_model: str | None = None, **helps: str):
+def shared_options(without: tuple[str, ...] = (), default_model: str | None = None, dataset: bool = False,
+                   **helps: str):
     """A command's decorator (under @app.command()): the command's options gain the SHARED ones but those
     `without`, each with its help said the command's own way where `helps` has it (`json_output="..."`), and the
     command gets them as one object, its parameter `run: RunOptions` (the model `default_model` when none is
-    given)."""
+    given). With `dataset`, also the DATASET ones (but those `without`), as its parameter `data: DatasetFlags`."""
+    groups = ([DATASET] if dataset else []) + [SHARED]
+
     def declare(command: Callable) -> Callable:
         own = inspect.signature(command, eval_str=True)
-        params = [param for name, param in own.parameters.items() if name != "run"]
-        for name, (kind, default) in SHARED.items():
+        params = [param for name, param in own.parameters.items() if name not in ("run", "data")]
+        for name, (kind, default) in [item for group in groups for item in group.items()]:
             if name not in without:
                 kind = with_help(kind, helps[name]) if name in helps else kind
                 params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
@@ -159,6 +162,9 @@ def shared_options(without: tuple[str, ...] = (), default_model: str | None = No
         def with_shared(**given: Any) -> Any:
             shared = {name: given.pop(name, default) for name, (_, default) in SHARED.items()}
             shared["model"] = shared["model"] or default_model
+            if dataset:
+                given["data"] = DatasetFlags(**{name: given.pop(name, default)
+                                                for name, (_, default) in DATASET.items()})
             return command(**given, run=RunOptions(**shared))
 
         with_shared.__signature__ = own.replace(parameters=params)  # what Typer reads the options from
@@ -174,6 +180,41 @@ def with_help(kind: Any, text: str) -> Any:
     info = copy.copy(info)
     info.help = text
     return Annotated[base, info]
+
+
+# --dataset and the options that go with it, which every analysis over many items shares (`shared_options`)
+DATASET = {"dataset": (DatasetOption, None), "bootstrap": (BootstrapOption, None), "per_item": (PerItemOption, False),
+           "skip_bad": (SkipBadOption, False), "ray": (RayOption, None), "ray_workers": (RayWorkersOption, None),
+           "ray_gpus_per_worker": (RayGpusOption, None)}
+
+
+@dataclass
+class DatasetFlags:
+    """--dataset and the options that go with it, as given (DATASET)."""
+
+    dataset: str | None = None
+    bootstrap: int | None = None
+    per_item: bool = False
+    skip_bad: bool = False
+    ray: str | None = None
+    ray_workers: int | None = None
+    ray_gpus_per_worker: float | None = None
+
+    def only_with_a_dataset(self, *names: str) -> None:
+        """A usage error for the first of these options (`bootstrap`, `per_item`, `skip_bad`) given without
+        --dataset."""
+        for name in names:
+            if self.dataset is None and getattr(self, name) not in (None, False):
+                raise usage_error(f"--{name.replace('_', '-')} is for a --dataset")
+
+    def cluster(self, many: bool, what: str):
+        """--ray's settings, checked (`ray_settings`): None for a run on this process; refused where the run is not
+        over many items (`many` False; `what`: what --ray is for)."""
+        return ray_settings(self.ray, self.ray_workers, self.ray_gpus_per_worker, many, what)
+
+    def options(self, cluster, texts: Inputs | None = None) -> DatasetOptions:
+        """What the runner reads (`run_dataset`): this dataset, or `texts`, on `cluster` (None: this process)."""
+        return DatasetOptions(self.dataset, self.bootstrap, self.per_item, self.skip_bad, cluster, texts)
 
 
 @dataclass

@@ -9,15 +9,14 @@ from typing import Annotated
 import typer
 
 from tfcli.cli.common import View, app, inputs, output_console, run_dataset
-from tfcli.cli.options import (AT_LEAST_ONE, BootstrapOption, DatasetOption, DatasetOptions, FileOption, PerItemOption,
-                               RayGpusOption, RayOption, RayWorkersOption, RunOptions, SkipBadOption, TextsArgument,
-                               ray_settings, shared_options)
+from tfcli.cli.options import (AT_LEAST_ONE, DatasetFlags, DatasetOptions, FileOption, RunOptions, TextsArgument,
+                               shared_options)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 
 
 @app.command()
-@shared_options(default_model="gpt2-small",
+@shared_options(default_model="gpt2-small", dataset=True,
                 model="Model source with an LM, masked-LM or classifier head, or an encoder without a head (default: "
                       "the bundled `gpt2-small`, random weights).",
                 seed="Seed of the random weights (when the model has none) and of --faithfulness's random orders.")
@@ -52,15 +51,9 @@ def saliency(
     top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Tokens listed by their "
                                      "attribution.")] = 10,
     file: FileOption = None,
-    dataset: DatasetOption = None,
-    bootstrap: BootstrapOption = None,
-    per_item: PerItemOption = False,
-    skip_bad: SkipBadOption = False,
-    ray: RayOption = None,
-    ray_workers: RayWorkersOption = None,
-    ray_gpus_per_worker: RayGpusOption = None,
     *,
     run: RunOptions,
+    data: DatasetFlags,
 ) -> None:
     """Attribute a prediction to the input tokens: integrated gradients (with its completeness delta), gradients,
     occlusion or attention rollout, with faithfulness curves.
@@ -82,7 +75,7 @@ def saliency(
     from tfcli.sources import resolve_source
 
     out = output_console(run.width, run.color)
-    if dataset is not None:
+    if data.dataset is not None:
         if texts or file is not None:
             raise usage_error("give texts (or --file) or --dataset, not both")
         for name, value in (("target", target), ("foil", foil), ("position", position)):
@@ -90,18 +83,17 @@ def saliency(
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
         if continuation is not None:
             raise usage_error("--continuation is for one text: its matrix has no mean over a dataset")
-    elif skip_bad:
-        raise usage_error("--skip-bad is for a --dataset")
+    data.only_with_a_dataset("skip_bad")
     options = core.SaliencyOptions(method, baseline, steps, integration, site, target, foil, position, faithfulness,
                                    run.seed, metric, continuation)
-    texts_in = inputs(texts, file) if dataset is None else None
+    texts_in = inputs(texts, file) if data.dataset is None else None
     single = texts_in is not None and texts_in.count == 1
-    cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, not single, "a --dataset or several texts")
+    cluster = data.cluster(not single, "a --dataset or several texts")
     if run.report is not None:
         check_report_path(run.report, run.force, 1)
     source = resolve_source(run.model, run.revision)
     core.check_options(source.config, options)  # before the model is built; each text's checks follow
-    each = per_item or (texts_in is not None and not single)  # several texts: each text's view, then the aggregate
+    each = data.per_item or (texts_in is not None and not single)  # several texts: each text's view, then the aggregate
     color = out.color_system is not None
     text_view = View(out, render.record, lambda result, number: render.saliency_lines(result, number, out.width,
                                                                                       color, top), spaced=True)
@@ -115,5 +107,6 @@ def saliency(
                                                                                             after_texts=each),
                     report=(render.dataset_page_section, render.dataset_figure))
     run_dataset(core.SaliencyAnalysis(options, single), source,
-                DatasetOptions(dataset, 0 if single else bootstrap, each, skip_bad, cluster, texts_in), run,
+                DatasetOptions(data.dataset, 0 if single else data.bootstrap, each, data.skip_bad, cluster, texts_in),
+                run,
                 (text_view, view), "these attributions say nothing about a trained model")

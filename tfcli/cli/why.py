@@ -12,16 +12,15 @@ import typer
 from tfcli.cli.common import (View, ablation_of, app, build, count_bar, emit, inputs, note, output_console, report_of,
                               run_dataset, say_lines, started, stderr_width, tokenizer_of, warn, warn_spacing,
                               with_progress)
-from tfcli.cli.options import (AT_LEAST_ONE, AblateOption, BootstrapOption, DatasetOption, DatasetOptions, FileOption,
-                               MaxLengthOption, PerItemOption, RayGpusOption, RayOption, RayWorkersOption, RunOptions,
-                               SkipBadOption, TextsArgument, ray_settings, shared_options)
+from tfcli.cli.options import (AT_LEAST_ONE, AblateOption, DatasetFlags, DatasetOptions, FileOption, MaxLengthOption,
+                               RunOptions, TextsArgument, shared_options)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, tokenized
 
 
 @app.command()
-@shared_options(default_model="gpt2-small",
+@shared_options(default_model="gpt2-small", dataset=True,
                 model="Model source with an LM, masked-LM or classifier head (default: the bundled `gpt2-small`, "
                       "random weights).",
                 json_output="One JSON object on stdout (with --dataset: the aggregate, after each item's with "
@@ -53,18 +52,12 @@ def patch(
                                      "kind.")] = 5,
     full: Annotated[bool, typer.Option("--full", help="Show every grid whole (by default the view leaves out the "
                                        "rows and columns with no |score| of 0.05 or more, naming them).")] = False,
-    dataset: DatasetOption = None,
     align: Annotated[str | None, typer.Option(metavar="WHERE", help="With --dataset of pairs of different lengths: "
                                               "end (positions counted back from the metric's: -1, -2, ...).")] = None,
-    bootstrap: BootstrapOption = None,
-    per_item: PerItemOption = False,
-    skip_bad: SkipBadOption = False,
     ablate: AblateOption = None,
-    ray: RayOption = None,
-    ray_workers: RayWorkersOption = None,
-    ray_gpus_per_worker: RayGpusOption = None,
     *,
     run: RunOptions,
+    data: DatasetFlags,
 ) -> None:
     """Put back activations of a clean run into a corrupted one, site by site, and see how much of the clean logit
     (difference) each restores (activation patching; attribution patching estimates it from one backward pass).
@@ -89,8 +82,8 @@ def patch(
     out = output_console(run.width, run.color)
     if run.report is not None:
         check_report_path(run.report, run.force, 1)
-    cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, dataset is not None, "a --dataset")
-    if dataset is not None:
+    cluster = data.cluster(data.dataset is not None, "a --dataset")
+    if data.dataset is not None:
         if clean is not None:
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
         for name, value in (("target", target), ("foil", foil), ("position", position)):
@@ -100,9 +93,7 @@ def patch(
         options = core.PatchOptions("", sites=core.parse_sites(sites), method=method,
                                     ablation=ablation_of(ablate, source.config))
         core.check_sweep(source.config, options)
-        run_dataset(core.PatchDataset(options, align, positions, top), source,
-                    DatasetOptions(dataset, bootstrap, per_item, skip_bad, cluster),
-                    run,
+        run_dataset(core.PatchDataset(options, align, positions, top), source, data.options(cluster), run,
                     (View(out, render.record, lambda result, number: render.patch_lines(
                         result, out.width, out.color_system is not None, top, full)),
                      View(out, render.dataset_record, lambda result, number: render.dataset_lines(
@@ -110,10 +101,9 @@ def patch(
                           report=(render.dataset_page_section, render.dataset_figure))),
                     "these scores say nothing about a trained model")
         return
-    for name, value in (("--align", align), ("--bootstrap", bootstrap), ("--per-item", per_item or None),
-                        ("--skip-bad", skip_bad or None)):
-        if value is not None:
-            raise usage_error(f"{name} is for a --dataset")
+    if align is not None:
+        raise usage_error("--align is for a --dataset")
+    data.only_with_a_dataset("bootstrap", "per_item", "skip_bad")
     if clean is None or corrupt is None:
         raise usage_error("give a CLEAN and a CORRUPT text (or --dataset FILE)")
     if target is None:
@@ -146,7 +136,7 @@ def patch(
 
 
 @app.command()
-@shared_options(default_model="gpt2-small",
+@shared_options(default_model="gpt2-small", dataset=True,
                 model="Model source with an LM head (default: the bundled `gpt2-small`, random weights).")
 def attribute(
     texts: TextsArgument = None,
@@ -165,16 +155,10 @@ def attribute(
                                      "also the neurons kept one by one).")] = 10,
     max_length: MaxLengthOption = None,
     file: FileOption = None,
-    dataset: DatasetOption = None,
-    bootstrap: BootstrapOption = None,
-    per_item: PerItemOption = False,
-    skip_bad: SkipBadOption = False,
     ablate: AblateOption = None,
-    ray: RayOption = None,
-    ray_workers: RayWorkersOption = None,
-    ray_gpus_per_worker: RayGpusOption = None,
     *,
     run: RunOptions,
+    data: DatasetFlags,
 ) -> None:
     """Split a logit (or the difference of two) into the direct contribution of every component that writes to
     the residual stream: embeddings, heads, MLPs, neurons, biases (direct logit attribution).
@@ -193,33 +177,27 @@ def attribute(
     from tfcli.sources import resolve_source
 
     out = output_console(run.width, run.color)
-    if dataset is not None:
+    if data.dataset is not None:
         if texts or file is not None:
             raise usage_error("give texts (or --file) or --dataset, not both")
         for name, value in (("target", target), ("foil", foil), ("position", position), ("max-length", max_length)):
             if value is not None:
                 raise usage_error(f"--{name} is read from each line of the dataset" if name != "max-length" else
                                   "--max-length is for texts: a dataset's lines are read whole")
-    else:
-        for name, value in (("--bootstrap", bootstrap), ("--per-item", per_item or None),
-                            ("--skip-bad", skip_bad or None)):
-            if value is not None:
-                raise usage_error(f"{name} is for a --dataset")
-    cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, dataset is not None, "a --dataset")
-    texts_in = inputs(texts, file) if dataset is None else None
+    data.only_with_a_dataset("bootstrap", "per_item", "skip_bad")
+    cluster = data.cluster(data.dataset is not None, "a --dataset")
+    texts_in = inputs(texts, file) if data.dataset is None else None
     if run.report is not None:
-        check_report_path(run.report, run.force, 1 if dataset is not None else texts_in.count or 1)
+        check_report_path(run.report, run.force, 1 if data.dataset is not None else texts_in.count or 1)
     source = resolve_source(run.model, run.revision)
     core.check_model(source.config, by)  # before the model is built
     selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
     options = core.AttributeOptions(target, foil, position, by, selected, top,
                                     ablation_of(ablate, source.config))
-    if dataset is not None:
+    if data.dataset is not None:
         if layers is not None and by == "component":
             raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")
-        run_dataset(core.AttributeDataset(options), source, DatasetOptions(dataset, bootstrap, per_item, skip_bad,
-                                                                           cluster),
-                    run,
+        run_dataset(core.AttributeDataset(options), source, data.options(cluster), run,
                     (View(out, render.record, lambda result, number: render.attribution_lines(result, number,
                                                                                              out.width, top)),
                      View(out, render.dataset_record, lambda result, number: render.dataset_lines(result, out.width,
@@ -240,7 +218,8 @@ def attribute(
 
 
 @app.command()
-@shared_options(seed="Seed of the random weights (when the model has none) and of the probe's tokens.",
+@shared_options(dataset=True, without=("dataset", "bootstrap", "per_item", "skip_bad"),
+                seed="Seed of the random weights (when the model has none) and of the probe's tokens.",
                 json_output="JSON Lines on stdout: one object for the run (with --per-text, one per text before it).")
 def heads(
     texts: TextsArgument = None,
@@ -262,11 +241,9 @@ def heads(
                                            "per text before the run's).")] = False,
     max_length: MaxLengthOption = None,
     file: FileOption = None,
-    ray: RayOption = None,
-    ray_workers: RayWorkersOption = None,
-    ray_gpus_per_worker: RayGpusOption = None,
     *,
     run: RunOptions,
+    data: DatasetFlags,
 ) -> None:
     """Score every head over a text or a whole corpus: previous-token, duplicate-token and induction heads, and
     the attention to the first token, special tokens and itself, and its entropy.
@@ -282,7 +259,7 @@ def heads(
 
     detectors = core.parse_detectors(detect)
     core.check_probe(probe, probe_length, bool(texts) or file is not None)
-    cluster = ray_settings(ray, ray_workers, ray_gpus_per_worker, probe is None, "texts, not --probe")
+    cluster = data.cluster(probe is None, "texts, not --probe")
     out = output_console(run.width, run.color)
     texts_in = inputs(texts, file) if probe is None else None
     if run.report is not None:
