@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dataset_patch import load_hf, smollm2_path  # noqa: E402
-from measure import load_average, ratios, spread  # noqa: E402
+from measure import in_turns, load_average, ratios, spread  # noqa: E402
 
 TARGET = 1.3
 
@@ -45,12 +45,6 @@ def ioi_prompts(gguf: str, config, tokenizer, n: int):
                           "--n", str(n), "--seed", "0"], capture_output=True, text=True, check=True)
     items = [json.loads(line) for line in out.stdout.splitlines() if line.strip()][:n]
     return [attribute.check_prompt(config, tokenizer, line) for line in lines_of(items, attribute.ATTRIBUTE_LINE)]
-
-
-def timed(function) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
 
 
 def profile(function, label: str) -> None:
@@ -122,13 +116,7 @@ def main() -> None:
 
     contenders = {"transformers batched forward": hf_batch, "tfcli batched forward": tfcli_batch,
                   **{f"tfcli attribute --by {by}": dataset(by) for by in bys}}
-    for _ in range(2):  # warm-up: the packed kernels, the allocator
-        for function in contenders.values():
-            function()
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.repeats):
-        for name, function in contenders.items():
-            times[name].append(timed(function))
+    times = in_turns(contenders, args.repeats)
     after = load_average()
     print(f"\n{args.repeats} repeats each, in turns, after 2 warm-ups")
     for name, seconds in times.items():

@@ -13,6 +13,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -65,6 +66,23 @@ def compare_processes(commands: dict[str, list[str]], runs: int, env: dict[str, 
             results[name].cpu_seconds.append(cpu_seconds)
             results[name].peak_bytes.append(peak)
     return results
+
+
+def in_turns(contenders: dict[str, Callable[[], object]], repeats: int, warmups: int = 2) -> dict[str, list[float]]:
+    """Each function's wall seconds, `repeats` times, the contenders in turns (so that load hits them alike), after
+    `warmups` untimed turns (the packed kernels, the allocator)."""
+    import time
+
+    for _ in range(warmups):
+        for function in contenders.values():
+            function()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, function in contenders.items():
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def spread(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 2) -> str:

@@ -21,21 +21,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dataset_patch import load_hf, smollm2_path  # noqa: E402
-from measure import load_average, ratios, spread  # noqa: E402
+from measure import in_turns, load_average, ratios, spread  # noqa: E402
 
 TARGET = 1.2
 TEXT = "When Mary and John went to the store, John gave a drink to"
-
-
-def timed(function) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -85,13 +78,7 @@ def main() -> None:
     contenders = {"Captum LayerIntegratedGradients (with delta)": captum,
                   "tfcli saliency.run_prompt": ours,
                   "Captum LayerIntegratedGradients (no delta)": lambda: captum(False)}
-    for _ in range(2):  # warm-up: the packed kernels, the allocator
-        for function in contenders.values():
-            function()
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.repeats):
-        for name, function in contenders.items():
-            times[name].append(timed(function))
+    times = in_turns(contenders, args.repeats)
     after = load_average()
     print(f"\n{args.repeats} repeats each, in turns, after 2 warm-ups")
     for name, seconds in times.items():
