@@ -173,3 +173,34 @@ class Attention(nn.Module):
         out = scaled_dot_product_attention(q, k, v, mask, self.scale, self.softcap, pattern_site(sites))
         z = sites("z", out.transpose(1, 2))  # (B, T, H, D)
         return sites("out", self.out(z.reshape(x.shape[0], x.shape[1], -1)))
+
+    def split_forward(self, inputs: list[Tensor], mask: Tensor | None, rotary: tuple[Tensor, Tensor] | None,
+                      sites: Sites = NO_SITES) -> Tensor:
+        """Self-attention where each query head reads its own normed inputs: `inputs` the query's, key's and value's,
+        (B, T, H, hidden) each; a key/value head's projection is applied to the input of every query head that reads
+        it (grouped heads ungrouped, so that its k, v sites are (B, T, H, D)). Returns (B, T, hidden), the output
+        projection's, as forward does."""
+        if self.qk_norm == "projection":
+            raise ValueError("split inputs: a query/key norm over the whole projection mixes the heads' inputs")
+        heads, dim = self.heads, self.head_dim
+        weight, bias = self.qkv.weight, self.qkv.bias
+        sizes = (heads * dim, self.kv_heads * dim, self.kv_heads * dim)
+
+        def project(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # (B, T, H, hidden) -> (B, H, T, D)
+            per_head = w.reshape(-1, dim, w.shape[-1]).repeat_interleave(heads * dim // w.shape[0], 0)  # (H, D, hidden)
+            out = torch.einsum("bthi,hdi->bhtd", x, per_head.to(x.dtype))
+            if b is not None:
+                out = out + b.reshape(-1, dim).repeat_interleave(heads * dim // w.shape[0], 0)[None, :, None].to(x.dtype)
+            return out
+
+        biases = bias.split(sizes) if bias is not None else (None, None, None)
+        q, k, v = (project(x, w, b) for x, w, b in zip(inputs, weight.split(sizes), biases))
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary, self.interleaved), apply_rotary(k, *rotary, self.interleaved)
+        if sites:
+            q, k, v = head_site(sites, "q", q), head_site(sites, "k", k), head_site(sites, "v", v)
+        out = scaled_dot_product_attention(q, k, v, mask, self.scale, self.softcap, pattern_site(sites))
+        z = sites("z", out.transpose(1, 2))  # (B, T, H, D)
+        return sites("out", self.out(z.reshape(z.shape[0], z.shape[1], -1)))

@@ -127,6 +127,8 @@ class Block(nn.Module):
         def feed_forward(h: Tensor) -> Tensor:
             return self.mlp(h, sites.scope("mlp"))
 
+        if sites.asks("q_input") or sites.asks("k_input") or sites.asks("v_input") or sites.asks("mlp_in"):
+            return sites("resid_post", self.split_forward(x, mask, rotary, cache, sites))
         if self.parallel:
             h = normed(self._modules["attn_norm"], x, sites, "attn_norm")
             mlp_norm = self._modules.get("mlp_norm")
@@ -141,3 +143,28 @@ class Block(nn.Module):
                 x = sites("resid_mid_cross", self._sublayer("cross_attn", x, sites, cross_attend))
             x = self._sublayer("mlp", x, sites, feed_forward)
         return sites("resid_post", x)
+
+    def split_forward(self, x: Tensor, mask: Tensor | None, rotary, cache: KVCache | None, sites: Sites) -> Tensor:
+        """The block on split inputs (sites.SPLIT_SITES), pre-norm or parallel blocks of self-attention only: each
+        query head reads its query, key and value from copies of x of its own, `q_input`, `k_input`, `v_input` (B, T,
+        H, hidden; a key/value head's projection applied for every query head that reads it), each through the
+        attention's norm; the MLP reads `mlp_in` (B, T, hidden). Every copy equals x unless a hook changes it, and a
+        gradient at one is the metric's through that input alone. (B, T, hidden) -> (B, T, hidden), before
+        resid_post."""
+        if self.norm_position != "pre" or "cross_attn" in self._modules or cache is not None \
+                or not isinstance(self.attn, Attention):
+            raise ValueError("split inputs (q_input, k_input, v_input, mlp_in) need a pre-norm self-attention block "
+                             "without a cache")
+        batch, length, hidden = x.shape
+        wide = (batch, length, self.attn.heads, hidden)
+        inputs = [sites(f"{name}_input", x[:, :, None].expand(wide)) for name in "qkv"]  # three tensors: a gradient each
+        attn_norm = self._modules["attn_norm"]
+        out = self.attn.split_forward([attn_norm(i) for i in inputs], mask, rotary, sites.scope("attn"))
+        mlp_norm = self._modules.get("mlp_norm")
+        if self.parallel:
+            mlp_in = sites("mlp_in", x.view_as(x))
+            return x + out + self.mlp(mlp_norm(mlp_in) if mlp_norm is not None else attn_norm(mlp_in),
+                                      sites.scope("mlp"))
+        x = sites("resid_mid", x + out)
+        mlp_in = sites("mlp_in", x.view_as(x))
+        return x + self.mlp(mlp_norm(mlp_in), sites.scope("mlp"))

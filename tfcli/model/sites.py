@@ -19,6 +19,11 @@ without its `hook_` (docs/sites.md has the table for every kind of block):
     blocks.{l}.mlp_norm.scale, .out, blocks.{l}.mlp.pre, [.pre_linear,] .post, .out, blocks.{l}.mlp_output_norm.*
     blocks.{l}.resid_post          the block's output (what block l + 1 reads)
     final_norm.scale, final_norm.out, logits
+    blocks.{l}.q_input, .k_input, .v_input  (B, T, H, d) each query head's own copy of the residual stream its query,
+                                   key and value read (k, v per query head: grouped heads ungrouped); blocks.{l}.mlp_in
+                                   (B, T, d) the MLP's. Asked for only by name (a hook, or a name listed exactly): a
+                                   pass that asks runs its attention on these split inputs (TransformerLens's
+                                   use_split_qkv_input), what a circuit's edges need; no listing of every site has them
 
 A norm's `.scale` is its divisor per position (B, T, 1): sqrt(variance + eps) for a LayerNorm, sqrt(mean square +
 eps) for an RMSNorm. A norm's output that is itself the residual stream (post-norm blocks, the embeddings' norm)
@@ -41,8 +46,9 @@ from tfcli.errors import usage_error
 
 Hook = Callable[[Tensor], "Tensor | None"]  # a site's value -> its replacement, or None to leave it as it is
 
-HEAD_SITES = ("q", "k", "v", "z")  # (B, T, H, D): positions on axis 1, heads on axis 2
+HEAD_SITES = ("q", "k", "v", "z", "q_input", "k_input", "v_input")  # (B, T, H, D): positions on axis 1, heads on axis 2
 PATTERN_SITES = ("pattern",)  # (B, H, T, S): heads on axis 1, queries on axis 2
+SPLIT_SITES = ("q_input", "k_input", "v_input", "mlp_in")  # reached only when asked by name (Sites.asks)
 
 
 class Sites:
@@ -58,6 +64,7 @@ class Sites:
         named = isinstance(keep, (set, frozenset))
         self.keep = keep.__contains__ if named else keep
         self.grad = grad
+        self.exact: frozenset[str] = frozenset(keep) if named else frozenset()  # the names kept, given exactly
         self.cache: dict[str, Tensor] = {}
         self.reached: list[str] = []  # every site the pass reached, in order (shared by the scoped copies)
         self.prefix = ""
@@ -81,6 +88,12 @@ class Sites:
         """Whether the pass must produce `name` (hooked or kept): a pattern or a norm's scale is computed only so."""
         full = self.prefix + name
         return full in self.hooks or (self.keep is not None and self.keep(full))
+
+    def asks(self, name: str) -> bool:
+        """Whether the pass must produce `name`, one of the sites reached only when asked by name (SPLIT_SITES): hooked,
+        or kept by its exact name (not by a pattern nor by keeping everything)."""
+        full = self.prefix + name
+        return full in self.hooks or full in self.exact
 
     def __call__(self, name: str, value: Tensor) -> Tensor:
         """The value the pass goes on with at site `name`: the hook's replacement when it returns one, kept when asked."""
@@ -117,6 +130,9 @@ class _NoSites(Sites):
         return self
 
     def wants(self, name: str) -> bool:
+        return False
+
+    def asks(self, name: str) -> bool:
         return False
 
     def __call__(self, name: str, value: Tensor) -> Tensor:

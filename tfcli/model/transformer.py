@@ -477,6 +477,7 @@ class TransformerModel(nn.Module):
         the model is a usage error (TfcliError) naming the closest ones."""
         listed = [names] if isinstance(names, str) else None if names is None or callable(names) else list(names)
         sites = Sites(name_filter(listed if listed is not None else names), hooks, grad)
+        sites.exact = frozenset(name for name in listed or () if "*" not in name)  # SPLIT_SITES are asked by name
         with torch.set_grad_enabled(grad):
             out = self(input_ids, sites=sites, **inputs)
         check_names([*(listed or []), *sites.hooks], sites.reached)

@@ -1,0 +1,322 @@
+"""`tfcli circuit` against the same quantities computed by hand on transformers' own modules: tiny checkpoints saved by
+transformers inside the tests, GPT-2 (LayerNorm, biases perturbed) and Llama with grouped-query attention (RMSNorm,
+rotary; its key and value inputs taken per query head on the same model with its key/value heads repeated, as the
+EAP-IG reference ungroups them). A receiver's own input is made by hand: a zero `eps` added to the residual stream
+as that receiver alone reads it (one head's query, key or value columns of the projection recomputed from the norm
+of x + eps, or the MLP's norm's or the final norm's input), and the gradient of the metric at eps is the receiver's;
+a sender's output is read from the modules (the embeddings block 0 reads, a head's slice of the output projection's
+input times its rows of the weight, the MLP's output). Then: EAP-IG with one step is EAP; `exact` is each edge
+patched by hand; faithfulness is 1 for the whole graph, 0 for none, and for the edges out of a set of nodes equals
+patching the other nodes' outputs by hand; and the command: JSON keys, views, bad input, files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tfcli
+from tfcli import circuit
+
+VOCAB = 30522  # the bundled BERT vocabulary: the command reads texts
+CLEAN_TEXT = "when mary and john went to the store john gave a drink to"
+CORRUPT_TEXT = "when john and mary went to the store mary gave a drink to"
+PAIRS = [(CLEAN_TEXT, CORRUPT_TEXT, "mary", "john"),
+         ("then anna and tom went to the park tom gave a ball to",
+          "then tom and anna went to the park anna gave a ball to", "anna", "tom")]
+PARTS = {  # layers, attention norm, output projection, MLP norm, MLP, final norm
+    "gpt2": ("transformer.h", "ln_1", "attn.c_proj", "ln_2", "mlp", "transformer.ln_f"),
+    "llama": ("model.layers", "input_layernorm", "self_attn.o_proj", "post_attention_layernorm", "mlp", "model.norm"),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, save_hf_model):
+    """name -> (path, transformers model): GPT-2 and Llama with 4 query heads and 2 key/value heads, 2 layers, 32 wide,
+    weights large enough that edges differ, on the bundled vocabulary."""
+    import transformers
+
+    made = {}
+    configs = {
+        "gpt2": ("GPT2LMHeadModel", dict(model_type="gpt2", n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+        "llama": ("LlamaForCausalLM", dict(model_type="llama", hidden_size=32, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                                           max_position_embeddings=64)),
+    }
+
+    def make(name):
+        if name not in made:
+            cls, settings = configs[name]
+            settings = dict(settings)
+            config = transformers.AutoConfig.for_model(settings.pop("model_type"), vocab_size=VOCAB, bos_token_id=101,
+                                                       eos_token_id=102, pad_token_id=0, initializer_range=0.3,
+                                                       **settings)
+            path = tmp_path_factory.mktemp(name)
+            made[name] = path, save_hf_model(getattr(transformers, cls), config, path, perturb=True)
+        return made[name]
+
+    return make
+
+
+def ungrouped(hf):
+    """The same Llama with a key/value head per query head (query head h reads key/value head h // repeats, as
+    transformers' repeat_kv does): its logits are the grouped model's."""
+    import transformers
+
+    config = hf.config.__class__(**{**hf.config.to_dict(), "num_key_value_heads": hf.config.num_attention_heads})
+    config._attn_implementation = "eager"
+    wide = transformers.LlamaForCausalLM(config).eval()
+    state = hf.state_dict()
+    heads, groups = hf.config.num_attention_heads, hf.config.num_key_value_heads
+    for key, value in list(state.items()):
+        if key.endswith(("k_proj.weight", "v_proj.weight")):
+            state[key] = value.view(groups, -1, value.shape[-1]).repeat_interleave(heads // groups, 0).flatten(0, 1)
+    wide.load_state_dict(state)
+    return wide
+
+
+def batch(model, tokenizer, pairs=PAIRS):
+    lines = [{"clean": c, "corrupt": k, "target": t, "foil": f} for c, k, t, f in pairs]
+    from tfcli.analysis.dataset import lines_of
+    from tfcli.analysis.pairs import PAIR_LINE, check_pair
+
+    checked = [check_pair(model.config, tokenizer, line) for line in lines_of(lines, PAIR_LINE)]
+    return checked, circuit.batch_of(model, tokenizer, checked)
+
+
+# ---------------------------------------------------------------- by hand, on transformers' modules
+
+
+class Hand:
+    """A transformers model run with each receiver's own input: `eps[r]` (B, T, d) added where receiver r alone reads
+    the residual stream; the senders' outputs kept."""
+
+    def __init__(self, name, hf, graph):
+        self.name, self.hf, self.graph = name, hf, graph
+        self.layers, self.norm, self.o_proj, self.mlp_norm, self.mlp, self.final = PARTS[name]
+
+    def run(self, ids, eps, start=None, replace=None):
+        """Logits (B, T, V) and the senders' outputs (B, T, S, d); `start` replaces what block 0 reads; `replace`
+        (sender -> (B, T, d) output or z slice) puts a node's output in place (the corrupt one)."""
+        hf, graph, handles, outputs = self.hf, self.graph, [], {}
+        heads = graph.heads
+        layers = hf.get_submodule(self.layers)
+        per = 3 * heads + 1
+
+        def first(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            if start is not None:
+                x = start
+            if replace is not None and 0 in replace:
+                x = replace[0]
+            outputs[0] = x
+            return ((x, *args[1:]), kwargs) if args else (args, kwargs | {"hidden_states": x})
+        handles.append(layers[0].register_forward_pre_hook(first, with_kwargs=True))
+        for layer, block in enumerate(layers):
+            norm, seen = block.get_submodule(self.norm), {}
+            handles.append(norm.register_forward_pre_hook(lambda m, args, seen=seen: seen.__setitem__("x", args[0])))
+            projections = [("attn.c_attn", k, k) for k in range(3)] if self.name == "gpt2" else \
+                [(f"self_attn.{p}_proj", k, 0) for k, p in enumerate("qkv")]
+            for path, kind, column in projections:
+                def projected(module, args, out, kind=kind, column=column, layer=layer, norm=norm, seen=seen):
+                    out = out.clone()
+                    size = out.shape[-1] // (3 if self.name == "gpt2" else 1) // heads
+                    for h in range(heads):
+                        r = layer * per + kind * heads + h
+                        if r in eps:
+                            cols = slice(column * heads * size + h * size, column * heads * size + (h + 1) * size)
+                            out[..., cols] = module.forward(norm.forward(seen["x"] + eps[r]))[..., cols]  # no hooks
+                    return out
+                handles.append(block.get_submodule(path).register_forward_hook(projected))
+            base = 1 + layer * (heads + 1)
+
+            def z_hook(module, args, base=base):
+                z = args[0]
+                size = z.shape[-1] // heads
+                if replace is not None:
+                    z = z.clone()
+                    for h in range(heads):
+                        if base + h in replace:
+                            z[..., h * size:(h + 1) * size] = replace[base + h]
+                weight = module.weight if self.name == "llama" else module.weight.T  # (d, H x D)
+                for h in range(heads):
+                    outputs[base + h] = z[..., h * size:(h + 1) * size] @ weight[:, h * size:(h + 1) * size].T
+                outputs[("z", base)] = z
+                return (z, *args[1:])
+            handles.append(block.get_submodule(self.o_proj).register_forward_pre_hook(z_hook))
+            r_mlp = layer * per + 3 * heads
+            handles.append(block.get_submodule(self.mlp_norm).register_forward_pre_hook(
+                lambda m, args, r=r_mlp: (args[0] + eps[r],) if r in eps else None))
+
+            def mlp_hook(module, args, out, s=base + heads):
+                if replace is not None and s in replace:
+                    out = replace[s]
+                outputs[s] = out
+                return out
+            handles.append(block.get_submodule(self.mlp).register_forward_hook(mlp_hook))
+        last = len(graph.receivers) - 1
+        handles.append(hf.get_submodule(self.final).register_forward_pre_hook(
+            lambda m, args: (args[0] + eps[last],) if last in eps else None))
+        try:
+            logits = hf(input_ids=ids).logits
+        finally:
+            for handle in handles:
+                handle.remove()
+        return logits, torch.stack([outputs[s] for s in range(len(graph.senders))], 2), outputs
+
+
+def metric(logits, b):
+    rows = logits[:, b.position]
+    return rows.gather(1, b.targets[:, None])[:, 0] - rows.gather(1, b.foils[:, None])[:, 0]
+
+
+def hand_eap(hand, b, steps=None):
+    """(B, S, R): (corrupt - clean output) . the gradient at each receiver's own input, summed over positions; with
+    `steps`, the gradient averaged over the inputs corrupt + k / steps (clean - corrupt), k = 1 .. steps."""
+    graph = hand.graph
+    with torch.no_grad():
+        _, corrupt, _ = hand.run(b.corrupt, {})
+        _, clean, _ = hand.run(b.clean, {})
+    grads = {r: 0 for r in range(len(graph.receivers))}
+    points = [None] if steps is None else \
+        [corrupt[:, :, 0] + k / steps * (clean[:, :, 0] - corrupt[:, :, 0]) for k in range(1, steps + 1)]
+    for start in points:
+        eps = {r: torch.zeros(*b.clean.shape, clean.shape[-1], requires_grad=True) for r in grads}
+        logits, _, _ = hand.run(b.clean, eps, start)
+        found = torch.autograd.grad(metric(logits, b).sum(), list(eps.values()))
+        for r, g in zip(eps, found):
+            grads[r] = grads[r] + g / len(points)
+    scores = torch.einsum("btsd,btrd->bsr", (corrupt - clean).double(),
+                          torch.stack([grads[r] for r in sorted(grads)], 2).double())
+    return scores * graph.mask
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_eap_scores_are_the_hand_computation(name, checkpoints):
+    path, hf = checkpoints(name)
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    _, b = batch(model, tokenizer)
+    graph = circuit.graph_of(model.config)
+    reference = ungrouped(hf) if name == "llama" else hf
+    if name == "llama":
+        with torch.no_grad():
+            assert torch.allclose(reference(input_ids=b.clean).logits, hf(input_ids=b.clean).logits, atol=1e-5)
+    expected = hand_eap(Hand(name, reference, graph), b)
+    clean, corrupt, scores = circuit.scores_of(model, b, "eap", 1)
+    scale = expected.abs().max()
+    assert scale > 1e-3 and (expected[0] != 0).sum() > graph.edge_count * 0.9  # edges that differ, nearly all nonzero
+    assert (scores - expected).abs().max() <= 1e-5 * scale
+    with torch.no_grad():
+        logits = hf(input_ids=b.clean).logits
+    assert torch.allclose(clean, metric(logits, b).double(), atol=1e-4)
+    ig = circuit.scores_of(model, b, "eap-ig-inputs", 1)[2]
+    assert (ig - scores).abs().max() <= 1e-5 * scale  # one step of integrated gradients: at the clean input (to float32)
+    ig3 = circuit.scores_of(model, b, "eap-ig-inputs", 3)[2]
+    assert (ig3 - hand_eap(Hand(name, reference, graph), b, steps=3)).abs().max() <= 1e-5 * scale
+    assert (ig3 - scores).abs().max() > 1e-3 * scale  # three steps differ from one
+
+
+def test_exact_scores_are_each_edge_patched_by_hand(checkpoints):
+    name = "gpt2"
+    path, hf = checkpoints(name)
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    _, b = batch(model, tokenizer)
+    graph = circuit.graph_of(model.config)
+    hand = Hand(name, hf, graph)
+    with torch.no_grad():
+        _, corrupt, _ = hand.run(b.corrupt, {})
+        logits, clean, _ = hand.run(b.clean, {})
+        base = metric(logits, b)
+        scores = circuit.scores_of(model, b, "exact", 1)[2]
+        for s, r in graph.mask.nonzero().tolist():
+            patched = metric(hand.run(b.clean, {r: corrupt[:, :, s] - clean[:, :, s]})[0], b)
+            assert torch.allclose(scores[:, s, r], (patched - base).double(), atol=1e-5 * base.abs().max()), \
+                graph.edge_name(s, r)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, checkpoints):
+    path, hf = checkpoints(name)
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    _, b = batch(model, tokenizer)
+    graph = circuit.graph_of(model.config)
+    hand = Hand(name, hf, graph)
+    kept = {"input", "L0H1", "L0.mlp", "L1H2", "L1H3"}
+    chosen = torch.tensor([name in kept for name in graph.senders])[:, None] & graph.mask
+    full, empty = graph.mask.clone(), torch.zeros_like(graph.mask)
+    clean_value, corrupt_value, values = circuit.circuit_metrics(model, b, [full, empty, chosen])
+    with torch.no_grad():
+        _, _, corrupt = hand.run(b.corrupt, {})
+        heads = graph.heads
+        replace = {}
+        for s, node in enumerate(graph.senders):
+            if node in kept:
+                continue
+            if node.endswith(".mlp") or node == "input":
+                replace[s] = corrupt[s]
+            else:  # a head: its slice of the output projection's input
+                layer, h = divmod(s - 1, heads + 1)
+                z = corrupt[("z", 1 + layer * (heads + 1))]
+                size = z.shape[-1] // heads
+                replace[s] = z[..., h * size:(h + 1) * size]
+        patched = metric(hand.run(b.clean, {}, replace=replace)[0], b).double()
+        clean = metric(hf(input_ids=b.clean).logits, b).double()
+        corrupt_metric = metric(hf(input_ids=b.corrupt).logits, b).double()
+    scale = clean.abs().max()
+    assert torch.allclose(values[:, 0], clean, atol=1e-5 * scale) and torch.allclose(clean_value, clean, atol=1e-4)
+    assert torch.allclose(values[:, 1], corrupt_metric, atol=1e-5 * scale)
+    assert torch.allclose(values[:, 2], patched, atol=1e-5 * scale)
+    assert (patched - clean).abs().min() > 1e-3 and (patched - corrupt_metric).abs().min() > 1e-3
+    # the aggregate: (m(C) - m(empty)) / (m(full) - m(empty)), sums over the pairs
+    from tfcli.analysis.dataset import Dataset, Done
+
+    rows = [(float(a), float(c), v) for a, c, v in zip(clean, corrupt_metric, values.tolist())]
+    measured = circuit.CircuitFaithfulness([full, empty, chosen]).aggregate(Done(zip(range(2), rows)),
+                                                                            Dataset("", [0, 1], 0, 0))
+    gap = (clean - corrupt_metric).sum()
+    assert measured.values[0] == pytest.approx(1, abs=1e-5) and measured.values[1] == pytest.approx(0, abs=1e-5)
+    assert measured.values[2] == pytest.approx(float((patched - corrupt_metric).sum() / gap), abs=1e-5)
+
+
+def test_a_batch_equals_its_pairs_one_at_a_time(checkpoints):
+    path, _ = checkpoints("gpt2")
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    _, both = batch(model, tokenizer)
+    together = circuit.scores_of(model, both, "eap", 1)[2]
+    for i in range(2):
+        _, alone = batch(model, tokenizer, PAIRS[i:i + 1])
+        scores = circuit.scores_of(model, alone, "eap", 1)[2]
+        assert (scores[0] - together[i]).abs().max() <= 1e-5 * together.abs().max()
+
+
+def test_greedy_circuits_are_connected_to_the_logits():
+    graph = circuit.Graph(3, 2)
+    scores = torch.randn(len(graph.senders), len(graph.receivers), generator=torch.Generator().manual_seed(0))
+    order = circuit.greedy_order(graph, scores * graph.mask)
+    assert len(order) == len(set(order)) == graph.edge_count
+    for n in (1, 5, 20, 40):
+        edges = order[:n]
+        inside = {None} | {s for s, _ in edges}
+        assert all(graph.node_of(r) in inside for _, r in edges)  # every edge feeds a node already reaching the logits
+    assert order[0][1] == len(graph.receivers) - 1
+    first = max(range(len(graph.senders)), key=lambda s: abs(float(scores[s, -1])))
+    assert order[0][0] == first
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_split_inputs_change_nothing_until_hooked(name, checkpoints):
+    """The model's split-input sites (q_input, k_input, v_input per query head, mlp_in): a pass that asks for them by
+    name gives the plain pass's logits; a pass that keeps every site does not reach them (they are asked by name)."""
+    path, _ = checkpoints(name)
+    model = tfcli.load_model(str(path))
+    ids = torch.tensor([[101, 2043, 5914, 1998, 2198, 2253, 2000]])
+    names = [f"blocks.{l}.{leaf}" for l in range(2) for leaf in ("q_input", "k_input", "v_input", "mlp_in")]
+    with torch.no_grad():
+        plain = model(ids).logits
+        logits, cache = model.run_with_cache(ids, names=names)
+        _, everything = model.run_with_cache(ids)
+    assert (logits - plain).abs().max() <= 1e-5 * plain.abs().max()
+    assert cache["blocks.1.k_input"].shape == (1, 7, 4, 32) and cache["blocks.1.mlp_in"].shape == (1, 7, 32)
+    assert not any(name.endswith(("_input", "mlp_in")) for name in everything)
+    assert list(model.site_shapes()) == list(everything)
