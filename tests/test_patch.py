@@ -567,10 +567,18 @@ def test_head_sites_equal_patching_by_hand_on_transformers_modules(name, checkpo
 
 def counting_runs(monkeypatch):
     """Counts what the sweeps run: the fast sweep's patched rows and the positions each covers (rows x positions),
-    and the naive sweep's whole passes."""
+    the naive sweep's whole passes, and the positions each cached run (clean, corrupt) covers."""
     from tfcli.analysis import patching
+    from tfcli.model import TransformerModel
 
-    counted = {"rows": 0, "row_positions": 0, "passes": 0}
+    counted = {"rows": 0, "row_positions": 0, "passes": 0, "cached": []}
+    cached_run = TransformerModel.run_with_cache
+
+    def cached(model, ids, *args, **kwargs):
+        counted["cached"].append(ids.shape[1])
+        return cached_run(model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(TransformerModel, "run_with_cache", cached)
     fast_runs = patching._patched_runs
 
     def rows(stack, prefix, chunk, *args):
@@ -612,7 +620,9 @@ def test_patches_before_the_first_difference_score_exactly_0_without_a_run(check
 
 def test_a_long_pair_that_differs_near_its_end_costs_what_its_ending_costs(checkpoints, monkeypatch):
     """40 tokens that differ only at 37 patch as many runs, over as many positions, as their last 6 tokens: the
-    33 positions before the first difference cost nothing (before, every one was patched)."""
+    33 positions before the first difference cost nothing (before, every one was patched), and the corrupt run
+    covers positions 37-39 only, reading the clean run's keys and values before them (before, all 40: issue 51).
+    The scores are checked against transformers' own in the tests above, whose texts differ first at 2."""
     counted = counting_runs(monkeypatch)
     long_clean = [5 + (7 * i) % 80 for i in range(40)]
     long_corrupt = list(long_clean)
@@ -622,9 +632,9 @@ def test_a_long_pair_that_differs_near_its_end_costs_what_its_ending_costs(check
         calls = []
         result, _ = swept("gpt2", checkpoints, ("resid",), clean=clean, corrupt=corrupt,
                           progress=lambda done, total: calls.append(total))
-        costs.append((result.total, calls[0], counted["rows"], counted["row_positions"]))
-        counted.update(rows=0, row_positions=0)
-    assert costs[0] == costs[1] == (2 * 3, 2 * 3, 2 * 3, 2 * (3 + 2 + 1))  # 2 layers x positions 37-39 (3-5)
+        costs.append((result.total, calls[0], counted["rows"], counted["row_positions"], counted["cached"][1:]))
+        counted.update(rows=0, row_positions=0, cached=[])
+    assert costs[0] == costs[1] == (2 * 3, 2 * 3, 2 * 3, 2 * (3 + 2 + 1), [3])  # 2 layers x positions 37-39 (3-5)
 
 
 def test_positions_restrict_the_kinds_per_position(cli, peaked):

@@ -40,8 +40,8 @@ from tfcli.analysis.indices import parse_indices
 from tfcli.analysis.metric import Token, check_head, parse_metric, position_of
 from tfcli.analysis.names import KINDS, every_block, kind_of
 from tfcli.analysis.pairs import PAIR_LINE, Pair, check_pair, pair_inputs, same_value, small_gap
-from tfcli.analysis.patching import (BATCH_MB, Patch, PairMetric, PairRuns, attribution, empty_grid, fast_sweep,
-                                     naive_sweep, patches, put, unchanged)
+from tfcli.analysis.patching import (BATCH_MB, Patch, PairMetric, PairRuns, attribution, corrupt_run, empty_grid,
+                                     fast_sweep, naive_sweep, patches, put, unchanged)
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
@@ -258,13 +258,19 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
     estimate = options.method != "activation"  # the corrupt run keeps its graph, for one backward pass
     ablation = options.ablation
     removed = ablation and ablation.hooks
-    with torch.no_grad():
-        clean_logits, clean_cache = model.run_with_cache(clean_t, names, removed, **inputs, **kept)
+    # on the causal stack that reads the texts, the corrupt run starts at the first difference (a mean-ablation
+    # reads every position; a classifier's head pools them)
+    first = min((f for f in firsts if f is not None), default=None)
+    start = first if "" in stacks and stacks[""].causal and causal and first and position is not None and \
+        first <= position else 0
+    corrupt_names = names if options.method == "attribution" else sorted(set(names + kv + resid))
+    with torch.no_grad():  # the clean run keeps what the corrupt one reads and has before `start`
+        clean_logits, clean_cache = model.run_with_cache(clean_t, sorted(set(corrupt_names + kv)) if start else names,
+                                                         removed, **inputs, **kept)
         unablated = None if ablation is None else \
             list(zip(*(read(model(ids, **inputs, **kept).logits).tolist() for ids in (clean_t, corrupt_t))))
-    corrupt_names = names if options.method == "attribution" else sorted(set(names + kv + resid))
-    corrupt_logits, corrupt_cache = model.run_with_cache(corrupt_t, corrupt_names, removed, grad=estimate, **inputs,
-                                                         **kept)
+    corrupt_logits, ending, corrupt_cache = corrupt_run(model, corrupt_t, corrupt_names, clean_cache, start, removed,
+                                                        estimate, **inputs, **kept)
     clean_values, corrupt_values = read(clean_logits).tolist(), read(corrupt_logits.detach()).tolist()
     if not differences:
         for clean_value, corrupt_value in zip(clean_values, corrupt_values):
@@ -302,9 +308,9 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
         results.append(result)
     scales = [1.0 if differences else clean - corrupt for clean, corrupt in zip(clean_values, corrupt_values)]
     if options.method in ("attribution", "both"):
-        estimates = attribution(corrupt_logits, corrupt_cache, clean_cache, read, sweep, names) if sweep else []
+        estimates = attribution(corrupt_logits, ending, clean_cache, read, sweep, names, start) if sweep else []
         corrupt_cache = {name: value.detach() for name, value in corrupt_cache.items()}
-        del corrupt_logits
+        del corrupt_logits, ending
         attributed = [new_grids() for _ in pairs]
         for patch, value in zip(sweep, estimates):
             put(attributed[patch.pair], patch, value / scales[patch.pair] + 0.0)  # + 0.0: no -0.0 ("-0.0000")
@@ -320,7 +326,6 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
     # a mean-ablation needs whole passes (the fast sweep runs part of the text); an encoder-decoder's fast sweep
     # runs its encoder's last block and the decoder outside the patched stack's hooks
     fast = options.fast and (ablation is None or not (ablation.by_mean or encoder_decoder))
-    first = min((f for f in firsts if f is not None), default=None)
     runs = PairRuns(clean_cache, corrupt_cache, metric, inputs, removed, first)
     sweeper = fast_sweep(model, sweep, runs, options.batch_mb) if fast else naive_sweep(model, sweep, runs, corrupt_t)
     done = 0

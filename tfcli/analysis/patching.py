@@ -142,11 +142,39 @@ class PairRuns:
     first: int | None = None
 
 
+def corrupt_run(model: TransformerModel, ids: Tensor, names: list[str], clean: dict[str, Tensor], start: int,
+                hooks: dict[str, Hook] | None, grad: bool, **inputs) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+    """The corrupt run of the texts `ids` (P, T) through a causal stack whose tokens before `start` are the clean
+    texts' (0: none are): the values there are the clean run's (`clean`, which holds every block's attn.k and
+    attn.v), so the run covers the positions from `start` only, reading the clean run's keys and values before
+    them, which is exact and costs the text's ending instead of the whole text. Returns the logits (of the
+    positions run), the run's own cache (positions from `start`: what `attribution` differentiates, kept with its
+    graph under `grad`) and the cache of every position (the clean run's values before `start`, detached)."""
+    import torch
+
+    from tfcli.model import sites
+    from tfcli.model.attention import PrefixKV
+
+    if not start:
+        logits, cache = model.run_with_cache(ids, names, hooks, grad=grad, **inputs)
+        return logits, cache, cache
+    layers = len(dict(model.stacks())[""].blocks)
+    given = [{i: clean[block_site(i, f"attn.{which}")].transpose(1, 2) for i in range(layers)} for which in "kv"]
+    prefix = PrefixKV(*given, start, torch.arange(ids.shape[0], device=ids.device))
+    logits, ending = model.run_with_cache(ids[:, start:], names, hooks, grad=grad, cache=prefix, **inputs)
+    whole = {}
+    for name, value in ending.items():
+        axis = sites.axes(name)[0]
+        whole[name] = torch.cat([clean[name].narrow(axis, 0, start).to(value.dtype), value.detach()], dim=axis)
+    return logits, ending, whole
+
+
 def attribution(logits: Tensor, cache: dict[str, Tensor], clean_cache: dict[str, Tensor], metric: PairMetric,
-                sweep: list[Patch], names: list[str]) -> list[float]:
+                sweep: list[Patch], names: list[str], start: int = 0) -> list[float]:
     """(clean - corrupt) . d metric / d site, the gradient on the corrupt runs (their `logits` and `cache`, kept with
-    their graph), for every patch of the sweep, from one backward pass (the pairs' runs are independent rows): the
-    products summed over every axis of the site but those the patch's kind selects along."""
+    their graph; the cache of the positions from `start`, corrupt_run's: before it clean and corrupt are the same),
+    for every patch of the sweep, from one backward pass (the pairs' runs are independent rows): the products summed
+    over every axis of the site but those the patch's kind selects along."""
     import torch
 
     from tfcli.model import sites
@@ -159,9 +187,14 @@ def attribution(logits: Tensor, cache: dict[str, Tensor], clean_cache: dict[str,
         grad = grads[patch.name]
         if grad is None:  # the metric does not depend on it (a site after the metric's position)
             grad = torch.zeros_like(cache[patch.name])
-        clean, corrupt = clean_cache[patch.name].double(), cache[patch.name].detach().double()
-        product = (clean - corrupt) * grad.double()
         position_axis, head_axis = sites.axes(patch.name)
+        clean = clean_cache[patch.name].double()
+        clean, corrupt = clean.narrow(position_axis, start, clean.shape[position_axis] - start), \
+            cache[patch.name].detach().double()
+        product = (clean - corrupt) * grad.double()
+        if start:  # the positions before it: clean - corrupt is 0
+            product = torch.cat([product.new_zeros(product.shape[:position_axis] + (start,) +
+                                                   product.shape[position_axis + 1:]), product], dim=position_axis)
         kept = [{"position": position_axis, "head": head_axis}[axis] for axis in KINDS[patch.kind].axes]
         summed = product.sum([d for d in range(1, product.dim()) if d not in kept])  # its axes in increasing order
         sums[patch.name, patch.kind] = summed.permute([0] + [1 + sorted(kept).index(d) for d in kept])
