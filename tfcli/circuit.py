@@ -210,14 +210,6 @@ def node_name(reference: str) -> str:
     return f"L{match.group(1)}H{match.group(2)}"
 
 
-def reference_name(node: str) -> str:
-    """tfcli's node name as the EAP-IG reference's: L3H2 -> a3.h2, L3.mlp -> m3."""
-    match = re.match(r"^L(\d+)(?:H(\d+)|\.mlp)$", node)
-    if match is None:
-        return node
-    return f"m{match.group(1)}" if match.group(2) is None else f"a{match.group(1)}.h{match.group(2)}"
-
-
 def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
     """A circuit file: one edge a line (`L5H1 -> L9H6.q`, `input -> L0.mlp`; `#` starts a comment), or a graph in the
     EAP-IG reference's JSON (its edges with in_graph true). A node the model does not have, or an edge that is not one
@@ -341,19 +333,15 @@ class Senders:
     def keep_heads(self, layer: int, z: Tensor) -> None:
         weight = self.weights[layer]
         per_head = weight.view(weight.shape[0], z.shape[2], z.shape[3])  # (d, H, D)
-        self.parts.append(torch_einsum("bthe,dhe->bthd", z.detach(), per_head.to(z.dtype)))
+        import torch
+
+        self.parts.append(torch.einsum("bthe,dhe->bthd", z.detach(), per_head.to(z.dtype)))
 
     @property
     def outputs(self) -> Tensor:
         import torch
 
         return torch.cat(self.parts, 2)
-
-
-def torch_einsum(*args):
-    import torch
-
-    return torch.einsum(*args)
 
 
 def run_senders(model: TransformerModel, ids: Tensor, extra: dict[str, Callable] | None = None
@@ -555,6 +543,7 @@ class PairScores:
     scores: Tensor
     target: Token | None = None
     foil: Token | None = None
+    graph: Graph | None = None
 
 
 @dataclass
@@ -658,8 +647,8 @@ class CircuitScores:
             clean, corrupt, scores = scores_of(model, batch_of(model, tokenizer, batch), self.options.method,
                                                self.options.steps)
             tokens = [parse_metric(model.config, tokenizer, p.target, p.foil, p.position, prefix="") for p in batch]
-            return [PairScores(pair.line, float(a), float(b), s.float(), *metric) for pair, a, b, s, metric in
-                    zip(batch, clean.tolist(), corrupt.tolist(), scores, tokens)]
+            return [PairScores(pair.line, float(a), float(b), s.float(), *metric, self.graph) for pair, a, b, s, metric
+                    in zip(batch, clean.tolist(), corrupt.tolist(), scores, tokens)]
         return ordered(pairs, run, progress)
 
     def shown(self, result: PairScores) -> PairScores:
@@ -740,6 +729,9 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor
     elif options.faithful is None:
         chosen = circuit_of(graph, order[:min(options.top or DEFAULT_TOP, graph.edge_count)])
     measured = run(circuits + ([chosen] if chosen is not None else []))
+    if not measured.n:  # interrupted before any pair finished
+        result.interrupted = True
+        return
     points = [point(graph, circuit, measured, k) for k, circuit in enumerate(circuits)]
     result.curve, result.measured_pairs = points, measured.n
     result.interrupted |= measured.interrupted
@@ -776,23 +768,3 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor
 def point(graph: Graph, circuit: Tensor, measured: Measured, k: int) -> CurvePoint:
     return CurvePoint(int(circuit.sum()), len(graph.nodes_of(circuit)), measured.values[k],
                       measured.lows[k] if measured.lows else None, measured.highs[k] if measured.highs else None)
-
-
-def reference_json(result: Circuit, d_model: int) -> dict[str, Any]:
-    """The graph in the EAP-IG reference's JSON (its Graph.to_json, read back by Graph.from_json): cfg, every node
-    with in_graph, every edge `parent->child` (`<q>`, `<k>`, `<v>` into a head) with its score and in_graph."""
-    graph = result.graph
-    circuit = result.circuit
-    touched = set(graph.nodes_of(circuit)) if circuit is not None else set()
-    nodes = {reference_name(name): {"in_graph": name in touched} for name in graph.senders}
-    nodes["logits"] = {"in_graph": True}
-    edges = {}
-    for s, r in graph.mask.nonzero().tolist():
-        receiver = graph.receivers[r]
-        kind = receiver[-1] if receiver.endswith((".q", ".k", ".v")) else None
-        child = reference_name(receiver[:-2] if kind else receiver)
-        name = f"{reference_name(graph.senders[s])}->{child}" + (f"<{kind}>" if kind else "")
-        edges[name] = {"score": float(result.scores[s, r]), "in_graph": bool(circuit[s, r]) if circuit is not None
-                       else False}
-    return {"cfg": {"n_layers": graph.layers, "n_heads": graph.heads, "parallel_attn_mlp": graph.parallel,
-                    "d_model": d_model}, "nodes": nodes, "edges": edges}

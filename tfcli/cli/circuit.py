@@ -1,0 +1,156 @@
+"""`tfcli circuit`: which edges between a decoder's components carry a task, and how faithful the circuit they make is
+(tfcli/circuit.py), over one clean/corrupt pair or a --dataset of them. The edges' scores run through the runner
+(`run_dataset`: progress, Ctrl-C, --per-item, --ray); the circuit's faithfulness is then measured over the same
+pairs on this process, through the runner again, a run per batch of circuits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tfcli.cli.common import (View, app, build, count_bar, emit, output_console, report_of, run_dataset, say,
+                              tokenizer_of, warn, warn_spacing)
+from tfcli.cli.options import DatasetFlags, RunOptions, shared_options
+from tfcli.errors import TfcliError, usage_error
+from tfcli.render.report_file import check_report_path
+
+
+@app.command()
+@shared_options(default_model="gpt2-small", dataset=True,
+                model="Model source: a pre-norm decoder with an LM head (default: the bundled `gpt2-small`, random "
+                      "weights).",
+                json_output="One JSON object on stdout: every edge with its score, the circuit, its faithfulness "
+                            "and the curve (with --per-item, each pair's first).")
+def circuit(
+    clean: Annotated[str | None, typer.Argument(metavar="CLEAN", help="The clean text.", show_default=False)] = None,
+    corrupt: Annotated[str | None, typer.Argument(metavar="CORRUPT", help="The corrupted text (as many tokens as "
+                                                  "CLEAN): the counterfactual every edge is patched from.",
+                                                  show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is the metric (\" Mary\" "
+                                               "with its leading space for byte-level BPE, or #ID; with --dataset: "
+                                               "each line's).", show_default=False)] = None,
+    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits "
+                                             "target - foil.")] = None,
+    position: Annotated[int | None, typer.Option(metavar="N", help="The position the metric is read at, negative "
+                                                 "counting from the end (default: the last token).")] = None,
+    method: Annotated[str, typer.Option(metavar="METHOD", help="eap (edge attribution patching), eap-ig-inputs "
+                                        "(with integrated gradients on the inputs) or exact (each edge patched: "
+                                        "small models).")] = "eap",
+    ig_steps: Annotated[int, typer.Option(metavar="N", help="eap-ig-inputs: the points between the corrupt and the "
+                                          "clean input.")] = 5,
+    top: Annotated[int | None, typer.Option(metavar="N", help="The circuit: the greedy top N edges (default "
+                                            "100).")] = None,
+    faithful: Annotated[float | None, typer.Option(metavar="F", help="The circuit: the smallest greedy one found "
+                                                   "whose faithfulness reaches F (0 to 1).")] = None,
+    edges: Annotated[Path | None, typer.Option(metavar="FILE", help="The circuit: the edges in FILE (a line each, "
+                                               "`L5H1 -> L9H6.q`; or a graph in the EAP-IG reference's "
+                                               "JSON).")] = None,
+    sizes: Annotated[str | None, typer.Option(metavar="SIZES", help="The faithfulness curve's circuit sizes in edges "
+                                              "(default 10,30,100,300,1000).")] = None,
+    show: Annotated[int, typer.Option(metavar="N", help="Edges listed by |score|.")] = 20,
+    graph_out: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Also write the graph (every edge's "
+                                                   "score, the circuit) in the EAP-IG reference's JSON.")] = None,
+    *,
+    run: RunOptions,
+    data: DatasetFlags,
+) -> None:
+    """Score every edge between the input, the heads, the MLPs and the logits (EAP, EAP-IG or exact patching), pick
+    a circuit and measure its faithfulness with every other edge patched.
+
+    \b
+    Examples:
+      tfcli circuit -m path/to/gpt2 --target " Mary" --foil " John" \\
+          "When Mary and John went to the store, John gave a drink to" \\
+          "When John and Mary went to the store, Mary gave a drink to"
+      tfcli task ioi -m path/to/gpt2 --n 100 > ioi.jsonl
+      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --faithful 0.8
+      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --method eap-ig-inputs \\
+          --top 200 --graph-out circuit.json --report circuit.html
+    """
+    from tfcli import circuit as core
+    from tfcli import runner
+    from tfcli.analysis.dataset import Dataset, line_of
+    from tfcli.analysis.pairs import PAIR_LINE, check_pair
+    from tfcli.render import circuit as render
+    from tfcli.sources import resolve_source
+
+    out = output_console(run.width, run.color)
+    color = out.color_system is not None
+    if run.report is not None:
+        check_report_path(run.report, run.force, 1)
+    if graph_out is not None and graph_out.exists() and not run.force:
+        raise TfcliError(f"{graph_out} already exists", "pass --force to overwrite it, or choose another name")
+    if show < 1:
+        raise usage_error(f"--show must be 1 or more, got {show}", parameter="show")
+    cluster = data.cluster(data.dataset is not None, "a --dataset")
+    options = core.CircuitOptions(method, ig_steps, top, faithful, None, None if edges is None else str(edges),
+                                  core.parse_sizes(sizes))
+    if data.dataset is not None:
+        if clean is not None:
+            raise usage_error("give CLEAN CORRUPT or --dataset, not both")
+        for name, value in (("target", target), ("foil", foil), ("position", position)):
+            if value is not None:
+                raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
+    else:
+        data.only_with_a_dataset("bootstrap", "per_item", "skip_bad")
+        if clean is None or corrupt is None:
+            raise usage_error("give a CLEAN and a CORRUPT text (or --dataset FILE)")
+        if target is None:
+            raise usage_error("give --target: the token whose logit is the metric", parameter="target")
+    source = resolve_source(run.model, run.revision)
+    core.check_options(source.config, options)  # before the model is built
+    graph = core.graph_of(source.config)
+    if edges is not None:
+        options.edges = core.read_edges(str(edges), graph)
+    analysis = core.CircuitScores(options, graph)
+    random_means = "these edges say nothing about a trained model"
+
+    def measure(model, result) -> None:
+        """The circuit picked and the curve, measured over the pairs (a run of the runner each), and --graph-out."""
+        from tfcli.api import load_tokenizer_for
+
+        tokenizer = load_tokenizer_for(source)
+        pairs = Dataset(result.dataset, result.items, 0, result.resamples)
+
+        def faithfulness(circuits):
+            with count_bar("faithfulness", "pairs") as progress:
+                try:
+                    return runner.run(core.CircuitFaithfulness(circuits), model, tokenizer, pairs, progress=progress)
+                except KeyboardInterrupt:
+                    return core.Measured([], None, None, 0, True)
+        core.measure(result, options, faithfulness)
+        if graph_out is not None:
+            from tfcli.errors import replace_atomically
+
+            def write(temporary: str) -> None:
+                Path(temporary).write_text(json.dumps(render.reference_json(result, model.config.hidden_size)),
+                                           encoding="utf-8")
+            replace_atomically(graph_out, write)
+            say(f"wrote {graph_out}", whole=[str(graph_out)])
+
+    view = View(out, render.record, lambda result, number: render.circuit_lines(result, out.width, color, show))
+    if data.dataset is not None:
+        run_dataset(analysis, source, data.options(cluster), run,
+                    (View(out, render.pair_record, lambda result, number: render.pair_lines(result, out.width, color)),
+                     view), random_means, after=measure)
+        return
+    tokenizer = tokenizer_of(source)
+    warn_spacing(tokenizer, target, foil)
+    pair = check_pair(source.config, tokenizer, line_of(1, {"clean": clean, "corrupt": corrupt, "target": target,
+                                                            "foil": foil, "position": position}, PAIR_LINE))
+    pair.line = None
+    model = build(source, run, random_means)
+    try:
+        with count_bar("circuit", "pairs") as progress:
+            result = runner.run(analysis, model, tokenizer, Dataset("", [pair], 0, 0), progress=progress)
+    except KeyboardInterrupt:
+        warn("interrupted before the pair's edges were scored: nothing to show")
+        raise typer.Exit(130) from None
+    measure(model, result)
+    emit([result], view, run.json_output, report=report_of(run.report, run.force, "circuit", model, source))
+    if result.interrupted:
+        warn("interrupted: the faithfulness is of the pairs finished")
+        raise typer.Exit(130)

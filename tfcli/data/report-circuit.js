@@ -1,0 +1,82 @@
+// tfcli circuit --report: the circuit as a layered graph (a row per layer, input at the bottom, logits at the top;
+// heads then the MLP across; an edge's width by its |score|, blue positive, red negative, its numbers on hover),
+// beside the faithfulness curve; then the edges of largest |score|. Drawn from the section's data only.
+"use strict";
+window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
+  circuit: async function (section, s, number, LIB) {
+    const {el} = LIB;
+    const NS = "http://www.w3.org/2000/svg";
+    const signed = (v) => (v >= 0 ? "+" : "") + v.toPrecision(4);
+    function svgOf(width, height) {
+      const svg = document.createElementNS(NS, "svg");
+      svg.setAttribute("width", width);
+      svg.setAttribute("height", height);
+      svg.setAttribute("class", "circuit-graph");
+      return svg;
+    }
+    function add(svg, tag, attrs, tip) {
+      const node = document.createElementNS(NS, tag);
+      for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+      if (tip) node.append(Object.assign(document.createElementNS(NS, "title"), {textContent: tip}));
+      svg.append(node);
+      return node;
+    }
+    section.append(el("h2", {}, s.header[0]), ...s.header.slice(1).map((line) => el("p", {}, line)));
+    // where a node is drawn: column (heads 0..H-1, the MLP at H + 0.5), row (input -1, layers, logits L)
+    const place = (name) => {
+      const m = /^L(\d+)(?:H(\d+)|\.mlp)/.exec(name);
+      if (!m) return name === "input" ? [s.heads / 2, -1] : [s.heads / 2, s.layers];
+      return [m[2] === undefined ? s.heads + 0.5 : Number(m[2]), Number(m[1])];
+    };
+    const dx = 46, dy = 44, pad = 40;
+    const width = (s.heads + 2) * dx + 2 * pad, height = (s.layers + 2) * dy + 2 * pad;
+    const at = ([x, y]) => [pad + (x + 0.5) * dx, height - pad - (y + 1) * dy];
+    const graph = svgOf(width, height);
+    const largest = Math.max(1e-12, ...s.edges.map((e) => Math.abs(e.score)));
+    for (const e of [...s.edges].sort((a, b) => Math.abs(a.score) - Math.abs(b.score))) {
+      const [x0, y0] = at(place(e.sender)), [x1, y1] = at(place(e.receiver));
+      add(graph, "line", {x1: x0, y1: y0, x2: x1, y2: y1, stroke: e.score >= 0 ? "#2166ac" : "#b2182b",
+                          "stroke-width": (0.5 + 5 * Math.abs(e.score) / largest).toFixed(2), "stroke-opacity": 0.7},
+          e.sender + " -> " + e.receiver + ": " + signed(e.score));
+    }
+    for (const name of [...s.nodes.filter((n) => n !== "logits"), "logits"]) {
+      const [x, y] = at(place(name));
+      add(graph, "circle", {cx: x, cy: y, r: 5, fill: "#222"}, name);
+      add(graph, "text", {x: x + 7, y: y - 6, "font-size": 10}).textContent = name;
+    }
+    for (let layer = -1; layer <= s.layers; layer++) {
+      add(graph, "text", {x: 2, y: at([0, layer])[1] + 4, "font-size": 10, fill: "#666"}).textContent =
+        layer < 0 ? "input" : layer === s.layers ? "logits" : "L" + layer;
+    }
+    // the curve: faithfulness against edges (log scale), with the intervals
+    const cw = 300, ch = 220, cp = 40, curve = svgOf(cw, ch);
+    if (s.curve.length) {
+      const xs = s.curve.map((p) => Math.log10(p.edges)), lo = Math.min(...xs), hi = Math.max(...xs, lo + 1);
+      const values = s.curve.flatMap((p) => [p.faithfulness, ...(p.interval || [])]);
+      const ylo = Math.min(0, ...values), yhi = Math.max(1, ...values);
+      const X = (v) => cp + (Math.log10(v) - lo) / (hi - lo) * (cw - 2 * cp);
+      const Y = (v) => ch - cp - (v - ylo) / (yhi - ylo) * (ch - 2 * cp);
+      add(curve, "line", {x1: cp, y1: Y(1), x2: cw - cp, y2: Y(1), stroke: "#bbb", "stroke-dasharray": "3 3"});
+      add(curve, "polyline", {points: s.curve.map((p) => X(p.edges) + "," + Y(p.faithfulness)).join(" "),
+                              fill: "none", stroke: "#333"});
+      for (const p of s.curve) {
+        if (p.interval) add(curve, "line", {x1: X(p.edges), x2: X(p.edges), y1: Y(p.interval[0]), y2: Y(p.interval[1]),
+                                            stroke: "#999"});
+        add(curve, "circle", {cx: X(p.edges), cy: Y(p.faithfulness), r: 4, fill: "#333"},
+            p.edges + " edges, " + p.nodes + " nodes: faithfulness " + p.faithfulness.toFixed(3) +
+            (p.interval ? " [" + p.interval[0].toFixed(3) + ", " + p.interval[1].toFixed(3) + "]" : ""));
+        add(curve, "text", {x: X(p.edges), y: ch - cp + 14, "font-size": 10, "text-anchor": "middle"}).textContent = p.edges;
+      }
+      add(curve, "text", {x: cw / 2, y: ch - 6, "font-size": 11, "text-anchor": "middle"}).textContent = "edges";
+      add(curve, "text", {x: 4, y: cp - 10, "font-size": 11}).textContent = "faithfulness";
+    }
+    section.append(el("div", {class: "circuit-row", style: "display:flex;gap:24px;align-items:flex-start"},
+                      el("div", {}, graph), el("div", {}, curve)));
+    section.append(el("h3", {}, "the edges of largest |score|"),
+      el("table", {class: "labels"},
+        el("thead", {}, el("tr", {}, ...["#", "sender", "receiver", "score", "in circuit"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...s.top.map((e, i) => el("tr", {}, el("td", {}, String(i + 1)),
+          el("td", {class: "left"}, e.sender), el("td", {class: "left"}, e.receiver),
+          el("td", {}, signed(e.score)), el("td", {}, e.in_circuit ? "yes" : ""))))));
+  },
+});
