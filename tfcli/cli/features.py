@@ -1,0 +1,85 @@
+"""`tfcli features`: what a sparse autoencoder or transcoder (tfcli/analysis/sae.py) sees in a text and what its
+reconstruction costs the model (tfcli/features.py), over one text, several, --file or --dataset, all through the
+runner (`run_dataset`): the command reads the SAE, checks it against the model's sites before any model is built and
+hands the analysis on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tfcli.cli.common import View, app, inputs, output_console, run_dataset
+from tfcli.cli.options import AT_LEAST_ONE, DatasetFlags, DatasetOptions, FileOption, RunOptions, TextsArgument, \
+    shared_options
+from tfcli.errors import usage_error
+from tfcli.render.report_file import check_report_path
+
+
+@app.command()
+@shared_options(default_model="gpt2-small", dataset=True,
+                model="Model source the SAE was trained on (default: the bundled `gpt2-small`, random weights).")
+def features(
+    texts: TextsArgument = None,
+    sae: Annotated[Path | None, typer.Option(metavar="PATH", help="The SAE or transcoder: a folder of SAELens "
+                                             "(cfg.json + sae_weights.safetensors), Gemma Scope (params.npz; "
+                                             "params.safetensors + config.json), Llama Scope (hyperparams.json + "
+                                             "checkpoints/) or sparsify (a layers.N folder).")] = None,
+    site: Annotated[str | None, typer.Option(metavar="SITE", help="The site the SAE reads, where its file does not "
+                                             "say (blocks.L.resid_post; tfcli config --sites lists them).")] = None,
+    feature: Annotated[int | None, typer.Option(metavar="N", help="Follow feature N: its activation on every token "
+                                                "and, over texts, its top activating contexts.")] = None,
+    top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Features listed per token.")] = 5,
+    contexts: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="With --feature: the top "
+                                          "activating contexts kept over the texts.")] = 10,
+    file: FileOption = None,
+    *,
+    run: RunOptions,
+    data: DatasetFlags,
+) -> None:
+    """Read a sparse autoencoder's features at their site: per token the top features, the SAE's error (MSE,
+    explained variance, cosine, L0) and the model's next-token loss with the reconstruction spliced in; or one
+    feature's activations and its top contexts over a corpus.
+
+    \b
+    Examples:
+      tfcli features -m path/to/gpt2 --sae path/to/sae "The cat sat on the mat"
+      tfcli features -m path/to/gpt2 --sae path/to/sae --feature 1234 \\
+          --file corpus.txt
+      tfcli features -m path/to/llama --sae sparsify-run/layers.6 --json \\
+          "The capital of France is"
+    """
+    from tfcli import features as core
+    from tfcli.analysis.sae import check_fit, read_sae
+    from tfcli.model.transformer import site_shapes
+    from tfcli.render import features as render
+    from tfcli.sources import resolve_source
+
+    out = output_console(run.width, run.color)
+    if sae is None:
+        raise usage_error("--sae is required: the SAE to read", "give an SAE's folder: --sae PATH")
+    if data.dataset is not None and (texts or file is not None):
+        raise usage_error("give texts (or --file) or --dataset, not both")
+    if data.bootstrap is not None:
+        raise usage_error("--bootstrap: features aggregates means and top contexts, with no bootstrap interval")
+    data.only_with_a_dataset("skip_bad")
+    texts_in = inputs(texts, file) if data.dataset is None else None
+    single = texts_in is not None and texts_in.count == 1
+    cluster = data.cluster(not single, "a --dataset or several texts")
+    if run.report is not None:
+        check_report_path(run.report, run.force, 1)
+    options = core.FeaturesOptions(top, feature, contexts)
+    dictionary = read_sae(sae, site)
+    core.check_options(dictionary, options)
+    source = resolve_source(run.model, run.revision)
+    check_fit(dictionary, site_shapes(source.config))  # before the model is built
+    color = out.color_system is not None
+    text_view = View(out, render.record, lambda result, number: render.features_lines(result, number, out.width,
+                                                                                      color), spaced=True)
+    view = text_view if single else View(out, render.corpus_record, lambda result, number: render.corpus_lines(
+        result, out.width, color), report=(render.corpus_page_section, render.corpus_figure))
+    each = data.per_item or (texts_in is not None and (texts_in.count or 0) > 1)
+    run_dataset(core.FeaturesAnalysis(dictionary, options, single), source,
+                DatasetOptions(data.dataset, 0, each, data.skip_bad, cluster, texts_in), run,
+                (text_view, view), "these features say nothing about a trained model")
