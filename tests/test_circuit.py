@@ -320,3 +320,164 @@ def test_split_inputs_change_nothing_until_hooked(name, checkpoints):
     assert cache["blocks.1.k_input"].shape == (1, 7, 4, 32) and cache["blocks.1.mlp_in"].shape == (1, 7, 32)
     assert not any(name.endswith(("_input", "mlp_in")) for name in everything)
     assert list(model.site_shapes()) == list(everything)
+
+
+# ---------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """Twelve name-swap pairs of one length on the bundled vocabulary (enough for a bootstrap interval)."""
+    import random
+
+    names = ["mary", "john", "anna", "tom", "paul", "sarah", "james", "emma", "david", "lisa", "mark", "kate"]
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("circuit") / "pairs.jsonl"
+    with open(path, "w") as f:
+        for _ in range(12):
+            a, b = rng.sample(names, 2)
+            f.write(json.dumps({"clean": f"when {a} and {b} went to the store {b} gave a drink to",
+                                "corrupt": f"when {b} and {a} went to the store {a} gave a drink to",
+                                "target": a, "foil": b}) + "\n")
+    return path
+
+
+KEYS = ["method", "ig_steps", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
+        "interrupted", "graph", "circuit", "nodes", "curve", "edges"]
+
+
+def one_error(result):
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return len(errors) == 1 and "Traceback" not in result.stderr and result.exit_code == 2
+
+
+def test_json_record_has_exactly_the_documented_keys(cli, checkpoints, dataset):
+    path, _ = checkpoints("gpt2")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--top", "15", "--sizes", "5,20,1000",
+                 "--json")
+    assert result.exit_code == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    record = json.loads(line)
+    assert list(record) == KEYS
+    assert list(record["graph"]) == ["layers", "heads", "parallel", "edges", "nodes"]
+    assert list(record["circuit"]) == ["picked", "wanted", "edges", "nodes", "faithfulness", "interval", "pairs"]
+    assert list(record["edges"][0]) == ["sender", "receiver", "score", "in_circuit"]
+    assert list(record["curve"][0]) == ["edges", "nodes", "faithfulness", "interval"]
+    graph = circuit.Graph(2, 4)
+    assert record["graph"]["edges"] == len(record["edges"]) == graph.edge_count == 110
+    assert sum(e["in_circuit"] for e in record["edges"]) == record["circuit"]["edges"] == 15
+    assert [p["edges"] for p in record["curve"]] == [5, 20, 110]
+    whole = record["curve"][-1]
+    assert whole["faithfulness"] == pytest.approx(1, abs=1e-4) and whole["interval"] == pytest.approx([1, 1], abs=1e-4)
+    assert record["n"] == 12 and record["circuit"]["interval"][0] <= record["circuit"]["faithfulness"]
+    # the scores are the mean of the pairs' own (the core's, checked by hand above)
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    lines = [json.loads(text) for text in dataset.read_text().splitlines()]
+    _, b = batch(model, tokenizer, [(x["clean"], x["corrupt"], x["target"], x["foil"]) for x in lines])
+    mean = circuit.scores_of(model, b, "eap", 1)[2].mean(0)
+    got = torch.zeros_like(mean)
+    for e in record["edges"]:
+        got[graph.senders.index(e["sender"]), graph.receivers.index(e["receiver"])] = e["score"]
+    assert (got - mean).abs().max() <= 1e-5 * mean.abs().max()
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("colour", [True, False])
+def test_views_fit_the_width_and_keep_every_number(cli, checkpoints, dataset, width, colour):
+    import re
+
+    path, _ = checkpoints("llama")
+    args = ["circuit", "-m", str(path), "--dataset", str(dataset), "--faithful", "0.5", "--show", "12"]
+    record = json.loads(cli(*args, "--json").stdout)
+    result = cli(*args, "--width", str(width), "--color" if colour else "--no-color",
+                 env={"NO_COLOR": "1"} if not colour else None)
+    assert result.exit_code == 0, result.stderr
+    text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+    assert ("\x1b[" in result.stdout) == colour
+    assert max(len(line) for line in text.splitlines()) <= width
+    flat = " ".join(text.split())
+    top = sorted(record["edges"], key=lambda e: -abs(e["score"]))[:12]
+    for e in top:
+        shown = re.escape(e["sender"]) + r"\s+" + re.escape(e["receiver"]) + r"\s+" + re.escape(f"{e['score']:+.4g}")
+        assert re.search(shown, text), e
+    for p in record["curve"] + [record["circuit"]]:
+        assert f"{p['faithfulness']:.3f}" in flat
+        if p["interval"]:
+            assert f"[{p['interval'][0]:.3f}, {p['interval'][1]:.3f}]" in flat
+    assert f"{record['circuit']['edges']} edges, {record['circuit']['nodes']} nodes" in flat
+    assert record["circuit"]["faithfulness"] >= 0.5
+
+
+def test_a_single_pair_and_per_item_records(cli, checkpoints, dataset):
+    path, _ = checkpoints("gpt2")
+    single = cli("circuit", "-m", str(path), CLEAN_TEXT, CORRUPT_TEXT, "--target", "mary", "--foil", "john", "--json")
+    assert single.exit_code == 0, single.stderr
+    record = json.loads(single.stdout)
+    assert record["n"] == 1 and record["circuit"]["interval"] is None and record["target"]["token"] == "mary"
+    each = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--per-item", "--json", "--top", "5")
+    lines = [json.loads(line) for line in each.stdout.splitlines()]
+    assert len(lines) == 13 and list(lines[0]) == ["line", "clean_value", "corrupt_value", "top_edges"]
+    assert [x["line"] for x in lines[:12]] == list(range(1, 13)) and list(lines[-1]) == KEYS
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--faithful", "1.5"], "--faithful must be above 0 and at most 1"),
+    (["--method", "acdc"], "method must be one of eap, eap-ig-inputs, exact"),
+    (["--top", "5", "--faithful", "0.5"], "give one of --top, --faithful"),
+    (["--sizes", "10,x"], "--sizes: `10,x` is not a list"),
+])
+def test_bad_options_are_one_error_line_before_any_model(cli, checkpoints, dataset, no_model_built, args, message):
+    path, _ = checkpoints("gpt2")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), *args)
+    assert one_error(result) and message in result.stderr, result.stderr
+
+
+def test_bad_input_is_one_error_line(cli, checkpoints, dataset, tmp_path, tiny_config, no_model_built):
+    path, _ = checkpoints("gpt2")
+    edges = tmp_path / "edges.txt"
+    edges.write_text("L0H1 -> L1H2.q\nL7H0 -> logits\n")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--edges", str(edges))
+    assert one_error(result) and "line 2: the model has no node `L7H0`" in result.stderr, result.stderr
+    edges.write_text("L1H0 -> L0H2.k\n")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--edges", str(edges))
+    assert one_error(result) and "L0H2.k does not read L1H0" in result.stderr, result.stderr
+    result = cli("circuit", "-m", str(tiny_config), "a b", "a c", "--target", "b")
+    assert one_error(result) and "is an encoder-only model" in result.stderr, result.stderr
+    lines = tmp_path / "no_target.jsonl"
+    lines.write_text(json.dumps({"clean": CLEAN_TEXT, "corrupt": CORRUPT_TEXT}) + "\n")
+    result = cli("circuit", "-m", str(path), "--dataset", str(lines))
+    assert one_error(result) and "line 1: no `target`" in result.stderr, result.stderr
+
+
+def test_graph_out_is_the_reference_json_and_reads_back(cli, checkpoints, dataset, tmp_path):
+    path, _ = checkpoints("gpt2")
+    out = tmp_path / "graph.json"
+    base = ["circuit", "-m", str(path), "--dataset", str(dataset)]
+    record = json.loads(cli(*base, "--top", "12", "--graph-out", str(out), "--json").stdout)
+    graph = json.loads(out.read_text())
+    assert list(graph) == ["cfg", "nodes", "edges"]
+    assert graph["cfg"] == {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 32}
+    assert list(graph["nodes"])[:3] == ["input", "a0.h0", "a0.h1"] and "m1" in graph["nodes"]
+    assert len(graph["edges"]) == 110 and "input->a0.h0<q>" in graph["edges"] and "m1->logits" in graph["edges"]
+    by_name = {f"{e['sender']}->{e['receiver']}": e for e in record["edges"]}
+    assert graph["edges"]["a0.h3->a1.h2<k>"]["score"] == by_name["L0H3->L1H2.k"]["score"]
+    assert sum(e["in_graph"] for e in graph["edges"].values()) == 12
+    again = json.loads(cli(*base, "--edges", str(out), "--json").stdout)
+    assert again["circuit"]["faithfulness"] == pytest.approx(record["circuit"]["faithfulness"], abs=1e-9)
+    assert again["circuit"]["picked"] == "edges"
+    refused = cli(*base, "--graph-out", str(out))
+    assert refused.exit_code != 0 and "already exists" in refused.stderr
+
+
+@pytest.mark.parametrize("suffix", [".html", ".svg"])
+def test_report_files(cli, checkpoints, dataset, tmp_path, suffix):
+    path, _ = checkpoints("gpt2")
+    report = tmp_path / f"circuit{suffix}"
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--top", "10", "--report", str(report))
+    assert result.exit_code == 0, result.stderr
+    text = report.read_text()
+    if suffix == ".html":
+        assert 'circuit: async function' in text and '"layers":2' in text and '"curve":[' in text
+        assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+    else:
+        assert "<svg" in text and "faithfulness" in text

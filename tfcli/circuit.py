@@ -30,12 +30,9 @@ Shapes: B pairs, T tokens, d the model width, H heads, D head size, S senders, R
 from __future__ import annotations
 
 import heapq
-import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfcli.analysis.dataset import Dataset, Done, Line, check_one_metric
@@ -195,73 +192,6 @@ def parse_sizes(spec: str | None) -> tuple[int, ...]:
     except ValueError:
         raise usage_error(f"--sizes: `{spec}` is not a list of numbers of edges", "e.g. --sizes 10,30,100",
                           parameter="sizes") from None
-
-
-REFERENCE_NODE = re.compile(r"^(?:a(\d+)\.h(\d+)|m(\d+)|input|logits)$")
-
-
-def node_name(reference: str) -> str:
-    """An EAP-IG reference node's name as tfcli's: a3.h2 -> L3H2, m3 -> L3.mlp."""
-    match = REFERENCE_NODE.match(reference)
-    if match is None or match.group(0) in ("input", "logits"):
-        return reference
-    if match.group(3) is not None:
-        return f"L{match.group(3)}.mlp"
-    return f"L{match.group(1)}H{match.group(2)}"
-
-
-def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
-    """A circuit file: one edge a line (`L5H1 -> L9H6.q`, `input -> L0.mlp`; `#` starts a comment), or a graph in the
-    EAP-IG reference's JSON (its edges with in_graph true). A node the model does not have, or an edge that is not one
-    (a receiver before its sender): a usage error naming the line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise usage_error(f"--edges {path}: {getattr(exc, 'strerror', None) or exc}", parameter="edges") from None
-    lines: list[tuple[str, str]] = []
-    if text.lstrip().startswith("{"):
-        try:
-            edges = json.loads(text)["edges"]
-            for name, info in edges.items():
-                if info.get("in_graph"):
-                    parent, child = name.split("->")
-                    kind = re.search(r"<([qkv])>$", child)
-                    child = node_name(re.sub(r"<[qkv]>$", "", child)) + (f".{kind.group(1)}" if kind else "")
-                    lines.append((f"edge {name}", f"{node_name(parent)}->{child}"))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise usage_error(f"--edges {path}: not a graph in the EAP-IG reference's JSON (its `edges`, each "
-                              "`parent->child` with `in_graph`)", parameter="edges") from None
-    else:
-        for number, line in enumerate(text.splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
-            if line:
-                lines.append((f"line {number}", line))
-    senders = {name: i for i, name in enumerate(graph.senders)}
-    receivers = {name: i for i, name in enumerate(graph.receivers)}
-    has = f"it has layers 0-{graph.layers - 1} and heads 0-{graph.heads - 1}"
-    edges_read: list[tuple[int, int]] = []
-    for where, line in lines:
-        parts = [part.strip() for part in line.replace("→", "->").split("->")]
-        if len(parts) != 2 or not all(parts):
-            raise usage_error(f"--edges {path} {where}: `{line}` is not an edge SENDER -> RECEIVER",
-                              "e.g. L5H1 -> L9H6.q, input -> L0.mlp, L11.mlp -> logits", parameter="edges")
-        sender, receiver = parts
-        for name, known in ((sender, senders), (receiver, receivers)):
-            if name not in known:
-                node = name.rsplit(".", 1)[0] if name.endswith((".q", ".k", ".v")) else name
-                what = "node" if node not in senders and node != "logits" else \
-                    "sender" if known is senders else "receiver"
-                raise usage_error(f"--edges {path} {where}: the model has no {what} `{name}`",
-                                  f"{has}; a sender is input, LnHm or Ln.mlp, a receiver LnHm.q, .k or .v, Ln.mlp or "
-                                  "logits", parameter="edges")
-        s, r = senders[sender], receivers[receiver]
-        if s >= graph.reads(r):
-            raise usage_error(f"--edges {path} {where}: `{line}` is not an edge: {receiver} does not read {sender} "
-                              "(it comes later in the model)", parameter="edges")
-        edges_read.append((s, r))
-    if not edges_read:
-        raise usage_error(f"--edges {path}: no edge in it", parameter="edges")
-    return sorted(set(edges_read))
 
 
 # ---------------------------------------------------------------- runs on a batch of pairs
@@ -627,12 +557,9 @@ def ordered(pairs: list[Pair], run: Callable[[list[Pair]], list[Any]], progress:
         yield from (done.pop(id(pair)) for pair in window)
 
 
-@dataclass
-class CircuitScores:
-    """`circuit` as the runner runs it (tfcli/runner.py): an item is a pair, its result its PairScores, the aggregate
-    a Circuit (the circuit and its faithfulness are measured after, by the command: `measure`)."""
+class OverPairs:
+    """What both analyses of the runner (tfcli/runner.py) share: an item is a clean/corrupt pair, checked as patch's."""
 
-    options: CircuitOptions
     command, unit, line, block, streams = "circuit", "pairs", PAIR_LINE, None, False
 
     def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
@@ -640,6 +567,17 @@ class CircuitScores:
 
     def check_items(self, pairs: list[Pair]) -> None:
         check_one_metric([(pair.line, pair.foil is not None) for pair in pairs])
+
+    def shown(self, result: Any) -> Any:
+        return result
+
+
+@dataclass
+class CircuitScores(OverPairs):
+    """An item's result is its PairScores, the aggregate a Circuit (its circuit and faithfulness are measured after,
+    by the command: `measure`)."""
+
+    options: CircuitOptions
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
                 progress: Callable[[float], None] | None) -> Iterator[PairScores]:
@@ -650,9 +588,6 @@ class CircuitScores:
             return [PairScores(pair.line, float(a), float(b), s.float(), *metric, self.graph) for pair, a, b, s, metric
                     in zip(batch, clean.tolist(), corrupt.tolist(), scores, tokens)]
         return ordered(pairs, run, progress)
-
-    def shown(self, result: PairScores) -> PairScores:
-        return result
 
     def aggregate(self, done: Done, dataset: Dataset) -> Circuit:
         total, items, clean, corrupt, tokens = None, [], 0.0, 0.0, set()
@@ -674,19 +609,12 @@ class CircuitScores:
 
 
 @dataclass
-class CircuitFaithfulness:
-    """The faithfulness of K circuits (S, R) as the runner runs it: an item is a pair, its result (clean, corrupt,
-    metric of each circuit (K,)), the aggregate a Measured: sum(m(C) - m(empty)) / sum(m(full) - m(empty)) over the
-    pairs, with the bootstrap's interval."""
+class CircuitFaithfulness(OverPairs):
+    """The faithfulness of K circuits (S, R): an item's result is (clean, corrupt, the metric of each circuit (K,)),
+    the aggregate a Measured: sum(m(C) - m(empty)) / sum(m(full) - m(empty)) over the pairs, with the bootstrap's
+    interval."""
 
     circuits: list[Tensor]
-    command, unit, line, block, streams = "circuit", "pairs", PAIR_LINE, None, False
-
-    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
-        return check_pair(config, tokenizer, line)
-
-    def check_items(self, pairs: list[Pair]) -> None:
-        check_one_metric([(pair.line, pair.foil is not None) for pair in pairs])
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
                 progress: Callable[[float], None] | None) -> Iterator[tuple[float, float, list[float]]]:
@@ -694,9 +622,6 @@ class CircuitFaithfulness:
             clean, corrupt, values = circuit_metrics(model, batch_of(model, tokenizer, batch), self.circuits)
             return list(zip(clean.tolist(), corrupt.tolist(), values.tolist()))
         return ordered(pairs, run, progress)
-
-    def shown(self, result: Any) -> Any:
-        return result
 
     def aggregate(self, done: Done, dataset: Dataset) -> Measured:
         import torch

@@ -6,8 +6,9 @@ pairs on this process, through the runner again, a run per batch of circuits."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +17,9 @@ from tfcli.cli.common import (View, app, build, count_bar, emit, output_console,
 from tfcli.cli.options import DatasetFlags, RunOptions, shared_options
 from tfcli.errors import TfcliError, usage_error
 from tfcli.render.report_file import check_report_path
+
+if TYPE_CHECKING:
+    from tfcli.circuit import Graph
 
 
 @app.command()
@@ -104,7 +108,7 @@ def circuit(
     core.check_options(source.config, options)  # before the model is built
     graph = core.graph_of(source.config)
     if edges is not None:
-        options.edges = core.read_edges(str(edges), graph)
+        options.edges = read_edges(str(edges), graph)
     analysis = core.CircuitScores(options, graph)
     random_means = "these edges say nothing about a trained model"
 
@@ -154,3 +158,62 @@ def circuit(
     if result.interrupted:
         warn("interrupted: the faithfulness is of the pairs finished")
         raise typer.Exit(130)
+
+
+def node_name(reference: str) -> str:
+    """An EAP-IG reference node's name as tfcli's: a3.h2 -> L3H2, m3 -> L3.mlp."""
+    return re.sub(r"^m(\d+)$", r"L\1.mlp", re.sub(r"^a(\d+)\.h(\d+)$", r"L\1H\2", reference))
+
+
+def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
+    """A circuit file: one edge a line (`L5H1 -> L9H6.q`, `input -> L0.mlp`; `#` starts a comment), or a graph in the
+    EAP-IG reference's JSON (its edges with in_graph true). A node the model does not have, or an edge that is not one
+    (a receiver before its sender): a usage error naming the line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise usage_error(f"--edges {path}: {getattr(exc, 'strerror', None) or exc}", parameter="edges") from None
+    lines: list[tuple[str, str]] = []
+    if text.lstrip().startswith("{"):
+        try:
+            edges = json.loads(text)["edges"]
+            for name, info in edges.items():
+                if info.get("in_graph"):
+                    parent, child = name.split("->")
+                    kind = re.search(r"<([qkv])>$", child)
+                    child = node_name(re.sub(r"<[qkv]>$", "", child)) + (f".{kind.group(1)}" if kind else "")
+                    lines.append((f"edge {name}", f"{node_name(parent)}->{child}"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise usage_error(f"--edges {path}: not a graph in the EAP-IG reference's JSON (its `edges`, each "
+                              "`parent->child` with `in_graph`)", parameter="edges") from None
+    else:
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if line:
+                lines.append((f"line {number}", line))
+    senders = {name: i for i, name in enumerate(graph.senders)}
+    receivers = {name: i for i, name in enumerate(graph.receivers)}
+    has = f"it has layers 0-{graph.layers - 1} and heads 0-{graph.heads - 1}"
+    edges_read: list[tuple[int, int]] = []
+    for where, line in lines:
+        parts = [part.strip() for part in line.replace("→", "->").split("->")]
+        if len(parts) != 2 or not all(parts):
+            raise usage_error(f"--edges {path} {where}: `{line}` is not an edge SENDER -> RECEIVER",
+                              "e.g. L5H1 -> L9H6.q, input -> L0.mlp, L11.mlp -> logits", parameter="edges")
+        sender, receiver = parts
+        for name, known in ((sender, senders), (receiver, receivers)):
+            if name not in known:
+                node = name.rsplit(".", 1)[0] if name.endswith((".q", ".k", ".v")) else name
+                what = "node" if node not in senders and node != "logits" else \
+                    "sender" if known is senders else "receiver"
+                raise usage_error(f"--edges {path} {where}: the model has no {what} `{name}`",
+                                  f"{has}; a sender is input, LnHm or Ln.mlp, a receiver LnHm.q, .k or .v, Ln.mlp or "
+                                  "logits", parameter="edges")
+        s, r = senders[sender], receivers[receiver]
+        if s >= graph.reads(r):
+            raise usage_error(f"--edges {path} {where}: `{line}` is not an edge: {receiver} does not read {sender} "
+                              "(it comes later in the model)", parameter="edges")
+        edges_read.append((s, r))
+    if not edges_read:
+        raise usage_error(f"--edges {path}: no edge in it", parameter="edges")
+    return sorted(set(edges_read))
