@@ -352,6 +352,37 @@ def test_the_aggregate_is_the_mean_share_of_the_positions_every_text_has(gpt2):
     close(alone.attributions, results[1].attributions, "a text alone")
 
 
+def test_the_aggregate_per_token_kind_sums_each_texts_shares_of_that_kind(gpt2):
+    """Texts of different lengths line up by kind: the metric's target and foil tokens (IOI's names), the position
+    read, special tokens and the others; a kind's mean is over every text (0 where a text has none of it)."""
+    _, _, model, tokenizer = gpt2
+    analysis = core.SaliencyAnalysis(core.SaliencyOptions(steps=4))
+    texts = [TEXT, "then john and mary had a long talk and john gave a book to", "the two of them sat down at last"]
+    prompts = [analysis.check(model.config, tokenizer, line_of(i, {"text": t, "target": "mary", "foil": "john"},
+                                                                core.SALIENCY_LINE)) for i, t in enumerate(texts, 1)]
+    results = list(analysis.results(model, tokenizer, prompts, None))
+    from tfcli.analysis.dataset import Done
+
+    aggregate = analysis.aggregate(Done(zip(prompts, results)), Dataset("", prompts, 0, 0))
+    mary, john = tokenizer.token_to_id("mary"), tokenizer.token_to_id("john")
+    by_hand: dict[str, list[float]] = {}
+    present = set()
+    for r in results:
+        kinds = ["read" if p == len(r.ids) - 1 else "special" if s else "target" if i == mary else "foil"
+                 if i == john else "other" for p, (i, s) in enumerate(zip(r.ids, r.special))]
+        present |= set(kinds)
+        scale = sum(abs(a) for a in r.attributions)
+        for kind in core.TOKEN_KINDS:
+            by_hand.setdefault(kind, []).append(sum(a / scale for a, k in zip(r.attributions, kinds) if k == kind))
+    assert [k.kind for k in aggregate.kinds] == [kind for kind in core.TOKEN_KINDS if kind in present]
+    assert {"target", "foil", "read", "other"} <= present
+    for share in aggregate.kinds:
+        assert share.mean == pytest.approx(sum(by_hand[share.kind]) / 3, abs=1e-9), share.kind
+    assert {k.kind: k.texts for k in aggregate.kinds}["target"] == 2  # the third text has no ' mary'
+    assert sum(k.mean for k in aggregate.kinds) == pytest.approx(
+        sum(sum(r.shares) for r in results) / 3, abs=1e-9)  # every token has one kind
+
+
 # ---------------------------------------------------------------- the command line
 
 
@@ -383,6 +414,8 @@ def test_several_texts_show_each_then_the_aggregate(cli, gpt2, tmp_path):
     *each, aggregate = records(cli("saliency", "-m", path, *TEXTS, "--json", "--steps", "4"))
     assert [item["text"] for item in each] == TEXTS
     assert aggregate["n"] == 3 and aggregate["bootstrap"] == 0 and len(aggregate["columns"]) >= 10
+    assert {"read", "other"} <= {k["kind"] for k in aggregate["kinds"]}
+    assert set(aggregate["kinds"][0]) == {"kind", "texts", "mean", "std", "low", "high"}
     dataset = tmp_path / "texts.jsonl"
     dataset.write_text("".join(json.dumps({"text": t, "target": "the"}) + "\n" for t in TEXTS * 4))
     [aggregate] = records(cli("saliency", "-m", path, "--dataset", str(dataset), "--json", "--steps", "4",

@@ -147,13 +147,39 @@ class Saliency:
 
 
 @dataclass
-class Column:
+class PositionShare:
     """One aligned position of a dataset's texts: `offset` from the position read (0 is it, -1 the token before),
     the token's text where every text has the same one there (else None), the mean share over the texts with its
     standard deviation and 95% bootstrap interval (None without resamples)."""
 
     offset: int
     token: str | None
+    mean: float
+    std: float
+    low: float | None
+    high: float | None
+
+
+TOKEN_KINDS = ("target", "foil", "read", "special", "other")
+
+
+def token_kinds(result: Saliency) -> list[str]:
+    """Each token's kind: `read` (the position read), `special` (one the tokenizer adds), `target` and `foil` (the
+    metric's target or foil token, where the metric is a token's: IOI's indirect object and subject), or `other`."""
+    tokens = result.metric in ("logit", "logprob")
+    target, foil = (t.id if t is not None and tokens else None for t in (result.target, result.foil))
+    return ["read" if p == result.position else "special" if special else "target" if i == target else
+            "foil" if i == foil else "other" for p, (i, special) in enumerate(zip(result.ids, result.special))]
+
+
+@dataclass
+class KindShare:
+    """One kind of token over a dataset's texts: each text's shares of its tokens of that kind summed (0 in a text
+    without one), their mean with its standard deviation and 95% bootstrap interval (None without resamples), and
+    how many texts have a token of that kind."""
+
+    kind: str
+    texts: int
     mean: float
     std: float
     low: float | None
@@ -177,7 +203,8 @@ class DatasetSaliency:
     target: Token | None  # where every text has the same (else None)
     foil: Token | None
     value: float
-    columns: list[Column]
+    columns: list[PositionShare]
+    kinds: list[KindShare] = field(default_factory=list)  # the kinds some text has, in TOKEN_KINDS' order
     delta_mean: float | None = None  # mean |delta|
     delta_worst: float | None = None
     areas: dict[str, tuple[float, float, float | None, float | None]] | None = None
@@ -603,7 +630,8 @@ class SaliencyAnalysis:
 def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Dataset,
               interrupted: bool) -> DatasetSaliency:
     """The texts' shares at the positions every text has, counted back from the position read (the last token
-    for a label or a pooled output), with their spread; the mean metric, |delta| and faithfulness areas."""
+    for a label or a pooled output), with their spread; the same per kind of token (token_kinds), which lines up
+    texts of any length; the mean metric, |delta| and faithfulness areas."""
     import torch
 
     first = results[0]
@@ -616,8 +644,16 @@ def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Datase
     columns = []
     for j in range(width):
         texts = {r.token_texts[at - width + 1 + j] for r, at in zip(results, read)}
-        columns.append(Column(j - width + 1, texts.pop() if len(texts) == 1 else None, float(mean[j]), float(std[j]),
-                              None if low is None else float(low[j]), None if high is None else float(high[j])))
+        columns.append(PositionShare(j - width + 1, texts.pop() if len(texts) == 1 else None, float(mean[j]),
+                                     float(std[j]), None if low is None else float(low[j]),
+                                     None if high is None else float(high[j])))
+    kinds = [token_kinds(r) for r in results]
+    by_kind = torch.tensor([[math.fsum(share for share, k in zip(r.shares, of) if k == kind) for kind in TOKEN_KINDS]
+                            for r, of in zip(results, kinds)], dtype=torch.float64)
+    k_mean, k_std, k_low, k_high = mean_spread(by_kind, dataset.resamples)
+    kind_shares = [KindShare(kind, sum(kind in of for of in kinds), float(k_mean[j]), float(k_std[j]),
+                             None if k_low is None else float(k_low[j]), None if k_high is None else float(k_high[j]))
+                   for j, kind in enumerate(TOKEN_KINDS) if any(kind in of for of in kinds)]
     same = len({(r.target.id if r.target else None, r.foil.id if r.foil else None) for r in results}) == 1
     deltas = [abs(r.delta) for r in results if r.delta is not None]
     areas, beats = None, None
@@ -630,7 +666,7 @@ def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Datase
         beats = int((table[:, 0] < table[:, 2]).sum())
     return DatasetSaliency(dataset.path, len(results), len(dataset.items), dataset.skipped, dataset.resamples, options,
                            first.metric, first.target if same else None, first.foil if same else None,
-                           sum(r.value for r in results) / len(results), columns,
+                           sum(r.value for r in results) / len(results), columns, kind_shares,
                            sum(deltas) / len(deltas) if deltas else None, max(deltas) if deltas else None,
                            areas, beats, interrupted)
 

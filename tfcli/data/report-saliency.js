@@ -33,15 +33,27 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       return;
     }
     if (dataset) {
+      // the interval's column only where there were resamples (as the terminal has it)
+      const interval = s.bootstrap ? ["95% interval"] : [];
+      const spread = (r) => s.bootstrap ? [el("td", {}, "[" + percent(r.low) + ", " + percent(r.high) + "]")] : [];
       section.append(el("h2", {}, s.header[0]), ...s.header.slice(1).map((line) => el("p", {}, line)));
       const largest = Math.max(0, ...s.columns.map((c) => Math.abs(c.mean))) || 1;
       section.append(el("table", {class: "labels columns"},
-        el("thead", {}, el("tr", {}, ...["offset", "token", "mean share", "std", "95% interval"].map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ...["offset", "token", "mean share", "std", ...interval].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...s.columns.map((c) => el("tr", {},
           el("td", {}, String(c.offset)), el("td", {class: "left"}, c.token === null ? "(varies)" : quoted(c.token)),
           el("td", {style: shaded(c.mean / largest)}, percent(c.mean)),
           el("td", {}, (100 * c.std).toFixed(1) + "%"),
-          el("td", {}, c.low === null ? "" : "[" + percent(c.low) + ", " + percent(c.high) + "]"))))));
+          ...spread(c))))));
+      // the same per kind of token (the metric's target and foil tokens, the position read, special, other)
+      const most = Math.max(0, ...s.kinds.map((k) => Math.abs(k.mean))) || 1;
+      section.append(el("h3", {}, "by kind of token"), el("table", {class: "labels kinds"},
+        el("thead", {}, el("tr", {}, ...["kind", "texts", "mean share", "std", ...interval].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...s.kinds.map((k) => el("tr", {},
+          el("td", {class: "left"}, k.kind), el("td", {}, String(k.texts)),
+          el("td", {style: shaded(k.mean / most)}, percent(k.mean)),
+          el("td", {}, (100 * k.std).toFixed(1) + "%"),
+          ...spread(k))))));
     } else {
       section.append(el("h2", {}, "text " + number + ": " + echoed(s.text)), ...s.header.map((line) => el("p", {}, line)));
       const largest = Math.max(0, ...s.shares.map(Math.abs)) || 1;

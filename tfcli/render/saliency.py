@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from tfcli.render.layout import GLUE, SPACE_NOTE, Column, echo, has_space, plain, quoted, table, token_label, words, wrap
-from tfcli.saliency import METHODS, ContinuationSaliency, DatasetSaliency, Saliency, SaliencyOptions
+from tfcli.saliency import (METHODS, ContinuationSaliency, DatasetSaliency, KindShare, PositionShare, Saliency,
+                            SaliencyOptions)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -165,18 +166,16 @@ def dataset_lines(result: DatasetSaliency, width: int, color: bool, after_texts:
         if result.resamples else ""
     lines += [Text()] + words("each position, counted back from the one read (0), as far as every text reaches: "
                               f"the mean share of the attributions' absolute sum{interval}", width, "dim")
-    largest = max((abs(c.mean) for c in result.columns), default=0.0)
-    columns = [Column.of("offset", [str(c.offset) for c in result.columns], right=True),
-               Column.of("token", ["(varies)" if c.token is None else quoted(c.token).replace(GLUE, " ")
-                                   for c in result.columns]),
-               Column.of("mean share", [f"{c.mean:+.1%}" for c in result.columns], right=True),
-               Column.of("std", [f"{c.std:.1%}" for c in result.columns], right=True)]
-    if result.resamples:
-        columns.append(Column.of("95% interval", [f"[{c.low:+.1%}, {c.high:+.1%}]" for c in result.columns],
-                                 right=True))
-    columns.append(Column.of("", [Text(BAR * (round(abs(c.mean) / largest * 16) if largest else 0),
-                                       style="blue" if c.mean >= 0 else "red") for c in result.columns]))
-    lines += table(columns, width)
+    lines += table([Column.of("offset", [str(c.offset) for c in result.columns], right=True),
+                    Column.of("token", ["(varies)" if c.token is None else quoted(c.token).replace(GLUE, " ")
+                                        for c in result.columns]),
+                    *share_columns(result.columns, result.resamples)], width)
+    lines += [Text()] + words("each kind of token: its tokens' shares summed in each text (0 where a text has none), "
+                              "their mean over the texts; target and foil: the metric's tokens where the text has "
+                              "them, read: the position read", width, "dim")
+    lines += table([Column.of("kind", [k.kind for k in result.kinds]),
+                    Column.of("texts", [str(k.texts) for k in result.kinds], right=True),
+                    *share_columns(result.kinds, result.resamples)], width)
     if result.areas is not None:
         rows = [("deletion", "lower is more faithful"), ("random_deletion", ""),
                 ("insertion", "higher is more faithful"), ("random_insertion", "")]
@@ -191,6 +190,18 @@ def dataset_lines(result: DatasetSaliency, width: int, color: bool, after_texts:
         lines += words(f"the deletion area is below the random one in {result.deletion_beats_random} of "
                        f"{result.n} texts", width)
     return lines
+
+
+def share_columns(rows: list[PositionShare] | list[KindShare], resamples: int) -> list[Column]:
+    """The columns of mean shares (an aligned position's or a kind's): mean, std, the 95% interval with resamples,
+    and a bar (blue: raises the metric, red: lowers it)."""
+    largest = max((abs(r.mean) for r in rows), default=0.0)
+    columns = [Column.of("mean share", [f"{r.mean:+.1%}" for r in rows], right=True),
+               Column.of("std", [f"{r.std:.1%}" for r in rows], right=True)]
+    if resamples:
+        columns.append(Column.of("95% interval", [f"[{r.low:+.1%}, {r.high:+.1%}]" for r in rows], right=True))
+    return columns + [Column.of("", [Text(BAR * (round(abs(r.mean) / largest * 16) if largest else 0),
+                                          style="blue" if r.mean >= 0 else "red") for r in rows])]
 
 
 def continuation_lines(result: ContinuationSaliency, number: int, width: int) -> list[Text]:
@@ -266,6 +277,8 @@ def dataset_record(result: DatasetSaliency) -> dict[str, Any]:
             "value": result.value,
             "columns": [{"offset": c.offset, "token": c.token, "mean": c.mean, "std": c.std, "low": c.low,
                          "high": c.high} for c in result.columns],
+            "kinds": [{"kind": k.kind, "texts": k.texts, "mean": k.mean, "std": k.std, "low": k.low, "high": k.high}
+                      for k in result.kinds],
             "delta_mean": result.delta_mean, "delta_worst": result.delta_worst,
             "faithfulness": None if result.areas is None else {
                 "areas": {name: dict(zip(spread, values)) for name, values in result.areas.items()},
