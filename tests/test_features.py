@@ -1,0 +1,589 @@
+"""`tfcli features` against the SAE libraries' own code, on activations taken from transformers' own modules.
+
+Random SAEs are written in every format inside the tests (no network): SAELens's (by sae-lens 6.54's `save_model`:
+standard, topk, jumprelu, gated, transcoder, skip transcoder, jumprelu transcoder; with and without b_dec applied to
+the input, with its normalisations, rescale_acts_by_decoder_norm and hook_head_index), Gemma Scope's params.npz and
+Gemma Scope 2's params.safetensors + config.json, Llama Scope's hyperparams.json + checkpoints/final.safetensors (all
+three read by sae-lens's own loaders, their download replaced by the local file) and EleutherAI sparsify's
+(`SparseCoder.save_to_disk`: top-k, groupmax, a skip transcoder). tfcli's features and reconstructions, from its own
+site values, equal the library's `encode`/`decode` (sparsify's `encode`/`decode`/`forward`) on the value transformers'
+module gives (a forward hook), to 1e-5 of scale. The losses with the reconstruction spliced in equal transformers'
+own with the module's output replaced by hand. Then the corpus mode, the CLI (JSON keys, views, refusals before any
+model is built) and --report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+
+sae_lens = pytest.importorskip("sae_lens", reason="sae-lens 6.54 is the reference: pip install --no-deps "
+                               "sae-lens==6.54.0 transformer-lens==3.9.0 (docs/commands.md#features)")
+from sae_lens import saes as lens  # noqa: E402
+from sae_lens.loading import pretrained_sae_loaders as loaders  # noqa: E402
+
+import tfcli  # noqa: E402
+from tfcli import features as core  # noqa: E402
+from tfcli.analysis.dataset import line_of  # noqa: E402
+from tfcli.analysis.sae import check_fit, fit, read_sae  # noqa: E402
+from tfcli.api import load_tokenizer_for  # noqa: E402
+from tfcli.render.layout import screen_text, token_label  # noqa: E402
+from tfcli.sources import resolve_source  # noqa: E402
+
+TEXT = "When Mary and John went to the store, John gave a drink to"
+TEXTS = [TEXT, "the cat sat on the mat", "time flies like an arrow and fruit flies like a banana"]
+
+
+def close(ours, theirs, what: str, tolerance: float = 1e-5) -> None:
+    """Within `tolerance` of the reference's scale (its largest |value|, at least 1)."""
+    ours, theirs = (torch.as_tensor(v).detach().double() for v in (ours, theirs))
+    assert ours.shape == theirs.shape, f"{what}: {tuple(ours.shape)} != {tuple(theirs.shape)}"
+    scale = max(1.0, float(theirs.abs().max()))
+    assert float((ours - theirs).abs().max()) <= tolerance * scale, f"{what}: off by {(ours - theirs).abs().max()}"
+
+
+def load(path):
+    return tfcli.load_model(str(path)), load_tokenizer_for(resolve_source(str(path)))
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory, save_hf_model):
+    """A 2-block GPT-2 saved by transformers (biases and norms random) on the bundled BERT vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("gpt2")
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=30522, bos_token_id=101,
+                        eos_token_id=102, pad_token_id=0, initializer_range=0.2)
+    hf = save_hf_model(GPT2LMHeadModel, config, path, perturb=True)
+    return (path, hf, *load(path))
+
+
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory, save_hf_model):
+    """A 2-block Gemma 2 (RMSNorm, grouped-query attention, the sandwich norms around its MLP)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    path = tmp_path_factory.mktemp("gemma2")
+    config = Gemma2Config(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                          bos_token_id=101, eos_token_id=102, pad_token_id=0, sliding_window=16)
+    hf = save_hf_model(Gemma2ForCausalLM, config, path, perturb=True)
+    return (path, hf, *load(path))
+
+
+def ids_of(tokenizer, model, text: str) -> list[int]:
+    return core.check_text(model.config, tokenizer, line_of(1, {"text": text}, core.FEATURES_LINE)).ids
+
+
+def hf_value(hf, module, ids: list[int], into: bool = False) -> torch.Tensor:
+    """What transformers' `module` computes (its output, or with `into` its input) on ids: (T, ...)."""
+    kept = {}
+
+    def keep(_, args, output=None):
+        value = args[0] if into else output
+        kept["value"] = (value[0] if isinstance(value, tuple) else value).detach()
+
+    handle = module.register_forward_pre_hook(keep) if into else module.register_forward_hook(keep)
+    try:
+        with torch.no_grad():
+            hf(torch.tensor([ids]))
+    finally:
+        handle.remove()
+    return kept["value"][0]
+
+
+def randomized(sae, threshold: float = 0.0, scale: float = 0.3):
+    """An sae-lens SAE with every parameter random (a jumprelu threshold in [0, 2 x threshold], so that it matters)."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in sae.named_parameters():
+            param.normal_(0, scale)
+            if name == "threshold":
+                param.uniform_(0, 2 * threshold)
+    return sae
+
+
+def written(sae, path: Path, hook: str, **metadata) -> Path:
+    sae.cfg.metadata.hook_name = hook
+    for key, value in metadata.items():
+        setattr(sae.cfg.metadata, key, value)
+    sae.save_model(path)
+    return path
+
+
+def ours_on(setup, folder, text: str = TEXT):
+    """tfcli's SAE, the site values of its pass and its Fitted on `text`."""
+    _, _, model, tokenizer = setup
+    sae = read_sae(folder)
+    check_fit(sae, model.site_shapes())
+    ids = ids_of(tokenizer, model, text)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids]), names=[sae.site] + ([sae.site_out] if sae.site_out
+                                                                                 else []))
+    return sae, ids, fit(sae, cache)
+
+
+# ------------------------------------------------------------------------------------------------- SAELens
+
+
+def gpt2_blocks(hf):
+    return hf.transformer.h
+
+
+SAELENS_CASES = {  # name -> (the SAE, its hook, transformers' module and whether its input, head index)
+    "standard": (lambda: lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64)), "blocks.1.hook_resid_post"),
+    "standard, no b_dec at the input, layer_norm": (lambda: lens.StandardSAE(lens.StandardSAEConfig(
+        d_in=32, d_sae=64, apply_b_dec_to_input=False, normalize_activations="layer_norm")), "blocks.0.hook_mlp_out"),
+    "standard, constant_norm_rescale": (lambda: lens.StandardSAE(lens.StandardSAEConfig(
+        d_in=32, d_sae=64, normalize_activations="constant_norm_rescale")), "blocks.1.hook_resid_pre"),
+    "topk": (lambda: lens.TopKSAE(lens.TopKSAEConfig(d_in=32, d_sae=64, k=6)), "blocks.1.hook_resid_post"),
+    "topk, rescaled by the decoder's norm": (lambda: lens.TopKSAE(lens.TopKSAEConfig(
+        d_in=32, d_sae=64, k=6, rescale_acts_by_decoder_norm=True)), "blocks.0.hook_attn_out"),
+    "jumprelu": (lambda: lens.JumpReLUSAE(lens.JumpReLUSAEConfig(d_in=32, d_sae=64)), "blocks.1.hook_resid_mid"),
+    "gated": (lambda: lens.GatedSAE(lens.GatedSAEConfig(d_in=32, d_sae=64)), "blocks.1.hook_resid_post"),
+    "attn.z, flattened over heads": (lambda: lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64)),
+                                     "blocks.1.attn.hook_z"),
+}
+
+
+def reference_site(hf, hook: str, ids: list[int]) -> torch.Tensor:
+    """The value transformers' GPT-2 gives for a TransformerLens hook name: (T, d)."""
+    block = gpt2_blocks(hf)[int(hook.split(".")[1])]
+    leaf = hook.split(".", 2)[2]
+    if leaf == "hook_resid_post":
+        return hf_value(hf, block, ids)
+    if leaf == "hook_resid_pre":
+        return hf_value(hf, block, ids, into=True)
+    if leaf == "hook_resid_mid":
+        return hf_value(hf, block.ln_2, ids, into=True)
+    if leaf == "hook_mlp_out":
+        return hf_value(hf, block.mlp, ids)
+    if leaf == "hook_attn_out":
+        return hf_value(hf, block.attn, ids)
+    if leaf == "attn.hook_z":  # the input of the output projection: the heads' values, head after head
+        return hf_value(hf, block.attn.c_proj, ids, into=True)
+    if leaf == "ln2.hook_normalized":
+        return hf_value(hf, block.ln_2, ids)
+    raise AssertionError(hook)
+
+
+@pytest.mark.parametrize("case", SAELENS_CASES)
+def test_saelens_features_and_reconstruction_equal_sae_lens(gpt2, tmp_path, case):
+    make, hook = SAELENS_CASES[case]
+    reference = randomized(make(), threshold=0.3).eval()
+    folder = written(reference, tmp_path / "sae", hook)
+    sae, ids, ours = ours_on(gpt2, folder)
+    x = reference_site(gpt2[1], hook, ids)
+    close(ours.x[0], x, "the site's value", 1e-4)  # tfcli's activations are transformers'
+    with torch.no_grad():
+        features, recon = reference.encode(x), reference(x)
+    close(ours.features[0], features, f"{case}: features")
+    close(ours.reconstruction[0], recon, f"{case}: reconstruction")
+    assert 0 < int((features > 0).sum()) < features.numel()  # some features active, not all
+
+
+def test_a_head_index_reads_one_head_of_z(gpt2, tmp_path):
+    """hook_head_index: the SAE reads head 2's z (d_head wide), and the splice replaces that head only."""
+    reference = randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=8, d_sae=24))).eval()
+    folder = written(reference, tmp_path / "sae", "blocks.1.attn.hook_z", hook_head_index=2)
+    sae, ids, ours = ours_on(gpt2, folder)
+    assert sae.head == 2 and sae.site == "blocks.1.attn.z"
+    x = reference_site(gpt2[1], "blocks.1.attn.hook_z", ids)[:, 16:24]  # head 2 of 4, 8 wide
+    with torch.no_grad():
+        close(ours.features[0], reference.encode(x), "features of head 2")
+        close(ours.reconstruction[0], reference(x), "reconstruction of head 2")
+
+
+TRANSCODER = {"d_in": 32, "d_sae": 64, "d_out": 32, "apply_b_dec_to_input": False}
+TRANSCODERS = {
+    "transcoder": lambda: lens.Transcoder(lens.TranscoderConfig(**TRANSCODER)),
+    "skip_transcoder": lambda: lens.SkipTranscoder(lens.SkipTranscoderConfig(**TRANSCODER)),
+    "jumprelu_transcoder": lambda: lens.JumpReLUTranscoder(lens.JumpReLUTranscoderConfig(**TRANSCODER)),
+}
+
+
+@pytest.mark.parametrize("case", TRANSCODERS)
+def test_saelens_transcoders_equal_sae_lens(gpt2, tmp_path, case):
+    """A transcoder reads the MLP's normed input (ln2.hook_normalized) and stands for its output (hook_mlp_out)."""
+    reference = randomized(TRANSCODERS[case](), threshold=0.3).eval()
+    folder = written(reference, tmp_path / "tc", "blocks.0.ln2.hook_normalized",
+                     hook_name_out="blocks.0.hook_mlp_out")
+    sae, ids, ours = ours_on(gpt2, folder)
+    assert (sae.site, sae.site_out) == ("blocks.0.mlp_norm.out", "blocks.0.mlp.out")
+    x = reference_site(gpt2[1], "blocks.0.ln2.hook_normalized", ids)
+    close(ours.target[0], reference_site(gpt2[1], "blocks.0.hook_mlp_out", ids), "what it stands for", 1e-4)
+    with torch.no_grad():
+        close(ours.features[0], reference.encode(x), f"{case}: features")
+        close(ours.reconstruction[0], reference(x), f"{case}: output")
+        if "W_skip" in sae.weights:  # the skip term counts: without it the output is another
+            assert float((reference(x) - reference.decode(reference.encode(x))).abs().max()) > 1e-2
+
+
+def test_the_jumprelu_threshold_and_the_gated_paths_matter(gpt2, tmp_path):
+    """The planted-bug guards: the threshold zeroes some positive pre-activations, and the gate and magnitude paths
+    differ, so that the parity tests above fail if either is dropped."""
+    reference = randomized(lens.JumpReLUSAE(lens.JumpReLUSAEConfig(d_in=32, d_sae=64)), threshold=0.3).eval()
+    _, ids, ours = ours_on(gpt2, written(reference, tmp_path / "j", "blocks.1.hook_resid_post"))
+    x = reference_site(gpt2[1], "blocks.1.hook_resid_post", ids)
+    with torch.no_grad():
+        pre = (x - reference.b_dec) @ reference.W_enc + reference.b_enc
+        assert int(((pre > 0) & (pre <= reference.threshold)).sum()) > 0
+        gated = randomized(lens.GatedSAE(lens.GatedSAEConfig(d_in=32, d_sae=64))).eval()
+        centred = x - gated.b_dec
+        gate = (centred @ gated.W_enc + gated.b_gate) > 0
+        magnitude = (centred @ (gated.W_enc * gated.r_mag.exp()) + gated.b_mag) > 0
+        assert bool((gate != magnitude).any())
+    assert float(ours.features.abs().sum()) > 0
+
+
+# ------------------------------------------------------------------------------------------------- Gemma Scope
+
+
+def saelens_of(cfg_dict: dict, state: dict):
+    """An SAE built from a loader's (config, state dict) as sae-lens's load_from_disk builds it."""
+    cfg_dict = loaders.handle_config_defaulting(cfg_dict)
+    config = lens.SAE.get_sae_config_class_for_architecture(cfg_dict["architecture"]).from_dict(cfg_dict)
+    sae = lens.SAE.get_sae_class_for_architecture(config.architecture())(config)
+    sae.process_state_dict_for_loading(state)
+    sae.load_state_dict(state, assign=True)
+    return sae.eval()
+
+
+@pytest.fixture
+def local_hub(monkeypatch, tmp_path):
+    """sae-lens's loaders read the files of tmp_path/<repo>/ instead of downloading them."""
+    def download(repo_id, filename, subfolder=None, **_):
+        return str(tmp_path / repo_id / (subfolder or "") / filename)
+
+    def shapes(repo_id, filename):
+        from safetensors import safe_open
+        with safe_open(str(tmp_path / repo_id / filename), "pt") as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+
+    monkeypatch.setattr(loaders, "hf_hub_download", download)
+    monkeypatch.setattr(loaders, "get_safetensors_tensor_shapes", shapes)
+    return tmp_path
+
+
+def random_jumprelu(d_in: int, d_sae: int, d_out: int | None = None) -> dict[str, numpy.ndarray]:
+    rng = numpy.random.default_rng(3)
+    d_out = d_out or d_in
+    return {"W_enc": rng.normal(0, 0.3, (d_in, d_sae)), "W_dec": rng.normal(0, 0.3, (d_sae, d_out)),
+            "b_enc": rng.normal(0, 0.3, d_sae), "b_dec": rng.normal(0, 0.3, d_out),
+            "threshold": rng.uniform(0, 0.6, d_sae)}
+
+
+def test_gemma_scope_npz_equals_sae_lens_loader(gpt2, local_hub):
+    """params.npz (allow_pickle=False) under a Gemma Scope release's path: a jumprelu SAE on the residual stream."""
+    folder = local_hub / "google/gemma-scope-2b-pt-res" / "layer_1/width_16k/average_l0_10"
+    folder.mkdir(parents=True)
+    numpy.savez(folder / "params.npz", **{k: v.astype(numpy.float32) for k, v in random_jumprelu(32, 64).items()})
+    cfg, state, _ = loaders.gemma_2_sae_huggingface_loader("google/gemma-scope-2b-pt-res",
+                                                           "layer_1/width_16k/average_l0_10",
+                                                           cfg_overrides={"d_in": 32, "d_sae": 64})
+    reference = saelens_of(cfg, state)
+    sae, ids, ours = ours_on(gpt2, folder)
+    assert (sae.format, sae.architecture, sae.site) == ("gemmascope", "jumprelu", "blocks.1.resid_post")
+    x = reference_site(gpt2[1], "blocks.1.hook_resid_post", ids)
+    with torch.no_grad():
+        close(ours.features[0], reference.encode(x), "features")
+        close(ours.reconstruction[0], reference(x), "reconstruction")
+
+
+def write_safetensors(path: Path, tensors: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: torch.as_tensor(v, dtype=torch.float32).contiguous() for k, v in tensors.items()}, str(path))
+
+
+@pytest.mark.parametrize("kind", ["resid_post", "transcoder"])
+def test_gemma_scope_2_equals_sae_lens_loader(gemma2, local_hub, kind):
+    """params.safetensors + config.json; the affine transcoder reads the pre-MLP norm's output and stands for the
+    post-MLP norm's (Gemma's sandwich norm), with its skip term."""
+    folder_name = f"transcoder/layer_1_width_16k_l0_small_affine" if kind == "transcoder" else \
+        "resid_post/layer_1_width_16k_l0_small"
+    folder = local_hub / "google/gemma-scope-2-270m-pt" / folder_name
+    raw = {k.lower() if k.startswith("W_") else k: v for k, v in random_jumprelu(32, 64).items()}
+    hooks = {"hf_hook_point_in": "model.layers.1.output"}
+    if kind == "transcoder":
+        raw["affine_skip_connection"] = numpy.random.default_rng(4).normal(0, 0.3, (32, 32))
+        hooks = {"hf_hook_point_in": "model.layers.1.pre_feedforward_layernorm.output",
+                 "hf_hook_point_out": "model.layers.1.post_feedforward_layernorm.output", "affine_connection": True}
+    write_safetensors(folder / "params.safetensors", raw)
+    (folder / "config.json").write_text(json.dumps({"architecture": "jump_relu", "model_name": "gemma-v3-270m-pt",
+                                                    **hooks}))
+    cfg, state, _ = loaders.gemma_3_sae_huggingface_loader("google/gemma-scope-2-270m-pt", folder_name)
+    reference = saelens_of(cfg, state)
+    sae, ids, ours = ours_on(gemma2, folder)
+    layer = gemma2[1].model.layers[1]
+    if kind == "transcoder":
+        assert (sae.site, sae.site_out) == ("blocks.1.mlp_norm.out", "blocks.1.mlp_output_norm.out")
+        x = hf_value(gemma2[1], layer.pre_feedforward_layernorm, ids)
+        close(ours.target[0], hf_value(gemma2[1], layer.post_feedforward_layernorm, ids), "post-MLP norm", 1e-4)
+    else:
+        assert sae.site == "blocks.1.resid_post"
+        x = hf_value(gemma2[1], layer, ids)
+    close(ours.x[0], x, "the site's value", 1e-4)
+    with torch.no_grad():
+        close(ours.features[0], reference.encode(x), "features")
+        close(ours.reconstruction[0], reference(x), "reconstruction")
+
+
+def test_llama_scope_equals_sae_lens_loader(gpt2, local_hub):
+    """hyperparams.json + checkpoints/final.safetensors: a scalar threshold, the dataset's norm folded in as
+    sae-lens's from_pretrained folds it (fold_activation_norm_scaling_factor with sqrt(d) / norm_in)."""
+    repo, name = "fnlp/Llama3_1-8B-Base-LXR-8x", "Llama3_1-8B-Base-L1R-8x"
+    folder = local_hub / repo / name
+    rng = numpy.random.default_rng(5)
+    write_safetensors(folder / "checkpoints" / "final.safetensors", {
+        "encoder.weight": rng.normal(0, 0.3, (64, 32)), "encoder.bias": rng.normal(0, 0.3, 64),
+        "decoder.weight": rng.normal(0, 0.3, (32, 64)), "decoder.bias": rng.normal(0, 0.3, 32)})
+    norm = 7.5
+    (folder / "hyperparams.json").write_text(json.dumps({
+        "d_model": 32, "d_sae": 64, "hook_point_in": "blocks.1.hook_resid_post",
+        "hook_point_out": "blocks.1.hook_resid_post", "jump_relu_threshold": 0.05, "act_fn": "jumprelu",
+        "dataset_average_activation_norm": {"in": norm, "out": norm}, "top_k": 50}))
+    cfg, state, _ = loaders.llama_scope_sae_huggingface_loader(repo, name, cfg_overrides={"dtype": "float32"})
+    reference = saelens_of(cfg, state)
+    reference.fold_activation_norm_scaling_factor(32 ** 0.5 / norm)
+    sae, ids, ours = ours_on(gpt2, folder)
+    assert (sae.format, sae.site) == ("llamascope", "blocks.1.resid_post")
+    x = reference_site(gpt2[1], "blocks.1.hook_resid_post", ids)
+    with torch.no_grad():
+        features = reference.encode(x)
+        close(ours.features[0], features, "features")
+        close(ours.reconstruction[0], reference(x), "reconstruction")
+    assert 0 < int((features > 0).sum()) < features.numel()
+
+
+# ------------------------------------------------------------------------------------------------- sparsify
+
+
+@pytest.mark.parametrize("case", ["topk", "groupmax", "skip transcoder"])
+def test_sparsify_equals_eai_sparsify(gpt2, tmp_path, case):
+    sparsify = pytest.importorskip("sparsify", reason="eai-sparsify is the reference: pip install --no-deps "
+                                   "eai-sparsify natsort schedulefree")
+    transcode = case == "skip transcoder"
+    config = sparsify.SparseCoderConfig(num_latents=64, k=8, activation="groupmax" if case == "groupmax" else "topk",
+                                        transcode=transcode, skip_connection=transcode)
+    torch.manual_seed(2)
+    reference = sparsify.SparseCoder(32, config)
+    with torch.no_grad():
+        for param in reference.parameters():
+            param.normal_(0, 0.3)
+    folder = tmp_path / ("h.0.mlp" if transcode else "layers.1")
+    reference.save_to_disk(folder)
+    sae, ids, ours = ours_on(gpt2, folder)
+    if transcode:
+        assert (sae.site, sae.site_out) == ("blocks.0.mlp_norm.out", "blocks.0.mlp.out")
+        x = reference_site(gpt2[1], "blocks.0.ln2.hook_normalized", ids)
+    else:
+        assert sae.site == "blocks.1.resid_post"
+        x = reference_site(gpt2[1], "blocks.1.hook_resid_post", ids)
+    with torch.no_grad():
+        top_acts, top_indices, _ = reference.encode(x)
+        features = torch.zeros(len(ids), 64).scatter_(-1, top_indices, top_acts)
+        out = reference.decode(top_acts, top_indices)
+        if transcode:
+            out = out + x @ reference.W_skip.mT
+            assert float((x @ reference.W_skip.mT).abs().max()) > 1e-2
+    close(ours.features[0], features, f"{case}: features")
+    close(ours.reconstruction[0], out, f"{case}: output")
+
+
+# ------------------------------------------------------------------------------------------------- losses, batches
+
+
+def test_losses_equal_transformers_with_the_block_output_replaced(gpt2, tmp_path):
+    """The spliced, with-error and zeroed losses and the KL are transformers' own with block 1's output replaced by
+    sae-lens's reconstruction (by x itself, by zeros), the cross-entropy and KL computed by hand."""
+    path, hf, model, tokenizer = gpt2
+    reference = randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))).eval()
+    sae = read_sae(written(reference, tmp_path / "sae", "blocks.1.hook_resid_post"))
+    ids = ids_of(tokenizer, model, TEXT)
+    (result,) = core.run_batch(model, tokenizer, sae, [core.Text(1, TEXT, ids)], core.FeaturesOptions())
+    x = reference_site(hf, "blocks.1.hook_resid_post", ids)
+    tensor = torch.tensor([ids])
+
+    def logits_with(value):
+        def swap(_, args, output):
+            return (value[None], *output[1:]) if isinstance(output, tuple) else value[None]
+        handle = gpt2_blocks(hf)[1].register_forward_hook(swap)
+        try:
+            with torch.no_grad():
+                return hf(tensor).logits[0]
+        finally:
+            handle.remove()
+
+    with torch.no_grad():
+        clean = hf(tensor).logits[0]
+        spliced, zero = logits_with(reference(x)), logits_with(torch.zeros_like(x))
+
+    def loss(logits):
+        return float(torch.nn.functional.cross_entropy(logits[:-1], tensor[0, 1:]))
+
+    losses = result.losses
+    for ours, theirs, what in ((losses.clean, loss(clean), "clean"), (losses.spliced, loss(spliced), "spliced"),
+                               (losses.with_error, loss(clean), "with the error term"),
+                               (losses.zero, loss(zero), "zeroed")):
+        assert abs(ours - theirs) <= 1e-4 * max(1, abs(theirs)), what
+    kl = torch.nn.functional.kl_div(spliced.log_softmax(-1), clean.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1)
+    close(result.kl, kl, "KL per position", 1e-4)
+    assert losses.spliced - losses.clean > 1e-3 and abs(losses.with_error - losses.clean) < 1e-4
+    assert abs(losses.recovered - (losses.zero - losses.spliced) / (losses.zero - losses.clean)) < 1e-9
+    target, recon = x.double(), reference(x).double()
+    close(result.mse, ((target - recon) ** 2).mean(-1), "MSE per token")
+    close(result.cosine, torch.nn.functional.cosine_similarity(target, recon, dim=-1), "cosine per token")
+    spread = ((target - target.mean(0)) ** 2).sum(-1)
+    close(result.explained, 1 - ((target - recon) ** 2).sum(-1) / spread, "explained variance per token")
+
+
+def test_a_batch_equals_its_texts_one_at_a_time(gpt2, tmp_path):
+    _, _, model, tokenizer = gpt2
+    reference = randomized(lens.TopKSAE(lens.TopKSAEConfig(d_in=32, d_sae=64, k=6)))
+    sae = read_sae(written(reference, tmp_path / "sae", "blocks.1.hook_resid_post"))
+    texts = [core.Text(n, text, ids_of(tokenizer, model, text)) for n, text in enumerate(TEXTS, 1)]
+    together = core.run_batch(model, tokenizer, sae, texts, core.FeaturesOptions())
+    for text, batched in zip(texts, together):
+        (alone,) = core.run_batch(model, tokenizer, sae, [text], core.FeaturesOptions())
+        assert [[i for i, _ in top] for top in alone.top] == [[i for i, _ in top] for top in batched.top]
+        close(batched.mse, alone.mse, "MSE", 1e-4)
+        for name in ("clean", "spliced", "zero", "kl"):
+            assert abs(getattr(batched.losses, name) - getattr(alone.losses, name)) < 1e-4, name
+
+
+# ------------------------------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def saved_sae(gpt2, tmp_path_factory):
+    reference = randomized(lens.JumpReLUSAE(lens.JumpReLUSAEConfig(d_in=32, d_sae=64)), threshold=0.3).eval()
+    return written(reference, tmp_path_factory.mktemp("sae") / "sae", "blocks.1.hook_resid_post"), reference
+
+
+def test_feature_over_a_file_gives_its_top_contexts(gpt2, saved_sae, cli, tmp_path):
+    """--feature N --file: the top activating contexts over the corpus are sae-lens's on transformers' activations,
+    the largest first, and the density counts every token."""
+    path, hf, model, tokenizer = gpt2
+    folder, reference = saved_sae
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    found = []
+    tokens = 0
+    for number, text in enumerate(TEXTS, 1):
+        ids = ids_of(tokenizer, model, text)
+        with torch.no_grad():
+            acts = reference.encode(reference_site(hf, "blocks.1.hook_resid_post", ids))[:, 7]
+        found += [(float(a), number, p) for p, a in enumerate(acts) if a > 0]
+        tokens += len(ids)
+    found.sort(key=lambda f: -f[0])
+    result = cli("features", "-m", str(path), "--sae", str(folder), "--feature", "7", "--contexts", "4", "--file",
+                 str(corpus), "--json")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(record) == {"texts", "tokens", "sae", "mse", "explained_variance", "cosine", "l0", "loss", "feature",
+                           "active", "max_activation", "mean_activation", "contexts", "interrupted"}
+    assert (record["texts"], record["tokens"], record["active"]) == (3, tokens, len(found))
+    assert [(c["text"], c["position"]) for c in record["contexts"]] == [(n, p) for _, n, p in found[:4]]
+    close([c["activation"] for c in record["contexts"]], [a for a, _, _ in found[:4]], "top activations")
+
+
+def test_json_record_and_views_keep_every_token_and_number(gpt2, saved_sae, cli):
+    path = gpt2[0]
+    folder, _ = saved_sae
+    result = cli("features", "-m", str(path), "--sae", str(folder), TEXT, "--json")
+    assert result.exit_code == 0, result.stderr
+    (record,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert set(record) == {"text", "ids", "tokens", "sae", "features", "mse", "explained_variance", "cosine", "l0",
+                           "explained_variance_text", "loss", "kl", "feature", "activations"}
+    assert set(record["loss"]) == {"clean", "spliced", "with_error", "zero", "recovered", "kl", "kl_with_error",
+                                   "positions"}
+    for width in (80, 120):
+        for color in ("--no-color", "--color"):
+            shown = cli("features", "-m", str(path), "--sae", str(folder), TEXT, "--width", str(width), color)
+            assert shown.exit_code == 0, shown.stderr
+            lines = shown.stdout.splitlines()
+            assert max(map(len, [screen_text_line(line) for line in lines])) <= width
+            plain = "\n".join(screen_text_line(line) for line in lines)
+            for token in record["tokens"]:
+                assert token_label(token) in plain
+            for top in record["features"]:
+                for index, value in top:
+                    assert f"{index}:{value:.3g}" in plain
+            assert f"{record['loss']['spliced']:.4f}" in plain
+
+
+def screen_text_line(line: str) -> str:
+    """A line of output without its colour codes."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", line)
+
+
+def test_feature_view_and_report(gpt2, saved_sae, cli, tmp_path):
+    path = gpt2[0]
+    folder, _ = saved_sae
+    page = tmp_path / "features.html"
+    result = cli("features", "-m", str(path), "--sae", str(folder), "--feature", "7", TEXT, "--width", "80",
+                 "--no-color", "--report", str(page))
+    assert result.exit_code == 0, result.stderr
+    assert "feature 7: active on" in result.stdout and page.is_file()
+    assert "report-features" in page.read_text() or "features" in page.read_text()
+    figure = tmp_path / "corpus.svg"
+    result = cli("features", "-m", str(path), "--sae", str(folder), "--feature", "7", TEXT, "the cat sat",
+                 "--report", str(figure))
+    assert result.exit_code == 0, result.stderr
+    assert "<svg" in figure.read_text()
+
+
+def refused(cli, *args) -> str:
+    result = cli("features", *args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def no_model_loaded(monkeypatch):
+    """Building the model (the runner's `build`) fails the test: the SAE is checked against the sites' shapes, which
+    a pass on the meta device gives (no weights), before any model is loaded."""
+    from tfcli.cli import common
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(common, "build", refuse)
+
+
+def test_bad_input_is_one_error_line_before_any_model(gpt2, saved_sae, cli, tmp_path, no_model_loaded):
+    path = str(gpt2[0])
+    folder, reference = saved_sae
+    wide = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=48, d_sae=64))), tmp_path / "wide",
+                   "blocks.1.hook_resid_post")
+    assert "48 values per token, but blocks.1.resid_post has 32" in refused(cli, "-m", path, "--sae", str(wide), TEXT)
+    nowhere = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))), tmp_path / "nowhere",
+                      "blocks.1.hook_somewhere")
+    assert "the hook blocks.1.hook_somewhere has no tfcli site" in refused(cli, "-m", path, "--sae", str(nowhere),
+                                                                           TEXT)
+    deep = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))), tmp_path / "deep",
+                   "blocks.7.hook_resid_post")
+    assert "no site blocks.7.resid_post" in refused(cli, "-m", path, "--sae", str(deep), TEXT)
+    strange = tmp_path / "strange"
+    strange.mkdir()
+    config = json.loads((folder / "cfg.json").read_text())
+    (strange / "cfg.json").write_text(json.dumps(config | {"architecture": "matryoshka"}))
+    assert "unknown architecture 'matryoshka'" in refused(cli, "-m", path, "--sae", str(strange), TEXT)
+    (strange / "cfg.json").write_text(json.dumps(config))
+    assert "sae_weights.safetensors is missing" in refused(cli, "-m", path, "--sae", str(strange), TEXT)
+    assert "no such file or folder" in refused(cli, "-m", path, "--sae", str(tmp_path / "absent"), TEXT)
+    assert "features 0 to 63" in refused(cli, "-m", path, "--sae", str(folder), "--feature", "64", TEXT)
+    assert "--sae is required" in refused(cli, "-m", path, TEXT)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no SAE there" in refused(cli, "-m", path, "--sae", str(empty), TEXT)
