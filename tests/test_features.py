@@ -525,20 +525,56 @@ def screen_text_line(line: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", line)
 
 
-def test_feature_view_and_report(gpt2, saved_sae, cli, tmp_path):
-    path = gpt2[0]
-    folder, _ = saved_sae
-    page = tmp_path / "features.html"
-    result = cli("features", "-m", str(path), "--sae", str(folder), "--feature", "7", TEXT, "--width", "80",
-                 "--no-color", "--report", str(page))
-    assert result.exit_code == 0, result.stderr
-    assert "feature 7: active on" in result.stdout and page.is_file()
-    assert "report-features" in page.read_text() or "features" in page.read_text()
+def test_reports_draw_in_a_browser(gpt2, saved_sae, cli, tmp_path):
+    """A text's page (tokens shaded by a feature picked among their top ones; the feature followed), a corpus's
+    page (the top contexts) and a figure: drawn by a real browser with no script error and no request."""
+    import os
+    import shutil
+
+    playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    browser_path = os.environ.get("TFCLI_BROWSER") or shutil.which("chromium-headless-shell") or \
+        shutil.which("chromium")
+    path, folder = gpt2[0], saved_sae[0]
+    pages = {}
+    for name, args in (("text", [TEXT]), ("feature", ["--feature", "7", TEXT]),
+                       ("corpus", ["--feature", "7", *TEXTS])):
+        pages[name] = tmp_path / f"{name}.html"
+        result = cli("features", "-m", str(path), "--sae", str(folder), *args, "--report", str(pages[name]))
+        assert result.exit_code == 0, result.stderr
     figure = tmp_path / "corpus.svg"
-    result = cli("features", "-m", str(path), "--sae", str(folder), "--feature", "7", TEXT, "the cat sat",
-                 "--report", str(figure))
-    assert result.exit_code == 0, result.stderr
+    assert cli("features", "-m", str(path), "--sae", str(folder), "--feature", "7", *TEXTS, "--report",
+               str(figure)).exit_code == 0
     assert "<svg" in figure.read_text()
+    if browser_path is None:
+        pytest.skip("no browser: apt-get install -y chromium-headless-shell")
+    record = json.loads(cli("features", "-m", str(path), "--sae", str(folder), TEXT, "--json").stdout)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path)
+        try:
+            for name, page_path in pages.items():
+                page = browser.new_page()
+                errors, asked = [], []
+                page.on("pageerror", lambda error: errors.append(str(error)))
+                page.route("**/*", lambda route: (asked.append(route.request.url), route.continue_()
+                                                  if route.request.url == page_path.as_uri() else route.abort()))
+                page.goto(page_path.as_uri())
+                page.wait_for_selector("body[data-ready]")
+                assert page.get_attribute("body", "data-ready") == "1" and not errors, (errors,
+                                                                                        page.text_content("body"))
+                assert asked == [page_path.as_uri()]
+                if name == "corpus":
+                    assert page.locator("table.contexts tbody tr").count() == 10 or \
+                        page.locator("table.contexts tbody tr").count() > 0
+                else:
+                    tokens = page.locator(".tokens.features .tok")
+                    assert tokens.count() == len(record["tokens"])
+                    tip = tokens.nth(1).get_attribute("data-tip")
+                    top = ", ".join(f"{i}: " for i, _ in record["features"][1])
+                    assert tip.startswith("position 1: ") and all(f"{i}: " in tip for i, _ in record["features"][1]), \
+                        (tip, top)
+                page.close()
+        finally:
+            browser.close()
 
 
 def refused(cli, *args) -> str:
