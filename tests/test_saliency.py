@@ -235,6 +235,28 @@ def test_a_continuation_gives_a_row_per_token_each_as_captum_computes_it(gpt2):
         close(row.attributions, theirs.sum(-1)[0], f"the row of {row.target.text!r}")
 
 
+def test_after_generate_the_rows_are_transformers_greedy_tokens_each_as_captum_computes_it(gpt2):
+    """--generate N: the continuation is transformers' own greedy one (generate, do_sample=False), each of its tokens
+    a row as --continuation's, the pad baseline (GPT-2's end of text) over the new tokens too."""
+    _, hf, model, tokenizer = gpt2
+    options = core.SaliencyOptions(generate=3, steps=8)
+    read = prompt(model, tokenizer, "when mary and john went to the store", options)
+    result = core.run_prompt(model, tokenizer, read, options)
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([read.ids]), max_new_tokens=3, do_sample=False, pad_token_id=0)[0].tolist()
+    assert result.ids == theirs and result.start == len(read.ids) and len(result.rows) == 3
+    assert result.continuation == tokenizer.decode(theirs[result.start:], skip_special_tokens=False)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for row in result.rows:
+        end = row.position + 1
+        assert row.target.id == theirs[end]
+        baseline = [i if s else pad for i, s in zip(theirs[:end], read.special + [False] * 3)]
+        attributed = LayerIntegratedGradients(logit_metric(hf, row.position, row.target.id, None), hf.transformer.wte
+                                              ).attribute(torch.tensor([theirs[:end]]),
+                                                          baselines=torch.tensor([baseline]), n_steps=8)
+        close(row.attributions, attributed.sum(-1)[0], f"the row of {row.target.text!r}")
+
+
 def test_attention_rollout_is_abnar_and_zuideams_formula_on_transformers_attentions(gpt2, bert):
     for setup, row in ((gpt2, -1), (bert, 0)):  # a decoder's last position; a classifier's pooled [CLS]
         _, hf, _, _ = setup
@@ -599,6 +621,12 @@ def test_a_continuation_is_refused_where_nothing_continues_a_text_and_for_severa
     assert refused.exit_code == 2 and "is not a decoder with an LM head" in refused.stderr
     refused = cli("saliency", "-m", path, TEXT, "the cat", "--continuation", " more")
     assert refused.exit_code == 2 and "--continuation is for one text" in refused.stderr
+    for args, message in ((["--generate", "0"], "--generate must be at least 1"),
+                          (["--generate", "2", "--continuation", " more"], "give --continuation or --generate"),
+                          (["--generate", "2", "--baseline", TEXT], "--baseline TEXT is not for --generate"),
+                          (["the cat", "--generate", "2"], "--generate is for one text")):
+        refused = cli("saliency", "-m", path, TEXT, *args)
+        assert refused.exit_code == 2 and f"error: {message}" in refused.stderr, args
 
 
 def test_a_continuations_matrix_in_json_the_terminal_and_a_report(cli, gpt2, tmp_path):

@@ -81,6 +81,7 @@ class SaliencyOptions:
     seed: int = 0
     metric: str = "logit"  # logit | logprob (the log-softmax of the head's output)
     continuation: str | None = None  # a text that follows: each of its tokens is a metric (a decoder's)
+    generate: int | None = None  # the continuation is the model's own greedy one of this many tokens at most
 
 
 @dataclass
@@ -274,7 +275,7 @@ def check_options(config: ModelConfig, options: SaliencyOptions) -> None:
                           "use a decoder-only model or an encoder")
     check_head(config, ("lm", "mlm", "classifier", "none"), "saliency reads a token's logit, a label's or, without a "
                "head, the pooled output", "use a model with an LM or classifier head, or an encoder without one")
-    if options.continuation is not None:
+    if options.continuation is not None or options.generate is not None:
         check_continuation(config, options)
     if config.head == "none":
         for name, value in (("target", options.target), ("foil", options.foil), ("position", options.position),
@@ -285,14 +286,25 @@ def check_options(config: ModelConfig, options: SaliencyOptions) -> None:
 
 
 def check_continuation(config: ModelConfig, options: SaliencyOptions) -> None:
-    """--continuation: a decoder with an LM head, each token its own target (no --target, --foil, --position)."""
+    """--continuation or --generate: a decoder with an LM head, each token its own target (no --target, --foil,
+    --position); --generate: at least one token, from a baseline that is not a text (its length is not known before
+    the model has generated)."""
+    given = "--continuation" if options.continuation is not None else "--generate"
+    if options.continuation is not None and options.generate is not None:
+        raise usage_error("give --continuation or --generate, not both", "--generate N attributes the model's own "
+                          "continuation of N tokens; --continuation TEXT the one you give")
+    if options.generate is not None and options.generate < 1:
+        raise usage_error(f"--generate must be at least 1, got {options.generate}")
+    if options.generate is not None and options.baseline not in (None, *BASELINES):
+        raise usage_error("--baseline TEXT is not for --generate: the continuation's length is known only once the "
+                          "model has generated it", "give --baseline pad, zero or mask")
     if config.architecture != "decoder" or config.head != "lm":
-        raise usage_error(f"--continuation: {config.name} is not a decoder with an LM head: nothing continues a text",
+        raise usage_error(f"{given}: {config.name} is not a decoder with an LM head: nothing continues a text",
                           "use a decoder (GPT-2, Llama, ...)")
     for name, value in (("target", options.target), ("foil", options.foil), ("position", options.position),
                         ("faithfulness", options.faithfulness or None)):
         if value is not None:
-            raise usage_error(f"--{name} is not for --continuation: each token of the continuation is its own target "
+            raise usage_error(f"--{name} is not for {given}: each token of the continuation is its own target "
                               "at the position before it")
 
 
@@ -331,15 +343,15 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options:
     if all(special):
         raise usage_error("the text has no token to attribute to (only special tokens)", "give some text")
     spans = [None if s else list(offset) for s, offset in zip(special, encoding.offsets)]
-    start = None
+    start = None if options.continuation is None and options.generate is None else len(ids)
     if options.continuation is not None:  # its tokens read on their own, no special token: ' Paris' has its space
         following = tokenizer.encode([options.continuation], add_special_tokens=False)[0].ids
         if not following:
             raise usage_error("the continuation has no token", "give the text that follows, e.g. \" Paris\"")
-        start = len(ids)
         ids, special, spans = ids + following, special + [False] * len(following), spans + [None] * len(following)
-        if limit and len(ids) > limit and config.position == "learned":
-            raise usage_error(f"the text and its continuation have {len(ids)} tokens: the model has {limit} positions")
+    longest = len(ids) + (options.generate or 0)  # --generate's tokens: generated once the model is built
+    if start is not None and limit and longest > limit and config.position == "learned":
+        raise usage_error(f"the text and its continuation have {longest} tokens: the model has {limit} positions")
     if config.head in ("classifier", "none"):
         target, foil = parse_metric(config, tokenizer, target, foil, position, prefix) if config.head != "none" \
             else (None, None)
@@ -559,6 +571,10 @@ def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt,
                options: SaliencyOptions) -> Saliency | ContinuationSaliency:
     """One text's attributions (and, with options.faithfulness, its curves); with a continuation, its matrix."""
     options = replace(options, baseline=prompt.baseline_spec)  # as the result says it
+    if options.generate is not None:
+        prompt = generated(model, tokenizer, prompt, options)
+        options = replace(options, generate=None, continuation=tokenizer.decode(prompt.ids[prompt.continuation:],
+                                                                                skip_special_tokens=False))
     if prompt.continuation is not None:
         return run_continuation(model, tokenizer, prompt, options)
     passes = Passes(model, prompt, options.site, options.metric == "logprob")
@@ -572,6 +588,17 @@ def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt,
                     metric, value, baseline_value, attributions.tolist(), delta,
                     curves(passes, x, baseline, attributions, options.seed) if options.faithfulness else None,
                     prompt.line)
+
+
+def generated(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, options: SaliencyOptions) -> Prompt:
+    """The prompt and the model's greedy continuation (options.generate tokens, or fewer to its end token)."""
+    import torch
+
+    ids = model.generate(torch.tensor([prompt.ids], device=model.device), max_new_tokens=options.generate)[0].tolist()
+    new = len(ids) - len(prompt.ids)
+    special = prompt.special + [False] * new
+    return replace(prompt, ids=ids, special=special, spans=prompt.spans + [None] * new,
+                   baseline=baseline_ids(model.config, tokenizer, prompt.baseline_spec, ids, special))
 
 
 def run_continuation(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt,
@@ -607,8 +634,9 @@ class SaliencyAnalysis:
 
     def check_items(self, prompts: list[Prompt]) -> None:
         check_one_metric([(prompt.line, prompt.foil is not None) for prompt in prompts])
-        if self.options.continuation is not None and len(prompts) > 1:
-            raise usage_error("--continuation is for one text: its matrix has no mean over several")
+        if (self.options.continuation is not None or self.options.generate is not None) and len(prompts) > 1:
+            raise usage_error(f"--{'continuation' if self.options.generate is None else 'generate'} is for one text: "
+                              "its matrix has no mean over several")
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
                 progress: Callable[[float], None] | None) -> Iterator[Saliency]:

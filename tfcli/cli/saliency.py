@@ -46,6 +46,8 @@ def saliency(
     continuation: Annotated[str | None, typer.Option(metavar="TEXT", help="A text that follows (\" Paris\" with its "
                                                      "space): each of its tokens attributed to the tokens before it, "
                                                      "a row each.")] = None,
+    generate: Annotated[int | None, typer.Option(metavar="N", help="The model's own greedy continuation of N tokens "
+                                                 "(to its end token), attributed as --continuation's.")] = None,
     faithfulness: Annotated[bool, typer.Option("--faithfulness", help="Also the deletion and insertion curves against "
                                                "random orders, and their areas.")] = False,
     top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Tokens listed by their "
@@ -68,6 +70,7 @@ def saliency(
           "a gripping, funny film"
       tfcli saliency -m path/to/gpt2 "The capital of France is" \\
           --continuation " Paris, a city"
+      tfcli saliency -m path/to/gpt2 "The capital of France is" --generate 6
       tfcli saliency -m path/to/gpt2 --dataset ioi.jsonl --bootstrap 1000
     """
     from tfcli import saliency as core
@@ -81,11 +84,12 @@ def saliency(
         for name, value in (("target", target), ("foil", foil), ("position", position)):
             if value is not None:
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
-        if continuation is not None:
-            raise usage_error("--continuation is for one text: its matrix has no mean over a dataset")
+        for name, value in (("continuation", continuation), ("generate", generate)):
+            if value is not None:
+                raise usage_error(f"--{name} is for one text: its matrix has no mean over a dataset")
     data.only_with_a_dataset("skip_bad")
     options = core.SaliencyOptions(method, baseline, steps, integration, site, target, foil, position, faithfulness,
-                                   run.seed, metric, continuation)
+                                   run.seed, metric, continuation, generate)
     texts_in = inputs(texts, file) if data.dataset is None else None
     single = texts_in is not None and texts_in.count == 1
     cluster = data.cluster(not single, "a --dataset or several texts")
@@ -97,7 +101,7 @@ def saliency(
     color = out.color_system is not None
     text_view = View(out, render.record, lambda result, number: render.saliency_lines(result, number, out.width,
                                                                                       color, top), spaced=True)
-    if continuation is not None:  # one text: its matrix
+    if continuation is not None or generate is not None:  # one text: its matrix
         text_view = view = View(out, render.continuation_record, lambda result, number: render.continuation_lines(
             result, number, out.width), report=(render.continuation_page_section, render.continuation_figure))
     elif single:
