@@ -167,7 +167,7 @@ class Hand:
 
 
 def metric(logits, b):
-    rows = logits[:, b.position]
+    rows = logits[torch.arange(len(b.positions)), b.positions]
     return rows.gather(1, b.targets[:, None])[:, 0] - rows.gather(1, b.foils[:, None])[:, 0]
 
 
@@ -280,14 +280,23 @@ def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, ch
 
 
 def test_a_batch_equals_its_pairs_one_at_a_time(checkpoints):
+    """Pairs of different lengths run together right-padded: each pair's scores and faithfulness are its own alone."""
     path, _ = checkpoints("gpt2")
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
-    _, both = batch(model, tokenizer)
+    pairs = PAIRS + [("when mary and john went to the big store john gave a drink to",
+                      "when john and mary went to the big store mary gave a drink to", "mary", "john")]
+    _, both = batch(model, tokenizer, pairs)
+    assert both.clean.shape[1] == 15 and both.positions.tolist() == [13, 13, 14]
+    graph = circuit.graph_of(model.config)
+    chosen = circuit.circuit_of(graph, circuit.greedy_order(graph, torch.ones(graph.mask.shape))[:30])
     together = circuit.scores_of(model, both, "eap", 1)[2]
-    for i in range(2):
-        _, alone = batch(model, tokenizer, PAIRS[i:i + 1])
+    values = circuit.circuit_metrics(model, both, [chosen])
+    for i in range(3):
+        _, alone = batch(model, tokenizer, pairs[i:i + 1])
         scores = circuit.scores_of(model, alone, "eap", 1)[2]
         assert (scores[0] - together[i]).abs().max() <= 1e-5 * together.abs().max()
+        for mine, all_of in zip(circuit.circuit_metrics(model, alone, [chosen]), values):
+            assert torch.allclose(mine[0], all_of[i], atol=1e-5)
 
 
 def test_greedy_circuits_are_connected_to_the_logits():

@@ -199,20 +199,30 @@ def parse_sizes(spec: str | None) -> tuple[int, ...]:
 
 @dataclass
 class Batch:
-    """Pairs of one length and metric position, as the model reads them: ids (B, T), the metric's rows."""
+    """Pairs as the model reads them: ids (B, T), right-padded to the longest pair (a causal stack: a position never
+    reads the pads after it, and the metric's gradient is 0 there), and each pair's metric: its target, foil and
+    position (B,)."""
 
     clean: Tensor
     corrupt: Tensor
     targets: Tensor
     foils: Tensor | None
-    position: int
+    positions: Tensor
+
+    @property
+    def keep(self) -> dict[str, int]:
+        """What a pass takes to make the head's logits from the first metric position on only."""
+        return {"logits_to_keep": self.clean.shape[1] - int(self.positions.min())}
 
     def metric(self, logits: Tensor) -> Tensor:
-        """(B', T, V) with B' a multiple of B (rows repeat the pairs) -> (B',) float64."""
-        rows = logits[:, self.position].double()
-        count = rows.shape[0] // len(self.targets)
-        targets = self.targets.repeat(count)
-        value = rows.gather(1, targets[:, None])[:, 0]
+        """(B', K, V), the logits of the last K positions (`keep`), with B' a multiple of B (rows repeat the pairs) ->
+        (B',) float64."""
+        import torch
+
+        count = logits.shape[0] // len(self.targets)
+        at = self.positions.repeat(count) - (self.clean.shape[1] - logits.shape[1])
+        rows = logits[torch.arange(logits.shape[0], device=logits.device), at].double()
+        value = rows.gather(1, self.targets.repeat(count)[:, None])[:, 0]
         return value if self.foils is None else value - rows.gather(1, self.foils.repeat(count)[:, None])[:, 0]
 
 
@@ -224,8 +234,14 @@ def batch_of(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair]) -
                for pair in pairs]
     targets = torch.tensor([target.id for target, _ in metrics], device=device)
     foils = None if metrics[0][1] is None else torch.tensor([foil.id for _, foil in metrics], device=device)
-    return Batch(torch.tensor([p.ids_clean for p in pairs], device=device),
-                 torch.tensor([p.ids_corrupt for p in pairs], device=device), targets, foils, pairs[0].end)
+    length = max(len(pair.ids_clean) for pair in pairs)
+    pad = tokenizer.pad_token_id or 0
+
+    def padded(rows: list[list[int]]) -> Tensor:
+        return torch.tensor([row + [pad] * (length - len(row)) for row in rows], device=device)
+
+    return Batch(padded([p.ids_clean for p in pairs]), padded([p.ids_corrupt for p in pairs]), targets, foils,
+                 torch.tensor([pair.end for pair in pairs], device=device))
 
 
 def receiver_sites(model: TransformerModel) -> list[tuple[str, int, int]]:
@@ -248,7 +264,7 @@ class Senders:
     def __init__(self, model: TransformerModel):
         self.model, self.parts = model, []
         stack = model.output_stack
-        self.weights = [block.attn.out.weight.detach() for block in stack.blocks]  # (d, H x D)
+        self.weights = [plain(block.attn.out) for block in stack.blocks]  # (d, H x D)
 
     def hooks(self) -> dict[str, Callable]:
         hooks = {block_site(0, "resid_pre"): self.keep_input}
@@ -274,13 +290,16 @@ class Senders:
         return torch.cat(self.parts, 2)
 
 
-def run_senders(model: TransformerModel, ids: Tensor, extra: dict[str, Callable] | None = None
-                ) -> tuple[Tensor, Tensor]:
-    """A pass keeping every sender's output: (logits, outputs (B, T, S, d))."""
-    from tfcli.model.sites import merged
+def plain(linear: Any) -> Tensor:
+    """A linear layer's weight as a plain tensor (put back if the layer packed it: tfcli/model/linear.py)."""
+    linear.unpack()
+    return linear.weight.detach()
 
+
+def run_senders(model: TransformerModel, ids: Tensor, batch: Batch) -> tuple[Tensor, Tensor]:
+    """A pass keeping every sender's output: (logits from the batch's first metric position, outputs (B, T, S, d))."""
     senders = Senders(model)
-    logits = model.run_with_hooks(ids, merged(senders.hooks(), extra) or {})
+    logits = model.run_with_hooks(ids, senders.hooks(), **batch.keep)
     return logits, senders.outputs
 
 
@@ -304,21 +323,24 @@ def gradients(model: TransformerModel, batch: Batch, start: Tensor | None = None
     for site, _, _ in sites:
         hooks[site] = lambda x, site=site: kept.__setitem__(site, x)
     with torch.enable_grad():
-        metric = batch.metric(model.run_with_hooks(batch.clean, hooks))
+        metric = batch.metric(model.run_with_hooks(batch.clean, hooks, **batch.keep))
         grads = torch.autograd.grad(metric.sum(), [kept[site] for site, _, _ in sites])
     return metric.detach(), senders.outputs, [g if g.dim() == 4 else g[:, :, None] for g in grads]
 
 
 def edge_scores(graph: Graph, differences: Tensor, grads: list[Tensor], sites: list[tuple[str, int, int]]) -> Tensor:
     """(B, S, R) float64: each edge's (corrupt - clean sender output) . gradient at the receiver, summed over positions;
-    `differences` (B, T, S, d), `grads` per receiver site (B, T, n, d)."""
+    `differences` (B, T, S, d), `grads` per receiver site (B, T, n, d). A batched product per site: (B, s, T x d) by
+    (B, T x d, n)."""
     import torch
 
-    scores = torch.zeros(differences.shape[0], len(graph.senders), len(graph.receivers), dtype=torch.float64)
+    batch, length, senders, width = differences.shape
+    by_sender = differences.permute(0, 2, 1, 3).reshape(batch, senders, length * width)  # (B, S, T x d)
+    scores = torch.zeros(batch, senders, len(graph.receivers), dtype=torch.float64)
     for (_, first, count), grad in zip(sites, grads):
         reads = graph.reads(first)
-        scores[:, :reads, first:first + count] = torch.einsum(
-            "btsd,btrd->bsr", differences[:, :, :reads], grad.to(differences.dtype)).double()
+        columns = grad.to(differences.dtype).permute(0, 1, 3, 2).reshape(batch, length * width, count)
+        scores[:, :reads, first:first + count] = torch.bmm(by_sender[:, :reads], columns).double()
     return scores
 
 
@@ -328,23 +350,20 @@ def scores_of(model: TransformerModel, batch: Batch, method: str, steps: int) ->
 
     graph = graph_of(model.config)
     with torch.no_grad():
-        corrupt_logits, corrupt = run_senders(model, batch.corrupt)
+        corrupt_logits, corrupt = run_senders(model, batch.corrupt, batch)
         corrupt_metric = batch.metric(corrupt_logits)
         if method == "exact":
-            clean_logits, clean = run_senders(model, batch.clean)
+            clean_logits, clean = run_senders(model, batch.clean, batch)
             clean_metric = batch.metric(clean_logits)
             return clean_metric, corrupt_metric, exact_scores(model, batch, graph, corrupt - clean, clean_metric)
     sites = receiver_sites(model)
     if method == "eap":
         metric, clean, grads = gradients(model, batch)
-    else:  # eap-ig-inputs: gradients at k / steps of the way from the corrupt input to the clean one, k = 1 .. steps
-        with torch.no_grad():
-            _, clean = run_senders(model, batch.clean)
-        grads = None
-        for k in range(1, steps + 1):
+    else:  # eap-ig-inputs: gradients at k / steps of the way from the corrupt input to the clean one, k = steps .. 1
+        metric, clean, grads = gradients(model, batch)  # k = steps: the clean run itself, whose outputs it keeps
+        for k in range(steps - 1, 0, -1):
             point = corrupt[:, :, 0] + (k / steps) * (clean[:, :, 0] - corrupt[:, :, 0])
-            metric, _, step = gradients(model, batch, point)
-            grads = step if grads is None else [a + b for a, b in zip(grads, step)]
+            grads = [a + b for a, b in zip(grads, gradients(model, batch, point)[2])]
         grads = [g / steps for g in grads]
     return metric, corrupt_metric, edge_scores(graph, corrupt - clean, grads, sites)
 
@@ -387,7 +406,7 @@ def exact_scores(model: TransformerModel, batch: Batch, graph: Graph, difference
 
         ids = batch.clean.repeat(len(part), 1)
         with torch.no_grad():
-            patched = batch.metric(model.run_with_hooks(ids, input_hooks(model, update))).view(len(part), pairs)
+            patched = batch.metric(model.run_with_hooks(ids, input_hooks(model, update), **batch.keep)).view(len(part), pairs)
         for i, (s, r) in enumerate(part):
             scores[:, s, r] = patched[i] - clean
     return scores
@@ -399,8 +418,8 @@ def circuit_metrics(model: TransformerModel, batch: Batch, circuits: list[Tensor
     import torch
 
     with torch.no_grad():
-        corrupt_logits, corrupt = run_senders(model, batch.corrupt)
-        clean = batch.metric(model(batch.clean).logits)
+        corrupt_logits, corrupt = run_senders(model, batch.corrupt, batch)
+        clean = batch.metric(model(batch.clean, **batch.keep).logits)
         values = []
         for circuit in circuits:
             outside = (~circuit).to(corrupt.dtype)  # (S, R)
@@ -414,7 +433,7 @@ def circuit_metrics(model: TransformerModel, batch: Batch, circuits: list[Tensor
 
             hooks = input_hooks(model, update)
             hooks.update(senders.hooks())
-            values.append(batch.metric(model.run_with_hooks(batch.clean, hooks)))
+            values.append(batch.metric(model.run_with_hooks(batch.clean, hooks, **batch.keep)))
     return clean, batch.metric(corrupt_logits), torch.stack(values, 1) if values else clean[:, None][:, :0]
 
 
@@ -535,26 +554,19 @@ class Measured:
 
 
 def windows(pairs: list[Pair]) -> Iterator[list[Pair]]:
-    """The pairs in batches of at most BATCH, each of one length and metric position, in order within a window."""
+    """The pairs in batches of at most BATCH (right-padded together: Batch)."""
     for start in range(0, len(pairs), BATCH):
-        groups: dict[tuple[int, int], list[Pair]] = {}
-        for pair in pairs[start:start + BATCH]:
-            groups.setdefault((len(pair.ids_clean), pair.end), []).append(pair)
-        yield from groups.values()
+        yield pairs[start:start + BATCH]
 
 
 def ordered(pairs: list[Pair], run: Callable[[list[Pair]], list[Any]], progress: Callable[[float], None] | None
             ) -> Iterator[Any]:
-    """run(batch) over the pairs' windows, the results yielded in the pairs' order."""
-    done: dict[int, Any] = {}
-    for start in range(0, len(pairs), BATCH):
-        window = pairs[start:start + BATCH]
-        for batch in windows(window):
-            for pair, result in zip(batch, run(batch)):
-                done[id(pair)] = result
-            if progress is not None:
-                progress(start + sum(id(p) in done for p in window))
-        yield from (done.pop(id(pair)) for pair in window)
+    """run(batch) over the pairs' batches, each result in the pairs' order."""
+    for start, batch in zip(range(0, len(pairs), BATCH), windows(pairs)):
+        results = run(batch)
+        if progress is not None:
+            progress(start + len(batch))
+        yield from results
 
 
 class OverPairs:

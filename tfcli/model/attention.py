@@ -183,6 +183,7 @@ class Attention(nn.Module):
         if self.qk_norm == "projection":
             raise ValueError("split inputs: a query/key norm over the whole projection mixes the heads' inputs")
         heads, dim = self.heads, self.head_dim
+        self.qkv.unpack()  # the plain weight, read by slices (a packed one would be unpacked for each)
         weight, bias = self.qkv.weight, self.qkv.bias
         sizes = (heads * dim, self.kv_heads * dim, self.kv_heads * dim)
 
