@@ -75,8 +75,8 @@ def main() -> None:
              for n, text in enumerate(corpus(args.texts), 1)]
     batches = [padded([t.ids for t in texts[s:s + features.BATCH_SIZE]], tokenizer, model.device)
                for s in range(0, len(texts), features.BATCH_SIZE)]
-    following = features.FeaturesAnalysis(sae, features.FeaturesOptions(feature=0))
-    errors = features.FeaturesAnalysis(sae, features.FeaturesOptions())
+    following = features.FeaturesAnalysis([sae], features.FeaturesOptions(feature=0))
+    errors = features.FeaturesAnalysis([sae], features.FeaturesOptions())
 
     def forward():
         with torch.no_grad():

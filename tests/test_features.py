@@ -405,7 +405,7 @@ def test_losses_equal_transformers_with_the_block_output_replaced(gpt2, tmp_path
     reference = randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))).eval()
     sae = read_sae(written(reference, tmp_path / "sae", "blocks.1.hook_resid_post"))
     ids = ids_of(tokenizer, model, TEXT)
-    (result,) = core.run_batch(model, tokenizer, sae, [core.Text(1, TEXT, ids)], core.FeaturesOptions())
+    ((result,),) = core.run_batch(model, tokenizer, [sae], [core.Text(1, TEXT, ids)], core.FeaturesOptions())
     x = reference_site(hf, "blocks.1.hook_resid_post", ids)
     tensor = torch.tensor([ids])
 
@@ -448,9 +448,9 @@ def test_a_batch_equals_its_texts_one_at_a_time(gpt2, tmp_path):
     reference = randomized(lens.TopKSAE(lens.TopKSAEConfig(d_in=32, d_sae=64, k=6)))
     sae = read_sae(written(reference, tmp_path / "sae", "blocks.1.hook_resid_post"))
     texts = [core.Text(n, text, ids_of(tokenizer, model, text)) for n, text in enumerate(TEXTS, 1)]
-    together = core.run_batch(model, tokenizer, sae, texts, core.FeaturesOptions())
+    together = [parts[0] for parts in core.run_batch(model, tokenizer, [sae], texts, core.FeaturesOptions())]
     for text, batched in zip(texts, together):
-        (alone,) = core.run_batch(model, tokenizer, sae, [text], core.FeaturesOptions())
+        ((alone,),) = core.run_batch(model, tokenizer, [sae], [text], core.FeaturesOptions())
         assert [[i for i, _ in top] for top in alone.top] == [[i for i, _ in top] for top in batched.top]
         close(batched.mse, alone.mse, "MSE", 1e-4)
         for name in ("clean", "spliced", "zero", "kl"):
@@ -518,6 +518,29 @@ def test_json_record_and_views_keep_every_token_and_number(gpt2, saved_sae, cli)
             assert f"{record['loss']['spliced']:.4f}" in plain
 
 
+def test_several_saes_give_each_its_own_results(gpt2, saved_sae, cli, tmp_path):
+    """--sae repeated (one per site): each SAE's record equals a run with it alone (its losses splice it alone)."""
+    path = str(gpt2[0])
+    folder, _ = saved_sae
+    other = written(randomized(lens.TopKSAE(lens.TopKSAEConfig(d_in=32, d_sae=48, k=4))), tmp_path / "other",
+                    "blocks.0.hook_mlp_out")
+    both = cli("features", "-m", path, "--sae", str(folder), "--sae", str(other), TEXT, "--json")
+    assert both.exit_code == 0, both.stderr
+    records = [json.loads(line) for line in both.stdout.splitlines()]
+    assert [r["sae"]["site"] for r in records] == ["blocks.1.resid_post", "blocks.0.mlp.out"]
+    for record, alone in zip(records, (folder, other)):
+        single = json.loads(cli("features", "-m", path, "--sae", str(alone), TEXT, "--json").stdout)
+        assert record["features"] == single["features"] and record["loss"] == single["loss"]
+    shown = cli("features", "-m", path, "--sae", str(folder), "--sae", str(other), TEXT, "--width", "80",
+                "--no-color")
+    assert shown.exit_code == 0 and shown.stdout.count("text 1:") == 1 and shown.stdout.count("SAE ") == 2
+    corpus = cli("features", "-m", path, "--sae", str(folder), "--sae", str(other), *TEXTS, "--json")
+    assert [json.loads(line)["sae"]["site"] for line in corpus.stdout.splitlines()[-2:]] == \
+        ["blocks.1.resid_post", "blocks.0.mlp.out"]
+    assert "another --sae reads blocks.1.resid_post too" in refused(cli, "-m", path, "--sae", str(folder), "--sae",
+                                                                    str(folder), TEXT)
+
+
 def screen_text_line(line: str) -> str:
     """A line of output without its colour codes."""
     import re
@@ -536,8 +559,10 @@ def test_reports_draw_in_a_browser(gpt2, saved_sae, cli, tmp_path):
         shutil.which("chromium")
     path, folder = gpt2[0], saved_sae[0]
     pages = {}
+    other = written(randomized(lens.TopKSAE(lens.TopKSAEConfig(d_in=32, d_sae=48, k=4))), tmp_path / "other",
+                    "blocks.0.hook_mlp_out")
     for name, args in (("text", [TEXT]), ("feature", ["--feature", "7", TEXT]),
-                       ("corpus", ["--feature", "7", *TEXTS])):
+                       ("corpus", ["--feature", "7", *TEXTS]), ("several", ["--sae", str(other), TEXT])):
         pages[name] = tmp_path / f"{name}.html"
         result = cli("features", "-m", str(path), "--sae", str(folder), *args, "--report", str(pages[name]))
         assert result.exit_code == 0, result.stderr
@@ -562,7 +587,9 @@ def test_reports_draw_in_a_browser(gpt2, saved_sae, cli, tmp_path):
                 assert page.get_attribute("body", "data-ready") == "1" and not errors, (errors,
                                                                                         page.text_content("body"))
                 assert asked == [page_path.as_uri()]
-                if name == "corpus":
+                if name == "several":  # a part per SAE
+                    assert page.locator(".tokens.features").count() == 2
+                elif name == "corpus":
                     assert page.locator("table.contexts tbody tr").count() == 10 or \
                         page.locator("table.contexts tbody tr").count() > 0
                 else:

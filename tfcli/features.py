@@ -167,41 +167,53 @@ def next_token_losses(logits: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
     return loss * mask[:, 1:]
 
 
-def run_batch(model: TransformerModel, tokenizer: Tokenizer, sae: SAE, texts: list[Text],
-              options: FeaturesOptions) -> list[TextFeatures]:
-    """The features of a batch of texts (padded; each text's numbers are those of its own tokens)."""
+def run_batch(model: TransformerModel, tokenizer: Tokenizer, saes: list[SAE], texts: list[Text],
+              options: FeaturesOptions) -> list[list[TextFeatures]]:
+    """The features of a batch of texts (padded; each text's numbers are those of its own tokens), per text one
+    TextFeatures per SAE: one clean pass keeps every SAE's sites, and each SAE's losses splice it alone."""
     import torch
 
     ids, mask = padded([t.ids for t in texts], tokenizer, model.device)
     decoder = model.config.architecture == "decoder" and model.config.head == "lm"
+    names = list(dict.fromkeys(name for sae in saes for name in sae_sites(sae)))
+    out: list[list[TextFeatures]] = [[] for _ in texts]
     with torch.no_grad():
-        logits, cache = model.run_with_cache(ids, names=sae_sites(sae), attention_mask=mask)
-        fitted = fit(sae, cache)
-        losses = kl = None
-        if decoder and options.feature is None:
-            losses, kl = spliced_losses(model, sae, (ids, mask), logits, fitted)
-    out = []
-    for b, text in enumerate(texts):
-        n = len(text.ids)
-        features = fitted.features[b, :n]
-        target, recon = fitted.target[b, :n].double(), fitted.reconstruction[b, :n].double()
-        error = (target - recon).pow(2).sum(-1)
-        spread = (target - target.mean(0)).pow(2).sum(-1)
-        explained = [None if float(s) < 1e-12 else 1 - float(e) / float(s) for e, s in zip(error, spread)]
-        norms = target.norm(dim=-1) * recon.norm(dim=-1)
-        cosine = [None if float(m) == 0 else float(c) for c, m in
-                  zip(torch.nn.functional.cosine_similarity(target, recon, dim=-1), norms)]
-        values, indices = features.topk(min(options.top, features.shape[-1]), dim=-1)
-        top = [[(int(i), float(v)) for v, i in zip(vs, ix) if float(v) > 0] for vs, ix in zip(values, indices)]
-        total = float(spread.sum())
-        result = TextFeatures(text.text, text.ids, tokenizer.texts(text.ids), sae.described(), top,
-                              (error / target.shape[-1]).tolist(), explained, cosine,
-                              (features > 0).sum(-1).tolist(), None if total < 1e-12 else 1 - float(error.sum()) / total,
-                              None if losses is None else losses[b], None if kl is None else kl[b][:n])
-        if options.feature is not None:
-            result.feature, result.activations = options.feature, features[:, options.feature].tolist()
-        out.append(result)
+        logits, cache = model.run_with_cache(ids, names=names, attention_mask=mask)
+        for sae in saes:
+            fitted = fit(sae, cache)
+            losses = kl = None
+            if decoder and options.feature is None:
+                losses, kl = spliced_losses(model, sae, (ids, mask), logits, fitted)
+            for b, text in enumerate(texts):
+                out[b].append(text_features(tokenizer, sae, text, fitted, b, options))
+                if losses is not None:
+                    out[b][-1].losses, out[b][-1].kl = losses[b], kl[b][:len(text.ids)]
     return out
+
+
+def text_features(tokenizer: Tokenizer, sae: SAE, text: Text, fitted, b: int,
+                  options: FeaturesOptions) -> TextFeatures:
+    """Text b of a batch's features and the SAE's error per token (its own tokens, not the padding)."""
+    import torch
+
+    n = len(text.ids)
+    features = fitted.features[b, :n]
+    target, recon = fitted.target[b, :n].double(), fitted.reconstruction[b, :n].double()
+    error = (target - recon).pow(2).sum(-1)
+    spread = (target - target.mean(0)).pow(2).sum(-1)
+    explained = [None if float(s) < 1e-12 else 1 - float(e) / float(s) for e, s in zip(error, spread)]
+    norms = target.norm(dim=-1) * recon.norm(dim=-1)
+    cosine = [None if float(m) == 0 else float(c) for c, m in
+              zip(torch.nn.functional.cosine_similarity(target, recon, dim=-1), norms)]
+    values, indices = features.topk(min(options.top, features.shape[-1]), dim=-1)
+    top = [[(int(i), float(v)) for v, i in zip(vs, ix) if float(v) > 0] for vs, ix in zip(values, indices)]
+    total = float(spread.sum())
+    result = TextFeatures(text.text, text.ids, tokenizer.texts(text.ids), sae.described(), top,
+                          (error / target.shape[-1]).tolist(), explained, cosine, (features > 0).sum(-1).tolist(),
+                          None if total < 1e-12 else 1 - float(error.sum()) / total, None, None)
+    if options.feature is not None:
+        result.feature, result.activations = options.feature, features[:, options.feature].tolist()
+    return result
 
 
 def spliced_losses(model: TransformerModel, sae: SAE, inputs: tuple[Tensor, Tensor], logits: Tensor,
@@ -239,12 +251,21 @@ def spliced_losses(model: TransformerModel, sae: SAE, inputs: tuple[Tensor, Tens
 
 
 @dataclass
-class FeaturesAnalysis:
-    """`features` as the runner runs it: an item is a text, its result the text's TextFeatures, the aggregate a
-    CorpusFeatures (or, for one text given as an argument, its TextFeatures). Texts stream: only sums and the best
-    contexts are kept."""
+class Several:
+    """Several SAEs' results (`--sae` repeated): one TextFeatures or CorpusFeatures per SAE, in the order given."""
 
-    sae: SAE
+    parts: list
+    n: int = 1
+    interrupted: bool = False
+
+
+@dataclass
+class FeaturesAnalysis:
+    """`features` as the runner runs it: an item is a text, its result the text's TextFeatures (a Several of them,
+    one per SAE, with several SAEs), the aggregate a CorpusFeatures (a Several) or, for one text given as an
+    argument, its result. Texts stream: only sums and the best contexts are kept."""
+
+    saes: list[SAE]
     options: FeaturesOptions
     single: bool = False
     command, unit, line, block, streams = "features", "texts", FEATURES_LINE, BATCH_SIZE, True
@@ -256,24 +277,28 @@ class FeaturesAnalysis:
         pass
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, items: list[Text],
-                progress: Callable[[float], None] | None) -> Iterator[TextFeatures]:
+                progress: Callable[[float], None] | None) -> Iterator[TextFeatures | Several]:
         for start in range(0, len(items), BATCH_SIZE):
-            yield from run_batch(model, tokenizer, self.sae, items[start:start + BATCH_SIZE], self.options)
+            for parts in run_batch(model, tokenizer, self.saes, items[start:start + BATCH_SIZE], self.options):
+                yield parts[0] if len(parts) == 1 else Several(parts)
             if progress is not None:
                 progress(min(start + BATCH_SIZE, len(items)))
 
-    def shown(self, result: TextFeatures) -> TextFeatures:
+    def shown(self, result: TextFeatures | Several) -> TextFeatures | Several:
         return result
 
-    def aggregate(self, done: Done, dataset: Dataset) -> TextFeatures | CorpusFeatures:
-        totals = Totals(self.options)
+    def aggregate(self, done: Done, dataset: Dataset) -> TextFeatures | CorpusFeatures | Several:
+        totals = [Totals(self.options) for _ in self.saes]
         first = None
         for item, result in done:
             first = first or result
-            totals.add(item, result)
-        if self.single and totals.n == 1 and not done.interrupted:
+            for total, part in zip(totals, result.parts if isinstance(result, Several) else [result]):
+                total.add(item, part)
+        if self.single and totals[0].n == 1 and not done.interrupted:
             return first
-        return totals.result(first.sae, done.interrupted)
+        parts = first.parts if isinstance(first, Several) else [first]
+        results = [total.result(part.sae, done.interrupted) for total, part in zip(totals, parts)]
+        return results[0] if len(results) == 1 else Several(results, results[0].n, done.interrupted)
 
 
 class Totals:

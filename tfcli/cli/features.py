@@ -22,12 +22,14 @@ from tfcli.render.report_file import check_report_path
                 model="Model source the SAE was trained on (default: the bundled `gpt2-small`, random weights).")
 def features(
     texts: TextsArgument = None,
-    sae: Annotated[Path | None, typer.Option(metavar="PATH", help="The SAE or transcoder: a folder of SAELens "
-                                             "(cfg.json + sae_weights.safetensors), Gemma Scope (params.npz; "
-                                             "params.safetensors + config.json), Llama Scope (hyperparams.json + "
-                                             "checkpoints/) or sparsify (a layers.N folder).")] = None,
+    sae: Annotated[list[Path] | None, typer.Option(metavar="PATH", help="The SAE or transcoder: a folder of SAELens "
+                                                   "(cfg.json + sae_weights.safetensors), Gemma Scope (params.npz; "
+                                                   "params.safetensors + config.json), Llama Scope (hyperparams.json "
+                                                   "+ checkpoints/) or sparsify (a layers.N folder); repeatable, one "
+                                                   "per site.")] = None,
     site: Annotated[str | None, typer.Option(metavar="SITE", help="The site the SAE reads, where its file does not "
-                                             "say (blocks.L.resid_post; tfcli config --sites lists them).")] = None,
+                                             "say (blocks.L.resid_post; tfcli config --sites lists them); with one "
+                                             "--sae.")] = None,
     feature: Annotated[int | None, typer.Option(metavar="N", help="Follow feature N: its activation on every token "
                                                 "and, over texts, its top activating contexts.")] = None,
     top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Features listed per token.")] = 5,
@@ -57,8 +59,10 @@ def features(
     from tfcli.sources import resolve_source
 
     out = output_console(run.width, run.color)
-    if sae is None:
+    if not sae:
         raise usage_error("--sae is required: the SAE to read", "give an SAE's folder: --sae PATH")
+    if site is not None and len(sae) > 1:
+        raise usage_error("--site is for one --sae", "each of several SAEs reads the site its file names")
     if data.dataset is not None and (texts or file is not None):
         raise usage_error("give texts (or --file) or --dataset, not both")
     if data.bootstrap is not None:
@@ -69,17 +73,33 @@ def features(
     cluster = data.cluster(not single, "a --dataset or several texts")
     if run.report is not None:
         check_report_path(run.report, run.force, 1)
+        if len(sae) > 1 and run.report.suffix.lower() != ".html":
+            raise usage_error("--report with several --sae: a page (.html), whose sections are one per SAE")
     options = core.FeaturesOptions(top, feature, contexts)
-    dictionary = read_sae(sae, site)
-    core.check_options(dictionary, options)
+    dictionaries = [read_sae(path, site) for path in sae]
     source = resolve_source(run.model, run.revision)
-    check_fit(dictionary, site_shapes(source.config))  # before the model is built
+    shapes = site_shapes(source.config)
+    sites = set()
+    for dictionary in dictionaries:
+        core.check_options(dictionary, options)
+        check_fit(dictionary, shapes)  # before the model is built
+        if dictionary.site in sites:
+            raise usage_error(f"--sae {dictionary.path}: another --sae reads {dictionary.site} too",
+                              "one SAE per site")
+        sites.add(dictionary.site)
     color = out.color_system is not None
-    text_view = View(out, render.record, lambda result, number: render.features_lines(result, number, out.width,
-                                                                                      color), spaced=True)
-    view = text_view if single else View(out, render.corpus_record, lambda result, number: render.corpus_lines(
-        result, out.width, color), report=(render.corpus_page_section, render.corpus_figure))
+    if len(dictionaries) == 1:
+        text_view = View(out, render.record, lambda result, number: render.features_lines(
+            result, number, out.width, color), spaced=True)
+        view = text_view if single else View(out, render.corpus_record, lambda result, number: render.corpus_lines(
+            result, out.width, color), report=(render.corpus_page_section, render.corpus_figure))
+    else:
+        text_view = View(out, render.several_record, lambda result, number: render.several_lines(
+            result, number, out.width, color), spaced=True, report=(render.several_page_section, None))
+        view = text_view if single else View(out, render.several_corpus_record, lambda result, number:
+                                             render.several_corpus_lines(result, out.width, color),
+                                             report=(render.several_corpus_page_section, None))
     each = data.per_item or (texts_in is not None and (texts_in.count or 0) > 1)
-    run_dataset(core.FeaturesAnalysis(dictionary, options, single), source,
+    run_dataset(core.FeaturesAnalysis(dictionaries, options, single), source,
                 DatasetOptions(data.dataset, 0, each, data.skip_bad, cluster, texts_in), run,
                 (text_view, view), "these features say nothing about a trained model")

@@ -3,7 +3,11 @@
 // and the feature's top activating contexts. From the section's data only (registered before report.js runs).
 "use strict";
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
-  features: async function (section, s, number, LIB) {
+  features: async function features(section, s, number, LIB) {
+    if (s.several) {  // --sae repeated: each SAE's part, one after the other
+      for (const part of s.parts) await features(section, part, number, LIB);
+      return;
+    }
     const {el, shade, fmt, quoted, echoed, label, spaceNote, legend} = LIB;
     const num = (v) => (v === null ? "n/a" : v.toPrecision(3));
     if (s.corpus) {

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.features import CorpusFeatures, Losses, TextFeatures
+from tfcli.features import CorpusFeatures, Losses, Several, TextFeatures
 from tfcli.render.layout import SPACE_NOTE, Column, echo, has_space, plain, table, token_label, words, wrap
 
 if TYPE_CHECKING:
@@ -61,9 +61,11 @@ def activation_items(result: TextFeatures, color: bool) -> list[Text]:
     return items
 
 
-def features_lines(result: TextFeatures, number_shown: int, width: int, color: bool) -> list[Text]:
-    """The terminal view of one text (the `number_shown`th), lines of at most `width` cells."""
-    lines = echo(f"text {number_shown}: ", result.text, width)
+def features_lines(result: TextFeatures, number_shown: int, width: int, color: bool,
+                   echoed: bool = True) -> list[Text]:
+    """The terminal view of one text (the `number_shown`th), lines of at most `width` cells (`echoed`: the text
+    first)."""
+    lines = echo(f"text {number_shown}: ", result.text, width) if echoed else []
     lines += words(sae_words(result.sae), width)
     if result.feature is not None:
         return lines + [Text()] + feature_text_lines(result, width, color)
@@ -107,10 +109,12 @@ def feature_text_lines(result: TextFeatures, width: int, color: bool) -> list[Te
                          width, "dim")
 
 
-def corpus_lines(result: CorpusFeatures, width: int, color: bool) -> list[Text]:
+def corpus_lines(result: CorpusFeatures, width: int, color: bool, heading: bool = True) -> list[Text]:
     """The aggregate's view: the error's means, the losses, and a feature's top activating contexts."""
-    lines = words(f"features over {result.n} texts ({result.tokens} tokens)" +
-                  (" (interrupted: the texts finished)" if result.interrupted else ""), width, "bold")
+    texts = f"{result.n} text{'' if result.n == 1 else 's'}"
+    lines = words(f"features over {texts} ({result.tokens} tokens)" +
+                  (" (interrupted: the texts finished)" if result.interrupted else ""), width, "bold") if heading \
+        else []
     lines += words(sae_words(result.sae), width)
     if result.feature is None:
         lines += words(f"error at the site: MSE {result.mse:.4g} per value; explained variance "
@@ -141,6 +145,21 @@ def corpus_lines(result: CorpusFeatures, width: int, color: bool) -> list[Text]:
     return lines + [Text()] + table(columns, width, keys=1, title=f"the {len(result.contexts)} top activating "
                                     "contexts") + \
         (words(SPACE_NOTE, width, "dim") if has_space([token_label(t) for t in tokens]) else [])
+
+
+def several_lines(result: Several, number_shown: int, width: int, color: bool) -> list[Text]:
+    """Several SAEs' views of one text (--sae repeated), one after the other; the text is echoed once."""
+    lines = features_lines(result.parts[0], number_shown, width, color)
+    for part in result.parts[1:]:
+        lines += [Text()] + features_lines(part, number_shown, width, color, echoed=False)
+    return lines
+
+
+def several_corpus_lines(result: Several, width: int, color: bool) -> list[Text]:
+    lines = corpus_lines(result.parts[0], width, color)
+    for part in result.parts[1:]:
+        lines += [Text()] + corpus_lines(part, width, color, heading=False)
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------- JSON Lines
@@ -174,12 +193,21 @@ def corpus_record(result: CorpusFeatures) -> dict[str, Any]:
             "interrupted": result.interrupted}
 
 
+def several_record(result: Several) -> list[dict[str, Any]]:
+    """A text's records, one per SAE (each names its SAE in `sae`)."""
+    return [record(part) for part in result.parts]
+
+
+def several_corpus_record(result: Several) -> list[dict[str, Any]]:
+    return [corpus_record(part) for part in result.parts]
+
+
 # ---------------------------------------------------------------------------------------------------- --report
 
 
 def page_section(result: TextFeatures, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """A text's section: its record and the sentences the terminal writes above its table (`header`)."""
-    header = [line.plain for line in features_lines(result, 1, 10**6, False)[1:]]
+    header = [line.plain for line in features_lines(result, 1, 10**6, False, echoed=False)]
     cut = next((k for k, line in enumerate(header) if not line), len(header))
     return record(result) | {"header": [plain(line) for line in header[:cut]], "corpus": False}
 
@@ -189,6 +217,15 @@ def corpus_page_section(result: CorpusFeatures, tokenizer: Tokenizer | None) -> 
     header = [line.plain for line in corpus_lines(result, 10**6, False)]
     cut = next((k for k, line in enumerate(header) if not line), len(header))
     return corpus_record(result) | {"header": [plain(line) for line in header[:cut]], "corpus": True}
+
+
+def several_page_section(result: Several, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """Several SAEs' sections of one text, drawn one after the other."""
+    return {"several": True, "parts": [page_section(part, tokenizer) for part in result.parts]}
+
+
+def several_corpus_page_section(result: Several, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    return {"several": True, "parts": [corpus_page_section(part, tokenizer) for part in result.parts]}
 
 
 def figure(result: TextFeatures, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
