@@ -457,6 +457,84 @@ def test_a_batch_equals_its_texts_one_at_a_time(gpt2, tmp_path):
             assert abs(getattr(batched.losses, name) - getattr(alone.losses, name)) < 1e-4, name
 
 
+# ------------------------------------------------------------------------------------------------- interventions
+
+
+def logits_with_block_output(hf, layer: int, ids: list[int], change) -> torch.Tensor:
+    """transformers' logits with block `layer`'s output x replaced by change(x) (T, d), through a forward hook."""
+    def swap(_, args, output):
+        return (change(output[0][0])[None], *output[1:]) if isinstance(output, tuple) else change(output[0])[None]
+    handle = gpt2_blocks(hf)[layer].register_forward_hook(swap)
+    try:
+        with torch.no_grad():
+            return hf(torch.tensor([ids])).logits[0]
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("edit", ["zero", "clamp", "steer"])
+def test_feature_edits_equal_transformers_with_the_decoder_row_added(gpt2, saved_sae, edit):
+    """Ablating (clamping) feature N with the error term kept moves block 1's output by (value - f_N) W_dec[N] and
+    nothing else; steering adds strength x W_dec[N]: transformers' logits with that done by hand in a forward hook.
+    The pass before the site is unchanged."""
+    from tfcli.analysis.sae import FeatureEdit, edit_hooks
+
+    _, hf, model, tokenizer = gpt2
+    folder, reference = saved_sae
+    sae = read_sae(folder)
+    ids = ids_of(tokenizer, model, TEXT)
+    x = reference_site(hf, "blocks.1.hook_resid_post", ids)
+    with torch.no_grad():
+        features = reference.encode(x)
+    n = int((features > 0).sum(0).argmax())  # a feature active on some tokens
+    row = reference.W_dec[n].detach()
+    spec = {"zero": FeatureEdit(n, value=0.0), "clamp": FeatureEdit(n, value=2.5),
+            "steer": FeatureEdit(n, strength=4.0)}[edit]
+    if edit == "steer":
+        change = lambda x: x + 4.0 * row  # noqa: E731
+    else:
+        change = lambda x: x + (spec.value - features[:, n:n + 1]) * row  # noqa: E731
+    theirs = logits_with_block_output(hf, 1, ids, change)
+    hooks = edit_hooks(sae, [spec])
+    with torch.no_grad():
+        ours, cache = model.run_with_cache(torch.tensor([ids]), names=["blocks.1.resid_mid", "blocks.1.resid_post"],
+                                           hooks=hooks)
+        _, clean = model.run_with_cache(torch.tensor([ids]), names=["blocks.1.resid_mid", "blocks.1.resid_post"])
+    close(ours[0], theirs, f"{edit}: logits", 1e-4)
+    assert torch.equal(cache["blocks.1.resid_mid"], clean["blocks.1.resid_mid"])  # the run before the site
+    moved = cache["blocks.1.resid_post"][0] - clean["blocks.1.resid_post"][0]
+    close(moved, change(x) - x, f"{edit}: the site moves along feature {n}'s decoder row only", 1e-4)
+    assert float(moved.abs().max()) > 1e-3
+
+
+def test_a_transcoder_feature_edit_changes_the_mlp_output(gpt2, tmp_path):
+    """A transcoder's edit reads the MLP's normed input and moves the MLP's output by -f_N W_dec[N]."""
+    from tfcli.analysis.sae import FeatureEdit, edit_hooks
+
+    _, hf, model, tokenizer = gpt2
+    reference = randomized(lens.SkipTranscoder(lens.SkipTranscoderConfig(**TRANSCODER))).eval()
+    sae = read_sae(written(reference, tmp_path / "tc", "blocks.0.ln2.hook_normalized",
+                           hook_name_out="blocks.0.hook_mlp_out"))
+    ids = ids_of(tokenizer, model, TEXT)
+    block = gpt2_blocks(hf)[0]
+    with torch.no_grad():
+        features = reference.encode(hf_value(hf, block.ln_2, ids))
+    n = int((features > 0).sum(0).argmax())
+    row = reference.W_dec[n].detach()
+
+    def swap(_, args, output):
+        return output - features[:, n:n + 1][None] * row
+    handle = block.mlp.register_forward_hook(swap)
+    try:
+        with torch.no_grad():
+            theirs = hf(torch.tensor([ids])).logits[0]
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        ours = model.run_with_hooks(torch.tensor([ids]), edit_hooks(sae, [FeatureEdit(n, value=0.0)]))
+    close(ours[0], theirs, "logits with the transcoder's feature zeroed", 1e-4)
+
+
 # ------------------------------------------------------------------------------------------------- the command
 
 
