@@ -535,6 +535,36 @@ def test_a_transcoder_feature_edit_changes_the_mlp_output(gpt2, tmp_path):
     close(ours[0], theirs, "logits with the transcoder's feature zeroed", 1e-4)
 
 
+def test_ablate_takes_a_feature(gpt2, saved_sae, cli):
+    """--ablate SAE#N zeroes feature N (SAE#N=V clamps it), through the hooks every command's --ablate runs: generate's
+    greedy continuation is transformers' with (V - f_N) W_dec[N] added to block 1's output by hand."""
+    from tfcli.analysis.ablation import ablated_label, ablation
+
+    path, hf, model, tokenizer = gpt2
+    folder, reference = saved_sae
+    ids = ids_of(tokenizer, model, TEXT)
+    spec = f"{folder}#7=3.0"
+    removed = ablation([spec], model.config)
+    assert ablated_label([spec, f"{folder}#7"]) == f"{folder}#7 (clamped to 3.0), {folder}#7 (zeroed)"
+    x = reference_site(hf, "blocks.1.hook_resid_post", ids)
+    with torch.no_grad():
+        f7 = reference.encode(x)[:, 7:8]
+        ours = model.run_with_hooks(torch.tensor([ids]), removed.hooks)
+    theirs = logits_with_block_output(hf, 1, ids, lambda x: x + (3.0 - f7) * reference.W_dec[7].detach())
+    close(ours[0], theirs, "logits with feature 7 clamped", 1e-4)
+    result = cli("generate", "-m", str(path), TEXT, "--ablate", f"{folder}#7", "--max-new-tokens", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["ablated"] == [f"{folder}#7"]
+    assert "--ablate" in refused_by(cli, "generate", "-m", str(path), TEXT, "--ablate", f"{folder}#x")
+
+
+def refused_by(cli, *args) -> str:
+    result = cli(*args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    return line
+
+
 # ------------------------------------------------------------------------------------------------- the command
 
 

@@ -1,8 +1,9 @@
 """Removing a component from the shell: `--ablate SITE[:zero|mean]`. SITE is a head (`L23H3`: that head's slice of
 `blocks.23.attn.z`), a sublayer's output (`L5.mlp`, `L5.attn`: `blocks.5.mlp.out`, `blocks.5.attn.out`) or any
 site name, `*` wildcards allowed (`blocks.*.mlp.out`). `zero` (the default) zeroes it; `mean` replaces it by its
-mean over the text's positions (one pass over a whole text: not while generating). The hooks are the model's site
-hooks, the ones steering uses.
+mean over the text's positions (one pass over a whole text: not while generating). `SAE#N` zeroes feature N of the
+SAE (or transcoder) in folder SAE, `SAE#N=V` clamps it to V, the SAE's error term kept (tfcli/analysis/sae.py). The
+hooks are the model's site hooks, the ones steering uses.
 """
 
 from __future__ import annotations
@@ -72,8 +73,28 @@ class Ablation:
 
 
 def ablated_label(specs: list[str]) -> str:
-    """`L23H3 (zeroed), L5.mlp (mean)`: what the views say was ablated."""
-    return ", ".join(f"{spec.partition(':')[0]} ({'mean' if spec.endswith(':mean') else 'zeroed'})" for spec in specs)
+    """`L23H3 (zeroed), L5.mlp (mean), sae#12 (clamped to 2.5)`: what the views say was ablated."""
+    def label(spec: str) -> str:
+        if "#" in spec:
+            target, _, value = spec.partition("=")
+            return f"{target} ({'clamped to ' + value if value else 'zeroed'})"
+        return f"{spec.partition(':')[0]} ({'mean' if spec.endswith(':mean') else 'zeroed'})"
+    return ", ".join(map(label, specs))
+
+
+def feature_ablation(spec: str, shapes: dict) -> dict[str, Hook]:
+    """`SAE#N` (zero) or `SAE#N=V` (clamp): the hooks that edit the SAE's feature N with its error term kept."""
+    from tfcli.analysis.sae import FeatureEdit, check_fit, edit_hooks, read_sae
+
+    path, _, rest = spec.rpartition("#")
+    number, _, value = rest.partition("=")
+    try:
+        edit = FeatureEdit(int(number), value=float(value) if value else 0.0)
+    except ValueError:
+        raise usage_error(f"--ablate {spec}: give SAE#N (zero feature N) or SAE#N=V (clamp it to V)") from None
+    sae = read_sae(path)
+    check_fit(sae, shapes)
+    return edit_hooks(sae, [edit])
 
 
 def ablation(specs: list[str] | None, config: ModelConfig, generating: bool = False) -> Ablation | None:
@@ -85,9 +106,13 @@ def ablation(specs: list[str] | None, config: ModelConfig, generating: bool = Fa
 
     if not specs:
         return None
-    known = list(site_shapes(config))
+    shapes = site_shapes(config)
+    known = list(shapes)
     groups, by_mean = [], False
     for spec in specs:
+        if "#" in spec:
+            groups.append(feature_ablation(spec, shapes))
+            continue
         names, head, how = parse_ablation(spec, config, known)
         if how == "mean" and generating:
             raise usage_error(f"--ablate {spec}: generate ablates by zeroing only", "each step after the prompt runs "
