@@ -558,6 +558,23 @@ def test_ablate_takes_a_feature(gpt2, saved_sae, cli):
     assert "--ablate" in refused_by(cli, "generate", "-m", str(path), TEXT, "--ablate", f"{folder}#x")
 
 
+def test_steer_takes_a_feature(gpt2, saved_sae, cli):
+    """--steer SAE#N:S adds S x W_dec[N] to the SAE's block output (generate's steering hooks): transformers' logits
+    with that added by hand; an SAE on another site is refused, one line."""
+    from tfcli.analysis.vectors import load_vector, steering_hooks
+
+    path, hf, model, tokenizer = gpt2
+    folder, reference = saved_sae
+    ids = ids_of(tokenizer, model, TEXT)
+    hooks = steering_hooks(model, [load_vector(f"{folder}#5", model.config)], [4.0])
+    with torch.no_grad():
+        ours = model.run_with_hooks(torch.tensor([ids]), hooks)
+    theirs = logits_with_block_output(hf, 1, ids, lambda x: x + 4.0 * reference.W_dec[5].detach())
+    close(ours[0], theirs, "logits steered by feature 5", 1e-4)
+    result = cli("generate", "-m", str(path), TEXT, "--steer", f"{folder}#5:4", "--max-new-tokens", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+
+
 def refused_by(cli, *args) -> str:
     result = cli(*args)
     assert result.exit_code == 2, (result.stdout, result.stderr)

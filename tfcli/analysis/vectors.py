@@ -124,7 +124,10 @@ def load_vector(path: str | Path, config: ModelConfig | None = None) -> dict[int
     """A steering vector file (.gguf or .safetensors, told apart by their first bytes) -> {block: (d,) float32
     tensor}. With `config`, each block and the width are checked against the model's: a GGUF that is a model, not a
     control vector, a direction of another width or for a block the model does not have is a one-line TfcliError
-    naming why."""
+    naming why. `SAE#N`: feature N's decoder row of the SAE in folder SAE, which must read a block's output
+    (`blocks.L.resid_post`): {L: W_dec[N]}."""
+    if "#" in str(path) and not Path(path).exists():
+        return feature_vector(str(path), config)
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -139,6 +142,25 @@ def load_vector(path: str | Path, config: ModelConfig | None = None) -> dict[int
     if config is not None:
         check_vector(path, directions, config)
     return directions
+
+
+def feature_vector(spec: str, config: ModelConfig | None) -> dict[int, Tensor]:
+    """`SAE#N` -> {L: W_dec[N]} for an SAE on `blocks.L.resid_post` (tfcli/analysis/sae.py)."""
+    from tfcli.analysis.sae import check_fit, read_sae
+
+    path, _, number = spec.rpartition("#")
+    sae = read_sae(path)
+    match = re.fullmatch(r"blocks\.(\d+)\.resid_post", sae.site)
+    if match is None or sae.site_out:
+        raise usage_error(f"steering by {spec}: the SAE reads {sae.site}, and steering adds to a block's output "
+                          "(an SAE on blocks.L.resid_post)")
+    if not number.isdigit() or int(number) >= sae.d_sae:
+        raise usage_error(f"steering by {spec}: give SAE#N, N a feature from 0 to {sae.d_sae - 1}")
+    if config is not None:
+        from tfcli.model.transformer import site_shapes
+
+        check_fit(sae, site_shapes(config))
+    return {int(match[1]): sae.weights["W_dec"][int(number)].clone()}
 
 
 def check_vector(path: Path, directions: dict[int, Tensor], config: ModelConfig) -> None:
