@@ -216,15 +216,15 @@ F32_X = {"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}  # its he
 
 
 @pytest.mark.parametrize("content, detail", [
-    (b"", "its header claims 0 bytes, the file has 0"),
-    (b"\x00" * 7, "its header claims 0 bytes, the file has 7"),
-    (b"\x00" * 8, "its header is not valid JSON"),
+    (b"", "header too small"),  # the details are safetensors' own (safe_open reads the file)
+    (b"\x00" * 7, "header too small"),
+    (b"\x00" * 8, "invalid JSON in header"),
     (os.urandom(4096), "cannot read the safetensors file"),
-    ((10**15).to_bytes(8, "little") + b"{}", f"its header claims {10**15} bytes, the file has 10"),
-    ((13).to_bytes(8, "little") + b"{}" + b" " * 10, "its header claims 13 bytes, the file has 20"),
+    ((10**15).to_bytes(8, "little") + b"{}", "header too large"),
+    ((13).to_bytes(8, "little") + b"{}" + b" " * 10, "invalid header length"),
     (safetensors_file({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 16]}}, bytes(16)),
-     "tensor x: 16 bytes for shape [2] in F32"),
-    (safetensors_file(F32_X, bytes(8)), "tensor x ends at byte 86, after the end of the file (78 bytes)"),
+     "invalid shape, data type, or offset for tensor"),
+    (safetensors_file(F32_X, bytes(8)), "incomplete metadata, file not fully covered"),
 ])
 def test_corrupted_safetensors(cli, checkpoint, tmp_path, content, detail):
     broken = copy_checkpoint(checkpoint, tmp_path / "broken")

@@ -85,7 +85,7 @@ import json, sys
 from typer.testing import CliRunner
 from tfcli.cli import app
 
-HEAVY = ("torch._dynamo", "torch._inductor", "transformers", "huggingface_hub", "safetensors", "sympy",
+HEAVY = ("torch._dynamo", "torch._inductor", "transformers", "huggingface_hub", "sympy",
          "matplotlib", "scipy")
 found = {}
 for args in json.loads(sys.argv[1]):
