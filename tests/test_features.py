@@ -30,6 +30,7 @@ from tfcli import features as core  # noqa: E402
 from tfcli.analysis.dataset import line_of  # noqa: E402
 from tfcli.analysis.sae import check_fit, fit, read_sae  # noqa: E402
 from tfcli.api import load_tokenizer_for  # noqa: E402
+from tfcli.errors import TfcliError  # noqa: E402
 from tfcli.render.layout import screen_text, token_label  # noqa: E402
 from tfcli.sources import resolve_source  # noqa: E402
 
@@ -291,6 +292,12 @@ def test_gemma_scope_npz_equals_sae_lens_loader(gpt2, local_hub):
     with torch.no_grad():
         close(ours.features[0], reference.encode(x), "features")
         close(ours.reconstruction[0], reference(x), "reconstruction")
+    plain = local_hub / "plain"  # a path that does not say the hook: refused, and read with --site
+    plain.mkdir()
+    (plain / "params.npz").write_bytes((folder / "params.npz").read_bytes())
+    with pytest.raises(TfcliError, match="does not say which activation"):
+        read_sae(plain)
+    assert read_sae(plain, "blocks.1.resid_post").site == "blocks.1.resid_post"
 
 
 def write_safetensors(path: Path, tensors: dict) -> None:

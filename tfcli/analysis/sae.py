@@ -265,7 +265,7 @@ def gemma_scope(folder: Path) -> SAE:
     except (OSError, ValueError) as error:
         raise usage_error(f"--sae: {folder / 'params.npz'} is not a readable npz file: {error}") from None
     required(weights, ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"), folder / "params.npz")
-    text = str(folder.resolve())
+    text = "/".join(folder.resolve().parts[-4:])  # release/layer_N/width_W/average_l0_K, as Gemma Scope lays it out
     layer = re.search(r"layer_(\d+)", text)
     if "embedding" in text:  # sae-lens: the embedding SAEs were trained on embeddings over sqrt(d_model)
         d = weights["W_enc"].shape[0]
@@ -273,11 +273,11 @@ def gemma_scope(folder: Path) -> SAE:
         hook = "hook_embed"
     elif layer is None:
         hook = ""
-    elif re.search(r"-(res|resid)\b|resid", text):
+    elif re.search(r"-res\b", text):
         hook = f"blocks.{layer.group(1)}.hook_resid_post"
-    elif "mlp" in text:
+    elif re.search(r"-mlp\b", text):
         hook = f"blocks.{layer.group(1)}.hook_mlp_out"
-    elif "att" in text:
+    elif re.search(r"-att\b", text):
         hook = f"blocks.{layer.group(1)}.attn.hook_z"
     else:
         hook = ""
