@@ -464,6 +464,46 @@ def test_a_batch_equals_its_texts_one_at_a_time(gpt2, tmp_path):
             assert abs(getattr(batched.losses, name) - getattr(alone.losses, name)) < 1e-4, name
 
 
+def test_direct_effects_equal_the_readout_by_hand(gpt2, tmp_path, cli):
+    """--target/--foil: each active feature's direct effect at the last position is its activation x its decoder
+    row, centred, times ln_f's weight over ln_f's divisor there (frozen), dotted with W_U[target] - W_U[foil], all
+    from transformers' GPT-2; the features, the rest and the error sum to what the site adds."""
+    path, hf, model, tokenizer = gpt2
+    reference = randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))).eval()
+    folder = written(reference, tmp_path / "sae", "blocks.0.hook_mlp_out")
+    result = cli("features", "-m", str(path), "--sae", str(folder), TEXT, "--target", "#1996", "--foil", "#4937",
+                 "--json")
+    assert result.exit_code == 0, result.stderr
+    direct = json.loads(result.stdout)["direct"]
+    ids = ids_of(tokenizer, model, TEXT)
+    p = len(ids) - 1
+    final = hf_value(hf, hf.transformer.ln_f, ids, into=True)[p].double()
+    scale = (final.var(unbiased=False) + hf.config.layer_norm_epsilon).sqrt()
+    unembed = hf.lm_head.weight.detach().double()
+
+    def read(v):
+        v = v.double()
+        return float(((v - v.mean()) * hf.transformer.ln_f.weight.detach().double() / scale)
+                     @ (unembed[1996] - unembed[4937]))
+
+    x = reference_site(hf, "blocks.0.hook_mlp_out", ids)
+    with torch.no_grad():
+        features, recon = reference.encode(x)[p], reference(x)[p]
+        logits = hf(torch.tensor([ids])).logits[0, p]
+    effects = {n: float(features[n]) * read(reference.W_dec[n].detach()) for n in features.nonzero().flatten().tolist()}
+    assert direct["position"] == p and abs(direct["logit"] - float(logits[1996] - logits[4937])) < 1e-4
+    assert {i for i, _, _ in direct["features"]} == set(effects)
+    for i, activation, effect in direct["features"]:
+        assert abs(effect - effects[i]) <= 1e-4 * max(1.0, abs(effects[i])), i
+    assert [abs(e) for _, _, e in direct["features"]] == sorted((abs(e) for _, _, e in direct["features"]),
+                                                                reverse=True)
+    assert abs(direct["site"] - read(x[p])) < 1e-4 and abs(direct["error"] - read(x[p] - recon)) < 1e-4
+    assert abs(direct["rest"] + sum(effects.values()) - read(recon)) < 1e-4
+    assert "the residual stream" in refused(cli, "-m", str(path), "--sae", str(written(
+        randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))), tmp_path / "z",
+        "blocks.0.attn.hook_z")), TEXT, "--target", "#1996")
+
+
 # ------------------------------------------------------------------------------------------------- interventions
 
 
@@ -632,7 +672,7 @@ def test_json_record_and_views_keep_every_token_and_number(gpt2, saved_sae, cli)
     assert result.exit_code == 0, result.stderr
     (record,) = [json.loads(line) for line in result.stdout.splitlines()]
     assert set(record) == {"text", "ids", "tokens", "sae", "features", "mse", "explained_variance", "cosine", "l0",
-                           "explained_variance_text", "loss", "kl", "feature", "activations"}
+                           "explained_variance_text", "loss", "kl", "feature", "activations", "direct"}
     assert set(record["loss"]) == {"clean", "spliced", "with_error", "zero", "recovered", "kl", "kl_with_error",
                                    "positions"}
     for width in (80, 120):

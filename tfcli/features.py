@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.analysis.dataset import Done, Line, LineSpec
 from tfcli.analysis.inputs import model_input, padded
-from tfcli.analysis.sae import fit, put_rows, sae_sites
+from tfcli.analysis.metric import Token
+from tfcli.analysis.sae import direct_effects, fit, put_rows, sae_sites
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class FeaturesOptions:
     top: int = 5
     feature: int | None = None
     contexts: int = 10
+    target: Token | None = None  # with a target: each feature's direct effect on its logit (minus the foil's)
+    foil: Token | None = None
 
 
 @dataclass
@@ -100,8 +103,25 @@ class TextFeatures:
     kl: list[float] | None  # per position, spliced
     feature: int | None = None
     activations: list[float] | None = None
+    direct: Direct | None = None  # with a target
     n: int = 1  # as an aggregate of one text (the runner reads these)
     interrupted: bool = False
+
+
+@dataclass
+class Direct:
+    """The direct effects on the logit (difference) at the text's last position: each active feature's
+    (feature, activation, effect), the largest |effect| first; the rest of the reconstruction's and the error
+    term's; they sum to `site`, what the SAE's (output) site adds there; `logit` is the model's own."""
+
+    position: int
+    target: Token
+    foil: Token | None
+    logit: float
+    site: float
+    rest: float
+    error: float
+    features: list[tuple[int, float, float]]
 
 
 @dataclass
@@ -176,6 +196,8 @@ def run_batch(model: TransformerModel, tokenizer: Tokenizer, saes: list[SAE], te
     ids, mask = padded([t.ids for t in texts], tokenizer, model.device)
     decoder = model.config.architecture == "decoder" and model.config.head == "lm"
     names = list(dict.fromkeys(name for sae in saes for name in sae_sites(sae)))
+    if options.target is not None and model.has_final_norm:
+        names.append("final_norm.scale")
     out: list[list[TextFeatures]] = [[] for _ in texts]
     with torch.no_grad():
         logits, cache = model.run_with_cache(ids, names=names, attention_mask=mask)
@@ -188,7 +210,28 @@ def run_batch(model: TransformerModel, tokenizer: Tokenizer, saes: list[SAE], te
                 out[b].append(text_features(tokenizer, sae, text, fitted, b, options))
                 if losses is not None:
                     out[b][-1].losses, out[b][-1].kl = losses[b], kl[b][:len(text.ids)]
+                if options.target is not None:
+                    out[b][-1].direct = direct_of(model, sae, fitted, (logits, cache), (b, len(text.ids) - 1),
+                                                  options)
     return out
+
+
+def direct_of(model: TransformerModel, sae: SAE, fitted, run: tuple[Tensor, dict], where: tuple[int, int],
+              options: FeaturesOptions) -> Direct:
+    """The direct effects at `where` (row, position) on the target's logit (minus the foil's): the readout's
+    direction through the final norm, its divisor frozen at the position (as `attribute` reads a component)."""
+    logits, cache = run
+    row, position = where
+    foil = options.foil.id if options.foil is not None else None
+    readout = model.readout(options.target.id, foil)
+    direction = readout.direction / cache["final_norm.scale"][row, position, 0].double() if readout.normed \
+        else readout.direction
+    found = direct_effects(sae, fitted, where, direction.to(fitted.features.device))
+    value = logits[row, position, options.target.id] - (0 if foil is None else logits[row, position, foil])
+    active = [(int(i), float(fitted.features[row, position, i]), float(found["effects"][i]))
+              for i in fitted.features[row, position].nonzero().flatten()]
+    return Direct(position, options.target, options.foil, float(value), found["site"], found["rest"],
+                  found["error"], sorted(active, key=lambda f: -abs(f[2])))
 
 
 def text_features(tokenizer: Tokenizer, sae: SAE, text: Text, fitted, b: int,

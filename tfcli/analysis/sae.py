@@ -543,3 +543,45 @@ def edit_hooks(sae: SAE, edits: list[FeatureEdit]) -> dict:
         return (value.flatten(2).float() + change(seen.pop("x"))).reshape(value.shape).to(value.dtype)
 
     return {sae.site: read, sae.site_out: write}
+
+
+# ------------------------------------------------------------------------------------------ direct effects
+
+RESIDUAL_LEAVES = ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out", "attn_output_norm.out",
+                   "mlp_output_norm.out")  # sites whose values live in the residual stream's basis
+
+
+def check_direct(sae: SAE) -> None:
+    """Refuse direct effects where a feature's decoder row is not a vector of the residual stream: an SAE that
+    writes elsewhere (attn.z, the MLP's neurons, a norm's input) or whose reconstruction is not linear in its
+    features (a run-time normalisation)."""
+    writes = sae.site_out or sae.site
+    if not (writes == "embed" or any(writes.endswith("." + leaf) for leaf in RESIDUAL_LEAVES)) or sae.head is not None:
+        raise usage_error(f"--target with --sae {sae.path}: its features write to {writes}, not to the residual "
+                          "stream", "direct effects read an SAE on a residual site or a sublayer's output")
+    if sae.normalize in ("layer_norm", "constant_norm_rescale"):
+        raise usage_error(f"--target with --sae {sae.path}: its reconstruction is normalised at run time "
+                          f"({sae.normalize}), not a sum of its features' decoder rows")
+
+
+def direct_effects(sae: SAE, fitted: Fitted, where: tuple[int, int], direction: Tensor) -> dict[str, Tensor | float]:
+    """Each feature's direct effect on a logit (difference) at `where` (row, position): its activation times its
+    decoder row read along `direction` (d,), float64, the final norm's divisor there folded in (the readout's, as
+    `attribute` reads a head's output); and the same for the rest of the reconstruction (b_dec, a skip term) and the
+    error term. They sum to what the site itself adds (`site`)."""
+    row, position = where
+    w_dec = fitted_rows(sae)
+    read = w_dec @ direction  # (d_sae,)
+    features = fitted.features[row, position].double()
+    effects = features * read
+    target = fitted.target[row, position].double() @ direction
+    recon = fitted.reconstruction[row, position].double() @ direction
+    return {"effects": effects, "rest": float(recon - effects.sum()), "error": float(target - recon),
+            "site": float(target)}
+
+
+def fitted_rows(sae: SAE) -> Tensor:
+    """The decoder rows as a feature's activation scales them (divided by their norm where the SAE rescales its
+    activations by it), float64 (d_sae, d_out)."""
+    w_dec = sae.weights["W_dec"].double()
+    return w_dec / w_dec.norm(dim=-1, keepdim=True) if sae.rescale_by_decoder_norm else w_dec

@@ -35,6 +35,11 @@ def features(
     top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Features listed per token.")] = 5,
     contexts: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="With --feature: the top "
                                           "activating contexts kept over the texts.")] = 10,
+    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="Each active feature's direct effect on this "
+                                               "token's logit at the last position (\" Mary\" with its space, or "
+                                               "#ID).")] = None,
+    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="With --target: on the difference of the logits "
+                                             "target - foil.")] = None,
     file: FileOption = None,
     *,
     run: RunOptions,
@@ -53,7 +58,9 @@ def features(
           "The capital of France is"
     """
     from tfcli import features as core
-    from tfcli.analysis.sae import check_fit, read_sae
+    from tfcli.analysis.metric import check_head, parse_metric
+    from tfcli.api import load_tokenizer_for
+    from tfcli.analysis.sae import check_direct, check_fit, read_sae
     from tfcli.model.transformer import site_shapes
     from tfcli.render import features as render
     from tfcli.sources import resolve_source
@@ -75,9 +82,17 @@ def features(
         check_report_path(run.report, run.force, 1)
         if len(sae) > 1 and run.report.suffix.lower() != ".html":
             raise usage_error("--report with several --sae: a page (.html), whose sections are one per SAE")
-    options = core.FeaturesOptions(top, feature, contexts)
+    if foil is not None and target is None:
+        raise usage_error("--foil goes with --target: the effect is on the logit difference target - foil")
     dictionaries = [read_sae(path, site) for path in sae]
     source = resolve_source(run.model, run.revision)
+    tokens = (None, None)
+    if target is not None:
+        check_head(source.config, ("lm",), "direct effects read an LM head's logits", "use a decoder with an LM head")
+        for dictionary in dictionaries:
+            check_direct(dictionary)
+        tokens = parse_metric(source.config, load_tokenizer_for(source), target, foil)  # the runner says its warnings
+    options = core.FeaturesOptions(top, feature, contexts, *tokens)
     shapes = site_shapes(source.config)
     sites = set()
     for dictionary in dictionaries:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from tfcli.features import CorpusFeatures, Losses, Several, TextFeatures
+from tfcli.features import CorpusFeatures, Direct, Losses, Several, TextFeatures
 from tfcli.render.layout import SPACE_NOTE, Column, echo, has_space, plain, table, token_label, words, wrap
 
 if TYPE_CHECKING:
@@ -80,6 +80,8 @@ def features_lines(result: TextFeatures, number_shown: int, width: int, color: b
             lines += words(sentence, width)
     else:
         lines += words("no next-token loss: the model is not a decoder with an LM head", width, "dim")
+    if result.direct is not None:
+        lines += [Text()] + direct_lines(result.direct, result.tokens, width)
     columns = [Column.of("position", [str(p) for p in range(n)], right=True),
                Column.of("token", [token_label(t) for t in result.tokens]),
                Column.of("L0", [str(v) for v in result.l0], right=True),
@@ -96,6 +98,28 @@ def features_lines(result: TextFeatures, number_shown: int, width: int, color: b
                    "distribution's divergence from the spliced one" +
                    ("; " + SPACE_NOTE if has_space([token_label(t) for t in result.tokens]) else ""), width, "dim")
     return lines
+
+
+def metric_words(direct: Direct) -> str:
+    target = repr(direct.target.text)
+    return f"logit({target})" + (f" - logit({direct.foil.text!r})" if direct.foil is not None else "")
+
+
+def direct_lines(direct: Direct, tokens: list[str], width: int) -> list[Text]:
+    """Each active feature's direct effect on the logit (difference) at the last position, the largest first."""
+    summed = sum(effect for _, _, effect in direct.features)
+    lines = words(f"direct effects on {metric_words(direct)} at position {direct.position} "
+                  f"{token_label(tokens[direct.position])} (the model's: {direct.logit:+.4f}): the site adds "
+                  f"{direct.site:+.4f} = features {summed:+.4f} + the rest of the reconstruction {direct.rest:+.4f} "
+                  f"+ the error term {direct.error:+.4f}", width)
+    shown = direct.features[:max(5, len(direct.features) and 10)]
+    if not shown:
+        return lines + words("no feature is active there", width, "dim")
+    columns = [Column.of("feature", [str(i) for i, _, _ in shown], right=True),
+               Column.of("activation", [f"{a:.4f}" for _, a, _ in shown], right=True),
+               Column.of("direct effect", [f"{e:+.4f}" for _, _, e in shown], right=True)]
+    return lines + table(columns, width, title=f"the {len(shown)} largest |direct effects| of the "
+                         f"{len(direct.features)} active features")
 
 
 def feature_text_lines(result: TextFeatures, width: int, color: bool) -> list[Text]:
@@ -179,7 +203,18 @@ def record(result: TextFeatures) -> dict[str, Any]:
             "features": [[[i, v] for i, v in top] for top in result.top], "mse": result.mse,
             "explained_variance": result.explained, "cosine": result.cosine, "l0": result.l0,
             "explained_variance_text": result.explained_text, "loss": losses_record(result.losses), "kl": result.kl,
-            "feature": result.feature, "activations": result.activations}
+            "feature": result.feature, "activations": result.activations, "direct": direct_record(result.direct)}
+
+
+def direct_record(direct: Direct | None) -> dict[str, Any] | None:
+    if direct is None:
+        return None
+    return {"position": direct.position, "target": {"token": direct.target.token, "id": direct.target.id,
+                                                    "text": direct.target.text},
+            "foil": None if direct.foil is None else {"token": direct.foil.token, "id": direct.foil.id,
+                                                      "text": direct.foil.text},
+            "logit": direct.logit, "site": direct.site, "rest": direct.rest, "error": direct.error,
+            "features": [[i, a, e] for i, a, e in direct.features]}
 
 
 def corpus_record(result: CorpusFeatures) -> dict[str, Any]:
