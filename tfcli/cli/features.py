@@ -18,7 +18,7 @@ from tfcli.render.report_file import check_report_path
 
 
 @app.command()
-@shared_options(default_model="gpt2-small", dataset=True,
+@shared_options(default_model="gpt2-small", dataset=True, without=("bootstrap",),
                 model="Model source the SAE was trained on (default: the bundled `gpt2-small`, random weights).")
 def features(
     texts: TextsArgument = None,
@@ -72,8 +72,6 @@ def features(
         raise usage_error("--site is for one --sae", "each of several SAEs reads the site its file names")
     if data.dataset is not None and (texts or file is not None):
         raise usage_error("give texts (or --file) or --dataset, not both")
-    if data.bootstrap is not None:
-        raise usage_error("--bootstrap: features aggregates means and top contexts, with no bootstrap interval")
     data.only_with_a_dataset("skip_bad")
     texts_in = inputs(texts, file) if data.dataset is None else None
     single = texts_in is not None and texts_in.count == 1
