@@ -374,6 +374,36 @@ def test_the_aggregate_is_the_mean_share_of_the_positions_every_text_has(gpt2):
     close(alone.attributions, results[1].attributions, "a text alone")
 
 
+@pytest.mark.parametrize("method", ["integrated-gradients", "input-x-gradient"])
+def test_texts_of_one_length_share_their_passes_and_each_equals_its_text_alone(gpt2, monkeypatch, method):
+    """A dataset's texts of one length and position run in shared passes (each row its own text's ids, target,
+    foil and baseline: pad or zero), and each result equals its text's alone; another length runs apart."""
+    from tfcli.model import TransformerModel
+
+    _, _, model, tokenizer = gpt2
+    options = core.SaliencyOptions(method=method, steps=4)
+    analysis = core.SaliencyAnalysis(options)
+    lines = [{"text": "when mary and john went to the store", "target": "john", "foil": "mary"},
+             {"text": "when john and mary went to the shop", "target": "mary", "foil": "john", "baseline": "zero"},
+             {"text": "the cat sat on the mat and looked", "target": "the", "foil": "a"},
+             {"text": "time flies like an arrow", "target": "and", "foil": "the"}]
+    prompts = [analysis.check(model.config, tokenizer, line_of(i, line, core.SALIENCY_LINE))
+               for i, line in enumerate(lines, 1)]
+    assert len({len(p.ids) for p in prompts[:3]}) == 1 and len(prompts[3].ids) != len(prompts[0].ids)
+    passes = []
+    cached = TransformerModel.run_with_cache
+    monkeypatch.setattr(TransformerModel, "run_with_cache", lambda model, ids, *args, **kwargs: (
+        passes.append(len(ids)), cached(model, ids, *args, **kwargs))[1])
+    batched = list(analysis.results(model, tokenizer, prompts, None))
+    rows = 4 if method == "integrated-gradients" else 1
+    assert passes == [2 * 3, 3 * rows, 2, rows]  # the three texts' first pass and gradients, then the fourth's
+    for prompt, result in zip(prompts, batched):
+        alone = core.run_prompt(model, tokenizer, prompt, options)
+        assert result.target.id == alone.target.id and result.options == alone.options
+        close(result.attributions, alone.attributions, f"line {prompt.line} in the batch")
+        assert (result.value, result.delta) == pytest.approx((alone.value, alone.delta), abs=1e-4)
+
+
 def test_the_aggregate_per_token_kind_sums_each_texts_shares_of_that_kind(gpt2):
     """Texts of different lengths line up by kind: the metric's target and foil tokens (IOI's names), the position
     read, special tokens and the others; a kind's mean is over every text (0 where a text has none of it)."""

@@ -1,37 +1,25 @@
 """`tfcli saliency`: which input tokens a prediction rests on, and whether that answer is faithful.
 
 Each method gives every token of a text one number, its attribution to a metric of the model's output: a token's
-logit (or log-probability) at the position read (default: the model's own top prediction), a target - foil
-difference, a classifier's label, or, for an encoder without a head, the norm of its mean-pooled output
-(sentence-transformers' pooling).
-The gradient methods differentiate at a site (`embed`, the token embeddings before positions are added, by
-default; `--site blocks.L.resid_pre` and the like for layer attributions), through `run_with_cache` with a hook
-that puts the rows of the pass in the site's place:
+logit (or log-probability) at the position read (default: the model's top prediction), a target - foil difference,
+a classifier's label or, for an encoder without a head, the norm of its mean-pooled output. The gradient methods
+differentiate at a site (`embed`, the token embeddings, by default; `blocks.L.resid_pre` and the like), through
+`run_with_cache` with a hook that puts the rows of the pass in the site's place: `gradient` (the L2 norm of d metric /
+d site, Simonyan et al.), `input-x-gradient` (Captum's InputXGradient, LayerGradientXActivation at a site),
+`integrated-gradients` ((x - x') x the integral of the gradient from the baseline x' to x, Captum's
+LayerIntegratedGradients with its `n_steps` and `method`, with the completeness delta sum(attributions) - (f(x) -
+f(x'))); `occlusion` (f(x) - f(x with a token's site value the baseline's), Captum's FeatureAblation) and
+`attention-rollout` (Abnar and Zuidema 2020: per layer the heads' mean attention plus the identity, rows
+renormalised, multiplied over the layers; the row of the position read, or the mean where the head pools).
 
-- `gradient`: the L2 norm over the hidden dimension of d metric / d site (Simonyan et al.'s saliency);
-- `input-x-gradient`: site value x gradient, summed over the hidden dimension (Captum's InputXGradient, or
-  LayerGradientXActivation at a site);
-- `integrated-gradients`: (x - x') x the integral of the gradient along the straight path from the baseline x' to x,
-  summed over the hidden dimension (Captum's LayerIntegratedGradients with the same `n_steps` and `method`:
-  `gausslegendre` or `riemann_trapezoid`, whose weights are Captum's: 1/n each, the two ends halved), with the
-  completeness delta: sum(attributions) - (f(x) - f(x'));
-- `occlusion`: f(x) - f(x with the token's site value replaced by the baseline's), one token at a time (Captum's
-  FeatureAblation with one feature per token);
-- `attention-rollout`: Abnar and Zuidema (2020): per layer the heads' mean attention plus the identity, rows
-  renormalised, multiplied over the layers (the last on the left); the row of the position read (a classifier's
-  pooled token, or the mean of the rows where the head pools every token).
+The baseline x' is the site's value on the baseline text: the tokens that are not special ones replaced by the pad
+token (the end-of-text token without one) or the mask token, zero embeddings there, or another text of as many
+tokens. `--faithfulness`: the metric as the most attributed tokens are deleted (replaced by the baseline's) or
+inserted first, against random orders, with the areas under the curves. A continuation gives a matrix (as Inseq's):
+for each of its tokens, the attributions of its logit at the position before it to the tokens before it.
+docs/commands.md#saliency says it all at length.
 
-The baseline x' is the site's value on the baseline text: every token that is not a special one (those the
-tokenizer adds: [CLS], [SEP], <s>) replaced by the pad token (the default; the end-of-text token where the
-tokenizer has no pad token, as GPT-2's) or the mask token, the token embeddings made zero there, or another text of
-as many tokens. (Zero embeddings are a poor baseline where an RMSNorm reads them: it divides by their vanishing
-norm, and the integral's points near the baseline carry huge gradients.) Faithfulness (`--faithfulness`): the metric
-as the most-attributed tokens are replaced by the baseline's first (deletion) or restored first from the baseline
-(insertion), against random orders (seeded), with the area under each curve. A continuation (`--continuation`)
-gives a matrix, as Inseq shows one: for each of its tokens, the attributions of its logit at the position before it
-to every token it reads (the text's and the continuation's before it).
-
-Shapes: T tokens, d the site's width (its trailing dimensions, flattened), S steps, R rows of a pass.
+Shapes: N texts, T tokens, d the site's width (its trailing dimensions, flattened), S steps, R rows of a pass.
 """
 
 from __future__ import annotations
@@ -42,8 +30,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, check_one_metric, mean_spread
+from tfcli.analysis.faithfulness import Curves, curves
 from tfcli.analysis.inputs import model_input
-from tfcli.analysis.metric import Metric, Token, check_head, parse_metric, position_of, token_of
+from tfcli.analysis.metric import Token, check_head, parse_metric, position_of, token_of
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
@@ -60,7 +49,8 @@ DEFAULT_STEPS = 32
 BASELINES = ("pad", "zero", "mask")  # or a text of as many tokens
 SITE_LEAVES = ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out")  # --site blocks.L.<leaf>
 TOKENS_PER_PASS = 8192  # rows x tokens of one pass (the integration's steps go in passes of this many)
-RANDOM_ORDERS = 4  # the random curve of --faithfulness: the mean over this many seeded orders
+BATCH_TEXTS = 64  # a dataset's texts are read this many at a time, those of one length and position batched
+ROWS_PER_BATCH = 8 * TOKENS_PER_PASS  # the integration points (rows x tokens) a batch of texts holds at most
 
 
 @dataclass
@@ -82,31 +72,6 @@ class SaliencyOptions:
     metric: str = "logit"  # logit | logprob (the log-softmax of the head's output)
     continuation: str | None = None  # a text that follows: each of its tokens is a metric (a decoder's)
     generate: int | None = None  # the continuation is the model's own greedy one of this many tokens at most
-
-
-@dataclass
-class Curves:
-    """--faithfulness of one text: the metric with the first k tokens of an order replaced by the baseline's
-    (deletion) or restored from it (insertion), k = 0 .. n (n: the tokens that are not special ones), for the
-    attributions' order (most attributed first) and the mean of RANDOM_ORDERS random orders; the areas under them
-    (trapezoids over the share of tokens, 0 to 1, in the metric's units)."""
-
-    order: list[int]  # positions, most attributed first
-    deletion: list[float]
-    insertion: list[float]
-    random_deletion: list[float]
-    random_insertion: list[float]
-
-    @property
-    def areas(self) -> dict[str, float]:
-        return {name: area(getattr(self, name)) for name in ("deletion", "insertion", "random_deletion",
-                                                             "random_insertion")}
-
-
-def area(values: list[float]) -> float:
-    """The trapezoid area under values at 0, 1/n, ..., 1."""
-    n = len(values) - 1
-    return values[0] if n == 0 else (sum(values) - (values[0] + values[-1]) / 2) / n
 
 
 @dataclass
@@ -404,27 +369,40 @@ def quadrature(steps: int, integration: str) -> tuple[list[float], list[float]]:
 
 
 class Passes:
-    """The passes of one text: its ids (1, T), the site whose value the rows of a pass replace, and the metric read
-    from the output: a token's or label's logit (difference), or the norm of the mean-pooled output."""
+    """The passes of N texts of one length, read at one position: their ids (N, T), the site whose value the rows
+    of a pass replace, and the metric of each text read from the output: a token's or label's logit (difference),
+    or the norm of the mean-pooled output. A pass's rows are each of a text (`texts` (R,), default the first)."""
 
-    def __init__(self, model: TransformerModel, prompt: Prompt, site: str, logprob: bool = False):
+    def __init__(self, model: TransformerModel, prompts: list[Prompt], site: str, logprob: bool = False):
         import torch
 
-        self.model, self.prompt, self.site, self.logprob = model, prompt, site, logprob
-        self.ids = torch.tensor([prompt.ids], device=model.device)
+        self.model, self.prompts, self.prompt, self.site, self.logprob = model, prompts, prompts[0], site, logprob
+        self.ids = torch.tensor([prompt.ids for prompt in prompts], device=model.device)
         self.head = model.config.head
         if self.head == "none":
             last = len(model.output_stack.blocks) - 1
             self.final = "final_norm.out" if model.has_final_norm else f"blocks.{last}.resid_post"
-        self.metric: Metric | None = None  # set once the target is known (after the first pass)
-        self.rows_per_pass = max(1, TOKENS_PER_PASS // len(prompt.ids))
+        self.targets: Tensor | None = None  # (N,) ids, set once the targets are known (after the first pass)
+        self.foils: Tensor | None = None
+        self.rows_per_pass = max(1, TOKENS_PER_PASS // len(self.prompt.ids))
+
+    def one(self, text: int) -> Passes:
+        """The passes of one of the texts alone, its metric kept."""
+        alone = Passes(self.model, [self.prompts[text]], self.site, self.logprob)
+        alone.targets, alone.foils = (None if t is None else t[text:text + 1] for t in (self.targets, self.foils))
+        return alone
 
     def run(self, rows: Tensor | None, grad: bool, names: list[str] = (), hooks: dict | None = None,
-            ids: Tensor | None = None) -> tuple[Tensor | None, dict[str, Tensor], Tensor | None]:
-        """One pass of R rows: the site replaced by `rows` (R, T, ...) (None: the pass of `ids`, default the text's);
-        the metric (R,) float64 (None before the target is known), the cache of `names`, and the logits."""
-        if ids is None:
-            ids = self.ids.expand(1 if rows is None else rows.shape[0], -1)
+            ids: Tensor | None = None, texts: Tensor | None = None
+            ) -> tuple[Tensor | None, dict[str, Tensor], Tensor | None]:
+        """One pass of R rows: the site replaced by `rows` (R, T, ...) (None: the pass of `ids`, default the texts');
+        the metric (R,) float64 (None before the targets are known), the cache of `names`, and the logits."""
+        import torch
+
+        if texts is None:
+            texts = torch.zeros(len(ids) if ids is not None else 1 if rows is None else len(rows), dtype=torch.long,
+                                device=self.ids.device)
+        ids = self.ids[texts] if ids is None else ids
         hooks = dict(hooks or {})
         if rows is not None:
             hooks[self.site] = lambda value: rows
@@ -433,93 +411,99 @@ class Passes:
         if self.head in ("lm", "mlm") and self.prompt.position is not None:
             keep["logits_to_keep"] = len(self.prompt.ids) - self.prompt.position
         logits, cache = self.model.run_with_cache(ids, names, hooks=hooks or None, grad=grad, **keep)
-        return self.measure(logits, cache), cache, logits
+        return self.measure(logits, cache, texts), cache, logits
 
-    def measure(self, logits: Tensor | None, cache: dict[str, Tensor]) -> Tensor | None:
-        """(R,) float64: the metric of a pass."""
+    def measure(self, logits: Tensor | None, cache: dict[str, Tensor], texts: Tensor) -> Tensor | None:
+        """(R,) float64: the metric of a pass whose rows are of `texts` (R,)."""
         if self.head == "none":
             return cache[self.final].double().mean(1).norm(dim=-1)
-        if self.metric is None:
+        if self.targets is None:
             return None
-        logits = logits[:, 0] if self.prompt.position is not None else logits
-        return self.metric(logits.double().log_softmax(-1) if self.logprob else logits)
+        logits = (logits[:, 0] if self.prompt.position is not None else logits).double()
+        logits = logits.log_softmax(-1) if self.logprob else logits
+        value = logits.gather(1, self.targets[texts, None])[:, 0]
+        return value - logits.gather(1, self.foils[texts, None])[:, 0] if self.foils is not None else value
 
     def values(self, rows: Tensor) -> Tensor:
-        """(R, T, ...) -> (R,) float64: the metric of each row, in passes of rows_per_pass."""
+        """(R, T, ...) rows of the first text -> (R,) float64: the metric of each row, in passes of rows_per_pass."""
         import torch
 
         return torch.cat([self.run(rows[start:start + self.rows_per_pass], False)[0]
                           for start in range(0, len(rows), self.rows_per_pass)])
 
-    def gradients(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """(R, T, ...) -> the metric of each row (R,) and its gradient with respect to the row (R, T, ...)."""
+    def gradients(self, rows: Tensor, texts: Tensor) -> Tensor:
+        """(R, T, ...) rows of `texts` (R,) -> the gradient of each row's metric with respect to the row."""
         import torch
 
-        values, grads = [], []
+        grads = []
         for start in range(0, len(rows), self.rows_per_pass):
             chunk = rows[start:start + self.rows_per_pass].detach().requires_grad_()
-            value = self.run(chunk, True)[0]
+            value = self.run(chunk, True, texts=texts[start:start + self.rows_per_pass])[0]
             grads.append(torch.autograd.grad(value.sum(), chunk)[0])
-            values.append(value.detach())
-        return torch.cat(values), torch.cat(grads)
+        return torch.cat(grads)
 
 
-def first_pass(passes: Passes, tokenizer: Tokenizer, prompt: Prompt) -> tuple[Tensor, Tensor, float, float, Token]:
-    """The text and its baseline as one pass of two rows: the site's value on each, x and x' (T, ...), f(x), f(x'),
-    and the target (the model's top prediction on the text where none was given)."""
+def first_pass(passes: Passes, tokenizer: Tokenizer) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Token | None]]:
+    """The texts and their baselines as one pass of 2N rows: the site's values on each, x and x' (N, T, ...), f(x)
+    and f(x') (N,), and the targets (the model's top prediction on a text where none was given)."""
     import torch
 
-    model = passes.model
-    ids = torch.tensor([prompt.ids, prompt.baseline or prompt.ids], device=model.device)
+    model, prompts, n = passes.model, passes.prompts, len(passes.prompts)
+    ids = torch.tensor([p.ids for p in prompts] + [p.baseline or p.ids for p in prompts], device=model.device)
     hooks = None
-    if prompt.baseline is None:  # zero token embeddings at the tokens that are not special ones
-        kept = torch.tensor([[1.0] * len(prompt.ids), [float(s) for s in prompt.special]], device=model.device)
+    if any(p.baseline is None for p in prompts):  # zero token embeddings at the tokens that are not special ones
+        kept = torch.tensor([[1.0] * len(p.ids) for p in prompts] + [[float(s or p.baseline is not None) for s in
+                                                                      p.special] for p in prompts], device=model.device)
         hooks = {"embed": lambda value: value * kept[..., None].to(value.dtype)}
-    _, cache, logits = passes.run(None, False, [passes.site], hooks, ids)
-    target = prompt.target
+    texts = torch.arange(2 * n, device=model.device) % n
+    _, cache, logits = passes.run(None, False, [passes.site], hooks, ids, texts)
+    targets = [p.target for p in prompts]
     if passes.head in ("lm", "mlm", "classifier"):
-        row = logits[0, 0] if prompt.position is not None else logits[0]
-        if target is None:
-            top = int(row.double().argmax())
-            target = token_of(tokenizer, top) if passes.head != "classifier" else \
-                Token(model.config.label_names[top], top)
-        passes.metric = Metric(target.id, prompt.foil and prompt.foil.id, None)
-    values = passes.measure(logits, cache)
-    site = cache[passes.site]
-    return site[0], site[1], float(values[0]), float(values[1]), target
+        for i, prompt in enumerate(prompts):
+            if targets[i] is None:
+                top = int((logits[i, 0] if prompt.position is not None else logits[i]).double().argmax())
+                targets[i] = token_of(tokenizer, top) if passes.head != "classifier" else \
+                    Token(model.config.label_names[top], top)
+        passes.targets = torch.tensor([t.id for t in targets], device=model.device)
+        passes.foils = None if prompts[0].foil is None else torch.tensor([p.foil.id for p in prompts],
+                                                                         device=model.device)
+    values, site = passes.measure(logits, cache, texts), cache[passes.site]
+    return site[:n], site[n:], values[:n], values[n:], targets
 
 
 def attribute(passes: Passes, method: str, x: Tensor, baseline: Tensor, options: SaliencyOptions
-              ) -> tuple[Tensor, float | None]:
-    """(T,) float64 attributions of `method` from the site's values on the text `x` and its baseline (T, ...), and
-    integrated gradients' sum of the gradients' contributions (for its delta; None for the others)."""
+              ) -> tuple[Tensor, Tensor | None]:
+    """(N, T) float64 attributions of `method` from the site's values on the texts `x` and their baselines (N, T,
+    ...), and integrated gradients' sums of the gradients' contributions (N,) (for the delta; None for the
+    others). Occlusion and rollout take one text."""
     import torch
 
-    if method == "gradient":
-        _, grads = passes.gradients(x[None])
-        return grads[0].double().flatten(1).norm(dim=-1), None
-    if method == "input-x-gradient":
-        _, grads = passes.gradients(x[None])
-        return (x.double() * grads[0].double()).flatten(1).sum(-1), None
+    n, device = len(x), x.device
+    if method in ("gradient", "input-x-gradient"):
+        grads = passes.gradients(x, torch.arange(n, device=device)).double()
+        return (grads.flatten(2).norm(dim=-1) if method == "gradient" else (x.double() * grads).flatten(2).sum(-1)), \
+            None
     if method == "integrated-gradients":
         points, weights = quadrature(options.steps, options.integration)
-        alphas = torch.tensor(points, dtype=torch.float32, device=x.device).view(-1, *[1] * x.dim())
-        start, difference = baseline.float(), (x.float() - baseline.float())
-        _, grads = passes.gradients((start + alphas * difference).to(x.dtype))
-        w = torch.tensor(weights, dtype=torch.float64, device=x.device).view(-1, *[1] * x.dim())
-        total = (grads.double() * w).sum(0)
-        attributions = (difference.double() * total).flatten(1).sum(-1)
-        return attributions, float(attributions.sum())
+        shape = (1, -1, *[1] * (x.dim() - 1))  # (1, S, 1, ...): along the steps
+        alphas = torch.tensor(points, dtype=torch.float32, device=device).view(shape)
+        start, difference = baseline.float()[:, None], (x.float() - baseline.float())[:, None]
+        rows = (start + alphas * difference).to(x.dtype).flatten(0, 1)  # (N * S, T, ...), a text's steps together
+        grads = passes.gradients(rows, torch.arange(n, device=device).repeat_interleave(len(points)))
+        w = torch.tensor(weights, dtype=torch.float64, device=device).view(shape)
+        total = (grads.double().view(n, len(points), *x.shape[1:]) * w).sum(1)
+        attributions = (difference[:, 0].double() * total).flatten(2).sum(-1)
+        return attributions, attributions.sum(-1)
     if method == "occlusion":
         positions = [p for p, s in enumerate(passes.prompt.special) if not s]
-        rows = x[None].repeat(1 + len(positions), *[1] * x.dim())  # the text itself first, as FeatureAblation
+        rows = x.repeat(1 + len(positions), *[1] * (x.dim() - 1))  # the text itself first, as FeatureAblation
         for row, p in enumerate(positions, 1):
-            rows[row, p] = baseline[p]
+            rows[row, p] = baseline[0, p]
         values = passes.values(rows)
-        out = torch.zeros(len(x), dtype=torch.float64, device=x.device)
-        out[positions] = values[0] - values[1:]
+        out = torch.zeros(1, x.shape[1], dtype=torch.float64, device=device)
+        out[0, positions] = values[0] - values[1:]
         return out, None
-    return rollout(passes), None
+    return rollout(passes)[None], None
 
 
 def rollout(passes: Passes) -> Tensor:
@@ -545,49 +529,46 @@ def rollout(passes: Passes) -> Tensor:
     return product[0]
 
 
-def curves(passes: Passes, x: Tensor, baseline: Tensor, attributions: Tensor, seed: int) -> Curves:
-    """--faithfulness: deletion and insertion curves for the attributions' order and RANDOM_ORDERS random ones (a
-    generator seeded from `seed` and the text's line)."""
-    import torch
-
+def faithfulness(passes: Passes, x: Tensor, baseline: Tensor, attributions: Tensor, seed: int) -> Curves:
+    """--faithfulness of one text: its tokens that are not special ones deleted and inserted in the attributions'
+    order and in random ones (seeded from `seed` and the text's line)."""
     positions = [p for p, s in enumerate(passes.prompt.special) if not s]
-    order = sorted(positions, key=lambda p: -float(attributions[p]))
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + passes.prompt.line) % 2**63)
-    randoms = [[positions[i] for i in torch.randperm(len(positions), generator=generator).tolist()]
-               for _ in range(RANDOM_ORDERS)]
-    rows = []
-    for ranking in [order, *randoms]:
-        for first, other in ((x, baseline), (baseline, x)):  # deletion: x losing tokens; insertion: x' gaining
-            for k in range(len(ranking) + 1):
-                row = first.clone()
-                row[ranking[:k]] = other[ranking[:k]]
-                rows.append(row)
-    values = passes.values(torch.stack(rows)).view(1 + RANDOM_ORDERS, 2, len(positions) + 1)
-    random = values[1:].mean(0)
-    return Curves(order, values[0, 0].tolist(), values[0, 1].tolist(), random[0].tolist(), random[1].tolist())
+    return curves(passes.values, x, baseline, attributions, positions, (seed * 1_000_003 + passes.prompt.line))
 
 
 def run_prompt(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt,
                options: SaliencyOptions) -> Saliency | ContinuationSaliency:
     """One text's attributions (and, with options.faithfulness, its curves); with a continuation, its matrix."""
-    options = replace(options, baseline=prompt.baseline_spec)  # as the result says it
     if options.generate is not None:
         prompt = generated(model, tokenizer, prompt, options)
         options = replace(options, generate=None, continuation=tokenizer.decode(prompt.ids[prompt.continuation:],
                                                                                 skip_special_tokens=False))
     if prompt.continuation is not None:
-        return run_continuation(model, tokenizer, prompt, options)
-    passes = Passes(model, prompt, options.site, options.metric == "logprob")
-    x, baseline, value, baseline_value, target = first_pass(passes, tokenizer, prompt)
-    attributions, total = attribute(passes, options.method, x, baseline, options)
-    delta = None if total is None else total - (value - baseline_value)
+        return run_continuation(model, tokenizer, prompt, replace(options, baseline=prompt.baseline_spec))
+    return run_prompts(model, tokenizer, [prompt], options)[0]
+
+
+def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
+                options: SaliencyOptions) -> list[Saliency]:
+    """The attributions of texts of one length read at one position (several only for the gradient methods), their
+    passes shared: each text's rows are its own, so that each result equals its text's alone."""
+    passes = Passes(model, prompts, options.site, options.metric == "logprob")
+    x, baseline, values, baseline_values, targets = first_pass(passes, tokenizer)
+    attributions, totals = attribute(passes, options.method, x, baseline, options)
     head = model.config.head
     metric = "pooled norm" if head == "none" else ("label " if head == "classifier" else "") + options.metric
-    return Saliency(prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), tokenizer.texts(prompt.ids),
-                    prompt.spans, prompt.special, options.method, options, target, prompt.foil, prompt.position,
-                    metric, value, baseline_value, attributions.tolist(), delta,
-                    curves(passes, x, baseline, attributions, options.seed) if options.faithfulness else None,
-                    prompt.line)
+    results = []
+    for i, prompt in enumerate(prompts):
+        value, baseline_value = float(values[i]), float(baseline_values[i])
+        delta = None if totals is None else float(totals[i]) - (value - baseline_value)
+        results.append(Saliency(
+            prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), tokenizer.texts(prompt.ids), prompt.spans,
+            prompt.special, options.method, replace(options, baseline=prompt.baseline_spec), targets[i], prompt.foil,
+            prompt.position, metric, value, baseline_value, attributions[i].tolist(), delta,
+            faithfulness(passes.one(i), x[i], baseline[i], attributions[i], options.seed) if options.faithfulness
+            else None,
+            prompt.line))
+    return results
 
 
 def generated(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, options: SaliencyOptions) -> Prompt:
@@ -640,10 +621,26 @@ class SaliencyAnalysis:
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
                 progress: Callable[[float], None] | None) -> Iterator[Saliency]:
-        for done, prompt in enumerate(prompts, 1):
-            yield run_prompt(model, tokenizer, prompt, self.options)
-            if progress is not None:
-                progress(done)
+        """The texts' results in order, BATCH_TEXTS texts read at a time; a gradient method's texts of one length
+        and position share their passes, at most ROWS_PER_BATCH rows x tokens of integration points a batch."""
+        alone = self.options.method not in GRADIENT_METHODS or self.options.continuation is not None or \
+            self.options.generate is not None
+        rows = self.options.steps if self.options.method == "integrated-gradients" else 1
+        done = 0
+        for chunk in (prompts[k:k + BATCH_TEXTS] for k in range(0, len(prompts), BATCH_TEXTS)):
+            groups: dict[tuple | int, list[int]] = {}
+            for i, prompt in enumerate(chunk):
+                groups.setdefault(i if alone else (len(prompt.ids), prompt.position), []).append(i)
+            found: dict[int, Saliency] = {}
+            for members in groups.values():
+                most = max(1, ROWS_PER_BATCH // (rows * len(chunk[members[0]].ids)))
+                for batch in (members[k:k + most] for k in range(0, len(members), most)):
+                    found.update(zip(batch, [run_prompt(model, tokenizer, chunk[batch[0]], self.options)] if alone
+                                     else run_prompts(model, tokenizer, [chunk[i] for i in batch], self.options)))
+                    done += len(batch)
+                    if progress is not None:
+                        progress(done)
+            yield from (found[i] for i in range(len(chunk)))
 
     def shown(self, result: Saliency) -> Saliency:
         return result
@@ -655,43 +652,42 @@ class SaliencyAnalysis:
         return aggregate(results, self.options, dataset, done.interrupted)
 
 
+def spreads(rows: list[list[float]], resamples: int) -> list[tuple[float, float, float | None, float | None]]:
+    """Each column's mean over the rows, standard deviation and 95% bootstrap interval (None without resamples)."""
+    import torch
+
+    mean, std, low, high = mean_spread(torch.tensor(rows, dtype=torch.float64), resamples)
+    return [(float(mean[j]), float(std[j]), None if low is None else float(low[j]),
+             None if high is None else float(high[j])) for j in range(len(mean))]
+
+
 def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Dataset,
               interrupted: bool) -> DatasetSaliency:
     """The texts' shares at the positions every text has, counted back from the position read (the last token
     for a label or a pooled output), with their spread; the same per kind of token (token_kinds), which lines up
     texts of any length; the mean metric, |delta| and faithfulness areas."""
-    import torch
-
     first = results[0]
     baselines = {r.options.baseline for r in results}
     options = replace(options, baseline=baselines.pop() if len(baselines) == 1 else None)
     read = [r.position if r.position is not None else len(r.ids) - 1 for r in results]
     width = min(read) + 1
-    shares = torch.tensor([r.shares[at - width + 1:at + 1] for r, at in zip(results, read)], dtype=torch.float64)
-    mean, std, low, high = mean_spread(shares, dataset.resamples)
-    columns = []
-    for j in range(width):
-        texts = {r.token_texts[at - width + 1 + j] for r, at in zip(results, read)}
-        columns.append(PositionShare(j - width + 1, texts.pop() if len(texts) == 1 else None, float(mean[j]),
-                                     float(std[j]), None if low is None else float(low[j]),
-                                     None if high is None else float(high[j])))
+    tokens = [{r.token_texts[at - width + 1 + j] for r, at in zip(results, read)} for j in range(width)]
+    columns = [PositionShare(j - width + 1, texts.pop() if len(texts) == 1 else None, *spread)
+               for j, (texts, spread) in enumerate(zip(tokens, spreads([r.shares[at - width + 1:at + 1] for r, at
+                                                                         in zip(results, read)], dataset.resamples)))]
     kinds = [token_kinds(r) for r in results]
-    by_kind = torch.tensor([[math.fsum(share for share, k in zip(r.shares, of) if k == kind) for kind in TOKEN_KINDS]
-                            for r, of in zip(results, kinds)], dtype=torch.float64)
-    k_mean, k_std, k_low, k_high = mean_spread(by_kind, dataset.resamples)
-    kind_shares = [KindShare(kind, sum(kind in of for of in kinds), float(k_mean[j]), float(k_std[j]),
-                             None if k_low is None else float(k_low[j]), None if k_high is None else float(k_high[j]))
-                   for j, kind in enumerate(TOKEN_KINDS) if any(kind in of for of in kinds)]
+    by_kind = spreads([[math.fsum(share for share, k in zip(r.shares, of) if k == kind) for kind in TOKEN_KINDS]
+                       for r, of in zip(results, kinds)], dataset.resamples)
+    kind_shares = [KindShare(kind, sum(kind in of for of in kinds), *spread)
+                   for kind, spread in zip(TOKEN_KINDS, by_kind) if any(kind in of for of in kinds)]
     same = len({(r.target.id if r.target else None, r.foil.id if r.foil else None) for r in results}) == 1
     deltas = [abs(r.delta) for r in results if r.delta is not None]
     areas, beats = None, None
     if options.faithfulness:
         names = ("deletion", "insertion", "random_deletion", "random_insertion")
-        table = torch.tensor([[r.curves.areas[name] for name in names] for r in results], dtype=torch.float64)
-        a_mean, a_std, a_low, a_high = mean_spread(table, dataset.resamples)
-        areas = {name: (float(a_mean[j]), float(a_std[j]), None if a_low is None else float(a_low[j]),
-                        None if a_high is None else float(a_high[j])) for j, name in enumerate(names)}
-        beats = int((table[:, 0] < table[:, 2]).sum())
+        table = [[r.curves.areas[name] for name in names] for r in results]
+        areas = dict(zip(names, spreads(table, dataset.resamples)))
+        beats = sum(row[0] < row[2] for row in table)
     return DatasetSaliency(dataset.path, len(results), len(dataset.items), dataset.skipped, dataset.resamples, options,
                            first.metric, first.target if same else None, first.foil if same else None,
                            sum(r.value for r in results) / len(results), columns, kind_shares,
