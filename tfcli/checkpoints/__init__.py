@@ -189,7 +189,7 @@ def _read_safetensors(file: Path) -> dict[str, StoredTensor]:
 
     with _safe_open(file) as f:
         tensors = {}
-        for name in f.offset_keys():  # in the file's order
+        for name in f.keys():
             stored = f.get_slice(name)
             dtype = SAFETENSORS_DTYPES.get(stored.get_dtype())
             if dtype is None:
@@ -204,16 +204,16 @@ def _read_tensor(file: Path, name: str, out: Tensor | None = None) -> Tensor:
     """Tensor `name` of a safetensors file, copied into `out` (or a view of the file's memory map). The file is
     opened for this tensor alone and closed after, so that the pages of the map do not stay in the process's memory
     (one open file for the whole load would hold the whole checkpoint there a second time)."""
-    with _safe_open(file) as f, one_thread():
+    with _safe_open(file) as f:
         tensor = f.get_tensor(name)
         return tensor if out is None else out.copy_(tensor.view(out.shape))
 
 
 @contextlib.contextmanager
 def one_thread():
-    """Torch on one thread while a tensor is copied: a copy of a few MB is quicker on one thread than waking the
-    others (on a busy machine, many times so: a 0.62 GB bfloat16 load took 1.2-2.1 s of CPU on two threads, 0.8 on
-    one, at load 8 on 2 cores)."""
+    """Torch on one thread while weights are copied from their files: a copy of a few MB is quicker on one thread
+    than waking the others (on a busy machine, many times so: a 0.62 GB bfloat16 load took 1.4-2.1 s of CPU on two
+    threads, 0.8-1.0 s on one, at load 8 on 2 cores)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -398,20 +398,22 @@ def load_checkpoint(model: nn.Module, path: Path, dtype: torch.dtype | None = No
     dtype = dtype or torch.float32
     regrouped = torch.tensor(grouped_qkv_rows(config)) if fam.grouped_qkv else None
     tensors = {}
-    for name, found in plan.items():
-        tensor = torch.empty(model.get_parameter(name).shape, dtype=dtype, device=device)
-        row = 0
-        for piece in found:
-            part, rows = stored[renamed[piece][0]], tensor.narrow(0, row, shape(piece)[0])
-            row += rows.shape[0]
-            order = regrouped if regrouped is not None and ".attn.qkv." in piece else None
-            if rows.is_cpu and (rows.dtype == part.dtype or part.casts) and not transposed(piece) and order is None:
-                part.read(out=rows)  # straight from the file into the parameter
-            else:  # one tensor in flight, cast, regrouped and moved as it is copied
-                value = part.read()
-                value = value.t() if transposed(piece) else value.view(rows.shape)
-                rows.copy_(value[order] if order is not None else value)
-        tensors[name] = tensor
+    with one_thread():
+        for name, found in plan.items():
+            tensor = torch.empty(model.get_parameter(name).shape, dtype=dtype, device=device)
+            row = 0
+            for piece in found:
+                part, rows = stored[renamed[piece][0]], tensor.narrow(0, row, shape(piece)[0])
+                row += rows.shape[0]
+                order = regrouped if regrouped is not None and ".attn.qkv." in piece else None
+                straight = rows.is_cpu and (rows.dtype == part.dtype or part.casts) and not transposed(piece)
+                if straight and order is None:
+                    part.read(out=rows)  # straight from the file into the parameter
+                else:  # one tensor in flight, cast, regrouped and moved as it is copied
+                    value = part.read()
+                    value = value.t() if transposed(piece) else value.view(rows.shape)
+                    rows.copy_(value[order] if order is not None else value)
+            tensors[name] = tensor
     return tensors
 
 

@@ -629,16 +629,13 @@ def _read(path: Path, info: TensorInfo, heads: int, fix: Callable | None, transp
     or a new float32 tensor, dequantized CHUNK_ELEMENTS values (whole heads of un-permuted rows) at a time."""
     import torch
 
-    from tfcli.checkpoints import one_thread
-
-    with one_thread():
-        if out is None or transposed:
-            whole = torch.empty(info.shape, dtype=torch.float32)
-            _fill(path, info, heads, fix, whole)
-            whole = whole.t() if transposed else whole
-            return whole if out is None else out.copy_(whole)
-        _fill(path, info, heads, fix, out)
-        return out
+    if out is None or transposed:
+        whole = torch.empty(info.shape, dtype=torch.float32)
+        _fill(path, info, heads, fix, whole)
+        whole = whole.t() if transposed else whole
+        return whole if out is None else out.copy_(whole)
+    _fill(path, info, heads, fix, out)
+    return out
 
 
 def _fill(path: Path, info: TensorInfo, heads: int, fix: Callable | None, out: torch.Tensor) -> None:
