@@ -261,8 +261,9 @@ def test_a_good_gguf_file_loads(cli, gguf_file):
 
 @pytest.mark.usefixtures("no_model_built")
 def test_a_gguf_file_cut_anywhere_is_one_error(cli, gguf_file, tmp_path):
-    """Cut at each number of the header, one byte into it and one byte before it, inside the vocabulary, at each
-    tensor's data and at 16 points spread over the whole: refused before anything is built."""
+    """Cut at about 24 numbers of the header spread over it (the vocabulary's among them), a byte before each and a
+    byte into it; at each tensor's first, second and last byte; and at 16 points spread over the whole: each is
+    refused before anything is built."""
     data = gguf_file.read_bytes()
     found = numbers(gguf_file)
     points = {0, 3, 4, 23, 24, len(data) - 1} | {len(data) * k // 16 for k in range(16)}
