@@ -9,7 +9,7 @@ words). Contenders, on the same checked texts in the runner's batches:
 - features (errors, losses): without --feature (three more passes with the site replaced, for the losses), for
   information: it is 4 passes by design.
 
-    python benchmarks/features.py [--texts N] [--repeats R]
+    python benchmarks/features.py [--texts N] [--repeats R] [--no-losses]
     (from the repository root, with the venv's python)
 
 Everything is warmed up first, then each repeat runs every contender in turn (measure.in_turns), so that load from
@@ -54,6 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-losses", action="store_true", help="leave out the errors-and-losses mode (4 passes)")
     args = parser.parse_args()
 
     import torch
@@ -86,6 +87,8 @@ def main() -> None:
     contenders = {"forward": forward,
                   "features --feature": lambda: runner.run(following, model, tokenizer, Dataset("", texts, 0, 0)),
                   "features (errors, losses)": lambda: runner.run(errors, model, tokenizer, Dataset("", texts, 0, 0))}
+    if args.no_losses:
+        del contenders["features (errors, losses)"]
     times = in_turns(contenders, args.repeats, warmups=1)
     tokens = sum(len(t.ids) for t in texts)
     print(f"SmolLM2-135M (float32), {len(texts)} texts, {tokens} tokens, batches of {features.BATCH_SIZE}; SAE: "
