@@ -688,6 +688,12 @@ def test_json_record_and_views_keep_every_token_and_number(gpt2, saved_sae, cli)
                 for index, value in top:
                     assert f"{index}:{value:.3g}" in plain
             assert f"{record['loss']['spliced']:.4f}" in plain
+    for extra in (["--target", "#1996", "--foil", "#4937"], ["--feature", "7"], ["--feature", "7", TEXT, "a b"]):
+        for width in (80, 120):
+            shown = cli("features", "-m", str(path), "--sae", str(folder), TEXT, *extra, "--width", str(width),
+                        "--color")
+            assert shown.exit_code == 0, shown.stderr
+            assert max(len(screen_text_line(line)) for line in shown.stdout.splitlines()) <= width, extra
 
 
 def test_several_saes_give_each_its_own_results(gpt2, saved_sae, cli, tmp_path):
