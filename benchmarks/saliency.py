@@ -36,6 +36,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--profile", action="store_true", help="torch.profiler's operators of one tfcli run")
+    parser.add_argument("--texts", type=int, default=0,
+                        help="also N texts of the prompt's length (other names) through the runner's analysis, "
+                             "batched, against the same texts one at a time")
     args = parser.parse_args()
 
     import torch
@@ -89,11 +92,38 @@ def main() -> None:
         target_note = f" (target <= {TARGET})" if name.startswith("tfcli") else ""
         print(f"  {name} / Captum (with delta): {', '.join(f'{r:.2f}' for r in each)}; {spread(each)}{target_note}")
     print(f"\nload average before: {before}; after: {after}")
+    if args.texts:
+        batched_against_alone(model, tokenizer, options, args)
 
     if args.profile:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             ours()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+NAMES = [" Mary", " John", " Anna", " Peter", " Sarah", " David", " Laura", " James", " Emma", " Paul"]
+
+
+def batched_against_alone(model, tokenizer, options, args) -> None:
+    """--texts N: the prompt with other pairs of names (those of as many tokens), through SaliencyAnalysis.results
+    (texts of one length share their passes) against run_prompt on each, in turns."""
+    from tfcli import saliency
+    from tfcli.analysis.dataset import line_of
+
+    analysis = saliency.SaliencyAnalysis(options)
+    texts = [TEXT.replace(" Mary", "\0").replace(" John", a).replace("\0", b) for a in NAMES for b in NAMES if a != b]
+    prompts = [analysis.check(model.config, tokenizer, line_of(i, {"text": t}, saliency.SALIENCY_LINE))
+               for i, t in enumerate(texts, 1)]
+    prompts = [p for p in prompts if len(p.ids) == len(prompts[0].ids)][:args.texts]
+    before = load_average()
+    times = in_turns({"batched": lambda: list(analysis.results(model, tokenizer, prompts, None)),
+                      "one at a time": lambda: [saliency.run_prompt(model, tokenizer, p, options) for p in prompts]},
+                     max(1, args.repeats // 2), warmups=1)
+    print(f"\n{len(prompts)} texts of {len(prompts[0].ids)} tokens, {args.steps} steps:")
+    for name, seconds in times.items():
+        print(f"  {name}: {spread(seconds, ' s')}")
+    print(f"  batched / one at a time: {spread(ratios(times['batched'], times['one at a time']))}; load average "
+          f"before: {before}; after: {load_average()}")
 
 
 if __name__ == "__main__":
