@@ -85,8 +85,8 @@ ColorOption = Annotated[bool | None, typer.Option(
 
 AblateOption = Annotated[list[str] | None, typer.Option(
     "--ablate", metavar="SITE[:zero|mean]", help="Run with a component removed: a head (L23H3), a sublayer's output "
-    "(L5.mlp, L5.attn) or any site name, * allowed; zeroed, or :mean (its mean over the text's positions); "
-    "repeatable.")]
+    "(L5.mlp, L5.attn) or any site name, * allowed; zeroed, or :mean (its mean over the text's positions); an "
+    "SAE's feature, SAE#N (SAE#N=V: clamped to V), its error term kept; repeatable.")]
 
 
 RayOption = Annotated[str | None, typer.Option(

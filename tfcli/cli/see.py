@@ -375,15 +375,17 @@ def generate(
     lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step.")] = False,
     steer: Annotated[list[str] | None, typer.Option(metavar="PATH[:STRENGTH]", help="Add a steering vector (a "
                                                     "control-vector .gguf or .safetensors: tfcli steer fit, llama.cpp, "
-                                                    "repeng) times STRENGTH (default 1) to each of its blocks' output, "
-                                                    "at every position; several add up.")] = None,
+                                                    "repeng; or SAE#N, an SAE's feature N) times STRENGTH (default 1) "
+                                                    "to each of its blocks' output, at every position; several add "
+                                                    "up.")] = None,
     steer_layers: Annotated[str | None, typer.Option("--steer-layers", metavar="LAYERS", help="Steer only these "
                                                      "blocks of the vectors, e.g. 10-20 (default: all they have).")] = None,
     steer_normalize: Annotated[bool, typer.Option("--steer-normalize", help="Keep each position's norm as it was "
                                                   "before the vector was added (repeng's normalize).")] = False,
     ablate: Annotated[list[str] | None, typer.Option(metavar="SITE", help="Zero a component while generating: a "
                                                      "head (L23H3), a sublayer's output (L5.mlp, L5.attn) or any "
-                                                     "site name, * allowed; repeatable.")] = None,
+                                                     "site name, * allowed; an SAE's feature, SAE#N (SAE#N=V: "
+                                                     "clamped to V), its error term kept; repeatable.")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", metavar="FILE", dir_okay=False,
                                               help="Read prompts from FILE, one per line.")] = None,
     *,
