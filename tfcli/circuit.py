@@ -17,12 +17,9 @@ Scores over clean/corrupt pairs, the metric a pair's target - foil logit differe
 - `exact`: each edge patched for real, the receiver reading the sender's corrupt output instead of its clean one:
   metric(patched) - metric(clean). One run per edge: for small models and checks.
 
-A circuit C is a set of edges; every edge outside it is patched: a receiver reads its input with each sender outside
-C's edges to it taken at its corrupt output (the sender's output in this run replaced). Its faithfulness is
-(m(C) - m(empty)) / (m(full) - m(empty)) over the dataset (sums over pairs, as patch's scores), with a bootstrap
-interval; m(full) is the clean run's metric, m(empty) the corrupt run's. Circuits are picked greedily from the
-logits backwards (the reference's apply_greedy): the edge of largest |score| among those into a node already in the
-circuit, so that every edge's sender reaches the logits.
+A circuit C's faithfulness: every edge outside it patched (its receiver reading the sender's corrupt output in place
+of the one it gives in this run), (m(C) - m(empty)) / (m(full) - m(empty)) summed over the pairs, with a bootstrap
+interval (`measure`; circuits picked greedily from the logits backwards: `greedy_order`).
 
 Shapes: B pairs, T tokens, d the model width, H heads, D head size, S senders, R receivers.
 """
@@ -52,6 +49,7 @@ METHODS = ("eap", "eap-ig-inputs", "exact")
 SIZES = (10, 30, 100, 300, 1000)  # the faithfulness curve's circuit sizes, in edges (capped at the graph's)
 BATCH = 8  # pairs run together
 EXACT_ROWS = 64  # rows (edges x pairs) of one exact run
+DEFAULT_TOP = 100  # the circuit's edges without --top, --faithful or --edges
 
 
 # ---------------------------------------------------------------- the graph
@@ -158,9 +156,6 @@ class CircuitOptions:
     edges: list[tuple[int, int]] | None = None  # ... or these (--edges FILE)
     edges_file: str | None = None
     sizes: tuple[int, ...] = SIZES
-
-
-DEFAULT_TOP = 100
 
 
 def check_options(config: ModelConfig, options: CircuitOptions) -> None:
@@ -466,11 +461,9 @@ def greedy_order(graph: Graph, scores: Tensor) -> list[tuple[int, int]]:
 
 
 def circuit_of(graph: Graph, edges: list[tuple[int, int]]) -> Tensor:
-    import torch
-
-    circuit = torch.zeros(len(graph.senders), len(graph.receivers), dtype=torch.bool)
-    for s, r in edges:
-        circuit[s, r] = True
+    """(S, R) bool: these edges."""
+    circuit = graph.mask.new_zeros(graph.mask.shape)
+    circuit[[s for s, _ in edges], [r for _, r in edges]] = True
     return circuit
 
 
