@@ -483,6 +483,52 @@ def test_a_model_gguf_is_refused(tmp_path):
     assert "\n" not in caught.value.message
 
 
+def hostile_vector(case: str) -> bytes:
+    """A control-vector GGUF with one thing wrong in its header (or nothing: "fine")."""
+    def string(text):
+        return struct.pack("<Q", len(text)) + text.encode()
+
+    def kv(key, kind, value):
+        return string(key) + struct.pack("<I", kind) + value
+
+    def tensor(name, dims, offset=0):
+        return string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + \
+            struct.pack("<IQ", 0, offset)
+
+    metadata = [kv("general.architecture", 8, string("controlvector")), kv("controlvector.model_hint", 8, string("x")),
+                kv("controlvector.layer_count", 4, struct.pack("<I", 1))]
+    tensors = [tensor("direction.1", [4])]
+    if case == "nested":  # arrays of arrays, 10,000 deep: the reader's recursion must stop first
+        metadata.append(string("deep") + struct.pack("<I", 9) + (struct.pack("<IQ", 9, 1)) * 10_000 +
+                        struct.pack("<IQ", 4, 0))
+    elif case == "key twice":
+        metadata.append(metadata[1])
+    elif case == "tensor twice":
+        tensors.append(tensors[0])
+    elif case in ("alignment 48", "alignment float"):
+        metadata.append(kv("general.alignment", 4, struct.pack("<I", 48)) if case == "alignment 48" else
+                        kv("general.alignment", 6, struct.pack("<f", 32.0)))
+    elif case == "huge shape":  # its product wraps around in int64
+        tensors = [tensor("direction.1", [2**32, 2**32, 4])]
+    header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata)) + b"".join(metadata) + b"".join(tensors)
+    return header + bytes(-len(header) % 32) + struct.pack("<4f", 1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("case", ["nested", "key twice", "tensor twice", "alignment 48", "alignment float",
+                                  "huge shape"])
+def test_a_hostile_control_vector_is_one_error_line(tmp_path, cli, checkpoints, case):
+    path = tmp_path / "v.gguf"
+    path.write_bytes(hostile_vector("fine"))
+    assert load_vector(path)[1].tolist() == [1.0, 2.0, 3.0, 4.0]  # the file is right but for the case
+    path.write_bytes(hostile_vector(case))
+    with pytest.raises(TfcliError) as caught:
+        load_vector(path)
+    assert caught.value.message.startswith(f"{path}: cannot read the GGUF file") and "\n" not in caught.value.message
+    result = cli("generate", "-m", str(checkpoints["gpt2"][0]), "hi", "--steer", f"{path}:2", "-n", "2")
+    assert result.exit_code == 1 and error_line(result).startswith(f"error: {path}: cannot read the GGUF file")
+    assert "Traceback" not in result.stderr and "bug" not in result.stderr
+
+
 def test_a_vector_of_another_width_or_block_is_refused(tmp_path, checkpoints):
     config = tfcli.load_model(str(checkpoints["gpt2"][0])).config
     for suffix in (".gguf", ".safetensors"):

@@ -20,6 +20,7 @@ Shapes: d the model width.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from pathlib import Path
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 ARCHITECTURE = "controlvector"
 MAGIC = b"GGUF"
+MAX_NESTING = 8  # arrays of arrays in the metadata, at most (as the checkpoints' GGUF reader allows)
 VERSION = 3
 ALIGNMENT = 32
 FORMATS = (".gguf", ".safetensors")
@@ -229,7 +231,7 @@ class _Reader:
         self.pos += length
         return text
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
         if kind == _STRING:
@@ -238,7 +240,9 @@ class _Reader:
             item, count = self.unpack("I"), self.unpack("Q")
             if count > len(self.data):
                 raise ValueError(f"an array claims {count} items")
-            return [self.value(item) for _ in range(count)]
+            if depth >= MAX_NESTING:  # a hostile file nests arrays until the interpreter's stack runs out
+                raise ValueError(f"arrays nested more than {MAX_NESTING} deep")
+            return [self.value(item, depth + 1) for _ in range(count)]
         raise ValueError(f"unknown metadata value type {kind}")
 
 
@@ -263,6 +267,8 @@ def _read_gguf(path: Path) -> dict[int, Tensor]:
         metadata: dict[str, Any] = {}
         for _ in range(kv_count):
             key = reader.string()
+            if key in metadata:
+                raise ValueError(f"the key {key} is given twice")
             metadata[key] = reader.value(reader.unpack("I"))
             if key == "general.architecture" and metadata[key] != ARCHITECTURE:
                 raise usage_error(f"{path} is a {metadata[key]} model, not a control vector (its "
@@ -275,16 +281,20 @@ def _read_gguf(path: Path) -> dict[int, Tensor]:
             name = reader.string()
             dims = [reader.unpack("Q") for _ in range(reader.unpack("I"))]
             kind, offset = reader.unpack("I"), reader.unpack("Q")
+            if name in (entry[0] for entry in entries):
+                raise ValueError(f"the tensor {name} is given twice")
             entries.append((name, dims, kind, offset))
         alignment = metadata.get("general.alignment", ALIGNMENT)
+        if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
+            raise ValueError(f"general.alignment is {alignment!r}, not a power of two")
         start = -(-reader.pos // alignment) * alignment
-    except (struct.error, ValueError, UnicodeDecodeError, OverflowError, ZeroDivisionError) as exc:
+    except (struct.error, ValueError, UnicodeDecodeError, OverflowError) as exc:
         raise broken(f"its header ends early or is malformed: {exc}") from None
     tensors = {}
     for name, dims, kind, offset in entries:
         if kind != F32:
             raise usage_error(f"{path}: {name} has ggml type {kind}, not F32: llama.cpp reads float32 directions only")
-        count = int(np.prod(dims)) if dims else 1
+        count = math.prod(dims)  # Python's integers: numpy's product wraps around on a hostile shape
         first = start + offset
         if first + 4 * count > len(data):
             raise broken(f"tensor {name} ends after the end of the file")
