@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from measure import load_average, ratios, spread
+from measure import load_average, machine, ratios, spread
 
 TEXT = ("When Mary and John went to the store on the corner of the old market street, John gave a drink to his "
         "friend, and then they walked home together in the rain while the lights of the town came on")
@@ -50,6 +50,7 @@ def main() -> None:
     for _ in range(args.runs):
         times["encode"].append(run_encode())
         times["attribute"].append(run_attribute())
+    print(machine(in_process=True))
     print(f"{args.model}, {len(encodings[0].ids)} tokens, attribute --by {args.by}; {load_average()}")
     for name, seconds in times.items():
         print(f"{name}: {spread(seconds, ' ms', 1e3, 1)}")

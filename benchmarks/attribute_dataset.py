@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dataset_patch import load_hf, smollm2_path  # noqa: E402
-from measure import in_turns, load_average, ratios, spread  # noqa: E402
+from measure import in_turns, load_average, machine, ratios, spread  # noqa: E402
 
 TARGET = 1.3
 
@@ -83,6 +83,7 @@ def main() -> None:
     from tfcli.analysis.inputs import padded
 
     before = load_average()
+    print(machine(in_process=True))
     gguf = smollm2_path()
     model, tokenizer = tfcli.load_model(gguf), tfcli.load_tokenizer(gguf)
     hf = load_hf(gguf)

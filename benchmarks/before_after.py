@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from measure import load_average, spread
+from measure import load_average, machine, spread
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -107,6 +107,7 @@ def main() -> None:
     if not os.path.isdir(os.path.join(args.old, "tfcli")):
         sys.exit(f"error: {args.old} holds no tfcli/ folder")
     trees = {"old": os.path.abspath(args.old), "new": os.path.dirname(HERE)}
+    print(machine())
     before = load_average()
     figures: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
     with tempfile.TemporaryDirectory() as model_path:

@@ -251,7 +251,7 @@ def main() -> None:
     import torch
 
     import tfcli
-    from measure import load_average, ratios, spread
+    from measure import load_average, machine, ratios, spread
 
     global CLOCK
     if args.cpu_time:
@@ -260,6 +260,7 @@ def main() -> None:
     from tfcli import patch
 
     before = load_average()
+    print(machine(in_process=True))
     gguf = smollm2_path()
     model, tokenizer = tfcli.load_model(gguf), tfcli.load_tokenizer(gguf)
     hf = load_hf(gguf)

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dataset_patch import smollm2_path  # noqa: E402
 from heads import corpus  # noqa: E402
-from measure import in_turns, load_average, ratios, spread  # noqa: E402
+from measure import in_turns, load_average, machine, ratios, spread  # noqa: E402
 
 TARGET = 1.3
 SITE, HOOK = "blocks.15.resid_post", "blocks.15.hook_resid_post"
@@ -66,6 +66,7 @@ def main() -> None:
     from tfcli.analysis.sae import check_fit, read_sae
 
     before = load_average()
+    print(machine(in_process=True))
     gguf = smollm2_path()
     model, tokenizer = tfcli.load_model(gguf), tfcli.load_tokenizer(gguf)
     folder = tempfile.mkdtemp()

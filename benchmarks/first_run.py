@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import compare, save_bert_tokenizer
+from measure import compare, machine, save_bert_tokenizer
 
 TEXT = "time flies like an arrow"
 
@@ -53,6 +53,7 @@ def main() -> None:
         "transformers":
             [sys.executable, "-c", TRANSFORMERS_JOB, str(tokenizer_dir), TEXT],
     }
+    print(machine())
     print("tfcli:", " ".join(commands["tfcli"][1:]))
     compare(commands, args.runs, "transformers", target_time=0.5, target_memory=0.6)
     shutil.rmtree(tokenizer_dir)

@@ -27,7 +27,7 @@ import tempfile
 import time
 
 import torch
-from measure import compare_processes, load_average, ratios, spread
+from measure import compare_processes, load_average, machine, ratios, spread
 
 SHAPES = ((1, 16), (8, 128))
 
@@ -98,6 +98,7 @@ def main() -> None:
     from tfcli.model.linear import Linear, PackedWeight
 
     torch.set_num_threads(args.threads)
+    print(machine(in_process=True))
     print(f"torch {torch.__version__}, {args.threads} threads, {args.repeats} rounds in turns, float32; "
           f"{load_average()}")
     with tempfile.TemporaryDirectory() as path:

@@ -19,10 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from measure import machine  # noqa: E402
 
 
 def timed(fns: dict[str, object], runs: int, clock=time.perf_counter) -> tuple[dict[str, list[float]],
@@ -91,6 +95,7 @@ def main() -> None:
         return ours.generate(prompt, max_new_tokens=n)
 
     target = {"float32": 0.8, "bfloat16": 0.6}.get(args.dtype)
+    print(machine(in_process=True))
     print(f"GPT-2 {'small, tiny widths' if args.tiny else 'small'} "
           f"({sum(p.numel() for p in ours.parameters()) / 1e6:.0f}M parameters, random weights), "
           f"{args.dtype}, prompt {args.prompt_length} tokens, greedy, {args.device}, torch threads: "

@@ -23,7 +23,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from measure import compare, trees
+from measure import compare, machine, trees
 
 TEXT = "The capital of France is"
 SMOLLM = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -66,6 +66,7 @@ def main() -> None:
                         help="also time tfcli from this source tree (`git archive` of an earlier commit), in turns")
     args = parser.parse_args()
     path = (args.file or smollm_file()).resolve()
+    print(machine())
     print(f"file: {path} ({path.stat().st_size / 1e6:.0f} MB)")
     tfcli = [sys.executable, "-m", "tfcli", "encode", "--model", str(path), "--dtype", "bfloat16", TEXT]
     tfcli += ["--top-k", "0"] if args.no_lens else []

@@ -11,7 +11,9 @@ Run: python benchmarks/gpu_load.py [--runs N] [--dir DIR]   (needs a CUDA GPU; u
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -19,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-from sharded_load import TEXT, make_checkpoint
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from measure import machine  # noqa: E402
+from sharded_load import TEXT, make_checkpoint  # noqa: E402
 
 
 def anonymous_rss() -> int:
@@ -114,6 +118,7 @@ def main() -> None:
         for _ in range(args.runs):
             for name, job in jobs.items():
                 results[name].append(measure(job, directory, ids))
+    print(machine(in_process=True))
     print(f"{torch.cuda.get_device_name()}, {args.runs} runs each in turns, after one warm-up each")
     for name, runs in results.items():
         print(name)

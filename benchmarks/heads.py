@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure import load_average, ratios, run_once, spread
+from measure import load_average, machine, ratios, run_once, spread
 
 WORDS = ("the time flies like an arrow fruit banana cat sat on mat dog ran after ball because it was too tired and "
          "then they walked home together in rain while lights of town came on river bank money water").split()
@@ -79,6 +79,7 @@ def main() -> None:
     for _ in range(args.runs):
         times["tfcli heads"].append(run_tfcli())
         times["transformers"].append(run_transformers())
+    print(machine(in_process=True))
     print(f"bert-base, {len(texts)} texts, {len(batches)} batches; {load_average()}")
     for name, seconds in times.items():
         print(f"{name}: {spread([len(texts) / s for s in seconds], ' texts/s', 1, 1)}")

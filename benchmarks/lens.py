@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from measure import compare, load_average, ratios, spread
+from measure import compare, load_average, machine, ratios, spread
 
 PROMPT = "time flies like an arrow and"
 TARGET = 1.1
@@ -58,6 +58,7 @@ def main() -> None:
                         help="time the generation by this process's CPU time: with OMP_NUM_THREADS=1, what other "
                         "processes on a busy machine do not disturb")
     args = parser.parse_args()
+    print(machine(in_process=True))
     print(f"{load_average()} before")
     in_process(args.runs, args.steps, time.process_time if args.cpu_time else time.perf_counter)
     command = [sys.executable, "-m", "tfcli", "generate", "-n", str(args.steps), PROMPT]

@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from measure import in_turns, load_average, ratios, spread  # noqa: E402
+from measure import in_turns, load_average, machine, ratios, spread  # noqa: E402
 from patch import build  # noqa: E402
 
 SENTENCE = "The committee met again on a grey morning and read the long report aloud before anyone spoke. "
@@ -47,6 +47,7 @@ def main() -> None:
     from tfcli import patch
 
     before = load_average()
+    print(machine(in_process=True))
     with tempfile.TemporaryDirectory() as path:
         build(args.shape, args.layers, path)
         model, tokenizer = tfcli.load_model(path), tfcli.load_tokenizer(path)

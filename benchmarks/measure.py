@@ -117,6 +117,46 @@ def trees(directories, command: list[str]) -> dict[str, list[str]]:
     return {f"tfcli ({directory})": ["/usr/bin/env", "-C", str(directory), *command] for directory in directories}
 
 
+FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")  # the ones that matter
+
+
+def machine(in_process: bool = False) -> str:
+    """One line naming what the figures were measured on: the CPU model, its flags that matter, the core count, the
+    torch version and the thread count: torch's own in this process (`in_process`: imports torch), else the
+    OMP_NUM_THREADS that the timed processes inherit."""
+    import importlib.metadata
+    import shutil
+
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    if not model:  # e.g. ARM, whose /proc/cpuinfo has no model name
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout if shutil.which("lscpu") else ""
+        model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")),
+                     "unknown CPU")
+    flag_text = ", ".join([flag for flag in FLAGS if flag in flags]
+                          + [f"no {name}" for name, flag in (("AVX-512", "avx512f"), ("AMX", "amx_tile"))
+                             if flag not in flags])
+    if in_process:
+        import torch
+
+        count = torch.get_num_threads()
+        threads = f"{count} torch thread{'s' if count != 1 else ''}"
+    else:
+        threads = (f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}" if os.environ.get("OMP_NUM_THREADS")
+                   else "torch's default threads")
+    return (f"machine: {model} ({flag_text}), {os.cpu_count()} cores; "
+            f"torch {importlib.metadata.version('torch')}, {threads}")
+
+
 def load_average() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.1f}, {five:.1f}, {fifteen:.1f} on {os.cpu_count()} cores"

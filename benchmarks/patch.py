@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from measure import load_average, ratios, spread  # noqa: E402
+from measure import load_average, machine, ratios, spread  # noqa: E402
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When John and Mary went to the store, Mary gave a drink to"
@@ -127,6 +127,7 @@ def main() -> None:
             torch.cuda.synchronize()
 
     before = load_average()
+    print(machine(in_process=True))
     with tempfile.TemporaryDirectory() as path:
         hf = build(args.shape, args.layers, path).to(args.device)
         model, tokenizer = tfcli.load_model(path, device=args.device), tfcli.load_tokenizer(path)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from measure import load_average, spread
+from measure import load_average, machine, spread
 
 CHILD = """
 import json, statistics, sys, time, torch
@@ -66,7 +66,7 @@ def main() -> None:
         for checkout, into in ((args.before, before), (here, now)):
             for shape, seconds in run(checkout, args.calls).items():
                 into.setdefault(shape, []).append(seconds)
-    print(load_average())
+    print(f"{machine()}\n{load_average()}")
     for shape in now:
         ratios = [a / b for a, b in zip(now[shape], before[shape])]
         print(f"{shape}: this checkout {spread([s * 1e3 for s in now[shape]])} ms, before "

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from measure import compare  # noqa: E402
+from measure import compare, machine  # noqa: E402
 
 TFCLI = str(Path(sys.executable).with_name("tfcli"))
 
@@ -45,6 +45,7 @@ def main() -> None:
                                  capture_output=True, text=True, check=True)
         dataset.write_text(written.stdout, encoding="utf-8")
         base = [TFCLI, "patch", "-m", args.model, "--dataset", str(dataset), "--sites", args.sites, "--json"]
+        print(machine())
         print(f"patch --dataset: {args.pairs} IOI pairs, --sites {args.sites}, {args.model}")
         compare({"one process": base,
                  "--ray local, 1 worker": [*base, "--ray", "local", "--ray-workers", "1"],

@@ -10,6 +10,7 @@ Run: python benchmarks/report_page.py [RUNS]
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
@@ -17,6 +18,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from measure import machine  # noqa: E402
 
 # 130 word pieces + [CLS] + [SEP] = 132 tokens (bert-base uncased vocabulary)
 TEXT = " ".join(["the animal didn't cross the street because it was too tired"] * 10)
@@ -52,6 +56,7 @@ def main() -> None:
     binary = shutil.which("chromium-headless-shell")
     if binary is None:
         sys.exit("needs chromium-headless-shell (apt-get install -y chromium-headless-shell)")
+    print(machine())
     folder = Path(tempfile.mkdtemp())
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=binary)

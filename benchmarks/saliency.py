@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dataset_patch import load_hf, smollm2_path  # noqa: E402
-from measure import in_turns, load_average, ratios, spread  # noqa: E402
+from measure import in_turns, load_average, machine, ratios, spread  # noqa: E402
 
 TARGET = 1.2
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -49,6 +49,7 @@ def main() -> None:
     from tfcli.analysis.dataset import line_of
 
     before = load_average()
+    print(machine(in_process=True))
     gguf = smollm2_path()
     model, tokenizer = tfcli.load_model(gguf), tfcli.load_tokenizer(gguf)
     hf = load_hf(gguf)

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import compare, save_bert_tokenizer, trees
+from measure import compare, machine, save_bert_tokenizer, trees
 
 TEXT = "The quick brown fox jumps over the lazy dog because it was too tired to go around"
 
@@ -78,6 +78,7 @@ def main() -> None:
             make_checkpoint(directory)
         tfcli = [sys.executable, "-m", "tfcli", "encode", "--model", str(directory), "--dtype", "bfloat16",
                  "--device", args.device, TEXT]
+        print(machine())
         print("tfcli:", " ".join(tfcli[1:]))
         commands = {"tfcli": tfcli, **trees(args.tree, tfcli),
                     "transformers": [sys.executable, "-c", TRANSFORMERS_JOB, str(directory), TEXT, args.device]}

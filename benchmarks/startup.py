@@ -8,7 +8,7 @@ Run: python benchmarks/startup.py [RUNS]   (under a minute)
 
 import sys
 
-from measure import compare
+from measure import compare, machine
 
 TFCLI = [sys.executable, "-m", "tfcli"]
 COMMANDS = {
@@ -22,6 +22,7 @@ COMMANDS = {
 
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    print(machine())
     compare(COMMANDS, runs, "import torch")
 
 

@@ -22,7 +22,7 @@ import io
 import time
 from pathlib import Path
 
-from measure import load_average, ratios, spread
+from measure import load_average, machine, ratios, spread
 
 MOODS = [("happy", "sad"), ("joyful", "miserable"), ("cheerful", "gloomy"), ("delighted", "heartbroken")]
 STATEMENTS = ["I went to the park this morning.", "The weather today is", "My friend called me and said",
@@ -98,6 +98,7 @@ def main() -> None:
         for name, run in timed.items():
             times[name].append(run())
     lengths = [len(ids) for pair in read for ids in (pair.positive_ids, pair.negative_ids)]
+    print(machine(in_process=True))
     print(f"SmolLM2-135M-Instruct, {len(read)} pairs ({len(texts)} texts, {min(lengths)}-{max(lengths)} tokens), "
           f"{args.method}, blocks {layers[0]}-{layers[-1]}; torch threads {torch.get_num_threads()}, "
           f"{'CPU' if args.cpu_time else 'wall'} time; {load_average()}")

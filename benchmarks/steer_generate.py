@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,9 @@ import torch
 
 import tfcli
 from tfcli.steer import steering_hooks
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from measure import machine  # noqa: E402
 
 
 def main() -> None:
@@ -38,6 +43,7 @@ def main() -> None:
             model.generate(ids, max_new_tokens=args.new, hooks=given)
             times[name].append(time.perf_counter() - start)
     ratios = [s / p for s, p in zip(times["steered"], times["plain"])]
+    print(machine(in_process=True))
     print(f"{args.new} new tokens, steering on {len(vector)} blocks; torch threads {torch.get_num_threads()}")
     for name, values in times.items():
         print(f"  {name}: " + ", ".join(f"{v:.2f}" for v in values) + " s")

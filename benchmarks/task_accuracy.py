@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from measure import machine  # noqa: E402
 
 
 def default_model() -> str:
@@ -68,6 +72,7 @@ def main() -> None:
     source = resolve_source(args.model or default_model())
     tokenizer = load_tokenizer_for(source)
     model = build_model(source, device=args.device)
+    print(machine(in_process=True))
     print(f"model: {source.description}; weights: {model.weights_description}")
     print(f"n {args.n}, seed {args.seed}; solved: logit(target) > logit(foil) at the last position")
     print(f"{'task':<14}{'clean solved':>14}{'corrupt solved':>16}{'mean diff clean':>17}{'mean diff corrupt':>19}")

@@ -203,9 +203,11 @@ def main() -> None:
 
     import tfcli
     from dataset_patch import Batched, load_hf, site_list
+    from measure import machine
     from tfcli import patch
 
     torch.set_num_threads(args.threads)
+    print(machine(in_process=True))
     print(f"uptime before: {uptime()}")
     tokenizer = tfcli.load_tokenizer(args.gguf)
     config = tfcli.load_model(args.gguf).config
