@@ -390,14 +390,24 @@ def test_json_record_has_exactly_the_documented_keys(cli, checkpoints, dataset):
     assert (got - mean).abs().max() <= 1e-5 * mean.abs().max()
 
 
-@pytest.mark.parametrize("width", [80, 120])
-@pytest.mark.parametrize("colour", [True, False])
-def test_views_fit_the_width_and_keep_every_number(cli, checkpoints, dataset, width, colour):
-    import re
+@pytest.fixture(scope="module")
+def view_args(checkpoints, dataset):
+    """The Llama run the views show, and its JSON record (run once)."""
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
 
     path, _ = checkpoints("llama")
     args = ["circuit", "-m", str(path), "--dataset", str(dataset), "--faithful", "0.5", "--show", "12"]
-    record = json.loads(cli(*args, "--json").stdout)
+    return args, json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("colour", [True, False])
+def test_views_fit_the_width_and_keep_every_number(cli, view_args, width, colour):
+    import re
+
+    args, record = view_args
     result = cli(*args, "--width", str(width), "--color" if colour else "--no-color",
                  env={"NO_COLOR": "1"} if not colour else None)
     assert result.exit_code == 0, result.stderr
