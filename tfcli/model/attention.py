@@ -102,10 +102,18 @@ class PrefixKV:
         self.cross: dict[int, tuple[Tensor, Tensor]] = {}
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (B, G, T, D) of the positions after the given ones -> with the given ones before them."""
+        """k, v (B, G, T, D) of the positions after the given ones -> with the given ones before them, written once
+        into the batch's tensor (a gather, then a concatenation, copied the long prefix twice per row)."""
         rows = self.rows[:k.shape[0]]  # the batch's first rows: those that have joined it by this layer
-        return tuple(torch.cat([given[layer][rows, :, :self.length].to(new.dtype), new], dim=2)
-                     for given, new in ((self.keys, k), (self.values, v)))
+        out = []
+        for given, new in ((self.keys, k), (self.values, v)):
+            prefix = given[layer][:, :, :self.length]
+            whole = new.new_empty(new.shape[0], new.shape[1], self.length + new.shape[2], new.shape[3])
+            # one run (a single pair): every row reads the same prefix, copied from a broadcast view
+            whole[:, :, :self.length] = prefix.expand(len(rows), -1, -1, -1) if prefix.shape[0] == 1 else prefix[rows]
+            whole[:, :, self.length:] = new
+            out.append(whole)
+        return out[0], out[1]
 
 
 class Attention(nn.Module):
