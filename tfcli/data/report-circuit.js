@@ -59,13 +59,24 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       add(curve, "line", {x1: cp, y1: Y(1), x2: cw - cp, y2: Y(1), stroke: "#bbb", "stroke-dasharray": "3 3"});
       add(curve, "polyline", {points: s.curve.map((p) => X(p.edges) + "," + Y(p.faithfulness)).join(" "),
                               fill: "none", stroke: "#333"});
-      for (const p of s.curve) {
+      // the sizes' labels, right to left, leaving out one that would overlap the label drawn to its right
+      let right = Infinity;
+      for (const p of [...s.curve].reverse()) {
         if (p.interval) add(curve, "line", {x1: X(p.edges), x2: X(p.edges), y1: Y(p.interval[0]), y2: Y(p.interval[1]),
                                             stroke: "#999"});
         add(curve, "circle", {cx: X(p.edges), cy: Y(p.faithfulness), r: 4, fill: "#333"},
             p.edges + " edges, " + p.nodes + " nodes: faithfulness " + p.faithfulness.toFixed(3) +
             (p.interval ? " [" + p.interval[0].toFixed(3) + ", " + p.interval[1].toFixed(3) + "]" : ""));
-        add(curve, "text", {x: X(p.edges), y: ch - cp + 14, "font-size": 10, "text-anchor": "middle"}).textContent = p.edges;
+        if (right - X(p.edges) >= 8 * String(p.edges).length) {
+          add(curve, "text", {x: X(p.edges), y: ch - cp + 14, "font-size": 10, "text-anchor": "middle"}).textContent = p.edges;
+          right = X(p.edges);
+        }
+      }
+      const drawn = [];  // the faithfulness axis: its ends, then 1 and 0 where they do not overlap another label
+      for (const v of [ylo, yhi, 1, 0]) {
+        if (drawn.some((y) => Math.abs(Y(v) - y) < 12)) continue;
+        add(curve, "text", {x: cp - 4, y: Y(v) + 3, "font-size": 10, "text-anchor": "end"}).textContent = v.toFixed(2);
+        drawn.push(Y(v));
       }
       add(curve, "text", {x: cw / 2, y: ch - 6, "font-size": 11, "text-anchor": "middle"}).textContent = "edges";
       add(curve, "text", {x: 4, y: cp - 10, "font-size": 11}).textContent = "faithfulness";
