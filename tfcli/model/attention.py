@@ -170,17 +170,28 @@ class Attention(nn.Module):
                 qkv = torch.cat([self.q_norm(q), self.k_norm(k), v], dim=-1)
             heads = (self.heads, self.kv_heads, self.kv_heads)
             q, k, v = self._split(qkv, sum(heads)).split(heads, dim=1)  # (B, H + 2G, T, D): views, few operations
-            if self.qk_norm == "head":
-                q, k = self.q_norm(q), self.k_norm(k)
-            if rotary is not None:
-                q, k = apply_rotary(q, *rotary, self.interleaved), apply_rotary(k, *rotary, self.interleaved)
-            if sites:
-                q, k, v = head_site(sites, "q", q), head_site(sites, "k", k), head_site(sites, "v", v)
+            q, k, v = self._positioned(q, k, v, rotary, sites)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
+        return self._attend(q, k, v, mask, sites)
+
+    def _positioned(self, q: Tensor, k: Tensor, v: Tensor, rotary: tuple[Tensor, Tensor] | None,
+                    sites: Sites) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's q, k, v (B, heads, T, D) with the per-head query/key norm and the rotation applied, and
+        their sites."""
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary, self.interleaved), apply_rotary(k, *rotary, self.interleaved)
+        if sites:
+            q, k, v = head_site(sites, "q", q), head_site(sites, "k", k), head_site(sites, "v", v)
+        return q, k, v
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sites: Sites) -> Tensor:
+        """The attention of q (B, H, T, D) over k, v, its heads' outputs (`z`) and their projection (B, T, hidden)."""
         out = scaled_dot_product_attention(q, k, v, mask, self.scale, self.softcap, pattern_site(sites))
         z = sites("z", out.transpose(1, 2))  # (B, T, H, D)
-        return sites("out", self.out(z.reshape(x.shape[0], x.shape[1], -1)))
+        return sites("out", self.out(z.reshape(z.shape[0], z.shape[1], -1)))
 
     def split_forward(self, inputs: list[Tensor], mask: Tensor | None, rotary: tuple[Tensor, Tensor] | None,
                       sites: Sites = NO_SITES) -> Tensor:
@@ -204,12 +215,4 @@ class Attention(nn.Module):
 
         biases = bias.split(sizes) if bias is not None else (None, None, None)
         q, k, v = (project(x, w, b) for x, w, b in zip(inputs, weight.split(sizes), biases))
-        if self.qk_norm == "head":
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rotary is not None:
-            q, k = apply_rotary(q, *rotary, self.interleaved), apply_rotary(k, *rotary, self.interleaved)
-        if sites:
-            q, k, v = head_site(sites, "q", q), head_site(sites, "k", k), head_site(sites, "v", v)
-        out = scaled_dot_product_attention(q, k, v, mask, self.scale, self.softcap, pattern_site(sites))
-        z = sites("z", out.transpose(1, 2))  # (B, T, H, D)
-        return sites("out", self.out(z.reshape(z.shape[0], z.shape[1], -1)))
+        return self._attend(*self._positioned(q, k, v, rotary, sites), mask, sites)
