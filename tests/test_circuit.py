@@ -18,6 +18,7 @@ import torch
 
 import tfcli
 from tfcli import circuit
+from tfcli.analysis import edges as core
 
 VOCAB = 30522  # the bundled BERT vocabulary: the command reads texts
 CLEAN_TEXT = "when mary and john went to the store john gave a drink to"
@@ -82,7 +83,7 @@ def batch(model, tokenizer, pairs=PAIRS):
     from tfcli.analysis.pairs import PAIR_LINE, check_pair
 
     checked = [check_pair(model.config, tokenizer, line) for line in lines_of(lines, PAIR_LINE)]
-    return checked, circuit.batch_of(model, tokenizer, checked)
+    return checked, core.batch_of(model, tokenizer, checked)
 
 
 # ---------------------------------------------------------------- by hand, on transformers' modules
@@ -197,22 +198,22 @@ def test_eap_scores_are_the_hand_computation(name, checkpoints):
     path, hf = checkpoints(name)
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     _, b = batch(model, tokenizer)
-    graph = circuit.graph_of(model.config)
+    graph = core.graph_of(model.config)
     reference = ungrouped(hf) if name == "llama" else hf
     if name == "llama":
         with torch.no_grad():
             assert torch.allclose(reference(input_ids=b.clean).logits, hf(input_ids=b.clean).logits, atol=1e-5)
     expected = hand_eap(Hand(name, reference, graph), b)
-    clean, corrupt, scores = circuit.scores_of(model, b, "eap", 1)
+    clean, corrupt, scores = core.scores_of(model, b, "eap", 1)
     scale = expected.abs().max()
     assert scale > 1e-3 and (expected[0] != 0).sum() > graph.edge_count * 0.9  # edges that differ, nearly all nonzero
     assert (scores - expected).abs().max() <= 1e-5 * scale
     with torch.no_grad():
         logits = hf(input_ids=b.clean).logits
     assert torch.allclose(clean, metric(logits, b).double(), atol=1e-4)
-    ig = circuit.scores_of(model, b, "eap-ig-inputs", 1)[2]
+    ig = core.scores_of(model, b, "eap-ig-inputs", 1)[2]
     assert (ig - scores).abs().max() <= 1e-5 * scale  # one step of integrated gradients: at the clean input (to float32)
-    ig3 = circuit.scores_of(model, b, "eap-ig-inputs", 3)[2]
+    ig3 = core.scores_of(model, b, "eap-ig-inputs", 3)[2]
     assert (ig3 - hand_eap(Hand(name, reference, graph), b, steps=3)).abs().max() <= 1e-5 * scale
     assert (ig3 - scores).abs().max() > 1e-3 * scale  # three steps differ from one
 
@@ -222,13 +223,13 @@ def test_exact_scores_are_each_edge_patched_by_hand(checkpoints):
     path, hf = checkpoints(name)
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     _, b = batch(model, tokenizer)
-    graph = circuit.graph_of(model.config)
+    graph = core.graph_of(model.config)
     hand = Hand(name, hf, graph)
     with torch.no_grad():
         _, corrupt, _ = hand.run(b.corrupt, {})
         logits, clean, _ = hand.run(b.clean, {})
         base = metric(logits, b)
-        scores = circuit.scores_of(model, b, "exact", 1)[2]
+        scores = core.scores_of(model, b, "exact", 1)[2]
         for s, r in graph.mask.nonzero().tolist():
             patched = metric(hand.run(b.clean, {r: corrupt[:, :, s] - clean[:, :, s]})[0], b)
             assert torch.allclose(scores[:, s, r], (patched - base).double(), atol=1e-5 * base.abs().max()), \
@@ -240,12 +241,12 @@ def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, ch
     path, hf = checkpoints(name)
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     _, b = batch(model, tokenizer)
-    graph = circuit.graph_of(model.config)
+    graph = core.graph_of(model.config)
     hand = Hand(name, hf, graph)
     kept = {"input", "L0H1", "L0.mlp", "L1H2", "L1H3"}
     chosen = torch.tensor([name in kept for name in graph.senders])[:, None] & graph.mask
     full, empty = graph.mask.clone(), torch.zeros_like(graph.mask)
-    clean_value, corrupt_value, values = circuit.circuit_metrics(model, b, [full, empty, chosen])
+    clean_value, corrupt_value, values = core.circuit_metrics(model, b, [full, empty, chosen])
     with torch.no_grad():
         _, _, corrupt = hand.run(b.corrupt, {})
         heads = graph.heads
@@ -287,22 +288,22 @@ def test_a_batch_equals_its_pairs_one_at_a_time(checkpoints):
                       "when john and mary went to the big store mary gave a drink to", "mary", "john")]
     _, both = batch(model, tokenizer, pairs)
     assert both.clean.shape[1] == 15 and both.positions.tolist() == [13, 13, 14]
-    graph = circuit.graph_of(model.config)
-    chosen = circuit.circuit_of(graph, circuit.greedy_order(graph, torch.ones(graph.mask.shape))[:30])
-    together = circuit.scores_of(model, both, "eap", 1)[2]
-    values = circuit.circuit_metrics(model, both, [chosen])
+    graph = core.graph_of(model.config)
+    chosen = core.circuit_of(graph, core.greedy_order(graph, torch.ones(graph.mask.shape))[:30])
+    together = core.scores_of(model, both, "eap", 1)[2]
+    values = core.circuit_metrics(model, both, [chosen])
     for i in range(3):
         _, alone = batch(model, tokenizer, pairs[i:i + 1])
-        scores = circuit.scores_of(model, alone, "eap", 1)[2]
+        scores = core.scores_of(model, alone, "eap", 1)[2]
         assert (scores[0] - together[i]).abs().max() <= 1e-5 * together.abs().max()
-        for mine, all_of in zip(circuit.circuit_metrics(model, alone, [chosen]), values):
+        for mine, all_of in zip(core.circuit_metrics(model, alone, [chosen]), values):
             assert torch.allclose(mine[0], all_of[i], atol=1e-5)
 
 
 def test_greedy_circuits_are_connected_to_the_logits():
-    graph = circuit.Graph(3, 2)
+    graph = core.Graph(3, 2)
     scores = torch.randn(len(graph.senders), len(graph.receivers), generator=torch.Generator().manual_seed(0))
-    order = circuit.greedy_order(graph, scores * graph.mask)
+    order = core.greedy_order(graph, scores * graph.mask)
     assert len(order) == len(set(order)) == graph.edge_count
     for n in (1, 5, 20, 40):
         edges = order[:n]
@@ -351,7 +352,7 @@ def dataset(tmp_path_factory):
     return path
 
 
-KEYS = ["method", "ig_steps", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
+KEYS = ["method", "ig_steps", "counterfactual", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
         "interrupted", "graph", "circuit", "nodes", "curve", "edges"]
 
 
@@ -372,7 +373,7 @@ def test_json_record_has_exactly_the_documented_keys(cli, checkpoints, dataset):
     assert list(record["circuit"]) == ["picked", "wanted", "edges", "nodes", "faithfulness", "interval", "pairs"]
     assert list(record["edges"][0]) == ["sender", "receiver", "score", "in_circuit"]
     assert list(record["curve"][0]) == ["edges", "nodes", "faithfulness", "interval"]
-    graph = circuit.Graph(2, 4)
+    graph = core.Graph(2, 4)
     assert record["graph"]["edges"] == len(record["edges"]) == graph.edge_count == 110
     assert sum(e["in_circuit"] for e in record["edges"]) == record["circuit"]["edges"] == 15
     assert [p["edges"] for p in record["curve"]] == [5, 20, 110]
@@ -383,7 +384,7 @@ def test_json_record_has_exactly_the_documented_keys(cli, checkpoints, dataset):
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     lines = [json.loads(text) for text in dataset.read_text().splitlines()]
     _, b = batch(model, tokenizer, [(x["clean"], x["corrupt"], x["target"], x["foil"]) for x in lines])
-    mean = circuit.scores_of(model, b, "eap", 1)[2].mean(0)
+    mean = core.scores_of(model, b, "eap", 1)[2].mean(0)
     got = torch.zeros_like(mean)
     for e in record["edges"]:
         got[graph.senders.index(e["sender"]), graph.receivers.index(e["receiver"])] = e["score"]
@@ -441,7 +442,7 @@ def test_a_single_pair_and_per_item_records(cli, checkpoints, dataset):
 
 @pytest.mark.parametrize("args,message", [
     (["--faithful", "1.5"], "--faithful must be above 0 and at most 1"),
-    (["--method", "acdc"], "method must be one of eap, eap-ig-inputs, exact"),
+    (["--method", "acdc"], "method must be one of eap, eap-ig-inputs, eap-ig-activations, exact"),
     (["--top", "5", "--faithful", "0.5"], "give one of --top, --faithful"),
     (["--sizes", "10,x"], "--sizes: `10,x` is not a list"),
 ])

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 def circuit(
     clean: Annotated[str | None, typer.Argument(metavar="CLEAN", help="The clean text.", show_default=False)] = None,
     corrupt: Annotated[str | None, typer.Argument(metavar="CORRUPT", help="The corrupted text (as many tokens as "
-                                                  "CLEAN): the counterfactual every edge is patched from.",
+                                                  "CLEAN): the counterfactual every edge is patched from (not "
+                                                  "needed with --counterfactual mean).",
                                                   show_default=False)] = None,
     target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is the metric (\" Mary\" "
                                                "with its leading space for byte-level BPE, or #ID; with --dataset: "
@@ -41,10 +42,13 @@ def circuit(
     position: Annotated[int | None, typer.Option(metavar="N", help="The position the metric is read at, negative "
                                                  "counting from the end (default: the last token).")] = None,
     method: Annotated[str, typer.Option(metavar="METHOD", help="eap (edge attribution patching), eap-ig-inputs "
-                                        "(with integrated gradients on the inputs) or exact (each edge patched: "
-                                        "small models).")] = "eap",
-    ig_steps: Annotated[int, typer.Option(metavar="N", help="eap-ig-inputs: the points between the corrupt and the "
-                                          "clean input.")] = 5,
+                                        "(with integrated gradients on the inputs), eap-ig-activations (on each "
+                                        "layer's outputs) or exact (each edge patched: small models).")] = "eap",
+    ig_steps: Annotated[int, typer.Option(metavar="N", help="eap-ig-inputs, eap-ig-activations: the points between "
+                                          "the counterfactual and the clean values.")] = 5,
+    counterfactual: Annotated[str, typer.Option(metavar="KIND", help="What an edge is patched to: corrupt (the "
+                                                "sender's output on the corrupt text) or mean (its mean over the "
+                                                "clean text's positions, as --ablate SITE:mean).")] = "corrupt",
     top: Annotated[int | None, typer.Option(metavar="N", help="The circuit: the greedy top N edges (default "
                                             "100).")] = None,
     faithful: Annotated[float | None, typer.Option(metavar="F", help="The circuit: the smallest greedy one found "
@@ -91,7 +95,7 @@ def circuit(
         raise usage_error(f"--show must be 1 or more, got {show}", parameter="show")
     cluster = data.cluster(data.dataset is not None, "a --dataset")
     options = core.CircuitOptions(method, ig_steps, top, faithful, None, None if edges is None else str(edges),
-                                  core.parse_sizes(sizes))
+                                  core.parse_sizes(sizes), counterfactual)
     if data.dataset is not None:
         if clean is not None:
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
@@ -100,6 +104,8 @@ def circuit(
                 raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
     else:
         data.only_with_a_dataset("bootstrap", "per_item", "skip_bad")
+        if corrupt is None and counterfactual == "mean":
+            corrupt = clean  # not read: each edge is patched to the clean outputs' means
         if clean is None or corrupt is None:
             raise usage_error("give a CLEAN and a CORRUPT text (or --dataset FILE)")
         if target is None:
@@ -122,7 +128,8 @@ def circuit(
         def faithfulness(circuits):
             with count_bar("faithfulness", "pairs") as progress:
                 try:
-                    return runner.run(core.CircuitFaithfulness(circuits), model, tokenizer, pairs, progress=progress)
+                    return runner.run(core.CircuitFaithfulness(circuits, options.counterfactual), model, tokenizer,
+                                      pairs, progress=progress)
                 except KeyboardInterrupt:
                     return core.Measured([], None, None, 0, True)
         core.measure(result, options, faithfulness)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 DEFAULT_TOP = 20  # edges listed
 METHODS = {"eap": "edge attribution patching (EAP)", "eap-ig-inputs": "EAP with integrated gradients on the inputs",
+           "eap-ig-activations": "EAP with integrated gradients on each layer's outputs",
            "exact": "exact patching of each edge"}
 
 
@@ -44,7 +45,7 @@ def quantity(result: Circuit) -> str:
 
 
 def method_words(result: Circuit) -> str:
-    return METHODS[result.method] + (f", {result.steps} steps" if result.method == "eap-ig-inputs" else "")
+    return METHODS[result.method] + (f", {result.steps} steps" if result.method.startswith("eap-ig") else "")
 
 
 def picked_words(result: Circuit) -> str:
@@ -55,10 +56,15 @@ def picked_words(result: Circuit) -> str:
     return f"the greedy top {result.wanted} edges"
 
 
+def patched_to(result: Circuit) -> str:
+    return "every edge patched to the means" if result.counterfactual == "mean" else "corrupt"
+
+
 def header_lines(result: Circuit, width: int) -> list[str]:
     pairs = f"{result.n} pair{'s' if result.n != 1 else ''}" + (f" of {result.dataset}" if result.dataset else "")
     lines = [f"circuit of {quantity(result)} over {pairs}, by {method_words(result)}",
-             f"clean {signed(result.clean_value)}, corrupt {signed(result.corrupt_value)} (means over the pairs)",
+             f"clean {signed(result.clean_value)}, {patched_to(result)} {signed(result.corrupt_value)} (means over "
+             "the pairs)",
              f"graph: {result.graph.edge_count} edges between {len(result.graph.senders) + 1} nodes"]
     if result.skipped:
         lines.append(f"{result.skipped} bad lines skipped")
@@ -73,7 +79,8 @@ def measured_lines(result: Circuit) -> list[str]:
     spread = f", 95% interval {interval(point)}" if point.low is not None else ""
     return [f"circuit: {point.edges} edges, {point.nodes} nodes ({picked_words(result)})",
             f"faithfulness {share(point.faithfulness)}{spread}{pairs}: (m(C) - m(empty)) / (m(full) - m(empty)), "
-            "every edge outside the circuit patched to its corrupt value"]
+            f"every edge outside the circuit patched to its {'mean' if result.counterfactual == 'mean' else 'corrupt'}"
+            " value"]
 
 
 def circuit_lines(result: Circuit, width: int, color: bool, top: int = DEFAULT_TOP) -> list[Text]:
@@ -135,7 +142,8 @@ def record(result: Circuit) -> dict[str, Any]:
     """The JSON Lines record (docs/commands.md#circuit lists its keys)."""
     graph, circuit = result.graph, result.circuit
     return {
-        "method": result.method, "ig_steps": result.steps if result.method == "eap-ig-inputs" else None,
+        "method": result.method, "ig_steps": result.steps if result.method.startswith("eap-ig") else None,
+        "counterfactual": result.counterfactual,
         "target": token_record(result.target), "foil": token_record(result.foil),
         "clean_value": result.clean_value, "corrupt_value": result.corrupt_value,
         "dataset": result.dataset or None, "n": result.n, "pairs": result.pairs, "skipped": result.skipped,
