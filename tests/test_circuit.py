@@ -97,9 +97,11 @@ class Hand:
         self.name, self.hf, self.graph = name, hf, graph
         self.layers, self.norm, self.o_proj, self.mlp_norm, self.mlp, self.final = PARTS[name]
 
-    def run(self, ids, eps, start=None, replace=None):
+    def run(self, ids, eps, start=None, replace=None, shift=None):
         """Logits (B, T, V) and the senders' outputs (B, T, S, d); `start` replaces what block 0 reads; `replace`
-        (sender -> (B, T, d) output or z slice) puts a node's output in place (the corrupt one)."""
+        (sender -> (B, T, d) output or z slice) puts a node's output in place (the corrupt one); `shift` (a layer's
+        first head or its MLP -> (B, T, d)) is added to the attention layer's output or the MLP's."""
+        shift = shift or {}
         hf, graph, handles, outputs = self.hf, self.graph, [], {}
         heads = graph.heads
         layers = hf.get_submodule(self.layers)
@@ -146,6 +148,9 @@ class Hand:
                 outputs[("z", base)] = z
                 return (z, *args[1:])
             handles.append(block.get_submodule(self.o_proj).register_forward_pre_hook(z_hook))
+            if base in shift:
+                handles.append(block.get_submodule(self.o_proj).register_forward_hook(
+                    lambda m, args, out, base=base: out + shift[base]))
             r_mlp = layer * per + 3 * heads
             handles.append(block.get_submodule(self.mlp_norm).register_forward_pre_hook(
                 lambda m, args, r=r_mlp: (args[0] + eps[r],) if r in eps else None))
@@ -153,6 +158,8 @@ class Hand:
             def mlp_hook(module, args, out, s=base + heads):
                 if replace is not None and s in replace:
                     out = replace[s]
+                if s in shift:
+                    out = out + shift[s]
                 outputs[s] = out
                 return out
             handles.append(block.get_submodule(self.mlp).register_forward_hook(mlp_hook))
@@ -172,25 +179,73 @@ def metric(logits, b):
     return rows.gather(1, b.targets[:, None])[:, 0] - rows.gather(1, b.foils[:, None])[:, 0]
 
 
-def hand_eap(hand, b, steps=None):
-    """(B, S, R): (corrupt - clean output) . the gradient at each receiver's own input, summed over positions; with
-    `steps`, the gradient averaged over the inputs corrupt + k / steps (clean - corrupt), k = 1 .. steps."""
-    graph = hand.graph
+def hand_counter(hand, b, kind="corrupt"):
+    """(clean outputs (B, T, S, d), counterfactual outputs (B, T, S, d), the counterfactual parts `Hand.run` returns
+    (sender -> output, ("z", layer's first head) -> z)): the corrupt run's, or the clean run's means over the
+    positions (as `--ablate SITE:mean`: every pair here has the batch's length)."""
     with torch.no_grad():
-        _, corrupt, _ = hand.run(b.corrupt, {})
-        _, clean, _ = hand.run(b.clean, {})
-    grads = {r: 0 for r in range(len(graph.receivers))}
+        _, clean, clean_parts = hand.run(b.clean, {})
+        _, corrupt, corrupt_parts = hand.run(b.corrupt, {})
+    if kind == "corrupt":
+        return clean, corrupt, corrupt_parts
+    assert (b.lengths == b.clean.shape[1]).all()
+
+    def mean(x):
+        return x.mean(1, keepdim=True).expand_as(x)
+    return clean, mean(clean), {key: mean(value) for key, value in clean_parts.items()}
+
+
+def receiver_grads(hand, b, start=None, shift=None):
+    """{receiver: the gradient of the summed metric at its own input (B, T, d)} of one run."""
+    graph = hand.graph
+    eps = {r: torch.zeros(*b.clean.shape, hand.hf.config.hidden_size, requires_grad=True)
+           for r in range(len(graph.receivers))}
+    logits, _, _ = hand.run(b.clean, eps, start, shift=shift)
+    return dict(zip(eps, torch.autograd.grad(metric(logits, b).sum(), list(eps.values()))))
+
+
+def products(graph, differences, grads):
+    """(B, S, R): differences (B, T, S, d) . grads {r: (B, T, d)}, summed over positions, on the graph's edges."""
+    stacked = torch.stack([grads[r] for r in range(len(graph.receivers))], 2)
+    return torch.einsum("btsd,btrd->bsr", differences.double(), stacked.double()) * graph.mask
+
+
+def hand_eap(hand, b, steps=None, kind="corrupt"):
+    """(B, S, R): (counterfactual - clean output) . the gradient at each receiver's own input, summed over positions;
+    with `steps`, the gradient averaged over the inputs counterfactual + k / steps (clean - counterfactual), k = 1 ..
+    steps."""
+    clean, counter, _ = hand_counter(hand, b, kind)
     points = [None] if steps is None else \
-        [corrupt[:, :, 0] + k / steps * (clean[:, :, 0] - corrupt[:, :, 0]) for k in range(1, steps + 1)]
+        [counter[:, :, 0] + k / steps * (clean[:, :, 0] - counter[:, :, 0]) for k in range(1, steps + 1)]
+    grads = {}
     for start in points:
-        eps = {r: torch.zeros(*b.clean.shape, clean.shape[-1], requires_grad=True) for r in grads}
-        logits, _, _ = hand.run(b.clean, eps, start)
-        found = torch.autograd.grad(metric(logits, b).sum(), list(eps.values()))
-        for r, g in zip(eps, found):
-            grads[r] = grads[r] + g / len(points)
-    scores = torch.einsum("btsd,btrd->bsr", (corrupt - clean).double(),
-                          torch.stack([grads[r] for r in sorted(grads)], 2).double())
-    return scores * graph.mask
+        for r, g in receiver_grads(hand, b, start).items():
+            grads[r] = grads.get(r, 0) + g / len(points)
+    return products(hand.graph, counter - clean, grads)
+
+
+def hand_ig_activations(hand, b, steps, kind="corrupt"):
+    """(B, S, R): per group of senders (the input; a layer's heads; a layer's MLP), the run of the clean text with
+    the group's summed output moved by (1 - k / steps) (counterfactual - clean), k = 1 .. steps; a sender's edges:
+    its counterfactual - clean output . the receivers' gradients averaged over its group's runs."""
+    graph, heads = hand.graph, hand.graph.heads
+    clean, counter, _ = hand_counter(hand, b, kind)
+    differences = counter - clean
+    groups = [(0, 1)] + [(1 + layer * (heads + 1) + j * heads, heads if j == 0 else 1)
+                         for layer in range(graph.layers) for j in (0, 1)]
+    scores = 0
+    for first, count in groups:
+        grads = {}
+        for k in range(1, steps + 1):
+            moved = (1 - k / steps) * differences[:, :, first:first + count].sum(2)
+            found = receiver_grads(hand, b, clean[:, :, 0] + moved, None) if first == 0 else \
+                receiver_grads(hand, b, None, {first: moved})
+            for r, g in found.items():
+                grads[r] = grads.get(r, 0) + g / steps
+        mine = torch.zeros_like(differences)
+        mine[:, :, first:first + count] = differences[:, :, first:first + count]
+        scores = scores + products(graph, mine, grads)
+    return scores
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -236,8 +291,25 @@ def test_exact_scores_are_each_edge_patched_by_hand(checkpoints):
                 graph.edge_name(s, r)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, checkpoints):
+def replaced(graph, parts, kept=()):
+    """Hand.run's `replace`: every sender outside `kept` gets its output (a head: its slice of the output projection's
+    input) from `parts`."""
+    heads, replace = graph.heads, {}
+    for s, node in enumerate(graph.senders):
+        if node in kept:
+            continue
+        if node.endswith(".mlp") or node == "input":
+            replace[s] = parts[s]
+        else:
+            layer, h = divmod(s - 1, heads + 1)
+            z = parts[("z", 1 + layer * (heads + 1))]
+            size = z.shape[-1] // heads
+            replace[s] = z[..., h * size:(h + 1) * size]
+    return replace
+
+
+@pytest.mark.parametrize("name,kind", [("gpt2", "corrupt"), ("llama", "corrupt"), ("gpt2", "mean"), ("llama", "mean")])
+def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, kind, checkpoints):
     path, hf = checkpoints(name)
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     _, b = batch(model, tokenizer)
@@ -246,27 +318,17 @@ def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, ch
     kept = {"input", "L0H1", "L0.mlp", "L1H2", "L1H3"}
     chosen = torch.tensor([name in kept for name in graph.senders])[:, None] & graph.mask
     full, empty = graph.mask.clone(), torch.zeros_like(graph.mask)
-    clean_value, corrupt_value, values = core.circuit_metrics(model, b, [full, empty, chosen])
+    clean_value, corrupt_value, values = core.circuit_metrics(model, b, [full, empty, chosen], kind)
+    parts = hand_counter(hand, b, kind)[2]
     with torch.no_grad():
-        _, _, corrupt = hand.run(b.corrupt, {})
-        heads = graph.heads
-        replace = {}
-        for s, node in enumerate(graph.senders):
-            if node in kept:
-                continue
-            if node.endswith(".mlp") or node == "input":
-                replace[s] = corrupt[s]
-            else:  # a head: its slice of the output projection's input
-                layer, h = divmod(s - 1, heads + 1)
-                z = corrupt[("z", 1 + layer * (heads + 1))]
-                size = z.shape[-1] // heads
-                replace[s] = z[..., h * size:(h + 1) * size]
-        patched = metric(hand.run(b.clean, {}, replace=replace)[0], b).double()
+        patched = metric(hand.run(b.clean, {}, replace=replaced(graph, parts, kept))[0], b).double()
         clean = metric(hf(input_ids=b.clean).logits, b).double()
-        corrupt_metric = metric(hf(input_ids=b.corrupt).logits, b).double()
+        corrupt_metric = metric(hf(input_ids=b.corrupt).logits, b).double() if kind == "corrupt" else \
+            metric(hand.run(b.clean, {}, replace=replaced(graph, parts))[0], b).double()  # every sender's mean
     scale = clean.abs().max()
     assert torch.allclose(values[:, 0], clean, atol=1e-5 * scale) and torch.allclose(clean_value, clean, atol=1e-4)
     assert torch.allclose(values[:, 1], corrupt_metric, atol=1e-5 * scale)
+    assert torch.allclose(corrupt_value, corrupt_metric, atol=1e-5 * scale)
     assert torch.allclose(values[:, 2], patched, atol=1e-5 * scale)
     assert (patched - clean).abs().min() > 1e-3 and (patched - corrupt_metric).abs().min() > 1e-3
     # the aggregate: (m(C) - m(empty)) / (m(full) - m(empty)), sums over the pairs
@@ -280,8 +342,58 @@ def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, ch
     assert measured.values[2] == pytest.approx(float((patched - corrupt_metric).sum() / gap), abs=1e-5)
 
 
-def test_a_batch_equals_its_pairs_one_at_a_time(checkpoints):
-    """Pairs of different lengths run together right-padded: each pair's scores and faithfulness are its own alone."""
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_eap_ig_activations_is_the_hand_computation(name, checkpoints):
+    """Each group of senders moved from its counterfactual to its clean output in steps, the rest computed: with one
+    step it is EAP; with three, the hand computation, and neither EAP nor EAP-IG on the inputs."""
+    path, hf = checkpoints(name)
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    _, b = batch(model, tokenizer)
+    graph = core.graph_of(model.config)
+    hand = Hand(name, ungrouped(hf) if name == "llama" else hf, graph)
+    eap = core.scores_of(model, b, "eap", 1)[2]
+    scale = eap.abs().max()
+    assert (core.scores_of(model, b, "eap-ig-activations", 1)[2] - eap).abs().max() <= 1e-5 * scale
+    three = core.scores_of(model, b, "eap-ig-activations", 3)[2]
+    assert (three - hand_ig_activations(hand, b, 3)).abs().max() <= 1e-5 * scale
+    assert (three - eap).abs().max() > 1e-3 * scale
+    assert (three - core.scores_of(model, b, "eap-ig-inputs", 3)[2]).abs().max() > 1e-3 * scale
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_the_mean_counterfactual_is_the_hand_computation(name, checkpoints):
+    """--counterfactual mean: each sender's counterfactual output is its clean output's mean over the positions (as
+    --ablate SITE:mean takes it): EAP, both EAP-IGs and exact patching against the same by hand."""
+    path, hf = checkpoints(name)
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    _, b = batch(model, tokenizer)
+    graph = core.graph_of(model.config)
+    hand = Hand(name, ungrouped(hf) if name == "llama" else hf, graph)
+    expected = hand_eap(hand, b, kind="mean")
+    clean_value, empty, scores = core.scores_of(model, b, "eap", 1, "mean")
+    scale = expected.abs().max()
+    assert scale > 1e-3 and (scores - expected).abs().max() <= 1e-5 * scale
+    assert (scores - core.scores_of(model, b, "eap", 1)[2]).abs().max() > 1e-2 * scale  # not the corrupt one's
+    ig = core.scores_of(model, b, "eap-ig-inputs", 2, "mean")[2]
+    assert (ig - hand_eap(hand, b, steps=2, kind="mean")).abs().max() <= 1e-5 * scale
+    activations = core.scores_of(model, b, "eap-ig-activations", 2, "mean")[2]
+    assert (activations - hand_ig_activations(hand, b, 2, kind="mean")).abs().max() <= 1e-5 * scale
+    clean, counter, parts = hand_counter(hand, b, "mean")
+    with torch.no_grad():
+        base = metric(hand.run(b.clean, {})[0], b)
+        assert torch.allclose(empty, metric(hand.run(b.clean, {}, replace=replaced(graph, parts))[0], b).double(),
+                              atol=1e-5 * base.abs().max())
+        exact = core.scores_of(model, b, "exact", 1, "mean")[2]
+        for s, r in graph.mask.nonzero().tolist()[::7]:
+            patched = metric(hand.run(b.clean, {r: counter[:, :, s] - clean[:, :, s]})[0], b)
+            assert torch.allclose(exact[:, s, r], (patched - base).double(), atol=1e-5 * base.abs().max()), \
+                graph.edge_name(s, r)
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "mean"])
+def test_a_batch_equals_its_pairs_one_at_a_time(checkpoints, kind):
+    """Pairs of different lengths run together right-padded: each pair's scores and faithfulness are its own alone
+    (with the mean counterfactual, each pair's mean is over its own positions, not the pads)."""
     path, _ = checkpoints("gpt2")
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     pairs = PAIRS + [("when mary and john went to the big store john gave a drink to",
@@ -290,13 +402,14 @@ def test_a_batch_equals_its_pairs_one_at_a_time(checkpoints):
     assert both.clean.shape[1] == 15 and both.positions.tolist() == [13, 13, 14]
     graph = core.graph_of(model.config)
     chosen = core.circuit_of(graph, core.greedy_order(graph, torch.ones(graph.mask.shape))[:30])
-    together = core.scores_of(model, both, "eap", 1)[2]
-    values = core.circuit_metrics(model, both, [chosen])
+    method = "eap" if kind == "corrupt" else "eap-ig-activations"
+    together = core.scores_of(model, both, method, 2, kind)[2]
+    values = core.circuit_metrics(model, both, [chosen], kind)
     for i in range(3):
         _, alone = batch(model, tokenizer, pairs[i:i + 1])
-        scores = core.scores_of(model, alone, "eap", 1)[2]
+        scores = core.scores_of(model, alone, method, 2, kind)[2]
         assert (scores[0] - together[i]).abs().max() <= 1e-5 * together.abs().max()
-        for mine, all_of in zip(core.circuit_metrics(model, alone, [chosen]), values):
+        for mine, all_of in zip(core.circuit_metrics(model, alone, [chosen], kind), values):
             assert torch.allclose(mine[0], all_of[i], atol=1e-5)
 
 
@@ -445,6 +558,8 @@ def test_a_single_pair_and_per_item_records(cli, checkpoints, dataset):
     (["--method", "acdc"], "method must be one of eap, eap-ig-inputs, eap-ig-activations, exact"),
     (["--top", "5", "--faithful", "0.5"], "give one of --top, --faithful"),
     (["--sizes", "10,x"], "--sizes: `10,x` is not a list"),
+    (["--counterfactual", "zero"], "--counterfactual must be one of corrupt, mean, got `zero`"),
+    (["--method", "eap-ig-activations", "--ig-steps", "0"], "--ig-steps must be 1 or more"),
 ])
 def test_bad_options_are_one_error_line_before_any_model(cli, checkpoints, dataset, no_model_built, args, message):
     path, _ = checkpoints("gpt2")
