@@ -216,11 +216,14 @@ class Senders:
         hooks = {block_site(0, "resid_pre"): self.keep_input}
         for layer in range(len(self.weights)):
             hooks[block_site(layer, "attn.z")] = lambda z, layer=layer: self.keep_heads(layer, z)
-            hooks[block_site(layer, "mlp.out")] = lambda out: self.parts.append(out.detach()[:, :, None])
+            hooks[block_site(layer, "mlp.out")] = self.keep_mlp
         return hooks
 
     def keep_input(self, x: Tensor) -> None:
         self.parts = [x.detach()[:, :, None]]
+
+    def keep_mlp(self, out: Tensor) -> None:
+        self.parts.append(out.detach()[:, :, None])
 
     def keep_heads(self, layer: int, z: Tensor) -> None:
         import torch
@@ -426,25 +429,61 @@ def exact_scores(model: TransformerModel, batch: Batch, graph: Graph, difference
     return scores
 
 
+class Deltas(Senders):
+    """Senders' hooks that keep, as a pass reaches each sender, its counterfactual - actual output (`each`, (B, T, d)
+    per sender) and the running sums: `prefix[k]` (B, T, d) the sum over the first k senders."""
+
+    def __init__(self, model: TransformerModel, counter: Tensor):
+        super().__init__(model)
+        self.counter, self.each, self.prefix = counter, [], []
+
+    def keep_input(self, x: Tensor) -> None:
+        super().keep_input(x)
+        self.each, self.prefix = [], [x.new_zeros(x.shape)]
+        self.added()
+
+    def keep_heads(self, layer: int, z: Tensor) -> None:
+        super().keep_heads(layer, z)
+        self.added()
+
+    def keep_mlp(self, out: Tensor) -> None:
+        super().keep_mlp(out)
+        self.added()
+
+    def added(self) -> None:
+        """The newest part's senders' differences, and the running sums past them."""
+        part, first = self.parts[-1], len(self.each)
+        for k in range(part.shape[2]):
+            self.each.append(self.counter[:, :, first + k] - part[:, :, k])
+            self.prefix.append(self.prefix[-1] + self.each[-1])
+
+
 def patched_metrics(model: TransformerModel, batch: Batch, counter: Tensor, circuits: list[Tensor]) -> Tensor:
     """(B, K): the metric of each (S, R) circuit on the clean run, every edge outside it patched, its receiver reading
-    its sender's counterfactual output (`counter` (B, T, S, d)) in place of the output the sender gives in this run."""
+    its sender's counterfactual output (`counter` (B, T, S, d)) in place of the output the sender gives in this run.
+    A receiver's input gains the sum of the differences of all the senders it reads (a running sum) less those of
+    its edges in the circuit."""
     import torch
 
+    graph = graph_of(model.config)
     values = []
     with torch.no_grad():
         for circuit in circuits:
-            outside = (~circuit).to(counter.dtype)  # (S, R)
-            senders = Senders(model)
+            inside = circuit & graph.mask
+            deltas = Deltas(model, counter)
 
-            def update(first: int, count: int, rows: int) -> Tensor:
-                actual = senders.outputs
-                known = actual.shape[2]
-                return torch.einsum("btsd,sr->btrd", counter[:, :, :known] - actual,
-                                    outside[:known, first:first + count])
+            def update(first: int, count: int, rows: int, inside: Tensor = inside, deltas: Deltas = deltas) -> Tensor:
+                reads = graph.reads(first)
+                change = deltas.prefix[reads][:, :, None].expand(-1, -1, count, -1)
+                kept = inside[:reads, first:first + count]  # (s, count)
+                used = kept.any(1).nonzero().flatten()
+                if len(used):
+                    differences = torch.stack([deltas.each[s] for s in used.tolist()], 2)  # (B, T, k, d)
+                    change = change - torch.einsum("btkd,kr->btrd", differences, kept[used].to(differences.dtype))
+                return change
 
             hooks = input_hooks(model, update)
-            hooks.update(senders.hooks())
+            hooks.update(deltas.hooks())
             values.append(batch.metric(model.run_with_hooks(batch.clean, hooks, **batch.keep)))
     return torch.stack(values, 1) if values else counter.new_zeros(counter.shape[0], 0, dtype=torch.float64)
 
