@@ -64,6 +64,32 @@ def test_grouped_query_attention_equals_repeated_key_value_heads(assert_close):
         assert_close("gqa", scaled_dot_product_attention(q, k, v, None, pattern=pattern), repeated, 1e-5)
 
 
+@pytest.mark.parametrize("rows_share_the_prefix", [True, False])
+def test_attention_over_given_keys_equals_attention_over_the_joined_keys(assert_close, rows_share_the_prefix):
+    """The patch sweep's two-block attention (keys and values given before the new ones, one softmax): the same
+    outputs, weights and gradients as the formula over the keys joined, for grouped heads, a mask over both blocks,
+    a score cap and a pattern site."""
+    torch.manual_seed(0)
+    batch, heads, groups, new, given, dim = 3, 6, 2, 4, 7, 8
+    q = torch.randn(batch, heads, new, dim, requires_grad=True)
+    k, v = (torch.randn(batch, groups, new, dim, requires_grad=True) for _ in range(2))
+    before = tuple(torch.randn(groups, 1 if rows_share_the_prefix else batch, given, dim) for _ in range(2))
+    joined = [torch.cat([t.transpose(0, 1).expand(batch, -1, -1, -1), new_t], dim=2) for t, new_t in zip(before, (k, v))]
+    mask = torch.randn(batch, 1, new, given + new)
+    for cap, seen in ((None, []), (2.0, [])):
+        weights_of = []
+        ours = scaled_dot_product_attention(q, k, v, mask, 0.3, cap, lambda w: seen.append(w) or w, before)
+        expected = scaled_dot_product_attention(q, *joined, mask, 0.3, cap, lambda w: weights_of.append(w) or w)
+        assert_close("output", ours, expected, 1e-5)
+        assert_close("weights", seen[0], weights_of[0], 1e-6)
+        assert_close("without the site", scaled_dot_product_attention(q, k, v, mask, 0.3, cap, None, before),
+                     expected, 1e-5)
+    grads = [torch.autograd.grad((scaled_dot_product_attention(q, *kv, mask, None, None, None, *extra) ** 2).sum(),
+                                 (q, k, v)) for kv, extra in (((k, v), (before,)), (joined, ()))]
+    for name, ours, expected in zip("qkv", *grads):
+        assert_close(f"gradient of {name}", ours, expected, 1e-5)
+
+
 def copy_torch_layer(ours: Block, theirs: nn.Module, cross: bool = False) -> None:
     """Load a torch.nn.Transformer{Encoder,Decoder}Layer's weights into a tfcli Block."""
     with torch.no_grad():

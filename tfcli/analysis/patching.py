@@ -159,7 +159,7 @@ def corrupt_run(model: TransformerModel, ids: Tensor, names: list[str], clean: d
         logits, cache = model.run_with_cache(ids, names, hooks, grad=grad, **inputs)
         return logits, cache, cache
     layers = len(dict(model.stacks())[""].blocks)
-    given = [{i: clean[block_site(i, f"attn.{which}")].transpose(1, 2) for i in range(layers)} for which in "kv"]
+    given = [{i: given_kv(clean[block_site(i, f"attn.{which}")], start) for i in range(layers)} for which in "kv"]
     prefix = PrefixKV(*given, start, torch.arange(ids.shape[0], device=ids.device))
     logits, ending = model.run_with_cache(ids[:, start:], names, hooks, grad=grad, cache=prefix, **inputs)
     whole = {}
@@ -303,6 +303,11 @@ def _rows(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
         yield batch[k:k + rows]
 
 
+def given_kv(site: Tensor, length: int) -> Tensor:
+    """A k or v site's values (P, T, G, D) before `length`, as PrefixKV reads them: (G, P, length, D)."""
+    return site[:, :length].permute(2, 0, 1, 3).contiguous()
+
+
 def fast_sweep(model: TransformerModel, sweep: list[Patch], runs: PairRuns, batch_mb: float = BATCH_MB
                ) -> Iterator[tuple[list[Patch], list[float]]]:
     """The same scores as naive_sweep, batch by batch (see the module docstring): yields (patches, metric values).
@@ -349,9 +354,9 @@ def fast_sweep(model: TransformerModel, sweep: list[Patch], runs: PairRuns, batc
         stop = position + 1 if stack.causal and position is not None else full[prefix]
         rows = max(1, int(batch_mb * 2**20 // ((stop - start) * width * element * 8)))
         group.sort(key=lambda p: p.layer)
-        given = None  # a causal stack's keys and values before `start`: the corrupt runs', (P, G, T, D) per layer
+        given = None  # a causal stack's keys and values before `start`: the corrupt runs', (G, P, start, D) per layer
         if stack.causal and start > 0:
-            given = [{i: corrupt_cache[block_site(i, f"attn.{which}", prefix)].transpose(1, 2)
+            given = [{i: given_kv(corrupt_cache[block_site(i, f"attn.{which}", prefix)], start)
                       for i in range(len(stack.blocks))} for which in "kv"]
         for chunk in _rows(group, rows):
             pairs = torch.tensor([p.pair for p in chunk], device=device)  # the batch's rows: joining in this order

@@ -26,15 +26,20 @@ from tfcli.model.sites import NO_SITES, Sites
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None = None,
                                  softcap: float | None = None,
-                                 pattern: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+                                 pattern: Callable[[Tensor], Tensor] | None = None,
+                                 before: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """softmax(cap(q k^T * scale) + mask) v, scale 1 / sqrt(D) unless given, cap(s) = softcap * tanh(s / softcap)
     when softcap is given.
 
     q: (B, H, T, D); k, v: (B, G, S, D) with H a multiple of G (grouped-query attention); mask: additive,
     broadcastable to (B, H, T, S), or None. Returns (B, H, T, D). `pattern` (a site) receives the softmax weights
     (B, H, T, S) and returns those the values are weighted with. PyTorch's fused kernel gives the same numbers without
-    the weights, so the explicit path runs only when they are wanted (or scores are capped).
+    the weights, so the explicit path runs only when they are wanted (or scores are capped). `before`: the keys and
+    values of L positions before k and v (G, 1 or B, L, D), read without joining them to k, v (prefixed_attention);
+    the mask then covers the L + S keys.
     """
+    if before is not None:
+        return prefixed_attention(q, k, v, mask, before, scale, softcap, pattern)
     groups = q.shape[1] // k.shape[1]
     if pattern is None and softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1, scale=scale)
@@ -49,6 +54,58 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     if pattern is not None:
         weights = pattern(weights)
     return weights @ v
+
+
+def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, before: tuple[Tensor, Tensor],
+                       scale: float | None = None, softcap: float | None = None,
+                       pattern: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """scaled_dot_product_attention of q (B, H, T, D) over the keys and values `before` (G, 1 or B, L, D) followed by
+    k, v (B, G, T', D), in two blocks under one softmax: a prefix that every row shares is read by one product for the
+    whole batch (the rows folded into the product's rows), never copied per row. Returns (B, H, T, D).
+
+    Computed in the layout (G, B, H/G * T, .): the query heads of one key/value head side by side."""
+    (batch, heads, length, dim), groups = q.shape, k.shape[1]
+    before_k, before_v = before
+    shared = before_k.shape[1] == 1
+    q = q * (scale if scale is not None else 1 / math.sqrt(dim))  # scaled here: fewer passes over the scores
+    queries = q.reshape(batch, groups, heads // groups * length, dim).transpose(0, 1)  # (G, B, M, D)
+    if shared:  # one product per key/value head: (G, B * M, D) @ (G, D, L)
+        folded = queries.reshape(groups, -1, dim)
+        first = (folded @ before_k[:, 0].transpose(-1, -2)).view(groups, batch, -1, before_k.shape[2])
+    else:
+        first = queries @ before_k.transpose(-1, -2)  # (G, B, M, L)
+    second = queries @ k.transpose(0, 1).transpose(-1, -2)  # (G, B, M, T')
+    blocks = []
+    for scores, offset in ((first, 0), (second, before_k.shape[2])):
+        scores = scores.float()
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if mask is not None:
+            scores.add_(_grouped(mask[..., offset:offset + scores.shape[-1]], heads, groups, length))
+        blocks.append(scores)
+    top = torch.maximum(*(scores.detach().amax(-1, keepdim=True) for scores in blocks))  # a shift: no gradient
+    blocks = [scores.sub_(top).exp_() for scores in blocks]  # in place: the scores are this function's own
+    total = blocks[0].sum(-1, keepdim=True) + blocks[1].sum(-1, keepdim=True)
+    if pattern is not None:  # the whole (B, H, T, L + T') weights through the site, then split again
+        whole = (torch.cat(blocks, dim=-1) / total).to(q.dtype).transpose(0, 1).reshape(batch, heads, length, -1)
+        whole = pattern(whole).reshape(batch, groups, heads // groups * length, -1).transpose(0, 1)
+        blocks, total = list(whole.split((before_k.shape[2], k.shape[2]), dim=-1)), None
+    blocks = [weights.to(q.dtype) for weights in blocks]
+    if shared:
+        out = (blocks[0].reshape(groups, -1, before_k.shape[2]) @ before_v[:, 0]).view(groups, batch, -1, dim)
+    else:
+        out = blocks[0] @ before_v
+    out = out + blocks[1] @ v.transpose(0, 1)
+    if total is not None:  # the weights' normalisation, on the output: (G, B, M, D) rather than (G, B, M, L + T')
+        out = out / total.to(q.dtype)
+    return out.transpose(0, 1).reshape(batch, heads, length, dim)
+
+
+def _grouped(mask: Tensor, heads: int, groups: int, length: int) -> Tensor:
+    """An additive mask broadcastable to (B, H, T, S) in prefixed_attention's layout (G, B or 1, H/G * T, S)."""
+    mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape)).float()
+    mask = mask.expand(mask.shape[0], heads, length, mask.shape[-1])
+    return mask.reshape(mask.shape[0], groups, -1, mask.shape[-1]).transpose(0, 1)
 
 
 def pattern_site(sites: Sites) -> Callable[[Tensor], Tensor] | None:
@@ -90,30 +147,34 @@ class KVCache:
         values.narrow(2, self.length, v.shape[2]).copy_(v)
         return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
+    def before(self, layer: int, batch: int) -> None:
+        """update returns every key and value: none are read apart (PrefixKV's are)."""
+        return None
+
 
 class PrefixKV:
-    """The keys and values of the positions before `length`, given (of P runs, per self-attention layer (P, G,
+    """The keys and values of the positions before `length`, given (of P runs, per self-attention layer (G, P,
     length, D), after any rotation), row r of a batch that covers the positions after them reading run `rows[r]`'s:
     a pass over the positions that can change reads the others' from another run (the patch sweep). Quacks like
-    KVCache."""
+    KVCache; attention reads the given keys and values apart from the new ones (`before`), so that a prefix the rows
+    share is never copied per row."""
 
     def __init__(self, keys: dict[int, Tensor], values: dict[int, Tensor], length: int, rows: Tensor):
         self.keys, self.values, self.length, self.rows = keys, values, length, rows
         self.cross: dict[int, tuple[Tensor, Tensor]] = {}
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (B, G, T, D) of the positions after the given ones -> with the given ones before them, written once
-        into the batch's tensor (a gather, then a concatenation, copied the long prefix twice per row)."""
-        rows = self.rows[:k.shape[0]]  # the batch's first rows: those that have joined it by this layer
-        out = []
-        for given, new in ((self.keys, k), (self.values, v)):
-            prefix = given[layer][:, :, :self.length]
-            whole = new.new_empty(new.shape[0], new.shape[1], self.length + new.shape[2], new.shape[3])
-            # one run (a single pair): every row reads the same prefix, copied from a broadcast view
-            whole[:, :, :self.length] = prefix.expand(len(rows), -1, -1, -1) if prefix.shape[0] == 1 else prefix[rows]
-            whole[:, :, self.length:] = new
-            out.append(whole)
-        return out[0], out[1]
+        """k, v (B, G, T, D) of the positions after the given ones, as they are."""
+        return k, v
+
+    def before(self, layer: int, batch: int) -> tuple[Tensor, Tensor]:
+        """The given keys and values (G, 1, length, D) when there is one run, else those of each of the batch's rows
+        (G, batch, length, D): its first rows, those that have joined it by this layer."""
+        keys, values = self.keys[layer], self.values[layer]
+        if keys.shape[1] == 1:
+            return keys, values
+        rows = self.rows[:batch]
+        return keys.index_select(1, rows), values.index_select(1, rows)
 
 
 class Attention(nn.Module):
@@ -150,6 +211,7 @@ class Attention(nn.Module):
                 memory: Tensor | None = None, cache: KVCache | None = None, layer: int = 0,
                 sites: Sites = NO_SITES) -> Tensor:
         """x (B, T, hidden); memory (B, S, hidden) for cross-attention. Returns (B, T, hidden)."""
+        before = None
         if self.cross:
             q = self._split(self.q(x), self.heads)
             if sites:
@@ -173,7 +235,8 @@ class Attention(nn.Module):
             q, k, v = self._positioned(q, k, v, rotary, sites)
             if cache is not None:
                 k, v = cache.update(layer, k, v)
-        return self._attend(q, k, v, mask, sites)
+                before = cache.before(layer, k.shape[0])
+        return self._attend(q, k, v, mask, sites, before)
 
     def _positioned(self, q: Tensor, k: Tensor, v: Tensor, rotary: tuple[Tensor, Tensor] | None,
                     sites: Sites) -> tuple[Tensor, Tensor, Tensor]:
@@ -187,9 +250,11 @@ class Attention(nn.Module):
             q, k, v = head_site(sites, "q", q), head_site(sites, "k", k), head_site(sites, "v", v)
         return q, k, v
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sites: Sites) -> Tensor:
-        """The attention of q (B, H, T, D) over k, v, its heads' outputs (`z`) and their projection (B, T, hidden)."""
-        out = scaled_dot_product_attention(q, k, v, mask, self.scale, self.softcap, pattern_site(sites))
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sites: Sites,
+                before: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """The attention of q (B, H, T, D) over k, v (after the keys and values `before`, when given), its heads'
+        outputs (`z`) and their projection (B, T, hidden)."""
+        out = scaled_dot_product_attention(q, k, v, mask, self.scale, self.softcap, pattern_site(sites), before)
         z = sites("z", out.transpose(1, 2))  # (B, T, H, D)
         return sites("out", self.out(z.reshape(z.shape[0], z.shape[1], -1)))
 
