@@ -616,3 +616,19 @@ def test_report_files(cli, checkpoints, dataset, tmp_path, suffix):
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
     else:
         assert "<svg" in text and "faithfulness" in text
+
+
+def test_the_picked_circuit_is_measured_once_where_the_curve_has_it():
+    graph = core.Graph(2, 2)
+    scores = torch.randn(len(graph.senders), len(graph.receivers), generator=torch.Generator().manual_seed(1))
+    runs = []
+
+    def run(circuits):
+        runs.append(len(circuits))
+        return circuit.Measured([0.1 * (k + 1) for k in range(len(circuits))], None, None, 3, False)
+    for top, expected in ((20, [2]), (12, [3])):
+        runs.clear()
+        result = circuit.Circuit(graph, "eap", 1, scores * graph.mask, 1.0, 0.0, None, None)
+        circuit.measure(result, circuit.CircuitOptions(top=top, sizes=(5, 20)), run)
+        assert runs == expected and result.measured.edges == top
+        assert result.measured.faithfulness == pytest.approx(0.2 if top == 20 else 0.3)

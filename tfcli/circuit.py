@@ -292,7 +292,7 @@ class CircuitFaithfulness(OverPairs):
 
 def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor]], Measured]) -> None:
     """The circuit picked and the curve, each measured by run(circuits) (the faithfulness over the pairs): the curve's
-    circuits and the picked one in one run; with --faithful, the smallest greedy circuit found reaching it, by
+    circuits and the picked one in one run (once where it is one of the curve's); with --faithful, the smallest greedy circuit found reaching it, by
     bisection between the curve's sizes (the whole graph's faithfulness is 1)."""
     graph = result.graph
     order = greedy_order(graph, result.scores)
@@ -303,7 +303,9 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor
         chosen = circuit_of(graph, options.edges)
     elif options.faithful is None:
         chosen = circuit_of(graph, order[:min(options.top or DEFAULT_TOP, graph.edge_count)])
-    measured = run(circuits + ([chosen] if chosen is not None else []))
+    same = next((k for k, circuit in enumerate(circuits) if chosen is not None and bool((circuit == chosen).all())),
+                None)  # the picked circuit is one of the curve's: measured once
+    measured = run(circuits + ([chosen] if chosen is not None and same is None else []))
     if not measured.n:  # interrupted before any pair finished
         result.interrupted = True
         return
@@ -311,7 +313,7 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor
     result.curve, result.measured_pairs = points, measured.n
     result.interrupted |= measured.interrupted
     if chosen is not None:
-        result.circuit, result.measured = chosen, point(graph, chosen, measured, len(circuits))
+        result.circuit, result.measured = chosen, point(graph, chosen, measured, len(circuits) if same is None else same)
         return
     wanted = options.faithful
     low, high = 0, graph.edge_count
