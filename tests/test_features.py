@@ -505,6 +505,64 @@ def test_direct_effects_equal_the_readout_by_hand(gpt2, tmp_path, cli):
         "blocks.0.attn.hook_z")), TEXT, "--target", "#1996")
 
 
+@pytest.mark.parametrize("hook", ["blocks.1.hook_mlp_out", "blocks.0.hook_resid_post"])
+def test_attribute_splits_the_sae_site_into_its_features_by_hand(gpt2, tmp_path, cli, hook):
+    """attribute --sae: the components the SAE's site holds (block 1's MLP; everything written up to block 0's
+    output) give way to each active feature's direct effect (activation x decoder row, centred, times ln_f's weight
+    over its divisor, dotted with W_U[target] - W_U[foil], from transformers' GPT-2), the rest and the error; the
+    other components stay as they were and all still sum to the model's logit difference."""
+    path, hf, model, tokenizer = gpt2
+    reference = randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))).eval()
+    folder = written(reference, tmp_path / "sae", hook)
+    args = ("attribute", "-m", str(path), TEXT, "--target", "#1996", "--foil", "#4937", "--json")
+    plain, split = (json.loads(result.stdout) for result in (cli(*args), cli(*args, "--sae", str(folder))))
+    ids = ids_of(tokenizer, model, TEXT)
+    p = len(ids) - 1
+    final = hf_value(hf, hf.transformer.ln_f, ids, into=True)[p].double()
+    scale = (final.var(unbiased=False) + hf.config.layer_norm_epsilon).sqrt()
+    unembed = hf.lm_head.weight.detach().double()
+
+    def read(v):
+        v = v.double()
+        return float(((v - v.mean()) * hf.transformer.ln_f.weight.detach().double() / scale)
+                     @ (unembed[1996] - unembed[4937]))
+
+    x = reference_site(hf, hook, ids)[p]
+    with torch.no_grad():
+        features, recon = reference.encode(x), reference(x)
+    label = "L1.mlp" if "mlp" in hook else "L0.resid_post"
+    held = {"L1.mlp"} if "mlp" in hook else {"embed", "pos_embed", "L0.attn", "L0.attn_bias", "L0.mlp"}
+    values = {c["name"]: c["value"] for c in split["components"]}
+    expected = {f"{label}#{n}": float(features[n]) * read(reference.W_dec[n].detach())
+                for n in features.nonzero().flatten().tolist()}
+    expected |= {f"{label}.sae_error": read(x - recon), f"{label}.sae_rest": read(recon) - sum(expected.values())}
+    expected |= {c["name"]: c["value"] for c in plain["components"] if c["name"] not in held}
+    assert values.keys() == expected.keys() and len(expected) > len(held) + 2
+    for name, value in expected.items():
+        assert abs(values[name] - value) <= 1e-4 * max(1.0, abs(value)), name
+    assert abs(split["total"] - split["logit"]) < 1e-4 and abs(split["logit"] - plain["logit"]) < 1e-9
+    site = "blocks.1.mlp.out" if "mlp" in hook else "blocks.0.resid_post"
+    assert [(sae["site"], sae["label"], sae["active"]) for sae in split["saes"]] == [
+        (site, label, int(features.count_nonzero()))]
+    own = 1 if "mlp" in hook else None  # a sublayer's features count in its layer, a residual site's in none
+    assert {c["layer"] for c in split["components"] if c["name"].startswith((label + "#", label + ".sae_"))} == {own}
+
+
+def test_attribute_sae_refusals(gpt2, saved_sae, cli, tmp_path):
+    path = str(gpt2[0])
+    z = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))), tmp_path / "z",
+                "blocks.0.attn.hook_z")
+    assert "not to the residual stream" in refused_by(cli, "attribute", "-m", path, "--sae", str(z), TEXT)
+    inner = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))), tmp_path / "mlp0",
+                    "blocks.0.hook_mlp_out")
+    assert "holds another --sae's features" in refused_by(cli, "attribute", "-m", path, "--sae", str(inner),
+                                                          "--sae", str(saved_sae[0]), TEXT)
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text(json.dumps({"text": TEXT}) + "\n")
+    assert "--sae takes texts" in refused_by(cli, "attribute", "-m", path, "--sae", str(saved_sae[0]),
+                                             "--dataset", str(dataset))
+
+
 # ------------------------------------------------------------------------------------------------- interventions
 
 

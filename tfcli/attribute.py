@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING
 from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, check_one_metric, mean_spread
 from tfcli.analysis.inputs import model_input, padded
 from tfcli.analysis.metric import Metric, Token, check_head, parse_metric, position_of, token_of
-from tfcli.analysis.residual import BY, Component, before_cap, decompose, final_state, kept_neurons, writer_sites
+from tfcli.analysis.residual import (BY, Component, before_cap, decompose, direction_at, final_state, kept_neurons,
+                                     writer_sites)
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from tfcli.analysis.ablation import Ablation
+    from tfcli.analysis.sae import SAE, Fitted
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.model.transformer import Readout
@@ -63,6 +65,7 @@ class Attribution:
     token_texts: list[str] = field(default_factory=list)  # the text each token stands for (Tokenizer.texts): shown
     ablated: list[str] | None = None  # --ablate: what the model ran without (the components are the ablated model's)
     unablated: float | None = None  # and its value with nothing ablated
+    saes: list[dict] = field(default_factory=list)  # --sae: each one's path, site, label and active features here
 
     @property
     def total(self) -> float:
@@ -79,6 +82,7 @@ class AttributeOptions:
     layers: list[int] | None = None  # layers broken into heads or neurons; None: every layer
     top: int = DEFAULT_TOP  # rows of the table; with --by neuron, the neurons kept one by one
     ablation: Ablation | None = None  # --ablate: components removed on every pass
+    saes: tuple[SAE, ...] = ()  # --sae: what each one's site adds, split into its features (split_by_sae)
 
 
 def check_model(config: ModelConfig, by: str) -> None:
@@ -157,7 +161,10 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
 
     config = model.config
     device = model.device
+    from tfcli.analysis.sae import fit, sae_sites
+
     names = writer_sites(model, options.by)
+    names += [site for sae in options.saes for site in sae_sites(sae) if site not in names]
     layers = len(model.output_stack.blocks)
     ablation = options.ablation
     converted: dict = {}  # the float64 weights the decomposition reads, converted once for all the prompts
@@ -172,6 +179,7 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
         ids, mask = padded([prompt.ids for prompt in batch], tokenizer, device)
         at = torch.tensor([prompt.position for prompt in batch], device=device)
         logits, cache = run(ids, mask, names, at, ablation and ablation.hooks)
+        fitted = [fit(sae, cache) for sae in options.saes]
         if ablation is not None:  # the same prompts with nothing removed, for the model's value without
             plain = run(ids, mask, names[-2:] if model.has_final_norm else names[-1:], at)
         for row, prompt in enumerate(batch):
@@ -182,15 +190,72 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
             value = value_at(model, logits, cache, readout, metric, row)
             unablated = None if ablation is None else value_at(model, *plain, readout, metric, row)
             encoding = prompt.encoding
+            components = decompose(model, cache, (row, position), readout, options.by, options.layers,
+                                   options.top if neurons is None else neurons, converted)
+            saes = []
+            for sae, its in zip(options.saes, fitted):
+                components = split_by_sae(sae, its, (row, position), direction_at(readout, cache, row, position),
+                                          components, readout)
+                saes.append({"path": sae.path, "site": sae.site_out or sae.site, "label": sae_label(sae),
+                             "active": int(its.features[row, position].count_nonzero())})
             yield Attribution(
-                prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), position, target, foil, value,
-                decompose(model, cache, (row, position), readout, options.by, options.layers,
-                          options.top if neurons is None else neurons, converted),
+                prompt.text, prompt.ids, tokenizer.tokens(prompt.ids), position, target, foil, value, components,
                 options.by, layers, config.num_attention_heads, model.final_softcap, top=options.top,
                 read_text=encoding.read_part(0) if encoding is not None else None,
                 untruncated_length=encoding.untruncated_length if encoding is not None and encoding.truncated
                 else None, token_texts=tokenizer.texts(prompt.ids), ablated=ablation and ablation.specs,
-                unablated=unablated)
+                unablated=unablated, saes=saes)
+
+
+def site_parts(sae: SAE) -> tuple[int | None, str, str]:
+    """The layer of the SAE's (output) site, its leaf (mlp.out, resid_post, ...) and the sublayer or stream point it
+    stands for (attn, mlp, resid_pre, resid_mid, resid_post, embed)."""
+    site = sae.site_out or sae.site
+    layer, leaf = (None, site) if site == "embed" else (int(site.split(".")[1]), site.split(".", 2)[2])
+    return layer, leaf, leaf.split(".")[0].split("_output_norm")[0]
+
+
+def sae_label(sae: SAE) -> str:
+    """How the SAE's features are named among the components: L5.mlp, L5.attn, L5.resid_post, embed."""
+    layer, leaf, sublayer = site_parts(sae)
+    return leaf if layer is None else f"L{layer}.{sublayer}"
+
+
+def split_by_sae(sae: SAE, fitted: Fitted, where: tuple[int, int], direction: Tensor, components: list[Component],
+                 readout: Readout) -> list[Component]:
+    """The components with those that the SAE's (output) site holds replaced by its active features' direct effects
+    (`{label}#{feature}`), the rest of its reconstruction (`{label}.sae_rest`: b_dec, a skip term) and its error
+    (`{label}.sae_error`), which sum to what they replace; `label` the site's (L5.mlp, L5.attn, L5.resid_post).
+    A sublayer's features count in its layer; a residual site's, which hold several layers' writes, in none."""
+    from tfcli.analysis.sae import direct_effects
+
+    layer, leaf, sublayer = site_parts(sae)
+
+    def held(c: Component) -> bool:
+        attention, embedding = c.layer is not None and not c.in_mlp, c.layer is None and c.name not in readout.constants
+        if leaf == "embed":
+            return c.name == "embed"
+        if sublayer in ("attn", "mlp"):
+            return c.layer == layer and (c.in_mlp if sublayer == "mlp" else attention)
+        earlier = embedding or (c.layer is not None and c.layer < layer)
+        return earlier or c.layer == layer and (leaf == "resid_post" or leaf == "resid_mid" and attention)
+
+    replaced = [c for c in components if held(c)]
+    label, site = sae_label(sae), sae.site_out or sae.site
+    if any("#" in c.name or ".sae_" in c.name for c in replaced):
+        raise usage_error(f"--sae {sae.path}: its site {site} holds another --sae's features",
+                          "give SAEs whose sites hold different components (a residual site holds every layer's "
+                          "writes before it)")
+    found = direct_effects(sae, fitted, where, direction.to(fitted.features.device))
+    features = fitted.features[where].double()
+    own = layer if sublayer in ("attn", "mlp") else None
+    added = [Component(f"{label}#{int(i)}", float(found["effects"][i]), layer=own)
+             for i in features.nonzero().flatten()]
+    added += [Component(f"{label}.sae_rest", found["rest"], layer=own),
+              Component(f"{label}.sae_error", found["error"], layer=own)]
+    at = components.index(replaced[-1]) + 1 if replaced else len(components)
+    kept = [c for c in components[:at] if not held(c)] + added + [c for c in components[at:] if not held(c)]
+    return kept
 
 
 def value_at(model: TransformerModel, logits: Tensor, cache: dict[str, Tensor], readout: Readout, metric: Metric,

@@ -551,16 +551,16 @@ RESIDUAL_LEAVES = ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out"
                    "mlp_output_norm.out")  # sites whose values live in the residual stream's basis
 
 
-def check_direct(sae: SAE) -> None:
+def check_direct(sae: SAE, what: str = "--target with --sae") -> None:
     """Refuse direct effects where a feature's decoder row is not a vector of the residual stream: an SAE that
     writes elsewhere (attn.z, the MLP's neurons, a norm's input) or whose reconstruction is not linear in its
-    features (a run-time normalisation)."""
+    features (a run-time normalisation). `what`: the option asking, as the message names it."""
     writes = sae.site_out or sae.site
     if not (writes == "embed" or any(writes.endswith("." + leaf) for leaf in RESIDUAL_LEAVES)) or sae.head is not None:
-        raise usage_error(f"--target with --sae {sae.path}: its features write to {writes}, not to the residual "
+        raise usage_error(f"{what} {sae.path}: its features write to {writes}, not to the residual "
                           "stream", "direct effects read an SAE on a residual site or a sublayer's output")
     if sae.normalize in ("layer_norm", "constant_norm_rescale"):
-        raise usage_error(f"--target with --sae {sae.path}: its reconstruction is normalised at run time "
+        raise usage_error(f"{what} {sae.path}: its reconstruction is normalised at run time "
                           f"({sae.normalize}), not a sum of its features' decoder rows")
 
 

@@ -5,6 +5,7 @@ through `emit` and the renderer of the same name in `tfcli/render/`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -135,6 +136,24 @@ def patch(
         raise typer.Exit(130)
 
 
+def saes_of(paths: list[Path] | None, config) -> tuple:
+    """The SAEs of --sae, each checked against the model's sites and as one whose features write to the residual
+    stream, before the model is built."""
+    from tfcli.analysis.sae import check_direct, check_fit, read_sae
+    from tfcli.model.transformer import site_shapes
+
+    saes = tuple(read_sae(path) for path in paths or ())
+    for sae in saes:
+        check_direct(sae, "--sae")
+        check_fit(sae, site_shapes(config))
+        if config.norm_position in ("sandwich", "sublayer_output") and (sae.site_out or sae.site).endswith(
+                ("attn.out", "mlp.out")):
+            raise usage_error(f"--sae {sae.path}: {config.name} normalises each sublayer's output before adding it "
+                              f"to the residual stream, so {sae.site_out or sae.site} is not what the layer writes",
+                              "an SAE on the output norm's site (mlp_output_norm.out) or a residual site")
+    return saes
+
+
 @app.command()
 @shared_options(default_model="gpt2-small", dataset=True,
                 model="Model source with an LM head (default: the bundled `gpt2-small`, random weights).")
@@ -156,12 +175,17 @@ def attribute(
     max_length: MaxLengthOption = None,
     file: FileOption = None,
     ablate: AblateOption = None,
+    sae: Annotated[list[Path] | None, typer.Option(metavar="PATH", help="An SAE or transcoder (a folder, as "
+                                                   "`features --sae` reads) whose site's components are split into "
+                                                   "its active features, its rest and its error; repeat for "
+                                                   "several.")] = None,
     *,
     run: RunOptions,
     data: DatasetFlags,
 ) -> None:
     """Split a logit (or the difference of two) into the direct contribution of every component that writes to
-    the residual stream: embeddings, heads, MLPs, neurons, biases (direct logit attribution).
+    the residual stream: embeddings, heads, MLPs, neurons, biases (direct logit attribution); with --sae, what an
+    SAE's site holds into its features.
 
     \b
     Examples:
@@ -189,11 +213,14 @@ def attribute(
     texts_in = inputs(texts, file) if data.dataset is None else None
     if run.report is not None:
         check_report_path(run.report, run.force, 1 if data.dataset is not None else texts_in.count or 1)
+    if sae and data.dataset is not None:
+        raise usage_error("--sae takes texts: over a dataset, each text's active features differ (not done yet)",
+                          "run `tfcli features --dataset` for a feature's activations over a dataset")
     source = resolve_source(run.model, run.revision)
     core.check_model(source.config, by)  # before the model is built
     selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
     options = core.AttributeOptions(target, foil, position, by, selected, top,
-                                    ablation_of(ablate, source.config))
+                                    ablation_of(ablate, source.config), saes_of(sae, source.config))
     if data.dataset is not None:
         if layers is not None and by == "component":
             raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")

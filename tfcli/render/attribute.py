@@ -69,6 +69,10 @@ def attribution_lines(result: Attribution, number: int, width: int, top: int) ->
                    f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
     lines += check_lines(result, width)
     lines += ablation_lines(result, width, "")
+    for sae in result.saes:
+        lines += words(f"--sae {sae['path']}: what {sae['site']} holds, split into its {sae['active']} active "
+                       f"features ({sae['label']}#N), the rest of its reconstruction ({sae['label']}.sae_rest) and "
+                       f"its error ({sae['label']}.sae_error)", width)
     lines += [Text()] + component_lines(result, width, top, quantity(result))
     return lines + layers_lines(result, width)
 
@@ -198,7 +202,8 @@ def record(result: Attribution) -> dict[str, Any]:
             "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
             "logit": result.logit, "total": result.total,
             "components": [{"name": c.name, "layer": c.layer, "head": c.head, "neuron": c.neuron, "value": c.value}
-                           for c in result.components]} | ablation_record(result)
+                           for c in result.components]} | ablation_record(result) | \
+        ({"saes": result.saes} if result.saes else {})
 
 
 def ablation_record(result: Attribution) -> dict[str, Any]:
