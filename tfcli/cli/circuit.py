@@ -91,6 +91,9 @@ def circuit(
         check_report_path(run.report, run.force, 1)
     if graph_out is not None and graph_out.exists() and not run.force:
         raise TfcliError(f"{graph_out} already exists", "pass --force to overwrite it, or choose another name")
+    if graph_out is not None and not graph_out.resolve().parent.is_dir():
+        raise usage_error(f"--graph-out {graph_out}: no folder {graph_out.parent} to write it in",
+                          parameter="graph_out")
     if show < 1:
         raise usage_error(f"--show must be 1 or more, got {show}", parameter="show")
     cluster = data.cluster(data.dataset is not None, "a --dataset")
