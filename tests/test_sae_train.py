@@ -84,23 +84,24 @@ def hand_step(params: dict, x: torch.Tensor, k: int, dead: torch.Tensor, lr: flo
     return float(total.detach()), after
 
 
-def test_a_step_is_gao_et_al_by_hand():
+@pytest.mark.parametrize("every", [3, 16], ids=["more dead than k_aux", "fewer dead than k_aux"])
+def test_a_step_is_gao_et_al_by_hand(every):
     """The objective and one Adam step equal the hand computation; the decoder's rows come out of unit norm; the
-    counters restart for the latents that fired."""
+    counters restart for the latents that fired. With fewer dead latents than k_aux (d / 2), AuxK is scaled down."""
     torch.manual_seed(0)
-    d, n, k, lr = 8, 32, 4, 1e-2
+    d, n, k, lr = 16, 48, 4, 1e-2
     x = torch.randn(64, d) * 3 + 1
     params = core.init_params(d, n, x, seed=1)
     with torch.no_grad():
         params["b_enc"].normal_(0, 0.5)
         params["W_enc"].add_(torch.randn(d, n) * 0.1)
     since = torch.zeros(n, dtype=torch.int64)
-    since[::3] = 1000  # dead: every third latent
+    since[::every] = 1000  # dead
     dead = since >= 500
     expected_loss, expected = hand_step(params, x, k, dead, lr)
     found = core.objective(params, x, k, dead)
-    assert float(found["loss"]) == pytest.approx(expected_loss, rel=1e-5)
-    assert float(found["auxk"]) > 0
+    assert float(found["loss"].detach()) == pytest.approx(expected_loss, rel=1e-5)
+    assert float(found["auxk"].detach()) > 0
     optimizer = torch.optim.Adam(list(params.values()), lr=lr, **core.ADAM)
     core.train_step(params, optimizer, since, x, k, 500)
     for name, value in expected.items():
@@ -140,6 +141,8 @@ def test_the_file_loads_in_sae_lens_with_the_same_features(gpt2, corpus, tmp_pat
     from tfcli.analysis.sae import read_sae
 
     assert read_sae(out).site == "blocks.1.resid_post"
+    trained = torch.load(out / core.CHECKPOINT, weights_only=True)
+    assert abs(trained["scale"] - 1) > 0.1  # the folding of the scale below is seen
     text = "the cat sat on a mat while the sun rose"
     shown = cli("features", "-m", str(path), "--sae", str(out), "--top", "8", "--json", text)
     assert shown.exit_code == 0, shown.stderr
@@ -157,8 +160,16 @@ def test_the_file_loads_in_sae_lens_with_the_same_features(gpt2, corpus, tmp_pat
             hf(torch.tensor([ids]))
     finally:
         handle.remove()
-    features = theirs.encode(kept["value"][0].reshape(len(ids), -1)).detach()
+    x = kept["value"][0].reshape(len(ids), -1)
+    features = theirs.encode(x).detach()
     scale = max(1.0, float(features.abs().max()))
+    p, s = trained["params"], trained["scale"]  # what training computed, on x / s: s times the same features
+    pre = (x / s - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
+    top = pre.topk(8, dim=-1).indices
+    by_hand = torch.zeros_like(pre).scatter(-1, top, torch.relu(pre.gather(-1, top))) * s
+    assert float((features - by_hand).abs().max()) <= 1e-5 * scale
+    assert torch.allclose(theirs.decode(features).detach(), (by_hand / s @ p["W_dec"] + p["b_dec"]) * s,
+                          atol=1e-5 * float(x.abs().max()))
     assert ours["ids"] == ids and len(ours["features"]) == len(ids)
     for position, pairs in enumerate(ours["features"]):
         for index, value in pairs:
@@ -176,7 +187,7 @@ def test_resume_after_ctrl_c_equals_a_run_never_interrupted(tiny_decoder, corpus
     assert train_cli(cli, tiny_decoder, corpus, whole).exit_code == 0
     broken = tmp_path / "broken"
     calls = {"n": 0}
-    name, after = ("train_step", 6) if where == "in a step" else ("site_rows", 7)
+    name, after = ("train_step", 8) if where == "in a step" else ("site_rows", 8)
     original = getattr(core, name)
 
     def interrupted(*args, **kwargs):
@@ -189,6 +200,8 @@ def test_resume_after_ctrl_c_equals_a_run_never_interrupted(tiny_decoder, corpus
     result = train_cli(cli, tiny_decoder, corpus, broken)
     assert result.exit_code == 130, result.stderr
     assert f"--resume {broken}" in result.stderr
+    position = torch.load(broken / core.CHECKPOINT, weights_only=True)["current"]
+    assert position[3] > 0 if where == "in a step" else position is None  # inside a buffer; between two
     monkeypatch.setattr(core, name, original)
     resumed = cli("sae", "train", "-m", str(tiny_decoder), "--file", str(corpus), "--resume", str(broken), "--json")
     assert resumed.exit_code == 0, resumed.stderr

@@ -362,9 +362,10 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     total_steps = options.tokens // options.batch
     windows = Windows(texts, tokenizer, model, options.context)
     state = State() if resume is None else restored(resume, d, options, model)
-    told = (lambda rows, what="": progress(rows, options.held_out, what)) if progress else None
+    everything = options.held_out + total_steps * options.batch  # the progress counts the held-out tokens too
+    told = None if progress is None else lambda rows: progress(min(rows, options.held_out), everything, "held-out")
     held, state.held_windows, _ = fill(model, options.site, windows, options.held_out, options.pass_windows,
-                                       progress=None if told is None else lambda rows: told(rows, "held-out tokens"))
+                                       progress=told)
     if held is None:
         raise usage_error("the corpus gave no tokens to train on", "give a longer --file")
     held = held[:options.held_out]
@@ -412,7 +413,7 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
                     state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
                     fvus = []
                 if progress is not None:
-                    progress(state.steps * options.batch, total_steps * options.batch,
+                    progress(options.held_out + state.steps * options.batch, everything,
                              f"FVU {state.history[-1][1]:.3f}" if state.history else "")
             state.current, state.next_window = None, first + taken
     except KeyboardInterrupt:
