@@ -557,10 +557,30 @@ def test_attribute_sae_refusals(gpt2, saved_sae, cli, tmp_path):
                     "blocks.0.hook_mlp_out")
     assert "holds another --sae's features" in refused_by(cli, "attribute", "-m", path, "--sae", str(inner),
                                                           "--sae", str(saved_sae[0]), TEXT)
+
+
+def test_attribute_sae_over_a_dataset_is_the_mean_of_its_texts(gpt2, saved_sae, cli, tmp_path):
+    """Each feature's mean over a dataset's prompts is the mean of the single runs' effects, 0 where a prompt's
+    feature is inactive; each item (--per-item) lists its active features only, as a single run does."""
+    path, folder = str(gpt2[0]), str(saved_sae[0])
     dataset = tmp_path / "d.jsonl"
-    dataset.write_text(json.dumps({"text": TEXT}) + "\n")
-    assert "--sae takes texts" in refused_by(cli, "attribute", "-m", path, "--sae", str(saved_sae[0]),
-                                             "--dataset", str(dataset))
+    dataset.write_text("".join(json.dumps({"text": text, "target": "#1996"}) + "\n" for text in TEXTS))
+    singles = [json.loads(cli("attribute", "-m", path, "--sae", folder, text, "--target", "#1996", "--json").stdout)
+               for text in TEXTS]
+    result = cli("attribute", "-m", path, "--sae", folder, "--dataset", str(dataset), "--per-item", "--json")
+    assert result.exit_code == 0, result.stderr
+    *items, aggregate = [json.loads(line) for line in result.stdout.splitlines()]
+    for item, single in zip(items, singles):  # the same components, to rounding (a padded batch against one text)
+        assert [c["name"] for c in item["components"]] == [c["name"] for c in single["components"]]
+        assert max(abs(a["value"] - b["value"]) for a, b in zip(item["components"], single["components"])) < 1e-5
+    means = {c["name"]: c["mean"] for c in aggregate["components"]}
+    names = {c["name"] for single in singles for c in single["components"]}
+    assert len(means) == len([n for n in means if "#" not in n]) + 64 and names <= means.keys()
+    for name in names:
+        expected = sum(next((c["value"] for c in single["components"] if c["name"] == name), 0.0)
+                       for single in singles) / len(singles)
+        assert abs(means[name] - expected) < 1e-5, name
+    assert aggregate["saes"][0]["active"] == sum(single["saes"][0]["active"] for single in singles) / len(singles)
 
 
 # ------------------------------------------------------------------------------------------------- interventions

@@ -153,7 +153,8 @@ def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Enc
 
 
 def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt], options: AttributeOptions,
-                batch_size: int = BATCH_SIZE, neurons: int | None = None) -> Iterator[Attribution]:
+                batch_size: int = BATCH_SIZE, neurons: int | None = None,
+                every_feature: bool = False) -> Iterator[Attribution]:
     """Attribute prompts, each with its own target, foil and position, in padded batches of `batch_size`; yields
     one Attribution per prompt, in order. `neurons`: with --by neuron, the neurons kept one by one (default: the
     options' top)."""
@@ -195,7 +196,7 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
             saes = []
             for sae, its in zip(options.saes, fitted):
                 components = split_by_sae(sae, its, (row, position), direction_at(readout, cache, row, position),
-                                          components, readout)
+                                          components, readout, every_feature)
                 saes.append({"path": sae.path, "site": sae.site_out or sae.site, "label": sae_label(sae),
                              "active": int(its.features[row, position].count_nonzero())})
             yield Attribution(
@@ -222,11 +223,12 @@ def sae_label(sae: SAE) -> str:
 
 
 def split_by_sae(sae: SAE, fitted: Fitted, where: tuple[int, int], direction: Tensor, components: list[Component],
-                 readout: Readout) -> list[Component]:
+                 readout: Readout, every: bool = False) -> list[Component]:
     """The components with those that the SAE's (output) site holds replaced by its active features' direct effects
     (`{label}#{feature}`), the rest of its reconstruction (`{label}.sae_rest`: b_dec, a skip term) and its error
     (`{label}.sae_error`), which sum to what they replace; `label` the site's (L5.mlp, L5.attn, L5.resid_post).
-    A sublayer's features count in its layer; a residual site's, which hold several layers' writes, in none."""
+    A sublayer's features count in its layer; a residual site's, which hold several layers' writes, in none.
+    `every`: every feature, the inactive ones' 0 (a dataset's prompts then have the same components)."""
     from tfcli.analysis.sae import direct_effects
 
     layer, leaf, sublayer = site_parts(sae)
@@ -250,7 +252,7 @@ def split_by_sae(sae: SAE, fitted: Fitted, where: tuple[int, int], direction: Te
     features = fitted.features[where].double()
     own = layer if sublayer in ("attn", "mlp") else None
     added = [Component(f"{label}#{int(i)}", float(found["effects"][i]), layer=own)
-             for i in features.nonzero().flatten()]
+             for i in (range(sae.d_sae) if every else features.nonzero().flatten())]
     added += [Component(f"{label}.sae_rest", found["rest"], layer=own),
               Component(f"{label}.sae_error", found["error"], layer=own)]
     at = components.index(replaced[-1]) + 1 if replaced else len(components)
@@ -323,15 +325,18 @@ class AttributeDataset:
     def results(self, model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
                 progress: Callable[[float], None] | None) -> Iterator[Attribution]:
         every = 10**9 if self.options.by == "neuron" else None
-        for done, result in enumerate(run_prompts(model, tokenizer, prompts, self.options, neurons=every), 1):
+        for done, result in enumerate(run_prompts(model, tokenizer, prompts, self.options, neurons=every,
+                                                  every_feature=True), 1):
             yield result
             if progress is not None:
                 progress(done)
 
     def shown(self, result: Attribution) -> Attribution:
-        if self.options.by != "neuron":
-            return result
-        return dataclasses.replace(result, components=kept_neurons(result.components, self.options.top))
+        """An item as a single run shows it: its active features only, its neurons kept (--by neuron)."""
+        components = [c for c in result.components if "#" not in c.name or c.value != 0.0]  # inactive: exactly 0
+        if self.options.by == "neuron":
+            components = kept_neurons(components, self.options.top)
+        return dataclasses.replace(result, components=components)
 
     def aggregate(self, done: Done, dataset: Dataset) -> DatasetAttribution:
         results = [result for _, result in done]
@@ -388,4 +393,6 @@ def aggregate(results: list[Attribution], options: AttributeOptions, dataset: Da
         skipped=dataset.skipped, resamples=dataset.resamples, spread=spread, worst=worst,
         layer_std=(layer_std[:layers].tolist(), layer_std[layers:].tolist()),
         foil_each=first.foil is not None, interrupted=interrupted, ablated=first.ablated,
-        unablated=None if first.ablated is None else sum(unablated) / len(unablated))
+        unablated=None if first.ablated is None else sum(unablated) / len(unablated),
+        saes=[dict(sae, active=sum(result.saes[i]["active"] for result in results) / len(results))
+              for i, sae in enumerate(first.saes)])

@@ -213,9 +213,6 @@ def attribute(
     texts_in = inputs(texts, file) if data.dataset is None else None
     if run.report is not None:
         check_report_path(run.report, run.force, 1 if data.dataset is not None else texts_in.count or 1)
-    if sae and data.dataset is not None:
-        raise usage_error("--sae takes texts: over a dataset, each text's active features differ (not done yet)",
-                          "run `tfcli features --dataset` for a feature's activations over a dataset")
     source = resolve_source(run.model, run.revision)
     core.check_model(source.config, by)  # before the model is built
     selected = parse_indices(layers, source.config.num_hidden_layers, "layers")

@@ -68,11 +68,7 @@ def attribution_lines(result: Attribution, number: int, width: int, top: int) ->
     lines += words(f"{position_words(result)}: the {quantity(result)} "
                    f"(#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")", width)
     lines += check_lines(result, width)
-    lines += ablation_lines(result, width, "")
-    for sae in result.saes:
-        lines += words(f"--sae {sae['path']}: what {sae['site']} holds, split into its {sae['active']} active "
-                       f"features ({sae['label']}#N), the rest of its reconstruction ({sae['label']}.sae_rest) and "
-                       f"its error ({sae['label']}.sae_error)", width)
+    lines += ablation_lines(result, width, "") + sae_lines(result, width, "")
     lines += [Text()] + component_lines(result, width, top, quantity(result))
     return lines + layers_lines(result, width)
 
@@ -81,6 +77,7 @@ def dataset_lines(result: DatasetAttribution, width: int, top: int) -> list[Text
     """The terminal view of a dataset: its prompts, the metric's mean, the sum check, each component's mean with
     its spread, a line per layer and, with --by head, the layer x head grid."""
     lines = dataset_header(result, width) + ablation_lines(result, width, " (means over the prompts)")
+    lines += sae_lines(result, width, ", a mean over the prompts")
     lines += [Text()] + component_lines(result, width, top, dataset_quantity(result), result)
     return lines + layers_lines(result, width)
 
@@ -118,6 +115,17 @@ def ablation_lines(result: Attribution, width: int, mean: str) -> list[Text]:
     return words(f"ablated {ablated_label(result.ablated)}: the model's value {result.logit:+.4f}, "
                  f"{result.unablated:+.4f} with nothing ablated (the ablation moves it by "
                  f"{result.logit - result.unablated:+.4f}){mean}; the components are the ablated model's", width)
+
+
+def sae_lines(result: Attribution, width: int, mean: str) -> list[Text]:
+    """With --sae: each SAE's site and what its features are named among the components."""
+    lines = []
+    for sae in result.saes:
+        active = f"{sae['active']:.1f}" if isinstance(sae["active"], float) else f"{sae['active']}"
+        lines += words(f"--sae {sae['path']}: what {sae['site']} holds, split into its features ({sae['label']}#N; "
+                       f"{active} active{mean}), the rest of its reconstruction ({sae['label']}.sae_rest) and its "
+                       f"error ({sae['label']}.sae_error)", width)
+    return lines
 
 
 def check_lines(result: Attribution, width: int) -> list[Text]:
@@ -224,7 +232,8 @@ def dataset_record(result: DatasetAttribution) -> dict[str, Any]:
             "logit": result.logit, "total": result.total, "worst": result.worst,
             "components": [{"name": c.name, "layer": c.layer, "head": c.head, "neuron": c.neuron, "mean": c.value,
                             "std": result.spread[c.name][0], "low": result.spread[c.name][1],
-                            "high": result.spread[c.name][2]} for c in result.components]} | ablation_record(result)
+                            "high": result.spread[c.name][2]} for c in result.components]} | \
+        ablation_record(result) | ({"saes": result.saes} if result.saes else {})
 
 
 def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, Any]:
