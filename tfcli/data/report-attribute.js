@@ -35,6 +35,14 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         "data-tip": "position " + k + ": " + quoted(t) + " (#" + s.ids[k] + ")"}, label(t)))), ...spaceNote(s.tokens_shown));
     }
 
+    // --sae: what each SAE's site holds is split into its features, as the terminal says
+    for (const sae of s.saes || []) {
+      const active = dataset ? sae.active.toFixed(1) + ", a mean over the prompts" : String(sae.active);
+      section.append(el("p", {}, "--sae " + sae.path + ": what " + sae.site + " holds, split into its features (" + sae.label +
+        "#N; " + active + " active), the rest of its reconstruction (" + sae.label + ".sae_rest) and its error (" +
+        sae.label + ".sae_error)"));
+    }
+
     // per layer, as the terminal's table (the rows made in Python, `layer_rows`): the embeddings, what each layer's
     // attention (heads and bias) and MLP write, as signed bars, the final biases; and the running total
     const rows = s.per_layer, cell = (v) => (v === null ? "" : signed(v));
