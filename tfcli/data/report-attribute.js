@@ -37,9 +37,9 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
 
     // --sae: what each SAE's site holds is split into its features, as the terminal says
     for (const sae of s.saes || []) {
-      const active = dataset ? sae.active.toFixed(1) + ", a mean over the prompts" : String(sae.active);
+      const active = dataset ? sae.active.toFixed(1) + " active, a mean over the prompts" : sae.active + " active";
       section.append(el("p", {}, "--sae " + sae.path + ": what " + sae.site + " holds, split into its features (" + sae.label +
-        "#N; " + active + " active), the rest of its reconstruction (" + sae.label + ".sae_rest) and its error (" +
+        "#N; " + active + "), the rest of its reconstruction (" + sae.label + ".sae_rest) and its error (" +
         sae.label + ".sae_error)"));
     }
 
