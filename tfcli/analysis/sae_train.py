@@ -362,10 +362,14 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     total_steps = options.tokens // options.batch
     windows = Windows(texts, tokenizer, model, options.context)
     state = State() if resume is None else restored(resume, d, options, model)
-    everything = options.held_out + total_steps * options.batch  # the progress counts the held-out tokens too
-    told = None if progress is None else lambda rows: progress(min(rows, options.held_out), everything, "held-out")
+    everything = options.held_out + total_steps * options.batch  # the progress: tokens through the model
+
+    def tell(done: int) -> None:
+        if progress is not None:
+            progress(min(done, everything), everything, f"FVU {state.history[-1][1]:.3f}" if state.history else "")
+
     held, state.held_windows, _ = fill(model, options.site, windows, options.held_out, options.pass_windows,
-                                       progress=told)
+                                       progress=lambda rows: tell(min(rows, options.held_out)))
     if held is None:
         raise usage_error("the corpus gave no tokens to train on", "give a longer --file")
     held = held[:options.held_out]
@@ -389,7 +393,9 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
             if state.current is None:
                 wanted = min(options.buffer, (total_steps - state.steps) * options.batch)
                 first = windows.read
-                buffer, taken, dropped = fill(model, options.site, windows, wanted, options.pass_windows, limit)
+                base = options.held_out + state.steps * options.batch
+                buffer, taken, dropped = fill(model, options.site, windows, wanted, options.pass_windows, limit,
+                                              lambda rows: tell(base + rows))
                 if buffer is None or buffer.shape[0] < options.batch:
                     ran_out = True
                     break
@@ -412,9 +418,7 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
                 if len(fvus) == 20:
                     state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
                     fvus = []
-                if progress is not None:
-                    progress(options.held_out + state.steps * options.batch, everything,
-                             f"FVU {state.history[-1][1]:.3f}" if state.history else "")
+                tell(options.held_out + (state.steps - state.current[3]) * options.batch + buffer.shape[0])
             state.current, state.next_window = None, first + taken
     except KeyboardInterrupt:
         if state.params is None:
