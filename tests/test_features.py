@@ -465,6 +465,20 @@ def test_a_batch_equals_its_texts_one_at_a_time(gpt2, tmp_path):
             assert abs(getattr(batched.losses, name) - getattr(alone.losses, name)) < 1e-4, name
 
 
+def direct_reader(hf, ids: list[int], p: int, target: int, foil: int):
+    """v (d,) -> what transformers' GPT-2 reads of v at position p as a direct write to the final stream: centred,
+    times ln_f's weight over ln_f's divisor there (frozen), dotted with W_U[target] - W_U[foil]."""
+    final = hf_value(hf, hf.transformer.ln_f, ids, into=True)[p].double()
+    scale = (final.var(unbiased=False) + hf.config.layer_norm_epsilon).sqrt()
+    unembed = hf.lm_head.weight.detach().double()
+
+    def read(v) -> float:
+        v = v.double()
+        return float(((v - v.mean()) * hf.transformer.ln_f.weight.detach().double() / scale)
+                     @ (unembed[target] - unembed[foil]))
+    return read
+
+
 def test_direct_effects_equal_the_readout_by_hand(gpt2, tmp_path, cli):
     """--target/--foil: each active feature's direct effect at the last position is its activation x its decoder
     row, centred, times ln_f's weight over ln_f's divisor there (frozen), dotted with W_U[target] - W_U[foil], all
@@ -478,14 +492,7 @@ def test_direct_effects_equal_the_readout_by_hand(gpt2, tmp_path, cli):
     direct = json.loads(result.stdout)["direct"]
     ids = ids_of(tokenizer, model, TEXT)
     p = len(ids) - 1
-    final = hf_value(hf, hf.transformer.ln_f, ids, into=True)[p].double()
-    scale = (final.var(unbiased=False) + hf.config.layer_norm_epsilon).sqrt()
-    unembed = hf.lm_head.weight.detach().double()
-
-    def read(v):
-        v = v.double()
-        return float(((v - v.mean()) * hf.transformer.ln_f.weight.detach().double() / scale)
-                     @ (unembed[1996] - unembed[4937]))
+    read = direct_reader(hf, ids, p, 1996, 4937)
 
     x = reference_site(hf, "blocks.0.hook_mlp_out", ids)
     with torch.no_grad():
@@ -518,14 +525,7 @@ def test_attribute_splits_the_sae_site_into_its_features_by_hand(gpt2, tmp_path,
     plain, split = (json.loads(result.stdout) for result in (cli(*args), cli(*args, "--sae", str(folder))))
     ids = ids_of(tokenizer, model, TEXT)
     p = len(ids) - 1
-    final = hf_value(hf, hf.transformer.ln_f, ids, into=True)[p].double()
-    scale = (final.var(unbiased=False) + hf.config.layer_norm_epsilon).sqrt()
-    unembed = hf.lm_head.weight.detach().double()
-
-    def read(v):
-        v = v.double()
-        return float(((v - v.mean()) * hf.transformer.ln_f.weight.detach().double() / scale)
-                     @ (unembed[1996] - unembed[4937]))
+    read = direct_reader(hf, ids, p, 1996, 4937)
 
     x = reference_site(hf, hook, ids)[p]
     with torch.no_grad():
