@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 METHODS = ("eap", "eap-ig-inputs", "eap-ig-activations", "exact")
 COUNTERFACTUALS = ("corrupt", "mean")
 EXACT_ROWS = 64  # rows (edges x pairs) of one exact run
+SCORE_COLUMNS = 64  # receivers of one product of the edges' scores (about two layers'; more wastes products)
 
 
 # ---------------------------------------------------------------- the graph
@@ -316,20 +317,31 @@ def gradients(model: TransformerModel, batch: Batch, sites: list[tuple[str, int,
 def edge_scores(graph: Graph, differences: Tensor, grads: list[Tensor], sites: list[tuple[str, int, int]],
                 senders: tuple[int, int] | None = None) -> Tensor:
     """(B, S, R) float64: each edge's (counterfactual - clean sender output) . gradient at the receiver, summed over
-    positions; `differences` (B, T, S, d), `grads` per receiver site (B, T, n, d); only senders [first, last) when
-    given. A batched product per site: (B, s, T x d) by (B, T x d, n)."""
+    positions; `differences` (B, T, S, d), `grads` per receiver site (B, T, n, d) (consecutive sites); only senders
+    [first, last) when given. A batched product per block of SCORE_COLUMNS receivers or so: (B, s, T x d) by (B, T x
+    d, n), s the senders the block's last receiver reads (the rest of the block's products are not edges: zeroed),
+    the gradients laid out with d innermost (a transposed copy of them cost as much as the products). On 8 SmolLM2
+    pairs: 0.8 s, where a product per site took 2.3 s (it read the differences once per site)."""
     import torch
 
     batch, length, count, width = differences.shape
     low, high = senders or (0, count)
     by_sender = differences.permute(0, 2, 1, 3).reshape(batch, count, length * width)  # (B, S, T x d)
     scores = torch.zeros(batch, count, len(graph.receivers), dtype=torch.float64)
-    for (_, first, n), grad in zip(sites, grads):
-        reads = min(graph.reads(first), high)
+    blocks: list[list[int]] = [[]]
+    for i, (_, _, n) in enumerate(sites):
+        if sum(sites[k][2] for k in blocks[-1]) + n > SCORE_COLUMNS and blocks[-1]:
+            blocks.append([])
+        blocks[-1].append(i)
+    for block in blocks:
+        first, last = sites[block[0]][1], sites[block[-1]][1] + sites[block[-1]][2]
+        reads = min(max(graph.reads(r) for r in range(first, last)), high)
         if reads <= low:
             continue
-        columns = grad.to(differences.dtype).permute(0, 1, 3, 2).reshape(batch, length * width, n)
-        scores[:, low:reads, first:first + n] = torch.bmm(by_sender[:, low:reads], columns).double()
+        columns = torch.cat([grads[i] for i in block], 2).to(differences.dtype)  # (B, T, n, d)
+        columns = columns.permute(0, 2, 1, 3).reshape(batch, last - first, length * width)  # d stays innermost
+        product = torch.bmm(by_sender[:, low:reads], columns.transpose(1, 2)).double()
+        scores[:, low:reads, first:last] = product * graph.mask[low:reads, first:last]
     return scores
 
 
