@@ -184,7 +184,8 @@ def test_the_file_loads_in_sae_lens_with_the_same_features(gpt2, corpus, tmp_pat
 def test_resume_after_ctrl_c_equals_a_run_never_interrupted(tiny_decoder, corpus, tmp_path, cli, monkeypatch,
                                                             where):
     whole = tmp_path / "whole"
-    assert train_cli(cli, tiny_decoder, corpus, whole).exit_code == 0
+    never = train_cli(cli, tiny_decoder, corpus, whole, "--json")
+    assert never.exit_code == 0
     broken = tmp_path / "broken"
     calls = {"n": 0}
     name, after = ("train_step", 8) if where == "in a step" else ("site_rows", 8)
@@ -207,6 +208,9 @@ def test_resume_after_ctrl_c_equals_a_run_never_interrupted(tiny_decoder, corpus
     assert resumed.exit_code == 0, resumed.stderr
     record = json.loads(resumed.stdout)
     assert record["tokens"] == 2048 and 0 < record["resumed_from"] < 2048
+    expected = json.loads(never.stdout)
+    for key in ("history", "fvu", "explained", "l0", "dead", "dead_in_training", "outliers"):
+        assert record[key] == expected[key], key
     a, b = load_file(str(whole / "sae_weights.safetensors")), load_file(str(broken / "sae_weights.safetensors"))
     for tensor in ("W_enc", "b_enc", "W_dec", "b_dec"):
         assert torch.equal(a[tensor], b[tensor]), tensor

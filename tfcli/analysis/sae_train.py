@@ -350,6 +350,7 @@ class State:
     digest: str = ""  # the hash of every window the run had read when saved
     outliers: int = 0  # training tokens left out, their norm over the limit
     history: list[tuple[int, float]] = field(default_factory=list)
+    pending: list[float] = field(default_factory=list)  # the FVUs of the steps since the history's last entry
 
 
 def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[str]], options: TrainOptions,
@@ -379,7 +380,7 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     started, start_steps = time.monotonic(), state.steps
     buffer = None
     ran_out = interrupted = False
-    fvus: list[float] = []
+    fvus = state.pending
     try:
         if state.current is not None:  # resumed inside a buffer: read the corpus up to it, and run it again
             skip(windows, state.current[0] - windows.read)
@@ -417,7 +418,7 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
                 state.current[3] = step + 1
                 if len(fvus) == 20:
                     state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
-                    fvus = []
+                    fvus.clear()
                 tell(options.held_out + (state.steps - state.current[3]) * options.batch + buffer.shape[0])
             state.current, state.next_window = None, first + taken
     except KeyboardInterrupt:
@@ -427,8 +428,9 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     if state.params is None:
         raise usage_error(f"the corpus gave {int(held.shape[0])} held-out tokens and too few after them for one "
                           f"batch ({options.batch})", "give a longer --file, or a smaller --held-out or --batch")
-    if fvus:
+    if fvus and not interrupted:
         state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
+        fvus.clear()
     seconds = time.monotonic() - started
     weights = saved_tensors(state.params, state.scale)
     hook = hook_name(options.site)
@@ -440,7 +442,8 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     return Trained(str(out), options.site, hook, d, options.latents, options.k, trained, state.steps, options.batch,
                    options.learning_rate, seconds, (state.steps - start_steps) * options.batch / max(seconds, 1e-9),
                    int(held.shape[0]), explained, l0, dead, int((state.since >= options.dead_tokens).sum()),
-                   state.history[-1][1] if state.history else math.nan, state.outliers, held_outliers, before,
+                   (state.history[-1][1] if state.history else math.nan) if not fvus else sum(fvus) / len(fvus),
+                   state.outliers, held_outliers, before,
                    ran_out, interrupted, list(state.history))
 
 
@@ -492,7 +495,7 @@ def save_checkpoint(out: Path, state: State, options: TrainOptions, d: int, mode
             "optimizer": state.optimizer.state_dict(), "since": state.since.cpu(), "scale": state.scale,
             "steps": state.steps, "held_windows": state.held_windows, "next_window": state.next_window,
             "buffers": state.buffers, "current": state.current, "digest": state.digest, "history": state.history,
-            "outliers": state.outliers}
+            "outliers": state.outliers, "pending": state.pending}
     partial = out / (CHECKPOINT + ".partial")
     torch.save(data, partial)
     partial.replace(out / CHECKPOINT)
@@ -524,7 +527,7 @@ def restored(data: dict[str, Any], d: int, options: TrainOptions, model: Transfo
     optimizer.load_state_dict(data["optimizer"])
     return State(params, optimizer, data["since"].to(device), data["scale"], data["steps"], data["held_windows"],
                  data["next_window"], data["buffers"], data["current"], data["digest"], data["outliers"],
-                 [tuple(entry) for entry in data["history"]])
+                 [tuple(entry) for entry in data["history"]], list(data["pending"]))
 
 
 def options_of(data: dict[str, Any]) -> TrainOptions:
