@@ -45,9 +45,9 @@ SMALL = ("--tokens", "2048", "--batch", "128", "--buffer", "512", "--held-out", 
          "--expansion", "4", "--k", "8")
 
 
-def train_cli(cli, model, corpus, out, *extra: str):
+def train_cli(cli, model, corpus, out, *extra: str, input: str | None = None):
     return cli("sae", "train", "-m", str(model), "--site", "blocks.1.resid_post", "--file", str(corpus),
-               "--out", str(out), *SMALL, *extra)
+               "--out", str(out), *SMALL, *extra, input=input)
 
 
 # ------------------------------------------------------------------------------------------ the objective
@@ -177,6 +177,16 @@ def test_the_file_loads_in_sae_lens_with_the_same_features(gpt2, corpus, tmp_pat
         assert len(pairs) == int((features[position] > 0).sum()) > 0
 
 
+def test_the_corpus_streams_from_stdin(tiny_decoder, corpus, tmp_path, cli):
+    """`--file -` reads stdin: the same SAE as from the file."""
+    from_file, from_stdin = tmp_path / "file", tmp_path / "stdin"
+    assert train_cli(cli, tiny_decoder, corpus, from_file).exit_code == 0
+    result = train_cli(cli, tiny_decoder, "-", from_stdin, input=corpus.read_text(encoding="utf-8"))
+    assert result.exit_code == 0, result.stderr
+    a, b = load_file(str(from_file / "sae_weights.safetensors")), load_file(str(from_stdin / "sae_weights.safetensors"))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
 # ------------------------------------------------------------------------------------------ Ctrl-C and --resume
 
 
@@ -249,16 +259,18 @@ def test_resume_refuses_another_corpus(tiny_decoder, corpus, tmp_path, cli, monk
     (("--site", "blocks.0.resid_post", "--file", "EMPTY"), "no text given"),
     (("--site", "blocks.0.resid_post", "--resume", "PLAIN"), "no checkpoint there"),
     (("--site", "blocks.0.resid_post", "--tokens", "100"), "--tokens 100: fewer than one batch"),
+    (("--site", "blocks.0.resid_post", "--out", "PLAIN_FILLED"), "not an empty folder"),
 ])
 def test_bad_input_is_one_error_line(tiny_decoder, corpus, tmp_path, cli, args, says):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n", encoding="utf-8")
     plain = tmp_path / "plain"
     plain.mkdir()
-    args = tuple(str(empty) if a == "EMPTY" else str(plain) if a == "PLAIN" else a for a in args)
+    (plain / "notes.txt").write_text("mine", encoding="utf-8") if "PLAIN_FILLED" in args else None
+    args = tuple(str(empty) if a == "EMPTY" else str(plain) if a.startswith("PLAIN") else a for a in args)
     file = () if "--file" in args else ("--file", str(corpus))
-    result = cli("sae", "train", "-m", str(tiny_decoder), *file, "--out", str(tmp_path / "out"), "--context", "32",
-                 *args)
+    out = () if "--out" in args else ("--out", str(tmp_path / "out"))
+    result = cli("sae", "train", "-m", str(tiny_decoder), *file, *out, "--context", "32", *args)
     assert result.exit_code == 2, (result.stdout, result.stderr)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and says in errors[0], result.stderr
