@@ -100,7 +100,8 @@ def train(
         conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
                      if value is not None and name != "tokens" and value != getattr(options, name)]
         if conflicts:
-            raise usage_error(f"--resume {resume}: {', '.join(conflicts)} differ from the run's options",
+            raise usage_error(f"--resume {resume}: {', '.join(conflicts)} "
+                              f"{'differs' if len(conflicts) == 1 else 'differ'} from the run's options",
                               "a resumed run keeps its options: leave them out (--tokens may be raised)")
         if tokens is not None and tokens < options.tokens:
             raise usage_error(f"--tokens {tokens}: the run trains on {options.tokens:,}; --resume may raise it only",
