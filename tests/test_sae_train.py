@@ -226,7 +226,7 @@ def test_resume_after_ctrl_c_equals_a_run_never_interrupted(tiny_decoder, corpus
         assert torch.equal(a[tensor], b[tensor]), tensor
 
 
-def test_resume_refuses_another_corpus(tiny_decoder, corpus, tmp_path, cli, monkeypatch):
+def test_resume_refuses_another_corpus_model_or_options(tiny_decoder, corpus, tmp_path, cli, monkeypatch):
     out = tmp_path / "run"
     original = core.train_step
     calls = {"n": 0}
@@ -242,10 +242,15 @@ def test_resume_refuses_another_corpus(tiny_decoder, corpus, tmp_path, cli, monk
     monkeypatch.setattr(core, "train_step", original)
     other = tmp_path / "other.txt"
     other.write_text(corpus.read_text(encoding="utf-8").replace("cat", "dog"), encoding="utf-8")
-    result = cli("sae", "train", "-m", str(tiny_decoder), "--file", str(other), "--resume", str(out))
-    assert result.exit_code == 2
-    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == \
-        ["error: --resume: the corpus differs from the one the run trained on"]
+    refusals = {("--file", str(other)): "error: --resume: the corpus differs from the one the run trained on",
+                ("--file", str(corpus), "--k", "4"): f"error: --resume {out}: --k 4 differs from the run's options",
+                ("--file", str(corpus), "-m", "gpt2-small"): "error: --resume: the checkpoint is of decoder (32 wide), "
+                                                             "not of gpt2-small"}
+    for args, says in refusals.items():
+        model = () if "-m" in args else ("-m", str(tiny_decoder))
+        result = cli("sae", "train", *model, *args, "--resume", str(out))
+        assert result.exit_code == 2
+        assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [says]
 
 
 # ------------------------------------------------------------------------------------------ bad input
