@@ -73,8 +73,10 @@ def test_attention_over_given_keys_equals_attention_over_the_joined_keys(assert_
     batch, heads, groups, new, given, dim = 3, 6, 2, 4, 7, 8
     q = torch.randn(batch, heads, new, dim, requires_grad=True)
     k, v = (torch.randn(batch, groups, new, dim, requires_grad=True) for _ in range(2))
-    before = tuple(torch.randn(groups, 1 if rows_share_the_prefix else batch, given, dim) for _ in range(2))
-    joined = [torch.cat([t.transpose(0, 1).expand(batch, -1, -1, -1), new_t], dim=2) for t, new_t in zip(before, (k, v))]
+    padded = tuple(torch.randn(groups, 1 if rows_share_the_prefix else batch, given + 3, dim) for _ in range(2))
+    before = (*padded, given)  # three rows of padding after the given ones (random: they must not count)
+    joined = [torch.cat([t[:, :, :given].transpose(0, 1).expand(batch, -1, -1, -1), new_t], dim=2)
+              for t, new_t in zip(padded, (k, v))]
     mask = torch.randn(batch, 1, new, given + new)
     for cap, seen in ((None, []), (2.0, [])):
         weights_of = []

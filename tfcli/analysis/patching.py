@@ -304,8 +304,12 @@ def _rows(batch: list[Patch], rows: int) -> Iterator[list[Patch]]:
 
 
 def given_kv(site: Tensor, length: int) -> Tensor:
-    """A k or v site's values (P, T, G, D) before `length`, as PrefixKV reads them: (G, P, length, D)."""
-    return site[:, :length].permute(2, 0, 1, 3).contiguous()
+    """A k or v site's values (P, T, G, D) before `length`, as PrefixKV reads them: (G, P, L', D), L' the length
+    rounded up to a multiple of 8, the rows after `length` zeros (MKL multiplies by 296 keys 2-3x faster than by
+    295)."""
+    out = site.new_zeros(site.shape[2], site.shape[0], -(-length // 8) * 8, site.shape[3])
+    out[:, :, :length] = site[:, :length].permute(2, 0, 1, 3)
+    return out
 
 
 def fast_sweep(model: TransformerModel, sweep: list[Patch], runs: PairRuns, batch_mb: float = BATCH_MB

@@ -27,7 +27,7 @@ from tfcli.model.sites import NO_SITES, Sites
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None = None,
                                  softcap: float | None = None,
                                  pattern: Callable[[Tensor], Tensor] | None = None,
-                                 before: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                                 before: tuple[Tensor, Tensor, int] | None = None) -> Tensor:
     """softmax(cap(q k^T * scale) + mask) v, scale 1 / sqrt(D) unless given, cap(s) = softcap * tanh(s / softcap)
     when softcap is given.
 
@@ -35,8 +35,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     broadcastable to (B, H, T, S), or None. Returns (B, H, T, D). `pattern` (a site) receives the softmax weights
     (B, H, T, S) and returns those the values are weighted with. PyTorch's fused kernel gives the same numbers without
     the weights, so the explicit path runs only when they are wanted (or scores are capped). `before`: the keys and
-    values of L positions before k and v (G, 1 or B, L, D), read without joining them to k, v (prefixed_attention);
-    the mask then covers the L + S keys.
+    values of L positions before k and v, read without joining them to k, v (prefixed_attention: (G, 1 or B, L', D)
+    and L); the mask then covers the L + S keys.
     """
     if before is not None:
         return prefixed_attention(q, k, v, mask, before, scale, softcap, pattern)
@@ -56,43 +56,49 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return weights @ v
 
 
-def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, before: tuple[Tensor, Tensor],
+def prefixed_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, before: tuple[Tensor, Tensor, int],
                        scale: float | None = None, softcap: float | None = None,
                        pattern: Callable[[Tensor], Tensor] | None = None) -> Tensor:
-    """scaled_dot_product_attention of q (B, H, T, D) over the keys and values `before` (G, 1 or B, L, D) followed by
+    """scaled_dot_product_attention of q (B, H, T, D) over the keys and values of L positions `before` followed by
     k, v (B, G, T', D), in two blocks under one softmax: a prefix that every row shares is read by one product for the
     whole batch (the rows folded into the product's rows), never copied per row. Returns (B, H, T, D).
 
+    `before`: keys and values (G, 1 or B, L', D), of which the rows after the first L are padding, left out (given_kv
+    pads L to a multiple of 8: MKL's product over 295 keys takes 2-3 times as long as over 296), and L.
     Computed in the layout (G, B, H/G * T, .): the query heads of one key/value head side by side."""
     (batch, heads, length, dim), groups = q.shape, k.shape[1]
-    before_k, before_v = before
-    shared = before_k.shape[1] == 1
+    before_k, before_v, given = before
+    width, shared = before_k.shape[2], before_k.shape[1] == 1
     q = q * (scale if scale is not None else 1 / math.sqrt(dim))  # scaled here: fewer passes over the scores
     queries = q.reshape(batch, groups, heads // groups * length, dim).transpose(0, 1)  # (G, B, M, D)
-    if shared:  # one product per key/value head: (G, B * M, D) @ (G, D, L)
+    if shared:  # one product per key/value head: (G, B * M, D) @ (G, D, L')
         folded = queries.reshape(groups, -1, dim)
-        first = (folded @ before_k[:, 0].transpose(-1, -2)).view(groups, batch, -1, before_k.shape[2])
+        first = (folded @ before_k[:, 0].transpose(-1, -2)).view(groups, batch, -1, width)
     else:
-        first = queries @ before_k.transpose(-1, -2)  # (G, B, M, L)
+        first = queries @ before_k.transpose(-1, -2)  # (G, B, M, L')
     second = queries @ k.transpose(0, 1).transpose(-1, -2)  # (G, B, M, T')
     blocks = []
-    for scores, offset in ((first, 0), (second, before_k.shape[2])):
+    for scores, offset, columns in ((first, 0, given), (second, given, k.shape[2])):
         scores = scores.float()
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        if mask is not None:
-            scores.add_(_grouped(mask[..., offset:offset + scores.shape[-1]], heads, groups, length))
+        part = None if mask is None else mask[..., offset:offset + columns]
+        if part is not None and (part.dim() == 4 and part.shape[0] > 1 or bool(part.ne(0).any())):  # not all 0
+            scores[..., :columns].add_(_grouped(part, heads, groups, length))
         blocks.append(scores)
+    blocks[0][..., given:] = -math.inf  # the padding
     top = torch.maximum(*(scores.detach().amax(-1, keepdim=True) for scores in blocks))  # a shift: no gradient
     blocks = [scores.sub_(top).exp_() for scores in blocks]  # in place: the scores are this function's own
     total = blocks[0].sum(-1, keepdim=True) + blocks[1].sum(-1, keepdim=True)
     if pattern is not None:  # the whole (B, H, T, L + T') weights through the site, then split again
-        whole = (torch.cat(blocks, dim=-1) / total).to(q.dtype).transpose(0, 1).reshape(batch, heads, length, -1)
+        whole = torch.cat([blocks[0][..., :given], blocks[1]], dim=-1) / total
+        whole = whole.to(q.dtype).transpose(0, 1).reshape(batch, heads, length, -1)
         whole = pattern(whole).reshape(batch, groups, heads // groups * length, -1).transpose(0, 1)
-        blocks, total = list(whole.split((before_k.shape[2], k.shape[2]), dim=-1)), None
+        blocks, total = list(whole.split((given, k.shape[2]), dim=-1)), None
+        before_v = before_v[:, :, :given]
     blocks = [weights.to(q.dtype) for weights in blocks]
     if shared:
-        out = (blocks[0].reshape(groups, -1, before_k.shape[2]) @ before_v[:, 0]).view(groups, batch, -1, dim)
+        out = (blocks[0].reshape(groups, -1, blocks[0].shape[-1]) @ before_v[:, 0]).view(groups, batch, -1, dim)
     else:
         out = blocks[0] @ before_v
     out = out + blocks[1] @ v.transpose(0, 1)
@@ -154,7 +160,7 @@ class KVCache:
 
 class PrefixKV:
     """The keys and values of the positions before `length`, given (of P runs, per self-attention layer (G, P,
-    length, D), after any rotation), row r of a batch that covers the positions after them reading run `rows[r]`'s:
+    L', D), after any rotation, L' >= length: the rest padding), row r of a batch that covers the positions after them reading run `rows[r]`'s:
     a pass over the positions that can change reads the others' from another run (the patch sweep). Quacks like
     KVCache; attention reads the given keys and values apart from the new ones (`before`), so that a prefix the rows
     share is never copied per row."""
@@ -167,14 +173,15 @@ class PrefixKV:
         """k, v (B, G, T, D) of the positions after the given ones, as they are."""
         return k, v
 
-    def before(self, layer: int, batch: int) -> tuple[Tensor, Tensor]:
-        """The given keys and values (G, 1, length, D) when there is one run, else those of each of the batch's rows
-        (G, batch, length, D): its first rows, those that have joined it by this layer."""
+    def before(self, layer: int, batch: int) -> tuple[Tensor, Tensor, int]:
+        """The given keys and values (G, 1, L', D) when there is one run, else those of each of the batch's rows
+        (G, batch, L', D): its first rows, those that have joined it by this layer; and `length`, L' >= length (the
+        rest padding, as given_kv makes it)."""
         keys, values = self.keys[layer], self.values[layer]
         if keys.shape[1] == 1:
-            return keys, values
+            return keys, values, self.length
         rows = self.rows[:batch]
-        return keys.index_select(1, rows), values.index_select(1, rows)
+        return keys.index_select(1, rows), values.index_select(1, rows), self.length
 
 
 class Attention(nn.Module):
@@ -251,7 +258,7 @@ class Attention(nn.Module):
         return q, k, v
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, sites: Sites,
-                before: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                before: tuple[Tensor, Tensor, int] | None = None) -> Tensor:
         """The attention of q (B, H, T, D) over k, v (after the keys and values `before`, when given), its heads'
         outputs (`z`) and their projection (B, T, hidden)."""
         out = scaled_dot_product_attention(q, k, v, mask, self.scale, self.softcap, pattern_site(sites), before)
