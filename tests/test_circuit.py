@@ -273,6 +273,21 @@ def test_eap_scores_are_the_hand_computation(name, checkpoints):
     assert (ig3 - scores).abs().max() > 1e-3 * scale  # three steps differ from one
 
 
+def test_eap_scores_on_smollm2_are_the_hand_computation(smollm2_gguf):
+    """The trained grouped-query model (SmolLM2-135M, 9 query heads on 3 key/value heads, 30 blocks): every edge's
+    EAP score equals the hand computation on transformers' own loading of the same GGUF file, to 1e-5 of the scale."""
+    path, hf, _ = smollm2_gguf
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    _, b = batch(model, tokenizer, [("When Mary and John went to the store, John gave a drink to",
+                                     "When Mary and John went to the store, Mary gave a drink to", " Mary", " John")])
+    graph = core.graph_of(model.config)
+    expected = hand_eap(Hand("llama", ungrouped(hf), graph), b)
+    scores = core.scores_of(model, b, "eap", 1)[2]
+    scale = expected.abs().max()
+    assert scale > 1e-2 and (expected[0] != 0).sum() > graph.edge_count * 0.5
+    assert (scores - expected).abs().max() <= 1e-5 * scale
+
+
 def test_exact_scores_are_each_edge_patched_by_hand(checkpoints):
     name = "gpt2"
     path, hf = checkpoints(name)
