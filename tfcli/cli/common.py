@@ -161,15 +161,18 @@ def _quiet_stdout() -> None:
         pass
 
 
-app = typer.Typer(
-    name="tfcli",
-    cls=_ErrorReportingGroup,
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+GROUP_SETTINGS = dict(cls=_ErrorReportingGroup, no_args_is_help=True, add_completion=False,
+                      pretty_exceptions_enable=False, rich_markup_mode=None,
+                      context_settings={"help_option_names": ["-h", "--help"]})
+app = typer.Typer(name="tfcli", **GROUP_SETTINGS)
+
+
+def command_group(name: str, help: str) -> typer.Typer:
+    """A group of sub-commands (`tfcli steer fit`, `tfcli sae train`) with the root group's error reporting and help
+    layout, registered under the root."""
+    group = typer.Typer(name=name, help=help, **GROUP_SETTINGS)
+    app.add_typer(group)
+    return group
 
 
 def _show_version(value: bool) -> None:

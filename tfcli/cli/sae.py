@@ -9,22 +9,14 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import View, app, build, count_bar, emit, inputs, output_console, tokenizer_of, warn
+from tfcli.cli.common import (View, build, command_group, count_bar, emit, inputs, output_console,
+                              tokenizer_of, warn)
 from tfcli.cli.options import AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, RunOptions, shared_options
 from tfcli.errors import usage_error
 
-sae_app = typer.Typer(
-    name="sae",
-    cls=app.info.cls,  # the root group's error reporting and help layout
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    help="Sparse autoencoders: train a top-k SAE on a model's activations, in SAELens's format (read them with "
-         "`tfcli features --sae`).",
-)
-app.add_typer(sae_app)
+sae_app = command_group("sae", "Sparse autoencoders: train a top-k SAE on a model's activations, in SAELens's format "
+                              "(read them with `tfcli features --sae`).")
+
 
 @sae_app.command()
 @shared_options(without=("report", "force"), default_model="gpt2-small",

@@ -10,24 +10,14 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (View, app, build, count_bar, emit, inputs, note, output_console, report_of, started,
-                              tokenizer_of, warn, warn_spacing)
+from tfcli.cli.common import (View, build, command_group, count_bar, emit, inputs, note, output_console, report_of,
+                              started, tokenizer_of, warn, warn_spacing)
 from tfcli.cli.options import (AT_LEAST_ONE, FileOption, RunOptions, shared_options)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 
-steer_app = typer.Typer(
-    name="steer",
-    cls=app.info.cls,  # the root group's error reporting and help layout
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    help="Steering vectors: fit a direction per block from contrast pairs, as a file llama.cpp reads; sweep its "
-         "strength and see what it does.",
-)
-app.add_typer(steer_app)
+steer_app = command_group("steer", "Steering vectors: fit a direction per block from contrast pairs, as a file llama.cpp "
+                          "reads; sweep its strength and see what it does.")
 
 
 @steer_app.command()
