@@ -160,8 +160,9 @@ class KVCache:
 
 class PrefixKV:
     """The keys and values of the positions before `length`, given (of P runs, per self-attention layer (G, P,
-    L', D), after any rotation, L' >= length: the rest padding), row r of a batch that covers the positions after them reading run `rows[r]`'s:
-    a pass over the positions that can change reads the others' from another run (the patch sweep). Quacks like
+    L', D), after any rotation, L' >= length: the rest padding), row r of a batch that covers the positions after
+    them reading run `rows[r]`'s: a pass over the positions that can change reads the others' from another run (the
+    patch sweep). Quacks like
     KVCache; attention reads the given keys and values apart from the new ones (`before`), so that a prefix the rows
     share is never copied per row."""
 
