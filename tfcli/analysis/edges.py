@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from tfcli.analysis.inputs import padded
 from tfcli.analysis.metric import parse_metric
 from tfcli.analysis.names import block_site
 
@@ -177,14 +178,9 @@ def batch_of(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair]) -
                for pair in pairs]
     targets = torch.tensor([target.id for target, _ in metrics], device=device)
     foils = None if metrics[0][1] is None else torch.tensor([foil.id for _, foil in metrics], device=device)
-    length = max(len(pair.ids_clean) for pair in pairs)
-    pad = tokenizer.pad_token_id or 0
-
-    def padded(rows: list[list[int]]) -> Tensor:
-        return torch.tensor([row + [pad] * (length - len(row)) for row in rows], device=device)
-
-    return Batch(padded([p.ids_clean for p in pairs]), padded([p.ids_corrupt for p in pairs]), targets, foils,
-                 torch.tensor([pair.end for pair in pairs], device=device),
+    clean, corrupt = (padded(rows, tokenizer, device)[0] for rows in ([p.ids_clean for p in pairs],
+                                                                      [p.ids_corrupt for p in pairs]))
+    return Batch(clean, corrupt, targets, foils, torch.tensor([pair.end for pair in pairs], device=device),
                  torch.tensor([len(pair.ids_clean) for pair in pairs], device=device))
 
 

@@ -305,6 +305,14 @@ def site_rows(model: TransformerModel, site: str, windows: list[tuple[list[int],
     return seen["value"][keep].float()
 
 
+def kept_rows(model: TransformerModel, site: str, windows: list[tuple[list[int], list[bool]]], limit: float
+              ) -> tuple[Tensor, int]:
+    """A pass's activations (site_rows) of norm at most `limit`, and how many were over it."""
+    found = site_rows(model, site, windows)
+    kept = found[found.norm(dim=-1) <= limit]
+    return kept, found.shape[0] - kept.shape[0]
+
+
 def fill(model: TransformerModel, site: str, windows: Windows, rows: int, pass_windows: int, limit: float = math.inf,
          progress: Callable[[int], None] | None = None) -> tuple[Tensor | None, int, int]:
     """At least `rows` activations of norm at most `limit` (fewer at the corpus's end: None for none), a pass of
@@ -314,9 +322,9 @@ def fill(model: TransformerModel, site: str, windows: Windows, rows: int, pass_w
         batch = [w for w in (windows.next() for _ in range(pass_windows)) if w is not None]
         if not batch:
             break
-        found = site_rows(model, site, batch)
-        parts.append(found[found.norm(dim=-1) <= limit])
-        count, dropped = count + parts[-1].shape[0], dropped + found.shape[0] - parts[-1].shape[0]
+        kept, over = kept_rows(model, site, batch, limit)
+        parts.append(kept)
+        count, dropped = count + kept.shape[0], dropped + over
         if progress is not None:
             progress(count)
     return (torch.cat(parts) if parts else None), windows.read - start, dropped
@@ -438,7 +446,7 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     save_checkpoint(out, state, options, d, model.config.name)
     explained, l0, dead = evaluate(weights, options.k, held.cpu())
     trained = state.steps * options.batch
-    before = (resume or {}).get("steps", 0) * options.batch if resume else None
+    before = resume["steps"] * options.batch if resume else None
     return Trained(str(out), options.site, hook, d, options.latents, options.k, trained, state.steps, options.batch,
                    options.learning_rate, seconds, (state.steps - start_steps) * options.batch / max(seconds, 1e-9),
                    int(held.shape[0]), explained, l0, dead, int((state.since >= options.dead_tokens).sum()),
@@ -457,8 +465,7 @@ def windows_rows(model: TransformerModel, options: TrainOptions, windows: Window
         if any(w is None for w in batch):
             raise usage_error("--resume: the corpus is shorter than the one the run trained on",
                               "give the same --file as the interrupted run")
-        found = site_rows(model, options.site, batch)
-        parts.append(found[found.norm(dim=-1) <= limit])
+        parts.append(kept_rows(model, options.site, batch, limit)[0])
     return torch.cat(parts)
 
 
@@ -536,7 +543,7 @@ def options_of(data: dict[str, Any]) -> TrainOptions:
 
 def record(result: Trained) -> dict[str, Any]:
     """The run as its JSON record."""
-    return {key: value for key, value in asdict(result).items()}
+    return asdict(result)
 
 
 def summary(result: Trained) -> list[str]:

@@ -125,8 +125,9 @@ def train(
     limit = source.config.max_position_embeddings
     if limit and options.context > limit:
         raise usage_error(f"--context {options.context}: the model has {limit} positions", parameter="context")
-    texts = ([item.text for item in batch_] for batch_ in
-             inputs(["-"] if str(file) == "-" else None, None if str(file) == "-" else file).batches(64))
+    stdin = str(file) == "-"  # --file - reads the texts of stdin, as a command's `-` argument does
+    texts = ([item.text for item in chunk] for chunk in inputs(["-"] if stdin else None, None if stdin else file)
+             .batches(64))
     tokenizer = tokenizer_of(source)
     model = build(source, run, "the SAE learns a random model's activations")
     try:
