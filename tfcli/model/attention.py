@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from tfcli.config import ModelConfig
 from tfcli.model.linear import Linear
-from tfcli.model.norms import norm
+from tfcli.model.norms import norm, normed_heads
 from tfcli.model.rotary import apply_rotary
 from tfcli.model.sites import NO_SITES, Sites
 
@@ -266,12 +266,12 @@ class Attention(nn.Module):
         z = sites("z", out.transpose(1, 2))  # (B, T, H, D)
         return sites("out", self.out(z.reshape(z.shape[0], z.shape[1], -1)))
 
-    def split_forward(self, inputs: list[Tensor], mask: Tensor | None, rotary: tuple[Tensor, Tensor] | None,
-                      sites: Sites = NO_SITES) -> Tensor:
-        """Self-attention where each query head reads its own normed inputs: `inputs` the query's, key's and value's,
-        (B, T, H, hidden) each; a key/value head's projection is applied to the input of every query head that reads
-        it (grouped heads ungrouped, so that its k, v sites are (B, T, H, D)). Returns (B, T, hidden), the output
-        projection's, as forward does."""
+    def split_forward(self, inputs: list[Tensor], input_norm: nn.Module, mask: Tensor | None,
+                      rotary: tuple[Tensor, Tensor] | None, sites: Sites = NO_SITES) -> Tensor:
+        """Self-attention where each query head reads its own inputs, each through `input_norm`: `inputs` the query's, key's
+        and value's, (B, T, H, hidden) each; a key/value head's projection is applied to the input of every query head
+        that reads it (grouped heads ungrouped, so that its k, v sites are (B, T, H, D)). Returns (B, T, hidden), the
+        output projection's, as forward does."""
         if self.qk_norm == "projection":
             raise ValueError("split inputs: a query/key norm over the whole projection mixes the heads' inputs")
         heads, dim = self.heads, self.head_dim
@@ -279,13 +279,10 @@ class Attention(nn.Module):
         weight, bias = self.qkv.weight, self.qkv.bias
         sizes = (heads * dim, self.kv_heads * dim, self.kv_heads * dim)
 
-        def project(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # (B, T, H, hidden) -> (B, H, T, D)
-            per_head = w.reshape(-1, dim, w.shape[-1]).repeat_interleave(heads * dim // w.shape[0], 0)  # (H, D, hidden)
-            out = torch.einsum("bthi,hdi->bhtd", x, per_head.to(x.dtype))
-            if b is not None:
-                out = out + b.reshape(-1, dim).repeat_interleave(heads * dim // w.shape[0], 0)[None, :, None].to(x.dtype)
-            return out
+        def per_head(w: Tensor) -> Tensor:  # (rows, ...) -> (H, D, ...): a key/value head's for each query head
+            return w.reshape(-1, dim, *w.shape[1:]).repeat_interleave(heads * dim // w.shape[0], 0)
 
         biases = bias.split(sizes) if bias is not None else (None, None, None)
-        q, k, v = (project(x, w, b) for x, w, b in zip(inputs, weight.split(sizes), biases))
+        q, k, v = (normed_heads(input_norm, x, per_head(w), None if b is None else per_head(b))
+                   for x, w, b in zip(inputs, weight.split(sizes), biases))
         return self._attend(*self._positioned(q, k, v, rotary, sites), mask, sites)

@@ -159,7 +159,7 @@ class Block(nn.Module):
         wide = (batch, length, self.attn.heads, hidden)
         inputs = [sites(f"{name}_input", x[:, :, None].expand(wide)) for name in "qkv"]  # three tensors: a gradient each
         attn_norm = self._modules["attn_norm"]
-        out = self.attn.split_forward([attn_norm(i) for i in inputs], mask, rotary, sites.scope("attn"))
+        out = self.attn.split_forward(inputs, attn_norm, mask, rotary, sites.scope("attn"))
         mlp_norm = self._modules.get("mlp_norm")
         if self.parallel:
             mlp_in = sites("mlp_in", x.view_as(x))

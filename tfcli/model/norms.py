@@ -79,3 +79,63 @@ def normed(norm: nn.Module, x: Tensor, sites: Sites, name: str, output_site: boo
     else:
         out = norm(x)
     return sites(name + ".out", out) if output_site else out
+
+
+
+def normed_heads(norm: nn.Module, copies: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Each head's projection of its own normed copy of the stream (a split pass: model/attention.py), copies (B, T, H,
+    hidden) -> (B, H, T, D), `weight` (H, D, hidden) and `bias` (H, D) each head's, each copy's gradient its own.
+    Copies no hook changed (one tensor expanded: stride 0 over H), under no weight that wants a gradient, are normed
+    once and projected by one product; the backward pass then needs each head's projection back (a product) and
+    two terms per position and head, the norm's, read off the small (B, H, T, D) side: normed per copy, the norm's
+    backward over (B, T, H, hidden) took a third of a split pass on SmolLM2 (_NormedHeads)."""
+    plain = copies.stride(2) != 0 or isinstance(norm, nn.Identity) or \
+        any(p.requires_grad for p in (weight, bias, *norm.parameters()) if p is not None)
+    if plain:
+        out = torch.einsum("bthi,hdi->bhtd", norm(copies), weight.to(copies.dtype))
+        return out if bias is None else out + bias[None, :, None].to(copies.dtype)
+    return _NormedHeads.apply(copies, norm, weight, bias)
+
+
+class _NormedHeads(torch.autograd.Function):
+    """normed_heads for copies of one stream x (B, T, d): out_h = W_h norm(x) + b_h. The norm is gain * x̂ (+ a bias),
+    x̂ = (x - mean x, a LayerNorm's) / scale. For δ_h = d loss / d out_h, copy h's gradient is
+    (g'_h - mean g'_h (LayerNorm) - x̂ mean(g'_h x̂)) / scale with g'_h = (W_h^T δ_h) * gain, where
+    mean(g'_h x̂) = δ_h . W_h (gain x̂) / d and mean(g'_h) = δ_h . W_h gain / d: dot products of D-wide vectors."""
+
+    @staticmethod
+    def forward(ctx, copies: Tensor, norm: nn.Module, weight: Tensor, bias: Tensor | None) -> Tensor:
+        x = copies[:, :, 0]
+        heads, dim, width = weight.shape
+        projected = (norm(x) @ weight.reshape(heads * dim, width).to(x.dtype).T).view(*x.shape[:2], heads, dim)
+        out = projected.transpose(1, 2)  # (B, H, T, D)
+        if bias is not None:
+            out = out + bias[None, :, None].to(x.dtype)
+        if not ctx.needs_input_grad[0]:
+            return out
+        h = x.float()
+        layer = isinstance(norm, nn.LayerNorm)
+        if layer:
+            h = h - h.mean(-1, keepdim=True)
+        scale = divisor(norm, x).float()
+        gain = None if norm.weight is None else \
+            (1.0 + norm.weight.float()) if isinstance(norm, RMSNormPlusOne) else norm.weight.float()
+        gained = weight.float() if gain is None else weight.float() * gain  # (H, D, d): W_h diag(gain)
+        along = projected.float()  # W_h (gain x̂), the projection of the normed x less the norm's bias's
+        if getattr(norm, "bias", None) is not None:
+            along = along - weight.float() @ norm.bias.float()
+        centre = gained.sum(-1) / width if layer else None  # (H, D): W_h gain / d
+        ctx.save_for_backward(h / scale, scale, gained, (along / width).transpose(1, 2), centre)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        unit, scale, gained, along, centre = ctx.saved_tensors  # (B, T, d), (B, T, 1), (H, D, d), (B, H, T, D), (H, D)
+        delta = grad.float() / scale[:, None]  # (B, H, T, D), over the scale
+        heads, dim, width = gained.shape
+        back = torch.bmm(delta.transpose(0, 1).reshape(heads, -1, dim), gained)  # (H, B x T, d): g' / scale
+        back = back.view(heads, *unit.shape)
+        back.addcmul_(unit, (delta * along).sum(-1).transpose(0, 1)[..., None], value=-1)
+        if centre is not None:
+            back -= (delta * centre[None, :, None]).sum(-1).transpose(0, 1)[..., None]
+        return back.permute(1, 2, 0, 3).to(grad.dtype), None, None, None
