@@ -350,8 +350,11 @@ def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, ki
     from tfcli.analysis.dataset import Dataset, Done
 
     rows = [(float(a), float(c), v) for a, c, v in zip(clean, corrupt_metric, values.tolist())]
-    measured = circuit.CircuitFaithfulness([full, empty, chosen]).aggregate(Done(zip(range(2), rows)),
-                                                                            Dataset("", [0, 1], 0, 0))
+    from types import SimpleNamespace
+
+    pairs = [SimpleNamespace(line=number) for number in (1, 2)]
+    measured = circuit.CircuitFaithfulness([full, empty, chosen]).aggregate(Done(zip(pairs, rows)),
+                                                                            Dataset("", pairs, 0, 0))
     gap = (clean - corrupt_metric).sum()
     assert measured.values[0] == pytest.approx(1, abs=1e-5) and measured.values[1] == pytest.approx(0, abs=1e-5)
     assert measured.values[2] == pytest.approx(float((patched - corrupt_metric).sum() / gap), abs=1e-5)
@@ -460,6 +463,34 @@ def test_split_inputs_change_nothing_until_hooked(name, checkpoints):
     assert list(model.site_shapes()) == list(everything)
 
 
+@pytest.mark.parametrize("kind", ["layer", "layer-no-bias", "layer-plain", "rms", "rms-plus-one"])
+def test_a_split_pass_norms_untouched_copies_once_with_each_copys_gradient(kind):
+    """A split pass norms and projects copies no hook changed once (norms.normed_heads): the same outputs and, for
+    each copy, the same gradient as the norm and each head's projection applied to every copy apart."""
+    from tfcli.model.norms import RMSNormPlusOne, normed_heads
+
+    norm = {"layer": torch.nn.LayerNorm(16), "layer-no-bias": torch.nn.LayerNorm(16, bias=False),
+            "layer-plain": torch.nn.LayerNorm(16, elementwise_affine=False), "rms": torch.nn.RMSNorm(16, eps=1e-5),
+            "rms-plus-one": RMSNormPlusOne(16, eps=1e-6)}[kind]
+    generator = torch.Generator().manual_seed(0)
+    for p in norm.parameters():
+        p.requires_grad_(False).copy_(torch.randn(p.shape, generator=generator))
+    x = torch.randn(2, 5, 16, generator=generator) * 3 + 1
+    weight = torch.randn(2, 3, 16, generator=generator).repeat_interleave(2, 0)  # 4 heads reading 2 heads' weights
+    bias = torch.randn(2, 3, generator=generator).repeat_interleave(2, 0)
+    upstream = torch.randn(2, 4, 5, 3, generator=generator)
+    results = []
+    for copies in (x[:, :, None].expand(2, 5, 4, 16), x[:, :, None].expand(2, 5, 4, 16).contiguous()):
+        copies = copies.detach().requires_grad_()
+        out = normed_heads(norm, copies, weight, bias)
+        by_hand = torch.einsum("bthi,hdi->bhtd", norm(copies), weight) + bias[None, :, None]
+        results.append((out, torch.autograd.grad((out * upstream).sum(), copies)[0]))
+        assert (out - by_hand).abs().max() <= 1e-5
+    (out, grad), (plain_out, plain_grad) = results
+    assert (grad - plain_grad).abs().max() <= 1e-5 * plain_grad.abs().max()
+    assert (grad[:, :, 0] - grad[:, :, 1]).abs().max() > 1e-3  # each copy's own gradient
+
+
 # ---------------------------------------------------------------- the command
 
 
@@ -556,6 +587,21 @@ def test_views_fit_the_width_and_keep_every_number(cli, view_args, width, colour
     assert record["circuit"]["faithfulness"] >= 0.5
 
 
+@pytest.mark.parametrize("counterfactual", ["corrupt", "mean"])
+def test_faithful_finds_the_smallest_greedy_circuit_reaching_it(cli, checkpoints, dataset, counterfactual):
+    """--faithful's bisection reuses the first run's m(full) and m(empty) (no clean pass, no run with every edge
+    patched): the circuit it finds measures the same in a run of its own (--top N), and one edge fewer falls short."""
+    path, _ = checkpoints("llama")
+    base = ["circuit", "-m", str(path), "--dataset", str(dataset), "--counterfactual", counterfactual, "--json"]
+    found = json.loads(cli(*base, "--faithful", "0.7", "--sizes", "3").stdout)["circuit"]
+    assert found["picked"] == "faithful" and 3 < found["edges"] < 100  # found by bisection, not on the curve
+    alone = json.loads(cli(*base, "--top", str(found["edges"])).stdout)["circuit"]
+    assert alone["faithfulness"] == pytest.approx(found["faithfulness"], abs=1e-9) and found["faithfulness"] >= 0.7
+    assert alone["interval"] == pytest.approx(found["interval"], abs=1e-9)
+    short = json.loads(cli(*base, "--top", str(found["edges"] - 1)).stdout)["circuit"]
+    assert short["faithfulness"] < 0.7
+
+
 def test_a_single_pair_and_per_item_records(cli, checkpoints, dataset):
     path, _ = checkpoints("gpt2")
     single = cli("circuit", "-m", str(path), CLEAN_TEXT, CORRUPT_TEXT, "--target", "mary", "--foil", "john", "--json")
@@ -640,7 +686,7 @@ def test_the_picked_circuit_is_measured_once_where_the_curve_has_it():
     scores = torch.randn(len(graph.senders), len(graph.receivers), generator=torch.Generator().manual_seed(1))
     runs = []
 
-    def run(circuits):
+    def run(circuits, ends):
         runs.append(len(circuits))
         return circuit.Measured([0.1 * (k + 1) for k in range(len(circuits))], None, None, 3, False)
     for top, expected in ((20, [2]), (12, [3])):

@@ -1,5 +1,5 @@
 """`tfcli circuit --dataset` on what the runner gives every dataset command: --ray (a local Ray cluster started here,
-2 workers) gives the one-process scores, circuit and faithfulness; Ctrl-C while the edges are scored keeps the pairs
+2 workers, the scores and the faithfulness runs on it) gives the one-process scores, circuit and faithfulness; Ctrl-C while the edges are scored keeps the pairs
 finished (their aggregate is a run over those pairs alone), and Ctrl-C while the faithfulness is measured keeps the
 pairs measured (the faithfulness of the same circuit over those pairs alone)."""
 
@@ -78,7 +78,7 @@ def test_a_dataset_on_the_cluster_equals_one_process(cli, llama, dataset):
     finally:
         ray.shutdown()
     assert spread.exit_code == 0, spread.stderr
-    assert "ray: 2 workers at local" in spread.stderr
+    assert spread.stderr.count("ray: 2 workers at local") == 2  # the scores, then the faithfulness: both on Ray
     one, spread = records(one), records(spread)
     assert len(one) == len(spread) == 13
     for a, b in zip(one[:-1], spread[:-1]):  # each pair's record, in the dataset's order

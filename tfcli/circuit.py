@@ -179,13 +179,15 @@ class Circuit:
 
 @dataclass
 class Measured:
-    """Faithfulness of K circuits over `n` pairs: (K,) values with their intervals (None without a bootstrap)."""
+    """Faithfulness of K circuits over `n` pairs: (K,) values with their intervals (None without a bootstrap), and
+    `ends`, each pair's (m(full), m(empty)) by its line (what a later run need not run again)."""
 
     values: list[float]
     lows: list[float] | None
     highs: list[float] | None
     n: int
     interrupted: bool
+    ends: dict[int | None, tuple[float, float]] = field(default_factory=dict)
 
 
 def windows(pairs: list[Pair]) -> Iterator[list[Pair]]:
@@ -264,13 +266,18 @@ class CircuitFaithfulness(OverPairs):
 
     circuits: list[Tensor]
     counterfactual: str = "corrupt"
+    ends: dict[int | None, tuple[float, float]] | None = None  # each pair's (m(full), m(empty)): not run again
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
                 progress: Callable[[float], None] | None) -> Iterator[tuple[float, float, list[float]]]:
         def run(batch: list[Pair]) -> list[tuple[float, float, list[float]]]:
             clean, corrupt, values = circuit_metrics(model, batch_of(model, tokenizer, batch), self.circuits,
-                                                     self.counterfactual)
-            return list(zip(clean.tolist(), corrupt.tolist(), values.tolist()))
+                                                     self.counterfactual, ends=self.ends is None)
+            if self.ends is not None:
+                clean, corrupt = zip(*(self.ends[pair.line] for pair in batch))
+            else:
+                clean, corrupt = clean.tolist(), corrupt.tolist()
+            return list(zip(clean, corrupt, values.tolist()))
         return ordered(pairs, run, progress)
 
     def aggregate(self, done: Done, dataset: Dataset) -> Measured:
@@ -278,7 +285,7 @@ class CircuitFaithfulness(OverPairs):
 
         from tfcli.analysis.dataset import ratio_of_means
 
-        rows = [result for _, result in done]
+        pairs, rows = zip(*done)  # the runner gives at least one
         clean = torch.tensor([r[0] for r in rows], dtype=torch.float64)
         corrupt = torch.tensor([r[1] for r in rows], dtype=torch.float64)
         values = torch.tensor([r[2] for r in rows], dtype=torch.float64).view(len(rows), -1)
@@ -287,13 +294,15 @@ class CircuitFaithfulness(OverPairs):
                              "over the pairs", "choose corrupt texts on which the model behaves differently")
         score, low, high = ratio_of_means(values - corrupt[:, None], clean - corrupt, dataset.resamples)
         return Measured(score.tolist(), None if low is None else low.tolist(), None if high is None else high.tolist(),
-                        len(rows), done.interrupted)
+                        len(rows), done.interrupted, {pair.line: row[:2] for pair, row in zip(pairs, rows)})
 
 
-def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor]], Measured]) -> None:
-    """The circuit picked and the curve, each measured by run(circuits) (the faithfulness over the pairs): the curve's
-    circuits and the picked one in one run (once where it is one of the curve's); with --faithful, the smallest greedy circuit found reaching it, by
-    bisection between the curve's sizes (the whole graph's faithfulness is 1)."""
+def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measured]) -> None:
+    """The circuit picked and the curve, each measured by run(circuits, ends) (the faithfulness over the pairs; `ends`
+    the pairs' m(full) and m(empty) from the first run, or None): the curve's circuits and the picked one in one run
+    (once where it is one of the curve's); with --faithful, the smallest greedy circuit found reaching it, by
+    bisection between the curve's sizes (the whole graph's faithfulness is 1), a run per step that reuses the first
+    run's m(full) and m(empty)."""
     graph = result.graph
     order = greedy_order(graph, result.scores)
     sizes = curve_sizes(graph, options.sizes)
@@ -305,7 +314,7 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor
         chosen = circuit_of(graph, order[:min(options.top or DEFAULT_TOP, graph.edge_count)])
     same = next((k for k, circuit in enumerate(circuits) if chosen is not None and bool((circuit == chosen).all())),
                 None)  # the picked circuit is one of the curve's: measured once
-    measured = run(circuits + ([chosen] if chosen is not None and same is None else []))
+    measured = run(circuits + ([chosen] if chosen is not None and same is None else []), None)
     if not measured.n:  # interrupted before any pair finished
         result.interrupted = True
         return
@@ -326,7 +335,7 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor
     while high - low > 1 and not result.interrupted:
         middle = (low + high) // 2
         circuit = circuit_of(graph, order[:middle])
-        again = run([circuit])
+        again = run([circuit], measured.ends)
         result.interrupted |= again.interrupted
         if again.n < result.measured_pairs:  # interrupted: what finished is not comparable; keep what was measured
             break
@@ -335,10 +344,8 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[[list[Tensor
             high, best = middle, found
         else:
             low = middle
-    if best is None or best.edges != high:
-        whole = circuit_of(graph, order[:high])
-        best = CurvePoint(high, len(graph.nodes_of(whole)), 1.0, None, None) if high == graph.edge_count else \
-            point(graph, whole, run([whole]), 0)
+    if best is None:  # no circuit measured reached it: the whole graph's faithfulness is 1
+        best = CurvePoint(high, len(graph.nodes_of(graph.mask)), 1.0, None, None)
     result.circuit, result.measured = circuit_of(graph, order[:best.edges]), best
 
 

@@ -496,11 +496,21 @@ def patched_metrics(model: TransformerModel, batch: Batch, counter: Tensor, circ
     return torch.stack(values, 1) if values else counter.new_zeros(counter.shape[0], 0, dtype=torch.float64)
 
 
-def circuit_metrics(model: TransformerModel, batch: Batch, circuits: list[Tensor], counterfactual: str = "corrupt"
-                    ) -> tuple[Tensor, Tensor, Tensor]:
-    """(clean metric (B,), m(empty) (B,), metric (B, K)) of each (S, R) circuit (`patched_metrics`)."""
-    clean, empty, _, counter = counterfactuals(model, batch, counterfactual)
-    return clean, empty, patched_metrics(model, batch, counter, circuits)
+def circuit_metrics(model: TransformerModel, batch: Batch, circuits: list[Tensor], counterfactual: str = "corrupt",
+                    ends: bool = True) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """(clean metric (B,), m(empty) (B,), metric (B, K)) of each (S, R) circuit (`patched_metrics`). `ends` False: the
+    first two are None, not run (a caller that has them from an earlier run: the corrupt counterfactual then takes
+    no clean pass, the mean no run with every edge patched)."""
+    import torch
+
+    if ends:
+        clean, empty, _, counter = counterfactuals(model, batch, counterfactual)
+        return clean, empty, patched_metrics(model, batch, counter, circuits)
+    with torch.no_grad():
+        counter = run_senders(model, batch.corrupt if counterfactual == "corrupt" else batch.clean, batch)[1]
+    if counterfactual == "mean":
+        counter = position_means(counter, batch.lengths)
+    return None, None, patched_metrics(model, batch, counter, circuits)
 
 
 # ---------------------------------------------------------------- picking circuits

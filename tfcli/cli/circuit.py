@@ -1,7 +1,7 @@
 """`tfcli circuit`: which edges between a decoder's components carry a task, and how faithful the circuit they make is
 (tfcli/circuit.py), over one clean/corrupt pair or a --dataset of them. The edges' scores run through the runner
 (`run_dataset`: progress, Ctrl-C, --per-item, --ray); the circuit's faithfulness is then measured over the same
-pairs on this process, through the runner again, a run per batch of circuits."""
+pairs through the runner again (on the same Ray cluster with --ray), a run per batch of circuits."""
 
 from __future__ import annotations
 
@@ -121,18 +121,19 @@ def circuit(
     analysis = core.CircuitScores(options, graph)
     random_means = "these edges say nothing about a trained model"
 
-    def measure(model, result) -> None:
-        """The circuit picked and the curve, measured over the pairs (a run of the runner each), and --graph-out."""
+    def measure(model, result, cluster=None) -> None:
+        """The circuit picked and the curve, measured over the pairs (a run of the runner each, on `cluster` when
+        given), and --graph-out."""
         from tfcli.api import load_tokenizer_for
 
         tokenizer = load_tokenizer_for(source)
         pairs = Dataset(result.dataset, result.items, 0, result.resamples)
 
-        def faithfulness(circuits):
+        def faithfulness(circuits, ends):
             with count_bar("faithfulness", "pairs") as progress:
                 try:
-                    return runner.run(core.CircuitFaithfulness(circuits, options.counterfactual), model, tokenizer,
-                                      pairs, progress=progress)
+                    return runner.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends), model,
+                                      tokenizer, pairs, progress=progress, cluster=cluster)
                 except KeyboardInterrupt:
                     return core.Measured([], None, None, 0, True)
         core.measure(result, options, faithfulness)
