@@ -2,13 +2,13 @@
 transformers inside the tests, GPT-2 (LayerNorm, biases perturbed), Llama with grouped-query attention (RMSNorm,
 rotary; its key and value inputs taken per query head on the same model with its key/value heads repeated, as the
 EAP-IG reference ungroups them) and, for EAP and faithfulness, GPT-J (attention and MLP in parallel on one norm: an
-MLP does not read its own block's heads). A receiver's own input is made by hand: a zero `eps` added to the residual stream
-as that receiver alone reads it (one head's query, key or value columns of the projection recomputed from the norm
-of x + eps, or the MLP's norm's or the final norm's input), and the gradient of the metric at eps is the receiver's;
-a sender's output is read from the modules (the embeddings block 0 reads, a head's slice of the output projection's
-input times its rows of the weight, the MLP's output). Then: EAP-IG with one step is EAP; `exact` is each edge
-patched by hand; faithfulness is 1 for the whole graph, 0 for none, and for the edges out of a set of nodes equals
-patching the other nodes' outputs by hand; and the command: JSON keys, views, bad input, files."""
+MLP does not read its own block's heads). A receiver's own input is made by hand: a zero `eps` added to the residual
+stream as that receiver alone reads it (one head's query, key or value columns of the projection recomputed from the
+norm of x + eps, or the MLP's norm's or the final norm's input), and the gradient of the metric at eps is the
+receiver's; a sender's output is read from the modules (the embeddings block 0 reads, a head's slice of the output
+projection's input times its rows of the weight, the MLP's output). Then: EAP-IG with one step is EAP; `exact` is
+each edge patched by hand; faithfulness is 1 for the whole graph, 0 for none, and for the edges out of a set of nodes
+equals patching the other nodes' outputs by hand; and the command: JSON keys, views, bad input, files."""
 
 from __future__ import annotations
 
@@ -280,7 +280,7 @@ def test_eap_scores_are_the_hand_computation(name, checkpoints):
         logits = hf(input_ids=b.clean).logits
     assert torch.allclose(clean, metric(logits, b).double(), atol=1e-4)
     ig = core.scores_of(model, b, "eap-ig-inputs", 1)[2]
-    assert (ig - scores).abs().max() <= 1e-5 * scale  # one step of integrated gradients: at the clean input (to float32)
+    assert (ig - scores).abs().max() <= 1e-5 * scale  # one step of integrated gradients: at the clean input (float32)
     ig3 = core.scores_of(model, b, "eap-ig-inputs", 3)[2]
     assert (ig3 - hand_eap(Hand(name, reference, graph), b, steps=3)).abs().max() <= 1e-5 * scale
     assert (ig3 - scores).abs().max() > 1e-3 * scale  # three steps differ from one

@@ -1,7 +1,8 @@
-"""`tfcli circuit --dataset` on what the runner gives every dataset command: --ray (a local Ray cluster started here,
-2 workers, the scores and the faithfulness runs on it) gives the one-process scores, circuit and faithfulness; Ctrl-C while the edges are scored keeps the pairs
-finished (their aggregate is a run over those pairs alone), and Ctrl-C while the faithfulness is measured keeps the
-pairs measured (the faithfulness of the same circuit over those pairs alone)."""
+"""`tfcli circuit --dataset` on what the runner gives every dataset command: --ray (a local Ray cluster started here, 2
+workers, the scores and the faithfulness runs on it) gives the one-process scores, circuit and faithfulness; Ctrl-C
+while the edges are scored keeps the pairs finished (their aggregate is a run over those pairs alone), and Ctrl-C
+while the faithfulness is measured keeps the pairs measured (the faithfulness of the same circuit over those pairs
+alone)."""
 
 from __future__ import annotations
 

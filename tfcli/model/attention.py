@@ -268,10 +268,10 @@ class Attention(nn.Module):
 
     def split_forward(self, inputs: list[Tensor], input_norm: nn.Module, mask: Tensor | None,
                       rotary: tuple[Tensor, Tensor] | None, sites: Sites = NO_SITES) -> Tensor:
-        """Self-attention where each query head reads its own inputs, each through `input_norm`: `inputs` the query's, key's
-        and value's, (B, T, H, hidden) each; a key/value head's projection is applied to the input of every query head
-        that reads it (grouped heads ungrouped, so that its k, v sites are (B, T, H, D)). Returns (B, T, hidden), the
-        output projection's, as forward does."""
+        """Self-attention where each query head reads its own inputs, each through `input_norm`: `inputs` the
+        query's, key's and value's, (B, T, H, hidden) each; a key/value head's projection is applied to the input of
+        every query head that reads it (grouped heads ungrouped, so that its k, v sites are (B, T, H, D)). Returns (B,
+        T, hidden), the output projection's, as forward does."""
         if self.qk_norm == "projection":
             raise ValueError("split inputs: a query/key norm over the whole projection mixes the heads' inputs")
         heads, dim = self.heads, self.head_dim

@@ -81,7 +81,6 @@ def normed(norm: nn.Module, x: Tensor, sites: Sites, name: str, output_site: boo
     return sites(name + ".out", out) if output_site else out
 
 
-
 def normed_heads(norm: nn.Module, copies: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """Each head's projection of its own normed copy of the stream (a split pass: model/attention.py), copies (B, T, H,
     hidden) -> (B, H, T, D), `weight` (H, D, hidden) and `bias` (H, D) each head's, each copy's gradient its own.
