@@ -607,8 +607,11 @@ def test_faithful_finds_the_smallest_greedy_circuit_reaching_it(cli, checkpoints
     patched): the circuit it finds measures the same in a run of its own (--top N), and one edge fewer falls short."""
     path, _ = checkpoints("llama")
     base = ["circuit", "-m", str(path), "--dataset", str(dataset), "--counterfactual", counterfactual, "--json"]
-    found = json.loads(cli(*base, "--faithful", "0.7", "--sizes", "3").stdout)["circuit"]
+    run = cli(*base, "--faithful", "0.7", "--sizes", "3")
+    found = json.loads(run.stdout)["circuit"]
     assert found["picked"] == "faithful" and 3 < found["edges"] < 100  # found by bisection, not on the curve
+    steps = [line for line in run.stderr.splitlines() if line.startswith("--faithful 0.7: ")]  # each step said
+    assert len(steps) >= 5 and steps[-1].endswith(f"the circuit has {found['edges']:,}-{found['edges']:,} edges")
     alone = json.loads(cli(*base, "--top", str(found["edges"])).stdout)["circuit"]
     assert alone["faithfulness"] == pytest.approx(found["faithfulness"], abs=1e-9) and found["faithfulness"] >= 0.7
     assert alone["interval"] == pytest.approx(found["interval"], abs=1e-9)

@@ -297,12 +297,13 @@ class CircuitFaithfulness(OverPairs):
                         len(rows), done.interrupted, {pair.line: row[:2] for pair, row in zip(pairs, rows)})
 
 
-def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measured]) -> None:
+def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measured],
+            note: Callable[[str], None] | None = None) -> None:
     """The circuit picked and the curve, each measured by run(circuits, ends) (the faithfulness over the pairs; `ends`
     the pairs' m(full) and m(empty) from the first run, or None): the curve's circuits and the picked one in one run
     (once where it is one of the curve's); with --faithful, the smallest greedy circuit found reaching it, by
     bisection between the curve's sizes (the whole graph's faithfulness is 1), a run per step that reuses the first
-    run's m(full) and m(empty)."""
+    run's m(full) and m(empty), each step said through `note`."""
     graph = result.graph
     order = greedy_order(graph, result.scores)
     sizes = curve_sizes(graph, options.sizes)
@@ -344,6 +345,9 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measure
             high, best = middle, found
         else:
             low = middle
+        if note is not None:
+            note(f"--faithful {wanted:g}: {middle:,} edges {found.faithfulness:.3f}; the circuit has "
+                 f"{low + 1:,}-{high:,} edges")
     if best is None:  # no circuit measured reached it: the whole graph's faithfulness is 1
         best = CurvePoint(high, len(graph.nodes_of(graph.mask)), 1.0, None, None)
     result.circuit, result.measured = circuit_of(graph, order[:best.edges]), best

@@ -136,7 +136,7 @@ def circuit(
                                       tokenizer, pairs, progress=progress, cluster=cluster)
                 except KeyboardInterrupt:
                     return core.Measured([], None, None, 0, True)
-        core.measure(result, options, faithfulness)
+        core.measure(result, options, faithfulness, say)
         if graph_out is not None:
             from tfcli.errors import replace_atomically
 
