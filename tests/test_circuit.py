@@ -693,9 +693,11 @@ def test_report_files(cli, checkpoints, dataset, tmp_path, suffix):
     text = report.read_text()
     if suffix == ".html":
         assert 'circuit: async function' in text and '"layers":2' in text and '"curve":[' in text
+        assert '"measured":{"edges":10,' in text  # the circuit, ringed on the curve
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
     else:
-        assert "<svg" in text and "faithfulness" in text
+        assert "<svg" in text and "faithfulness" in text and "circuit, 10" in text
+        assert "mathdefault" not in text and ">100<" in text.replace(" ", "")  # the log axis in plain numbers
 
 
 def test_the_picked_circuit_is_measured_once_where_the_curve_has_it():

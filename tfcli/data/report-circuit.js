@@ -48,11 +48,12 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       add(graph, "text", {x: 2, y: at([0, layer])[1] + 4, "font-size": 10, fill: "#666"}).textContent =
         layer < 0 ? "input" : layer === s.layers ? "logits" : "L" + layer;
     }
-    // the curve: faithfulness against edges (log scale), with the intervals
+    // the curve: faithfulness against edges (log scale), with the intervals; the circuit picked, ringed
     const cw = 300, ch = 220, cp = 40, curve = svgOf(cw, ch);
     if (s.curve.length) {
-      const xs = s.curve.map((p) => Math.log10(p.edges)), lo = Math.min(...xs), hi = Math.max(...xs, lo + 1);
-      const values = s.curve.flatMap((p) => [p.faithfulness, ...(p.interval || [])]);
+      const points = s.measured ? [...s.curve, s.measured] : s.curve;
+      const xs = points.map((p) => Math.log10(p.edges)), lo = Math.min(...xs), hi = Math.max(...xs, lo + 1);
+      const values = points.flatMap((p) => [p.faithfulness, ...(p.interval || [])]);
       const ylo = Math.min(0, ...values), yhi = Math.max(1, ...values);
       const X = (v) => cp + (Math.log10(v) - lo) / (hi - lo) * (cw - 2 * cp);
       const Y = (v) => ch - cp - (v - ylo) / (yhi - ylo) * (ch - 2 * cp);
@@ -71,6 +72,17 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
           add(curve, "text", {x: X(p.edges), y: ch - cp + 14, "font-size": 10, "text-anchor": "middle"}).textContent = p.edges;
           right = X(p.edges);
         }
+      }
+      if (s.measured) {
+        const m = s.measured;
+        if (m.interval) add(curve, "line", {x1: X(m.edges), x2: X(m.edges), y1: Y(m.interval[0]), y2: Y(m.interval[1]),
+                                            stroke: "#2563eb"});
+        add(curve, "circle", {cx: X(m.edges), cy: Y(m.faithfulness), r: 7, fill: "none", stroke: "#2563eb",
+                              "stroke-width": 2},
+            "the circuit: " + m.edges + " edges, " + m.nodes + " nodes: faithfulness " + m.faithfulness.toFixed(3) +
+            (m.interval ? " [" + m.interval[0].toFixed(3) + ", " + m.interval[1].toFixed(3) + "]" : ""));
+        add(curve, "text", {x: X(m.edges), y: Y(m.faithfulness) - 11, "font-size": 10, "text-anchor": "middle",
+                            fill: "#2563eb"}).textContent = "circuit, " + m.edges;
       }
       const drawn = [];  // the faithfulness axis: its ends, then 1 and 0 where they do not overlap another label
       for (const v of [ylo, yhi, 1, 0]) {

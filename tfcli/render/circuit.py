@@ -193,6 +193,8 @@ def figure(result: Circuit, run: RunInfo, tokenizer: Tokenizer | None) -> Figure
     """The circuit as a layered graph (edge width by |score|, blue positive, red negative) beside its curve."""
     from matplotlib.figure import Figure
 
+    from tfcli.render.figure import log_axis
+
     graph = result.graph
     section = page_section(result, tokenizer)
     fig = Figure(figsize=(11, 1.5 + 0.45 * graph.layers))
@@ -217,7 +219,12 @@ def figure(result: Circuit, run: RunInfo, tokenizer: Tokenizer | None) -> Figure
         for p in result.curve:
             if p.low is not None:
                 right.plot([p.edges, p.edges], [p.low, p.high], color="grey")
-        right.set_xscale("log")
+        if measured is not None:  # the circuit picked, ringed (it may lie between the curve's sizes)
+            right.scatter([measured.edges], [measured.faithfulness], s=90, facecolors="none", edgecolors="#2563eb",
+                          zorder=3)
+            right.annotate(f"circuit, {measured.edges}", (measured.edges, measured.faithfulness), fontsize=7,
+                           color="#2563eb", xytext=(0, 8), textcoords="offset points", ha="center")
+        log_axis(right, "x")
     right.set_xlabel("edges")
     right.set_ylabel("faithfulness")
     fig.suptitle(f"tfcli circuit: {run.model}", fontsize=9)

@@ -185,6 +185,17 @@ def _tick_font(count: int, length: float) -> tuple[float, int]:
     return max(font, MIN_FONT) if step > 1 else font, step
 
 
+def log_axis(ax: Any, axis: str) -> None:
+    """A log scale along `axis` ("x" or "y") labelled in plain numbers (100, 0.001): matplotlib writes its decades as
+    math text, which STYLE turns off (a `$` in a token stays a `$`), so they would show as `$\\mathdefault{10^{2}}$`."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    scale = getattr(ax, f"{axis}axis")
+    scale.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    scale.set_minor_formatter(NullFormatter())
+
+
 def label_axis(ax: Any, axis: str, tokens: list[str], length: float) -> None:
     """Token labels along `axis` ("x": rotated, along the bottom; "y": down the left) of `length` inches;
     past what fits, every k-th token, written with its position."""

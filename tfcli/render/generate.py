@@ -123,7 +123,7 @@ def page_section(result: Generation, tokenizer: Tokenizer) -> dict[str, Any]:
 def figure(result: Generation, run: RunInfo, tokenizer: Tokenizer) -> Figure:
     """Each new token's probability (bars, tokens along the bottom) and, with --lens, the layers x steps grid."""
     from tfcli.render.figure import (CELL_TOKEN, CHAR_WIDTH, POINTS, blank_figure, caption, label_axis, labels_size,
-                                     lens_grid, lens_layout)
+                                     lens_grid, lens_layout, log_axis)
 
     # each token's text, a space as ␣ (token_label), as every grid's labels show it
     tokens = [token_label(tokenizer.text_of(step.token_id)) for step in result.steps]
@@ -151,7 +151,7 @@ def figure(result: Generation, run: RunInfo, tokenizer: Tokenizer) -> Figure:
         ax.set_ylim(0, 1)
         ax.set_ylabel("probability")
     else:  # on 0 to 1, a bar of 3e-4 would not show: a log axis down to the least probable step's decade
-        ax.set_yscale("log")
+        log_axis(ax, "y")
         ax.set_ylim(10 ** math.floor(math.log10(max(lowest, 1e-12))), 1)
         ax.set_ylabel("probability (log scale)")
     ax.set_title("each new token's probability (the model's, before temperature and filtering)")
