@@ -72,6 +72,26 @@ def test_the_readme_shows_the_stored_run(stored):
     assert len(in_circuit) == 100 and len(record["edges"]) == record["graph"]["edges"]
 
 
+def test_the_readme_shows_the_stored_faithful_run(stored):
+    """`--faithful 0.8` over the same pairs (docs/results/circuit-faithful-ioi100.json, its record less the edges):
+    the README's numbers are its, and its clean, corrupt and curve values are the stored run's."""
+    found = json.loads((RESULTS / "circuit-faithful-ioi100.json").read_text(encoding="utf-8"))
+    record = stored[1]
+    circuit = found["circuit"]
+    assert circuit["picked"] == "faithful" and circuit["wanted"] == 0.8 and circuit["faithfulness"] >= 0.8
+    assert found["n"] == 100 and not found["interrupted"] and found["in_circuit"] == circuit["edges"]
+    assert circuit["nodes"] == len(found["nodes"]) and circuit["edges"] > max(p["edges"] for p in found["curve"])
+    flat = " ".join(SECTION.split())
+    low, high = circuit["interval"]
+    assert f"`--faithful 0.8` takes {circuit['edges']:,} edges ({circuit['nodes']} nodes) for " \
+           f"{three(circuit['faithfulness'])} [{three(low)}, {three(high)}]" in flat
+    for key in ("clean_value", "corrupt_value"):
+        assert found[key] == pytest.approx(record[key], abs=1e-6)
+    assert [p["edges"] for p in found["curve"]] == [p["edges"] for p in record["curve"]]
+    assert [p["faithfulness"] for p in found["curve"]] == pytest.approx([p["faithfulness"] for p in record["curve"]],
+                                                                        abs=1e-5)
+
+
 def test_the_stored_pairs_are_the_ioi_task(gguf):
     task = subprocess.run([sys.executable, "-m", "tfcli", "task", "ioi", "-m", str(gguf), "--n", "100", "--seed", "0"],
                           capture_output=True, text=True)
