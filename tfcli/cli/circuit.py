@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tfcli.cli.common import (View, app, build, count_bar, emit, output_console, report_of, run_dataset, say,
-                              tokenizer_of, warn, warn_spacing)
+from tfcli.cli.common import (View, app, build, count_bar, emit, note, output_console, report_of, run_dataset,
+                              say, tokenizer_of, warn, warn_spacing)
 from tfcli.cli.options import DatasetFlags, RunOptions, shared_options
 from tfcli.errors import TfcliError, usage_error
 from tfcli.render.report_file import check_report_path
@@ -121,19 +121,20 @@ def circuit(
     analysis = core.CircuitScores(options, graph)
     random_means = "these edges say nothing about a trained model"
 
-    def measure(model, result, cluster=None) -> None:
-        """The circuit picked and the curve, measured over the pairs (a run of the runner each, on `cluster` when
-        given), and --graph-out."""
+    def measure(model, result) -> None:
+        """The circuit picked and the curve, measured over the pairs (a run of the runner each, on the --ray cluster
+        when given, as the scores), and --graph-out."""
         from tfcli.api import load_tokenizer_for
 
         tokenizer = load_tokenizer_for(source)
         pairs = Dataset(result.dataset, result.items, 0, result.resamples)
+        where = None if cluster is None else runner.Cluster(cluster, run.spec(), note)
 
         def faithfulness(circuits, ends):
             with count_bar("faithfulness", "pairs") as progress:
                 try:
                     return runner.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends), model,
-                                      tokenizer, pairs, progress=progress, cluster=cluster)
+                                      tokenizer, pairs, progress=progress, cluster=where)
                 except KeyboardInterrupt:
                     return core.Measured([], None, None, 0, True)
         core.measure(result, options, faithfulness, say)

@@ -446,13 +446,12 @@ def ablation_of(specs: list[str] | None, config, generating: bool = False):
 
 
 def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, views: tuple[View, View],
-                random_means: str, after: Callable[[TransformerModel, Any, Any], None] | None = None) -> None:
+                random_means: str, after: Callable[[TransformerModel, Any], None] | None = None) -> None:
     """An analysis over a dataset or texts (tfcli/runner.py): every line read and checked before the model is built
     (a stream's first batch), the items run here or on Ray, a progress bar of items on stderr, each item's result
     shown as a single run shows it (--per-item: `views[0]`), then the aggregate (`views[1]`), its JSON or view and
     --report; Ctrl-C shows the aggregate of the items finished and exits 130. `random_means`: what the results say
-    nothing about on random weights; `after(model, aggregate, cluster)`: what the command adds before it is shown
-    (`cluster`: the runner's Cluster of --ray, None without, for the runs it makes itself)."""
+    nothing about on random weights; `after(model, aggregate)`: what the command adds before it is shown."""
     from tfcli import runner
 
     tokenizer = tokenizer_of(source)
@@ -482,7 +481,7 @@ def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions
         warn(f"interrupted before any of the {analysis.unit} finished: nothing to show")
         raise typer.Exit(130) from None
     if after is not None:
-        after(model, result, cluster)
+        after(model, result)
     emit([result], view, run.json_output, report=report_of(run.report, run.force, analysis.command, model, source))
     if result.interrupted:
         warn(f"interrupted: {result.n} {analysis.unit} finished; the aggregate is theirs")
