@@ -157,13 +157,13 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
                 every_feature: bool = False) -> Iterator[Attribution]:
     """Attribute prompts, each with its own target, foil and position, in padded batches of `batch_size`; yields
     one Attribution per prompt, in order. `neurons`: with --by neuron, the neurons kept one by one (default: the
-    options' top)."""
+    options' top); `every_feature`: with --sae, every feature a component (split_by_sae)."""
     import torch
+
+    from tfcli.analysis.sae import fit, sae_sites
 
     config = model.config
     device = model.device
-    from tfcli.analysis.sae import fit, sae_sites
-
     names = writer_sites(model, options.by)
     names += [site for sae in options.saes for site in sae_sites(sae) if site not in names]
     layers = len(model.output_stack.blocks)
@@ -256,8 +256,7 @@ def split_by_sae(sae: SAE, fitted: Fitted, where: tuple[int, int], direction: Te
     added += [Component(f"{label}.sae_rest", found["rest"], layer=own),
               Component(f"{label}.sae_error", found["error"], layer=own)]
     at = components.index(replaced[-1]) + 1 if replaced else len(components)
-    kept = [c for c in components[:at] if not held(c)] + added + [c for c in components[at:] if not held(c)]
-    return kept
+    return [c for c in components[:at] if not held(c)] + added + [c for c in components[at:] if not held(c)]
 
 
 def value_at(model: TransformerModel, logits: Tensor, cache: dict[str, Tensor], readout: Readout, metric: Metric,

@@ -162,9 +162,8 @@ class PrefixKV:
     """The keys and values of the positions before `length`, given (of P runs, per self-attention layer (G, P,
     L', D), after any rotation, L' >= length: the rest padding), row r of a batch that covers the positions after
     them reading run `rows[r]`'s: a pass over the positions that can change reads the others' from another run (the
-    patch sweep). Quacks like
-    KVCache; attention reads the given keys and values apart from the new ones (`before`), so that a prefix the rows
-    share is never copied per row."""
+    patch sweep). Quacks like KVCache; attention reads the given keys and values apart from the new ones (`before`),
+    so that a prefix the rows share is never copied per row."""
 
     def __init__(self, keys: dict[int, Tensor], values: dict[int, Tensor], length: int, rows: Tensor):
         self.keys, self.values, self.length, self.rows = keys, values, length, rows
