@@ -90,6 +90,14 @@ def test_attention_over_given_keys_equals_attention_over_the_joined_keys(assert_
                                  (q, k, v)) for kv, extra in (((k, v), (before,)), (joined, ()))]
     for name, ours, expected in zip("qkv", *grads):
         assert_close(f"gradient of {name}", ours, expected, 1e-5)
+    # without a gradient, a cap or the site, the prefix unmasked (a patch sweep's runs): PyTorch's fused kernel over
+    # the prefix, joined to the new keys by its log-sum-exp
+    mask = torch.cat([torch.zeros(1, 1, new, given), torch.randn(1, 1, new, new)], dim=-1)
+    with torch.no_grad():
+        assert_close("fused prefix", scaled_dot_product_attention(q, k, v, mask, 0.3, None, None, before),
+                     scaled_dot_product_attention(q, *joined, mask, 0.3), 1e-5)
+        assert_close("fused prefix, no mask", scaled_dot_product_attention(q, k, v, None, None, None, None, before),
+                     scaled_dot_product_attention(q, *joined, None), 1e-5)
 
 
 def copy_torch_layer(ours: Block, theirs: nn.Module, cross: bool = False) -> None:
