@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 from tfcli.analysis.dataset import Dataset, Done, Line, check_one_metric
 from tfcli.analysis.indices import parse_indices
 from tfcli.analysis.metric import Token, check_head, parse_metric, position_of
-from tfcli.analysis.names import KINDS, every_block, kind_of
+from tfcli.analysis.names import KINDS, block_site, every_block, kind_of
 from tfcli.analysis.pairs import PAIR_LINE, Pair, check_pair, pair_inputs, same_value, small_gap
-from tfcli.analysis.patching import (BATCH_MB, Patch, PairMetric, PairRuns, attribution, corrupt_run, empty_grid,
-                                     fast_sweep, naive_sweep, patches, put, unchanged)
+from tfcli.analysis.patching import (BATCH_MB, Patch, PairMetric, PairRuns, attribution, corrupt_run,
+                                     count_patches, empty_grid, fast_sweep, naive_sweep, patches, put, unchanged)
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
@@ -237,20 +237,25 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
     if position is not None:
         kept, read = {"logits_to_keep": len(reads[0]) - position}, PairMetric(targets, foils, 0)
     lengths = {"": length, "encoder.": length, "decoder.": len(decoder_ids or [])}
-    every = patches(model, options.sites, lengths, positions)
     stacks = dict(model.stacks())
+    requested = {prefix: range(lengths[prefix]) if positions is None or prefix == "decoder." else
+                 [p for p in positions if p < lengths[prefix]] for prefix in stacks}
+    every = count_patches(model, options.sites, requested)
     firsts = [next((i for i, (a, b) in enumerate(zip(pair.ids_clean, pair.ids_corrupt)) if a != b), None)
               for pair in pairs]
-    fixed: list[list[Patch]] = [[] for _ in pairs]  # 0 without a run
-    sweep: list[Patch] = []
     causal = options.ablation is None or not options.ablation.by_mean  # a mean over the positions reads them all
+    skipped: list[dict[str, set[int]]] = []  # by pair, then stack: the positions whose patches change nothing
+    swept: list[int] = []  # by pair: how many patches it runs (the others score 0 without a run)
+    sweep: list[Patch] = []
     for row, first in enumerate(firsts):
-        for patch in every:
-            if causal and unchanged(patch, stacks, first, position):
-                fixed[row].append(patch)
-            else:
-                sweep.append(dataclasses.replace(patch, pair=row))
-    names = sorted({p.name for p in every})
+        skipped.append({prefix: {p for p in at if causal and unchanged(stacks[prefix], prefix, p, first, position)}
+                        for prefix, at in requested.items()})
+        patched = patches(model, options.sites, {prefix: [p for p in at if p not in skipped[row][prefix]]
+                                                 for prefix, at in requested.items()}, row)
+        swept.append(len(patched))
+        sweep += patched
+    names = sorted({block_site(layer, KINDS[kind].leaf, prefix) for prefix, stack in stacks.items()
+                    for kind in options.sites for layer in range(len(stack.blocks))})
     clean_t = torch.tensor([pair.ids_clean for pair in pairs], device=device)
     corrupt_t = torch.tensor([pair.ids_corrupt for pair in pairs], device=device)
     kv = every_block(model, "attn.k", causal=True) + every_block(model, "attn.v", causal=True)
@@ -263,10 +268,13 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
     first = min((f for f in firsts if f is not None), default=None)
     start = first if "" in stacks and stacks[""].causal and causal and first and position is not None and \
         first <= position else 0
-    corrupt_names = names if options.method == "attribution" else sorted(set(names + kv + resid))
-    with torch.no_grad():  # the clean run keeps what the corrupt one reads and has before `start`
-        clean_logits, clean_cache = model.run_with_cache(clean_t, sorted(set(corrupt_names + kv)) if start else names,
-                                                         removed, **inputs, **kept)
+    # the corrupt run keeps what attribution differentiates (the patched sites) and what the sweep reads (every
+    # block's stream entering it, keys and values)
+    corrupt_names = sorted(set((names if estimate else []) + ([] if options.method == "attribution" else kv + resid)))
+    # the clean run keeps the patched sites and, with a `start`, what the corrupt run has and reads before it
+    clean_names = sorted(set(names + corrupt_names + kv)) if start else names
+    with torch.no_grad():
+        clean_logits, clean_cache = model.run_with_cache(clean_t, clean_names, removed, **inputs, **kept)
         unablated = None if ablation is None else \
             list(zip(*(read(model(ids, **inputs, **kept).logits).tolist() for ids in (clean_t, corrupt_t))))
     corrupt_logits, ending, corrupt_cache = corrupt_run(model, corrupt_t, corrupt_names, clean_cache, start, removed,
@@ -280,9 +288,9 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
                                  f"({clean_value:+.6f} and {corrupt_value:+.6f})",
                                  "choose a corrupt text (or a target and foil) on which the model behaves differently")
 
-    def new_grids() -> dict[str, list]:
+    def new_grids(row: int) -> dict[str, list]:
         return {f"{prefix}{kind}": empty_grid(KINDS[kind], len(stack.blocks), KINDS[kind].heads(config),
-                                              lengths[prefix])
+                                              lengths[prefix], skipped[row][prefix])
                 for prefix, stack in model.stacks() for kind in options.sites}
 
     runs = collections.Counter((patch.pair, patch.grid) for patch in sweep)
@@ -291,8 +299,8 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
         ids_clean, ids_corrupt = pair.ids_clean, pair.ids_corrupt
         result = Patching(pair.clean, pair.corrupt, tokenizer.tokens(ids_clean), tokenizer.tokens(ids_corrupt),
                           ids_clean, ids_corrupt, position, *metrics[row], clean_values[row], corrupt_values[row],
-                          options.method, new_grids(), total=len(every) - len(fixed[row]), label_metric=classifier,
-                          positions=positions, unchanged=len(fixed[row]),
+                          options.method, new_grids(row), total=swept[row], label_metric=classifier,
+                          positions=positions, unchanged=every - swept[row],
                           before_first="" in stacks and stacks[""].causal,
                           token_texts_clean=tokenizer.texts(ids_clean),
                           token_texts_corrupt=tokenizer.texts(ids_corrupt),
@@ -303,20 +311,16 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
         if decoder_ids is not None:
             result.decoder_tokens, result.decoder_token_texts = tokenizer.tokens(decoder_ids), \
                 tokenizer.texts(decoder_ids)
-        for patch in fixed[row]:
-            put(result.grids, patch, 0.0)
         results.append(result)
     scales = [1.0 if differences else clean - corrupt for clean, corrupt in zip(clean_values, corrupt_values)]
     if options.method in ("attribution", "both"):
         estimates = attribution(corrupt_logits, ending, clean_cache, read, sweep, names, start) if sweep else []
         corrupt_cache = {name: value.detach() for name, value in corrupt_cache.items()}
         del corrupt_logits, ending
-        attributed = [new_grids() for _ in pairs]
+        attributed = [new_grids(row) for row in range(len(pairs))]
         for patch, value in zip(sweep, estimates):
             put(attributed[patch.pair], patch, value / scales[patch.pair] + 0.0)  # + 0.0: no -0.0 ("-0.0000")
         for row, result in enumerate(results):
-            for patch in fixed[row]:
-                put(attributed[row], patch, 0.0)
             if options.method == "attribution":
                 result.grids, result.done, result.finished = attributed[row], result.total, dict(result.runs)
             else:

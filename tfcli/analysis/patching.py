@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,42 +62,48 @@ class Patch:
 # ---------------------------------------------------------------- the sites of a sweep
 
 
-def patches(model: TransformerModel, kinds: tuple[str, ...], lengths: dict[str, int],
-            positions: list[int] | None = None) -> list[Patch]:
-    """Every site of the sweep, kind by kind, layer by layer, then along the kind's axes; `lengths` by stack;
-    `positions`: only those positions of a stack that reads the texts (not an encoder-decoder's decoder)."""
+def patches(model: TransformerModel, kinds: tuple[str, ...], positions: dict[str, Sequence[int]], pair: int = 0
+            ) -> list[Patch]:
+    """Every site of the sweep in pair `pair`, kind by kind, layer by layer, then along the kind's axes: along a
+    position axis at `positions` (by stack); a kind without one patches every position."""
     out: list[Patch] = []
     for prefix, stack in model.stacks():
         for name in kinds:
             kind = KINDS[name]
-            sizes = {"position": range(lengths[prefix]), "head": range(kind.heads(model.config))}
-            if positions is not None and prefix != "decoder.":
-                sizes["position"] = [p for p in positions if p < lengths[prefix]]
+            sizes = {"position": positions[prefix], "head": range(kind.heads(model.config))}
             for layer in range(len(stack.blocks)):
-                out += [Patch(name, layer, stack=prefix, **dict(zip(kind.axes, cell)))
+                out += [Patch(name, layer, stack=prefix, pair=pair, **dict(zip(kind.axes, cell)))
                         for cell in itertools.product(*(sizes[axis] for axis in kind.axes))]
     return out
 
 
-def unchanged(patch: Patch, stacks: dict[str, Stack], first: int | None, position: int | None) -> bool:
-    """Whether a patch changes nothing, on a causal stack: before the `first` position where the texts differ (the
-    stack that reads the texts: every activation there is the same in both runs), or after the metric's
-    `position` (it cannot reach it)."""
-    if patch.position is None or not stacks[patch.stack].causal:
+def count_patches(model: TransformerModel, kinds: tuple[str, ...], positions: dict[str, Sequence[int]]) -> int:
+    """len(patches(model, kinds, positions)), without making them."""
+    return sum(len(stack.blocks) * math.prod(len(positions[prefix]) if axis == "position" else
+                                             KINDS[name].heads(model.config) for axis in KINDS[name].axes)
+               for prefix, stack in model.stacks() for name in kinds)
+
+
+def unchanged(stack: Stack, prefix: str, at: int, first: int | None, position: int | None) -> bool:
+    """Whether a patch at position `at` of a stack (`prefix`) changes nothing, on a causal stack: before the `first`
+    position where the texts differ (the stack that reads the texts: every activation there is the same in both
+    runs), or after the metric's `position` (it cannot reach it)."""
+    if not stack.causal:
         return False
-    if patch.stack == "" and first is not None and patch.position < first:
+    if prefix == "" and first is not None and at < first:
         return True
-    return position is not None and patch.position > position
+    return position is not None and at > position
 
 
-def empty_grid(kind: Kind, layers: int, heads: int, length: int) -> list:
-    """A layer's row per layer, nested along the kind's axes, every score None."""
-    sizes = [{"position": length, "head": heads}[axis] for axis in kind.axes]
+def empty_grid(kind: Kind, layers: int, heads: int, length: int, zeros: Collection[int] = ()) -> list:
+    """A layer's row per layer, nested along the kind's axes, every score None but those at the positions `zeros`,
+    0.0 (the patches there change nothing)."""
+    def nested(axes: tuple[str, ...], zero: bool) -> list:
+        size = {"position": length, "head": heads}[axes[0]]
+        cells = [zero or axes[0] == "position" and i in zeros for i in range(size)]
+        return [0.0 if z else None for z in cells] if len(axes) == 1 else [nested(axes[1:], z) for z in cells]
 
-    def nested(sizes: list[int]) -> list:
-        return [None] * sizes[0] if len(sizes) == 1 else [nested(sizes[1:]) for _ in range(sizes[0])]
-
-    return [nested(sizes) for _ in range(layers)]
+    return [nested(kind.axes, False) for _ in range(layers)]
 
 
 def put(grids: dict[str, list], patch: Patch, value: float) -> None:
