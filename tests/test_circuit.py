@@ -13,6 +13,7 @@ equals patching the other nodes' outputs by hand; and the command: JSON keys, vi
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -696,7 +697,7 @@ def test_report_files(cli, checkpoints, dataset, tmp_path, suffix):
         assert '"measured":{"edges":10,' in text  # the circuit, ringed on the curve
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
     else:
-        assert "<svg" in text and "faithfulness" in text and "circuit, 10" in text
+        assert "<svg" in text and "faithfulness" in text and "circuit: 10" in text
         assert "mathdefault" not in text and ">100<" in text.replace(" ", "")  # the log axis in plain numbers
 
 
@@ -714,3 +715,36 @@ def test_the_picked_circuit_is_measured_once_where_the_curve_has_it():
         circuit.measure(result, circuit.CircuitOptions(top=top, sizes=(5, 20)), run)
         assert runs == expected and result.measured.edges == top
         assert result.measured.faithfulness == pytest.approx(0.2 if top == 20 else 0.3)
+
+
+def test_the_view_writes_counts_with_thousands_separators():
+    """GPT-2 small's graph has 32,491 edges: the view writes counts as the stderr lines and the README do."""
+    from tfcli.render.circuit import circuit_lines
+
+    graph = core.Graph(12, 12)
+    scores = torch.randn(len(graph.senders), len(graph.receivers), generator=torch.Generator().manual_seed(1))
+    result = circuit.Circuit(graph, "eap", 1, scores * graph.mask, 1.0, 0.0, None, None, n=2)
+    circuit.measure(result, circuit.CircuitOptions(top=1500, sizes=(10, 2000)),
+                    lambda circuits, ends: circuit.Measured([0.5] * len(circuits), None, None, 2, False))
+    text = " ".join(" ".join(line.plain for line in circuit_lines(result, 120, False)).split())
+    assert graph.edge_count == 32491 and "graph: 32,491 edges between" in text
+    assert f"circuit: 1,500 edges, {result.measured.nodes:,} nodes" in text
+    assert re.search(r"\b2,000\s+\d", text) and "32491" not in text and "2000" not in text
+
+
+def test_a_figures_log_axis_writes_plain_numbers_with_separators(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    from tfcli.render.figure import STYLE, log_axis
+
+    with matplotlib.rc_context(STYLE):
+        figure, ax = pyplot.subplots()
+        ax.plot([10, 30000], [0.001, 1])
+        log_axis(ax, "x"), log_axis(ax, "y")
+        figure.savefig(tmp_path / "axis.svg")
+        pyplot.close(figure)
+    text = (tmp_path / "axis.svg").read_text()
+    assert all(f">{tick}<" in text for tick in ("100", "1,000", "10,000", "0.01", "1")), text[-2000:]

@@ -49,6 +49,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         layer < 0 ? "input" : layer === s.layers ? "logits" : "L" + layer;
     }
     // the curve: faithfulness against edges (log scale), with the intervals; the circuit picked, ringed
+    const count = (n) => n.toLocaleString("en-US");  // 27,787, as the terminal writes it
     const cw = 300, ch = 220, cp = 40, curve = svgOf(cw, ch);
     if (s.curve.length) {
       const points = s.measured ? [...s.curve, s.measured] : s.curve;
@@ -66,10 +67,10 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         if (p.interval) add(curve, "line", {x1: X(p.edges), x2: X(p.edges), y1: Y(p.interval[0]), y2: Y(p.interval[1]),
                                             stroke: "#999"});
         add(curve, "circle", {cx: X(p.edges), cy: Y(p.faithfulness), r: 4, fill: "#333"},
-            p.edges + " edges, " + p.nodes + " nodes: faithfulness " + p.faithfulness.toFixed(3) +
+            count(p.edges) + " edges, " + count(p.nodes) + " nodes: faithfulness " + p.faithfulness.toFixed(3) +
             (p.interval ? " [" + p.interval[0].toFixed(3) + ", " + p.interval[1].toFixed(3) + "]" : ""));
-        if (right - X(p.edges) >= 8 * String(p.edges).length) {
-          add(curve, "text", {x: X(p.edges), y: ch - cp + 14, "font-size": 10, "text-anchor": "middle"}).textContent = p.edges;
+        if (right - X(p.edges) >= 8 * count(p.edges).length) {
+          add(curve, "text", {x: X(p.edges), y: ch - cp + 14, "font-size": 10, "text-anchor": "middle"}).textContent = count(p.edges);
           right = X(p.edges);
         }
       }
@@ -79,10 +80,10 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
                                             stroke: "#2563eb"});
         add(curve, "circle", {cx: X(m.edges), cy: Y(m.faithfulness), r: 7, fill: "none", stroke: "#2563eb",
                               "stroke-width": 2},
-            "the circuit: " + m.edges + " edges, " + m.nodes + " nodes: faithfulness " + m.faithfulness.toFixed(3) +
+            "the circuit: " + count(m.edges) + " edges, " + count(m.nodes) + " nodes: faithfulness " + m.faithfulness.toFixed(3) +
             (m.interval ? " [" + m.interval[0].toFixed(3) + ", " + m.interval[1].toFixed(3) + "]" : ""));
         add(curve, "text", {x: X(m.edges), y: Y(m.faithfulness) - 11, "font-size": 10, "text-anchor": "middle",
-                            fill: "#2563eb"}).textContent = "circuit, " + m.edges;
+                            fill: "#2563eb"}).textContent = "circuit: " + count(m.edges);
       }
       const drawn = [];  // the faithfulness axis: its ends, then 1 and 0 where they do not overlap another label
       for (const v of [ylo, yhi, 1, 0]) {

@@ -53,7 +53,7 @@ def picked_words(result: Circuit) -> str:
         return f"the edges of {result.wanted}"
     if result.picked == "faithful":
         return f"the smallest greedy circuit found reaching a faithfulness of {result.wanted:g}"
-    return f"the greedy top {result.wanted} edges"
+    return f"the greedy top {result.wanted:,} edges"
 
 
 def patched_to(result: Circuit) -> str:
@@ -65,7 +65,7 @@ def header_lines(result: Circuit, width: int) -> list[str]:
     lines = [f"circuit of {quantity(result)} over {pairs}, by {method_words(result)}",
              f"clean {signed(result.clean_value)}, {patched_to(result)} {signed(result.corrupt_value)} (means over "
              "the pairs)",
-             f"graph: {result.graph.edge_count} edges between {len(result.graph.senders) + 1} nodes"]
+             f"graph: {result.graph.edge_count:,} edges between {len(result.graph.senders) + 1:,} nodes"]
     if result.skipped:
         lines.append(f"{result.skipped} bad lines skipped")
     return lines
@@ -77,7 +77,7 @@ def measured_lines(result: Circuit) -> list[str]:
         return ["circuit: not measured (interrupted)"]
     pairs = f" over {result.measured_pairs} pairs" if result.measured_pairs != result.n else ""
     spread = f", 95% interval {interval(point)}" if point.low is not None else ""
-    return [f"circuit: {point.edges} edges, {point.nodes} nodes ({picked_words(result)})",
+    return [f"circuit: {point.edges:,} edges, {point.nodes:,} nodes ({picked_words(result)})",
             f"faithfulness {share(point.faithfulness)}{spread}{pairs}: (m(C) - m(empty)) / (m(full) - m(empty)), "
             f"every edge outside the circuit patched to its {'mean' if result.counterfactual == 'mean' else 'corrupt'}"
             " value"]
@@ -90,8 +90,8 @@ def circuit_lines(result: Circuit, width: int, color: bool, top: int = DEFAULT_T
         lines += words(line, width)
     if result.curve:
         lines.append(Text())
-        lines += table([Column.of("edges", [str(p.edges) for p in result.curve], right=True),
-                        Column.of("nodes", [str(p.nodes) for p in result.curve], right=True),
+        lines += table([Column.of("edges", [f"{p.edges:,}" for p in result.curve], right=True),
+                        Column.of("nodes", [f"{p.nodes:,}" for p in result.curve], right=True),
                         Column.of("faithfulness", [share(p.faithfulness) for p in result.curve], right=True),
                         Column.of("95% interval", [interval(p) for p in result.curve])], width,
                        title="faithfulness of the greedy circuits by size")
@@ -212,7 +212,7 @@ def figure(result: Circuit, run: RunInfo, tokenizer: Tokenizer | None) -> Figure
     left.set_yticks(range(-1, graph.layers + 1), ["input", *[f"L{i}" for i in range(graph.layers)], "logits"])
     left.set_xticks([])
     measured = result.measured
-    left.set_title(f"circuit: {measured.edges} edges, {measured.nodes} nodes, faithfulness "
+    left.set_title(f"circuit: {measured.edges:,} edges, {measured.nodes:,} nodes, faithfulness "
                    f"{share(measured.faithfulness)}" if measured is not None else "circuit", fontsize=9)
     if result.curve:
         right.plot([p.edges for p in result.curve], [p.faithfulness for p in result.curve], marker="o")
@@ -222,7 +222,7 @@ def figure(result: Circuit, run: RunInfo, tokenizer: Tokenizer | None) -> Figure
         if measured is not None:  # the circuit picked, ringed (it may lie between the curve's sizes)
             right.scatter([measured.edges], [measured.faithfulness], s=90, facecolors="none", edgecolors="#2563eb",
                           zorder=3)
-            right.annotate(f"circuit, {measured.edges}", (measured.edges, measured.faithfulness), fontsize=7,
+            right.annotate(f"circuit: {measured.edges:,}", (measured.edges, measured.faithfulness), fontsize=7,
                            color="#2563eb", xytext=(0, 8), textcoords="offset points", ha="center")
         log_axis(right, "x")
     right.set_xlabel("edges")

@@ -186,13 +186,13 @@ def _tick_font(count: int, length: float) -> tuple[float, int]:
 
 
 def log_axis(ax: Any, axis: str) -> None:
-    """A log scale along `axis` ("x" or "y") labelled in plain numbers (100, 0.001): matplotlib writes its decades as
+    """A log scale along `axis` ("x" or "y") labelled in plain numbers (1,000, 0.001): matplotlib writes its decades as
     math text, which STYLE turns off (a `$` in a token stays a `$`), so they would show as `$\\mathdefault{10^{2}}$`."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     getattr(ax, f"set_{axis}scale")("log")
     scale = getattr(ax, f"{axis}axis")
-    scale.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    scale.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
     scale.set_minor_formatter(NullFormatter())
 
 
