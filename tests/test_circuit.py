@@ -663,6 +663,9 @@ def test_bad_input_is_one_error_line(cli, checkpoints, dataset, tmp_path, tiny_c
     lines.write_text(json.dumps({"clean": CLEAN_TEXT, "corrupt": CORRUPT_TEXT}) + "\n")
     result = cli("circuit", "-m", str(path), "--dataset", str(lines))
     assert one_error(result) and "line 1: no `target`" in result.stderr, result.stderr
+    result = cli("circuit", "-m", str(path), "When Mary and John went to", "When Mary went to", "--target", " John")
+    assert one_error(result) and "tokenize to different lengths (7 and 5 tokens)" in result.stderr, result.stderr
+    assert "hint: reword one" in result.stderr and re.search(r"3\s+'and'\s+-", result.stderr), result.stderr
 
 
 def test_graph_out_is_the_reference_json_and_reads_back(cli, checkpoints, dataset, tmp_path):

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tfcli.cli.common import (View, app, build, count_bar, emit, note, output_console, report_of, run_dataset,
-                              say, tokenizer_of, warn, warn_spacing)
+from tfcli.cli.common import (View, app, build, count_bar, emit, note, output_console, pair_ids, report_of,
+                              run_dataset, say, tokenizer_of, warn, warn_spacing)
 from tfcli.cli.options import DatasetFlags, RunOptions, shared_options
 from tfcli.errors import TfcliError, usage_error
 from tfcli.render.report_file import check_report_path
@@ -155,6 +155,7 @@ def circuit(
         return
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
+    pair_ids(source.config, tokenizer, clean, corrupt)  # two lengths: the alignment and a hint, as patch shows them
     pair = check_pair(source.config, tokenizer, line_of(1, {"clean": clean, "corrupt": corrupt, "target": target,
                                                             "foil": foil, "position": position}, PAIR_LINE))
     pair.line = None

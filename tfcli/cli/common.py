@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tfcli.cli.options import DatasetOptions, RunOptions
     from rich.text import Text
 
+    from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.sources import Source
     from tfcli.tokenizer import Tokenizer
@@ -341,6 +342,19 @@ def say_lines(lines: Iterable[Text]) -> None:
 def stderr_width(default: int) -> int:
     """The command's output width (stderr's too), or `default` before it is known."""
     return _stderr_width or default
+
+
+def pair_ids(config: ModelConfig, tokenizer: Tokenizer, clean: str, corrupt: str) -> tuple[list[int], list[int]]:
+    """The clean and corrupt texts' ids (analysis.pairs.pair_inputs); when their lengths differ, the two
+    tokenizations aligned on stderr before the error (its hint says how to reword)."""
+    from tfcli.analysis.pairs import LengthMismatch, pair_inputs
+    from tfcli.render.patch import alignment_lines
+
+    try:
+        return pair_inputs(config, tokenizer, clean, corrupt)
+    except LengthMismatch as mismatch:
+        say_lines(alignment_lines(mismatch.rows, stderr_width(80)))
+        raise
 
 
 PLAIN_EVERY = 60.0  # seconds between two progress lines in a log

@@ -10,9 +10,8 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (View, ablation_of, app, build, count_bar, emit, inputs, note, output_console, report_of,
-                              run_dataset, say_lines, started, stderr_width, tokenizer_of, warn, warn_spacing,
-                              with_progress)
+from tfcli.cli.common import (View, ablation_of, app, build, count_bar, emit, inputs, note, output_console, pair_ids,
+                              report_of, run_dataset, started, tokenizer_of, warn, warn_spacing, with_progress)
 from tfcli.cli.options import (AT_LEAST_ONE, AblateOption, DatasetFlags, DatasetOptions, FileOption, MaxLengthOption,
                                RunOptions, TextsArgument, shared_options)
 from tfcli.errors import usage_error
@@ -76,7 +75,6 @@ def patch(
       tfcli patch -m path/to/gpt2 --dataset ioi.jsonl --sites heads
     """
     from tfcli import patch as core
-    from tfcli.analysis.pairs import LengthMismatch, pair_inputs
     from tfcli.render import patch as render
     from tfcli.sources import resolve_source
 
@@ -115,11 +113,7 @@ def patch(
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
     core.check_options(source.config, tokenizer, options)  # before the model is built
-    try:
-        ids_clean, ids_corrupt = pair_inputs(source.config, tokenizer, clean, corrupt)
-    except LengthMismatch as mismatch:
-        say_lines(render.alignment_lines(mismatch.rows, stderr_width(80)))
-        raise
+    ids_clean, ids_corrupt = pair_ids(source.config, tokenizer, clean, corrupt)
     options.positions = core.parse_positions(positions, len(ids_clean))
     loaded = build(source, run, "these scores say nothing about a trained model")
     with count_bar("patch", "sites") as progress:
