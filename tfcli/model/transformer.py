@@ -258,15 +258,16 @@ class LMHead(nn.Module):
             bias = float(self.bias[target].double() - (self.bias[foil].double() if foil is not None else 0))
         return direction, bias
 
-    def forward(self, x: Tensor) -> Tensor:
-        """(B, T, hidden) -> (B, T, V)."""
+    def forward(self, x: Tensor, tokens: Tensor | None = None) -> Tensor:
+        """(B, T, hidden) -> (B, T, V); given `tokens` (K,), only their logits: (B, T, K) (a patch sweep reads two
+        of the vocabulary's)."""
         if self.input_scale is not None:
             x = x * self.input_scale
         if self.transform:
             x = self.norm(self.act(self.dense(x)))
-        logits = self.unembed(x)
+        logits = self.unembed(x) if tokens is None else x @ self.unembed.weight[tokens].T
         if self.bias is not None:
-            logits = logits + self.bias
+            logits = logits + (self.bias if tokens is None else self.bias[tokens])
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
