@@ -67,19 +67,30 @@ def assert_same_run(one, other, tolerance=1e-6):
     assert one["n"] == other["n"]
 
 
-def test_a_dataset_on_the_cluster_equals_one_process(cli, llama, dataset):
+def test_a_dataset_on_the_cluster_equals_one_process(cli, llama, dataset, monkeypatch):
+    """The scores, the curve and each step of --faithful's bisection run on one pool of Ray workers."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install \"tfcli[ray]\"")
-    args = ["circuit", "-m", str(llama), "--dataset", str(dataset), "--top", "20", "--sizes", "5,50",
+    from tfcli import cluster
+
+    args = ["circuit", "-m", str(llama), "--dataset", str(dataset), "--faithful", "0.5", "--sizes", "5,50",
             "--per-item", "--json"]
     one = cli(*args)
     assert one.exit_code == 0, one.stderr
+    started, mapped = [], []
+    enter, map_on = cluster.Cluster.__enter__, cluster.Cluster.map
+    monkeypatch.setattr(cluster.Cluster, "__enter__", lambda pool: started.append(pool) or enter(pool))
+    monkeypatch.setattr(cluster.Cluster, "map", lambda pool, work, items, options, *rest: mapped.append(
+        (pool, type(options).__name__)) or map_on(pool, work, items, options, *rest))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error", configure_logging=False)
     try:
         spread = cli(*args, "--ray", "local", "--ray-workers", "2")
     finally:
         ray.shutdown()
     assert spread.exit_code == 0, spread.stderr
-    assert spread.stderr.count("ray: 2 workers at local") == 2  # the scores, then the faithfulness: both on Ray
+    assert spread.stderr.count("ray: 2 workers at local") == len(started) == 1, spread.stderr
+    kinds = [kind for _, kind in mapped]
+    assert kinds[0] == "CircuitScores" and kinds[1:] == ["CircuitFaithfulness"] * (len(kinds) - 1) and len(kinds) > 3
+    assert all(pool is started[0] for pool, _ in mapped)
     one, spread = records(one), records(spread)
     assert len(one) == len(spread) == 13
     for a, b in zip(one[:-1], spread[:-1]):  # each pair's record, in the dataset's order

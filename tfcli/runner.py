@@ -14,6 +14,7 @@ Nothing here imports torch, Ray or a command's core module.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -191,16 +192,42 @@ def blocks_on(cluster: Cluster, work: Callable[..., list], items: list, options:
               progress: Progress | None = None, block: int | None = None) -> Iterator[tuple[int, list]]:
     """work(model, tokenizer, a block of items, options) on the workers of `cluster` (each builds the model as the
     driver did), in blocks of at most `block` items (None: tfcli.cluster's BLOCK): (the block's first index, its
-    list), in the order of the items (Cluster.map). The cluster starts when the first block is asked for (said
-    through `cluster.note`) and its workers end with the iteration."""
-    from tfcli.cluster import BLOCK, Cluster as Workers
+    list), in the order of the items (Cluster.map). On the pool `kept` holds open for the cluster, else on a pool
+    of its own, started when the first block is asked for and ended with the iteration."""
+    from tfcli.cluster import BLOCK
+
+    pool = next((workers for held, workers in _KEPT if (held.settings, held.spec) == (cluster.settings, cluster.spec)),
+                None)
+    if pool is None:
+        with kept(cluster):
+            yield from blocks_on(cluster, work, items, options, progress, block)
+        return
+    count = len(pool.workers)
+    told = None if progress is None else \
+        (lambda done, total, alive: progress(done, total, f"{alive} of {count} workers alive"))
+    yield from pool.map(work, items, options, told, block or BLOCK)
+
+
+_KEPT: list[tuple[Cluster, Any]] = []  # the pools of workers `kept` holds open: (their cluster, its workers)
+
+
+@contextlib.contextmanager
+def kept(cluster: Cluster | None) -> Iterator[None]:
+    """One pool of workers, started here (said through `cluster.note`), for every run inside the block on
+    `cluster` or on a Cluster of the same settings and model: a command that runs several (circuit measures its
+    faithfulness after the scores, once per bisection step) loads the model on the workers once. None: nothing."""
+    if cluster is None:
+        yield
+        return
+    from tfcli.cluster import Cluster as Workers
 
     with Workers(cluster.settings, cluster.spec) as workers:
-        count = len(workers.workers)
-        cluster.note(f"ray: {count} workers at {cluster.settings.address}")
-        told = None if progress is None else \
-            (lambda done, total, alive: progress(done, total, f"{alive} of {count} workers alive"))
-        yield from workers.map(work, items, options, told, block or BLOCK)
+        cluster.note(f"ray: {len(workers.workers)} workers at {cluster.settings.address}")
+        _KEPT.append((cluster, workers))
+        try:
+            yield
+        finally:
+            _KEPT.pop()
 
 
 def block_results(model: TransformerModel, tokenizer: Tokenizer, items: list, analysis: Analysis) -> list:

@@ -488,14 +488,16 @@ def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions
             if item_view.spaced and shown > 1 and not run.json_output:
                 item_view.out.print()
             emit([result], item_view, run.json_output, first=shown)
-    try:
-        with count_bar(analysis.command, analysis.unit) as progress:
-            result = runner.run(analysis, model, tokenizer, dataset, each, progress, cluster)
-    except KeyboardInterrupt:
-        warn(f"interrupted before any of the {analysis.unit} finished: nothing to show")
-        raise typer.Exit(130) from None
-    if after is not None:
-        after(model, result)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(runner.kept(cluster))  # one pool of Ray workers for the run and what `after` runs
+            with count_bar(analysis.command, analysis.unit) as progress:
+                result = runner.run(analysis, model, tokenizer, dataset, each, progress, cluster)
+        except KeyboardInterrupt:
+            warn(f"interrupted before any of the {analysis.unit} finished: nothing to show")
+            raise typer.Exit(130) from None
+        if after is not None:
+            after(model, result)
     emit([result], view, run.json_output, report=report_of(run.report, run.force, analysis.command, model, source))
     if result.interrupted:
         warn(f"interrupted: {result.n} {analysis.unit} finished; the aggregate is theirs")
