@@ -155,7 +155,7 @@ def circuit(
         return
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
-    pair_ids(source.config, tokenizer, clean, corrupt)  # two lengths: the alignment and a hint, as patch shows them
+    pair_ids(source, tokenizer, clean, corrupt)  # two lengths: the alignment and a hint, as patch shows them
     pair = check_pair(source.config, tokenizer, line_of(1, {"clean": clean, "corrupt": corrupt, "target": target,
                                                             "foil": foil, "position": position}, PAIR_LINE))
     pair.line = None

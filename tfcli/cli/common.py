@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from tfcli.cli.options import DatasetOptions, RunOptions
     from rich.text import Text
 
-    from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.sources import Source
     from tfcli.tokenizer import Tokenizer
@@ -344,14 +343,14 @@ def stderr_width(default: int) -> int:
     return _stderr_width or default
 
 
-def pair_ids(config: ModelConfig, tokenizer: Tokenizer, clean: str, corrupt: str) -> tuple[list[int], list[int]]:
-    """The clean and corrupt texts' ids (analysis.pairs.pair_inputs); when their lengths differ, the two
-    tokenizations aligned on stderr before the error (its hint says how to reword)."""
+def pair_ids(source: Source, tokenizer: Tokenizer, clean: str, corrupt: str) -> tuple[list[int], list[int]]:
+    """The clean and corrupt texts' ids for the source's model (analysis.pairs.pair_inputs); when their lengths
+    differ, the two tokenizations aligned on stderr before the error (its hint says how to reword)."""
     from tfcli.analysis.pairs import LengthMismatch, pair_inputs
     from tfcli.render.patch import alignment_lines
 
     try:
-        return pair_inputs(config, tokenizer, clean, corrupt)
+        return pair_inputs(source.config, tokenizer, clean, corrupt)
     except LengthMismatch as mismatch:
         say_lines(alignment_lines(mismatch.rows, stderr_width(80)))
         raise

@@ -113,7 +113,7 @@ def patch(
     tokenizer = tokenizer_of(source)
     warn_spacing(tokenizer, target, foil)
     core.check_options(source.config, tokenizer, options)  # before the model is built
-    ids_clean, ids_corrupt = pair_ids(source.config, tokenizer, clean, corrupt)
+    ids_clean, ids_corrupt = pair_ids(source, tokenizer, clean, corrupt)
     options.positions = core.parse_positions(positions, len(ids_clean))
     loaded = build(source, run, "these scores say nothing about a trained model")
     with count_bar("patch", "sites") as progress:
