@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -365,8 +366,6 @@ def test_faithfulness_of_edges_out_of_nodes_is_patching_the_other_nodes(name, ki
     from tfcli.analysis.dataset import Dataset, Done
 
     rows = [(float(a), float(c), v) for a, c, v in zip(clean, corrupt_metric, values.tolist())]
-    from types import SimpleNamespace
-
     pairs = [SimpleNamespace(line=number) for number in (1, 2)]
     measured = circuit.CircuitFaithfulness([full, empty, chosen]).aggregate(Done(zip(pairs, rows)),
                                                                             Dataset("", pairs, 0, 0))
@@ -737,17 +736,15 @@ def test_the_view_writes_counts_with_thousands_separators():
 
 def test_a_figures_log_axis_writes_plain_numbers_with_separators(tmp_path):
     import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
+    from matplotlib.figure import Figure
 
     from tfcli.render.figure import STYLE, log_axis
 
-    with matplotlib.rc_context(STYLE):
-        figure, ax = pyplot.subplots()
+    with matplotlib.rc_context(STYLE):  # as the renderers draw: a Figure of its own, no pyplot backend
+        figure = Figure()
+        ax = figure.subplots()
         ax.plot([10, 30000], [0.001, 1])
         log_axis(ax, "x"), log_axis(ax, "y")
         figure.savefig(tmp_path / "axis.svg")
-        pyplot.close(figure)
     text = (tmp_path / "axis.svg").read_text()
     assert all(f">{tick}<" in text for tick in ("100", "1,000", "10,000", "0.01", "1")), text[-2000:]
