@@ -657,7 +657,8 @@ def test_bad_input_is_one_error_line(cli, checkpoints, dataset, tmp_path, tiny_c
     result = cli("circuit", "-m", str(tiny_config), "a b", "a c", "--target", "b")
     assert one_error(result) and "is an encoder-only model" in result.stderr, result.stderr
     result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--graph-out", str(tmp_path / "no" / "g.json"))
-    assert one_error(result) and "no folder" in result.stderr, result.stderr
+    # as --report's and steer fit --output's missing folder: exit 1 (the option is well formed; the disk is not)
+    assert result.exit_code == 1 and "the folder" in result.stderr and "does not exist" in result.stderr, result.stderr
     lines = tmp_path / "no_target.jsonl"
     lines.write_text(json.dumps({"clean": CLEAN_TEXT, "corrupt": CORRUPT_TEXT}) + "\n")
     result = cli("circuit", "-m", str(path), "--dataset", str(lines))

@@ -874,12 +874,12 @@ def refused(cli, *args) -> str:
 def no_model_loaded(monkeypatch):
     """Building the model (the runner's `build`) fails the test: the SAE is checked against the sites' shapes, which
     a pass on the meta device gives (no weights), before any model is loaded."""
-    from tfcli.cli import common
+    from tfcli.cli import session
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was built")
 
-    monkeypatch.setattr(common, "build", refuse)
+    monkeypatch.setattr(session, "build", refuse)
 
 
 def test_bad_input_is_one_error_line_before_any_model(gpt2, saved_sae, cli, tmp_path, no_model_loaded):

@@ -302,13 +302,13 @@ def test_stderr_messages_are_wrapped_between_words_on_a_terminal(cli, monkeypatc
 
     from rich.console import Console
 
-    import tfcli.cli.common
+    import tfcli.cli.console
     import tfcli.cli.see
 
     captured = io.StringIO()
     monkeypatch.setattr(tfcli.cli.see, "with_progress", lambda batches, what, count: batches)  # no progress bar
-    monkeypatch.setattr(tfcli.cli.common, "err_console", Console(file=captured, force_terminal=True, no_color=True,
-                                                                 highlight=False, markup=False, emoji=False, width=200))
+    monkeypatch.setattr(tfcli.cli.console.STDERR, "console", Console(
+        file=captured, force_terminal=True, no_color=True, highlight=False, markup=False, emoji=False, width=200))
     folder = tmp_path / "a folder with a rather long name" / "and another one inside it"
     folder.mkdir(parents=True)
     report = folder / "the report of this run.html"

@@ -19,7 +19,10 @@ from typer.testing import CliRunner
 from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, mean_spread
 from tfcli.analysis.inputs import model_input
 from tfcli.analysis.names import every_block
-from tfcli.cli.common import View, app, inputs, output_console, run_dataset
+from tfcli.cli.app import app
+from tfcli.cli.console import output_console
+from tfcli.cli.output import View
+from tfcli.cli.session import inputs, run_dataset
 from tfcli.cli.options import DatasetFlags, FileOption, RunOptions, TextsArgument, shared_options
 from tfcli.errors import usage_error
 
@@ -258,7 +261,7 @@ def test_ray_gives_the_one_process_aggregate(gpt2, tmp_path):
 def test_a_log_gets_a_plain_progress_line_now_and_then(monkeypatch):
     """Without a terminal (a batch job's log), progress is a line every PLAIN_EVERY seconds: items done, the rate,
     the time left; none before the first interval; a rate under a fifth of the best seen says why that may be."""
-    from tfcli.cli import common
+    from tfcli.cli import progress as common
 
     said = []
     monkeypatch.setattr(common, "say", said.append)
@@ -276,7 +279,7 @@ def test_a_log_gets_a_plain_progress_line_now_and_then(monkeypatch):
 
 
 def test_a_dataset_run_into_a_log_says_how_far_it_is(gpt2, tmp_path, monkeypatch):
-    from tfcli.cli import common
+    from tfcli.cli import progress as common
 
     monkeypatch.setattr(common, "PLAIN_EVERY", 0.0)
     path, _ = gpt2

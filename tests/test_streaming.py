@@ -91,10 +91,10 @@ def test_batched_encode_matches_one_at_a_time(cli, small_model):
 def test_progress_bar_when_stderr_is_a_terminal(cli, monkeypatch):
     from rich.console import Console
 
-    import tfcli.cli.common
+    import tfcli.cli.console
 
     terminal = io.StringIO()
-    monkeypatch.setattr(tfcli.cli.common, "err_console", Console(file=terminal, force_terminal=True, width=100))
+    monkeypatch.setattr(tfcli.cli.console.STDERR, "console", Console(file=terminal, force_terminal=True, width=100))
     lines = stream(2500)
     result = cli("tokenize", "--json", "-", input="\n".join(lines))
     assert result.exit_code == 0

@@ -90,13 +90,13 @@ def replace_atomically(path: Path, write: Callable[[str], None]) -> None:
             os.unlink(temporary)
 
 
-def check_output_file(path: Path, force: bool, hint: str = "give a file name") -> None:
-    """An --output file before any work: not a folder, no existing file unless `force`, an existing folder it can
-    write in."""
+def check_output_file(path: Path, force: bool, hint: str = "give a file name", option: str = "--output") -> None:
+    """An output file (`option`: --output, --graph-out) before any work: not a folder, no existing file unless
+    `force`, an existing folder it can write in."""
     if path.is_dir():
-        raise TfcliError(f"--output {path} is a folder", hint)
+        raise TfcliError(f"{option} {path} is a folder", hint)
     if path.exists() and not force:
         raise TfcliError(f"{path} already exists", "pass --force to overwrite it, or choose another name")
     if not path.parent.is_dir():
-        raise TfcliError(f"--output {path}: the folder {path.parent} does not exist")
-    check_writable_folder("--output", path)
+        raise TfcliError(f"{option} {path}: the folder {path.parent} does not exist")
+    check_writable_folder(option, path)

@@ -141,29 +141,153 @@ class Cluster:
     note: Callable[[str], None]
 
 
+@dataclass
+class Envelope:
+    """What a run of an analysis gives, for a text and a dataset alike: the aggregate (`value`; None when Ctrl-C came
+    before any item finished), the items it aggregates (`n`), the lines skipped (--skip-bad), the bootstrap's
+    resamples, whether Ctrl-C ended it early, and where the items came from (`source`: the dataset's path, "" for
+    texts)."""
+
+    value: Any
+    n: int
+    skipped: int
+    resamples: int
+    interrupted: bool
+    source: str
+
+
+@dataclass
+class Display:
+    """How a session shows a person what runs (given by the command line; nothing here prints): `progress(stage,
+    unit)`, a context manager yielding the callback `progress(done, total, note="")` of one named stage, and the
+    stderr lines `warn` and `note`."""
+
+    progress: Callable[[str, str], contextlib.AbstractContextManager[Progress]]
+    warn: Callable[[str], None]
+    note: Callable[[str], None]
+
+
+QUIET = Display(lambda stage, unit: contextlib.nullcontext(None), lambda message: None, lambda message: None)
+
+
+class Session:
+    """One command's run of its analyses, every stage on the same: the tokenizer (loaded once, when first asked for),
+    the model (built once), Ray's pool of workers (started by the first run on `cluster`, held to the session's end),
+    the progress display (one per stage, named) and the interrupt rule: Ctrl-C ends a stage, which keeps and
+    aggregates what finished (`Envelope.interrupted`; `interrupted` says a stage was cut short). Use it as a context
+    manager (`with Session(...) as session:`): its end stops the workers."""
+
+    def __init__(self, config: ModelConfig, tokenizer: Callable[[], Tokenizer], model: Callable[[], TransformerModel],
+                 display: Display = QUIET, cluster: Cluster | None = None):
+        self.config = config  # the model's, known before it is built: what an item is checked against
+        self._load_tokenizer, self._build = tokenizer, model
+        self._tokenizer: Tokenizer | None = None
+        self._model: TransformerModel | None = None
+        self._workers: Any = None
+        self._held = contextlib.ExitStack()
+        self.display, self.cluster = display, cluster
+        self.interrupted = False
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the workers (a later run starts them again): the stages are done."""
+        self._held.close()
+        self._workers = None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = self._load_tokenizer()
+        return self._tokenizer
+
+    @property
+    def model(self) -> TransformerModel:
+        if self._model is None:
+            self._model = self._build()
+        return self._model
+
+    def workers(self) -> Any:
+        """The pool of Ray workers (tfcli.cluster.Cluster), started at the first call and said through the display;
+        None for a session on this process."""
+        if self.cluster is None:
+            return None
+        if self._workers is None:
+            from tfcli.cluster import Cluster as Workers
+
+            self._workers = self._held.enter_context(Workers(self.cluster.settings, self.cluster.spec))
+            self.display.note(f"ray: {len(self._workers.workers)} workers at {self.cluster.settings.address}")
+        return self._workers
+
+    def read(self, analysis: Analysis, path: str | None, texts: Iterable[list[tuple[str, str]]] | None = None,
+             skip_bad: bool = False, bootstrap: int | None = None) -> Dataset:
+        """The items of a dataset file (`path`) or of `texts` (batches of (text, where it came from)), read and
+        checked before the model is built (read_dataset, read_texts)."""
+        if path is None:
+            return read_texts(analysis, self.config, self.tokenizer, texts, bootstrap, self.display.warn)
+        return read_dataset(analysis, self.config, self.tokenizer, path, skip_bad, bootstrap, self.display.warn)
+
+    def progress(self, stage: str, unit: str) -> contextlib.AbstractContextManager[Progress]:
+        """The progress display of a stage that is not a run of an analysis (a sweep, a training loop)."""
+        return self.display.progress(stage, unit)
+
+    def run(self, analysis: Analysis, dataset: Dataset, each: Callable[[Any], None] | None = None,
+            stage: str | None = None) -> Envelope:
+        """One stage: `analysis` over every item of `dataset` (on the session's workers where it has a cluster), with
+        a progress display named `stage` (default: the analysis's command), each item's result handed to `each` as a
+        single run shows it; its Envelope. Ctrl-C ends the stage with what finished."""
+        model, pool = self.model, self.workers()
+        with self.display.progress(stage or analysis.command, analysis.unit) as progress:
+            try:
+                value, done = aggregated(analysis, model, self.tokenizer, dataset, each, progress, pool)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                return Envelope(None, 0, dataset.skipped, dataset.resamples, True, dataset.path)
+        self.interrupted |= done.interrupted
+        return Envelope(value, done.count, dataset.skipped, dataset.resamples, done.interrupted, dataset.path)
+
+
 def run(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, dataset: Dataset,
         each: Callable[[Any], None] | None = None, progress: Progress | None = None,
         cluster: Cluster | None = None) -> Any:
     """The analysis over every item of `dataset`, then its aggregate. `each(result)` gets each item's result as a
-    single run shows it, in order; `progress(items done, items)`. With `cluster`, the items run in blocks on its
-    workers instead of on `model`. Ctrl-C (KeyboardInterrupt) aggregates the items finished (a KeyboardInterrupt
-    again when none had)."""
-    if cluster is None and dataset.batches is not None:
+    single run shows it, in order; `progress(items done, items)`. With `cluster`, the items run in blocks on a pool of
+    its workers started for this run instead of on `model` (a Session keeps one pool for several runs). Ctrl-C
+    (KeyboardInterrupt) aggregates the items finished (a KeyboardInterrupt again when none had)."""
+    if cluster is None:
+        return aggregated(analysis, model, tokenizer, dataset, each, progress, None)[0]
+    from tfcli.cluster import Cluster as Workers
+
+    with Workers(cluster.settings, cluster.spec) as pool:
+        cluster.note(f"ray: {len(pool.workers)} workers at {cluster.settings.address}")
+        return aggregated(analysis, model, tokenizer, dataset, each, progress, pool)[0]
+
+
+def aggregated(analysis: Analysis, model: TransformerModel | None, tokenizer: Tokenizer, dataset: Dataset,
+               each: Callable[[Any], None] | None, progress: Progress | None, pool: Any) -> tuple[Any, Done]:
+    """The aggregate of the analysis over the dataset's items, run on `model` or, with `pool` (a started
+    tfcli.cluster.Cluster), in blocks on its workers; and the `Done` it read (its count, whether Ctrl-C ended it)."""
+    if pool is None and dataset.batches is not None:
         results = streamed(analysis, model, tokenizer, dataset.batches, progress)
-    elif cluster is None:
+    elif pool is None:
         items = dataset.items
         told = None if progress is None else (lambda done: progress(done, len(items)))
         # the results first: the analysis's generator runs to its end (a last progress call) before zip stops
         results = ((item, result) for result, item in zip(analysis.results(model, tokenizer, items, told), items))
     else:
         items = dataset.items if dataset.batches is None else [item for batch in dataset.batches for item in batch]
-        results = on_cluster(analysis, items, cluster, progress)
+        results = on_cluster(analysis, items, pool, progress)
     results = iter(results)
     first = next(results, None)  # a KeyboardInterrupt here (none finished) passes on: nothing to aggregate
     if first is None:
         raise TfcliError(f"{analysis.command}: the dataset gave no result: this is a bug in tfcli")
     shown = None if each is None else (lambda result: each(analysis.shown(result)))
-    return analysis.aggregate(Done(itertools.chain([first], results), shown), dataset)
+    done = Done(itertools.chain([first], results), shown)
+    return analysis.aggregate(done, dataset), done
 
 
 def streamed(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list],
@@ -177,57 +301,20 @@ def streamed(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, 
         done += len(batch)
 
 
-def on_cluster(analysis: Analysis, items: list, cluster: Cluster, progress: Progress | None = None
+def on_cluster(analysis: Analysis, items: list, pool: Any, progress: Progress | None = None
                ) -> Iterator[tuple[Any, Any]]:
-    """(item, result) of each item, run in blocks on the workers of `cluster`, in the order of the items; after a
-    Ctrl-C, those of the blocks finished, with gaps."""
-    for start, block in blocks_on(cluster, block_results, items, analysis, progress, analysis.block):
+    """(item, result) of each item, run in blocks on the workers of `pool` (a started tfcli.cluster.Cluster), in the
+    order of the items; after a Ctrl-C, those of the blocks finished, with gaps."""
+    from tfcli.cluster import BLOCK
+
+    count = len(pool.workers)
+    told = None if progress is None else \
+        (lambda done, total, alive: progress(done, total, f"{alive} of {count} workers alive"))
+    for start, block in pool.map(block_results, items, analysis, told, analysis.block or BLOCK):
         if len(block) != len(items[start:start + len(block)]):
             raise TfcliError(f"a Ray worker gave {len(block)} results for a block of "
                              f"{len(items[start:start + len(block)])} items: this is a bug in tfcli")
         yield from zip(items[start:start + len(block)], block)
-
-
-def blocks_on(cluster: Cluster, work: Callable[..., list], items: list, options: Any,
-              progress: Progress | None = None, block: int | None = None) -> Iterator[tuple[int, list]]:
-    """work(model, tokenizer, a block of items, options) on the workers of `cluster` (each builds the model as the
-    driver did), in blocks of at most `block` items (None: tfcli.cluster's BLOCK): (the block's first index, its
-    list), in the order of the items (Cluster.map). On the pool `kept` holds open for the cluster, else on a pool
-    of its own, started when the first block is asked for and ended with the iteration."""
-    from tfcli.cluster import BLOCK
-
-    pool = next((workers for held, workers in _KEPT if (held.settings, held.spec) == (cluster.settings, cluster.spec)),
-                None)
-    if pool is None:
-        with kept(cluster):
-            yield from blocks_on(cluster, work, items, options, progress, block)
-        return
-    count = len(pool.workers)
-    told = None if progress is None else \
-        (lambda done, total, alive: progress(done, total, f"{alive} of {count} workers alive"))
-    yield from pool.map(work, items, options, told, block or BLOCK)
-
-
-_KEPT: list[tuple[Cluster, Any]] = []  # the pools of workers `kept` holds open: (their cluster, its workers)
-
-
-@contextlib.contextmanager
-def kept(cluster: Cluster | None) -> Iterator[None]:
-    """One pool of workers, started here (said through `cluster.note`), for every run inside the block on
-    `cluster` or on a Cluster of the same settings and model: a command that runs several (circuit measures its
-    faithfulness after the scores, once per bisection step) loads the model on the workers once. None: nothing."""
-    if cluster is None:
-        yield
-        return
-    from tfcli.cluster import Cluster as Workers
-
-    with Workers(cluster.settings, cluster.spec) as workers:
-        cluster.note(f"ray: {len(workers.workers)} workers at {cluster.settings.address}")
-        _KEPT.append((cluster, workers))
-        try:
-            yield
-        finally:
-            _KEPT.pop()
 
 
 def block_results(model: TransformerModel, tokenizer: Tokenizer, items: list, analysis: Analysis) -> list:

@@ -60,17 +60,20 @@ class Dataset:
 
 class Done:
     """(item, result) of each item of a dataset as it finishes (iterated once, by an analysis's aggregate), each
-    result handed to `each` first; Ctrl-C (KeyboardInterrupt) ends the iteration, and `interrupted` says so."""
+    result handed to `each` first; Ctrl-C (KeyboardInterrupt) ends the iteration, and `interrupted` says so; `count`
+    the items iterated."""
 
     def __init__(self, results: Iterable[tuple[Any, Any]], each: Callable[[Any], None] | None = None):
         self.results, self.each = results, each
         self.interrupted = False
+        self.count = 0  # the items iterated
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         try:
             for item, result in self.results:
                 if self.each is not None:
                     self.each(result)
+                self.count += 1
                 yield item, result
         except KeyboardInterrupt:
             self.interrupted = True

@@ -17,7 +17,7 @@ Results go to stdout (a console laid out for --width and --color); warnings, pro
 from __future__ import annotations
 
 from tfcli.cli import see, why, task, steer, saliency, circuit, features, sae  # noqa: F401  (their commands register with `app`)
-from tfcli.cli.common import app
+from tfcli.cli.app import app
 
 __all__ = ["app", "main"]
 

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tfcli.cli.common import (View, app, build, count_bar, emit, note, output_console, pair_ids, report_of,
-                              run_dataset, say, tokenizer_of, warn, warn_spacing)
+from tfcli.cli.app import app
+from tfcli.cli.console import output_console, say
 from tfcli.cli.options import DatasetFlags, RunOptions, shared_options
-from tfcli.errors import TfcliError, usage_error
+from tfcli.cli.output import View, write_text
+from tfcli.cli.session import analyse, pair_ids, run_dataset, session_of, warn_spacing
+from tfcli.errors import check_output_file, usage_error
 from tfcli.render.report_file import check_report_path
 
 if TYPE_CHECKING:
@@ -79,7 +81,6 @@ def circuit(
           --top 200 --graph-out circuit.json --report circuit.html
     """
     from tfcli import circuit as core
-    from tfcli import runner
     from tfcli.analysis.dataset import Dataset, line_of
     from tfcli.analysis.pairs import PAIR_LINE, check_pair
     from tfcli.render import circuit as render
@@ -89,11 +90,8 @@ def circuit(
     color = out.color_system is not None
     if run.report is not None:
         check_report_path(run.report, run.force, 1)
-    if graph_out is not None and graph_out.exists() and not run.force:
-        raise TfcliError(f"{graph_out} already exists", "pass --force to overwrite it, or choose another name")
-    if graph_out is not None and not graph_out.resolve().parent.is_dir():
-        raise usage_error(f"--graph-out {graph_out}: no folder {graph_out.parent} to write it in",
-                          parameter="graph_out")
+    if graph_out is not None:
+        check_output_file(graph_out, run.force, "give a file name ending in .json", "--graph-out")
     if show < 1:
         raise usage_error(f"--show must be 1 or more, got {show}", parameter="show")
     cluster = data.cluster(data.dataset is not None, "a --dataset")
@@ -121,56 +119,32 @@ def circuit(
     analysis = core.CircuitScores(options, graph)
     random_means = "these edges say nothing about a trained model"
 
-    def measure(model, result) -> None:
-        """The circuit picked and the curve, measured over the pairs (a run of the runner each, on the --ray cluster
-        when given, as the scores), and --graph-out."""
-        from tfcli.api import load_tokenizer_for
-
-        tokenizer = load_tokenizer_for(source)
+    def measure(session, result) -> None:
+        """The circuit's later stages on the command's session: the circuit picked and the curve, measured over the
+        pairs (a run per batch of circuits, on the --ray workers when given, as the scores); and --graph-out."""
         pairs = Dataset(result.dataset, result.items, 0, result.resamples)
-        where = None if cluster is None else runner.Cluster(cluster, run.spec(), note)
 
         def faithfulness(circuits, ends):
-            with count_bar("faithfulness", "pairs") as progress:
-                try:
-                    return runner.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends), model,
-                                      tokenizer, pairs, progress=progress, cluster=where)
-                except KeyboardInterrupt:
-                    return core.Measured([], None, None, 0, True)
+            done = session.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends), pairs,
+                               stage="faithfulness")
+            return done.value if done.value is not None else core.Measured([], None, None, 0, True)
         core.measure(result, options, faithfulness, say)
         if graph_out is not None:
-            from tfcli.errors import replace_atomically
+            write_text(graph_out, json.dumps(render.reference_json(result, session.model.config.hidden_size)))
 
-            def write(temporary: str) -> None:
-                Path(temporary).write_text(json.dumps(render.reference_json(result, model.config.hidden_size)),
-                                           encoding="utf-8")
-            replace_atomically(graph_out, write)
-            say(f"wrote {graph_out}", whole=[str(graph_out)])
-
-    view = View(out, render.record, lambda result, number: render.circuit_lines(result, out.width, color, show))
+    views = (View(out, render.pair_record, lambda result, number: render.pair_lines(result, out.width, color)),
+             View(out, render.record, lambda result, number: render.circuit_lines(result, out.width, color, show)))
     if data.dataset is not None:
-        run_dataset(analysis, source, data.options(cluster), run,
-                    (View(out, render.pair_record, lambda result, number: render.pair_lines(result, out.width, color)),
-                     view), random_means, after=measure)
+        run_dataset(analysis, source, data.options(cluster), run, views, random_means, after=measure)
         return
-    tokenizer = tokenizer_of(source)
-    warn_spacing(tokenizer, target, foil)
-    pair_ids(source, tokenizer, clean, corrupt)  # two lengths: the alignment and a hint, as patch shows them
-    pair = check_pair(source.config, tokenizer, line_of(1, {"clean": clean, "corrupt": corrupt, "target": target,
-                                                            "foil": foil, "position": position}, PAIR_LINE))
-    pair.line = None
-    model = build(source, run, random_means)
-    try:
-        with count_bar("circuit", "pairs") as progress:
-            result = runner.run(analysis, model, tokenizer, Dataset("", [pair], 0, 0), progress=progress)
-    except KeyboardInterrupt:
-        warn("interrupted before the pair's edges were scored: nothing to show")
-        raise typer.Exit(130) from None
-    measure(model, result)
-    emit([result], view, run.json_output, report=report_of(run.report, run.force, "circuit", model, source))
-    if result.interrupted:
-        warn("interrupted: the faithfulness is of the pairs finished")
-        raise typer.Exit(130)
+    with session_of(source, run, None, random_means) as session:
+        warn_spacing(session.tokenizer, target, foil)
+        pair_ids(source, session.tokenizer, clean, corrupt)  # two lengths: the alignment and a hint, as patch shows
+        pair = check_pair(source.config, session.tokenizer, line_of(1, {"clean": clean, "corrupt": corrupt,
+                                                                         "target": target, "foil": foil,
+                                                                         "position": position}, PAIR_LINE))
+        pair.line = None
+        analyse(session, analysis, Dataset("", [pair], 0, 0), source, run, views, after=measure)
 
 
 def node_name(reference: str) -> str:

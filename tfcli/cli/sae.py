@@ -9,8 +9,10 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (View, build, command_group, count_bar, emit, inputs, output_console,
-                              tokenizer_of, warn)
+from tfcli.cli.app import command_group
+from tfcli.cli.console import output_console, warn
+from tfcli.cli.output import View, emit
+from tfcli.cli.session import inputs, session_of
 from tfcli.cli.options import AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, RunOptions, shared_options
 from tfcli.errors import usage_error
 
@@ -128,11 +130,11 @@ def train(
     stdin = str(file) == "-"  # --file - reads the texts of stdin, as a command's `-` argument does
     texts = ([item.text for item in chunk] for chunk in inputs(["-"] if stdin else None, None if stdin else file)
              .batches(64))
-    tokenizer = tokenizer_of(source)
-    model = build(source, run, "the SAE learns a random model's activations")
     try:
-        with count_bar("sae train", "tokens") as progress:
-            result = core.train(model, tokenizer, texts, options, out, checkpoint, progress)
+        with session_of(source, run, None, "the SAE learns a random model's activations") as session:
+            tokenizer, model = session.tokenizer, session.model
+            with session.progress("sae train", "tokens") as progress:
+                result = core.train(model, tokenizer, texts, options, out, checkpoint, progress)
     except KeyboardInterrupt:
         warn("interrupted before the first step: nothing saved")
         raise typer.Exit(130) from None

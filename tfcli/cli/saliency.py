@@ -8,7 +8,10 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import View, app, inputs, output_console, run_dataset
+from tfcli.cli.app import app
+from tfcli.cli.console import output_console
+from tfcli.cli.output import View
+from tfcli.cli.session import inputs, run_dataset
 from tfcli.cli.options import (AT_LEAST_ONE, DatasetFlags, DatasetOptions, FileOption, RunOptions, TextsArgument,
                                shared_options)
 from tfcli.errors import usage_error

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli.common import (View, ablation_of, app, build, emit, inputs, note, noted, output_console, report_of, say,
-                              started, stderr_is_terminal, tokenizer_of, warn, with_progress)
+from tfcli.cli.app import app
+from tfcli.cli.console import note, output_console, say, stderr_is_terminal, warn
+from tfcli.cli.output import View, emit, report_of
+from tfcli.cli.progress import with_progress
+from tfcli.cli.session import ablation_of, build, inputs, noted, started, tokenizer_of
 from tfcli.cli.options import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, AblateOption, FileOption,
                                MaxLengthOption, PairOption, RunOptions, TextsArgument, shared_options)
 from tfcli.errors import usage_error

@@ -10,8 +10,10 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (View, build, command_group, count_bar, emit, inputs, note, output_console, report_of,
-                              started, tokenizer_of, warn, warn_spacing)
+from tfcli.cli.app import command_group
+from tfcli.cli.console import note, output_console, warn
+from tfcli.cli.output import View, emit, report_of
+from tfcli.cli.session import build, inputs, session_of, started, tokenizer_of, warn_spacing
 from tfcli.cli.options import (AT_LEAST_ONE, FileOption, RunOptions, shared_options)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
@@ -72,16 +74,16 @@ def fit(
     core.check_model(source.config)
     chosen = core.chosen_layers(source.config, layers)
     check_output(output, run.force, chosen)  # a GGUF cannot hold block 0
-    tokenizer = tokenizer_of(source)
-    read = checked(pair_lines(pairs), core.PAIR_LINE, lambda line: core.check_pair(source.config, tokenizer, line),
-                   False, warn)
-    core.check_pairs(read)
-    if layers is None:
-        note(f"blocks {chosen[0]}-{chosen[-1]}: every block but 0, whose output llama.cpp never steers "
-             "(--layers picks others)" if chosen != [0] else "block 0: the model's only block")
-    loaded = build(source, run, "a direction fitted on random weights steers nothing")
-    with count_bar("steer fit", "texts") as progress:
-        result = core.fit(loaded, tokenizer, read, method, chosen, progress=progress)
+    with session_of(source, run, None, "a direction fitted on random weights steers nothing") as session:
+        tokenizer = session.tokenizer
+        read = checked(pair_lines(pairs), core.PAIR_LINE, lambda line: core.check_pair(source.config, tokenizer, line),
+                       False, warn)
+        core.check_pairs(read)
+        if layers is None:
+            note(f"blocks {chosen[0]}-{chosen[-1]}: every block but 0, whose output llama.cpp never steers "
+                 "(--layers picks others)" if chosen != [0] else "block 0: the model's only block")
+        with session.progress("steer fit", "texts") as progress:
+            result = core.fit(session.model, tokenizer, read, method, chosen, progress=progress)
     write_vector(output, result.directions, result.model_hint, run.force)
     result.output = str(output)
     emit([result], View(out, render.record, lambda fitted, number: render.fit_lines(fitted, out.width)), run.json_output)

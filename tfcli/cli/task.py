@@ -10,7 +10,9 @@ from typing import Annotated
 import typer
 
 from tfcli.analysis.tasks import DEFAULT_N, TASKS
-from tfcli.cli.common import app, say, tokenizer_of, warn
+from tfcli.cli.app import app
+from tfcli.cli.console import say, warn
+from tfcli.cli.session import tokenizer_of
 from tfcli.cli.options import AT_LEAST_ONE, RunOptions, shared_options
 from tfcli.errors import check_output_file, replace_atomically
 

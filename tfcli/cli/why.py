@@ -10,8 +10,12 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import (View, ablation_of, app, build, count_bar, emit, inputs, note, output_console, pair_ids,
-                              report_of, run_dataset, started, tokenizer_of, warn, warn_spacing, with_progress)
+from tfcli.cli.app import app
+from tfcli.cli.console import note, output_console, warn
+from tfcli.cli.output import View, emit, report_of
+from tfcli.cli.progress import with_progress
+from tfcli.cli.session import (ablation_of, build, inputs, pair_ids, run_dataset, session_of, started, tokenizer_of,
+                               warn_spacing)
 from tfcli.cli.options import (AT_LEAST_ONE, AblateOption, DatasetFlags, DatasetOptions, FileOption, MaxLengthOption,
                                RunOptions, TextsArgument, shared_options)
 from tfcli.errors import usage_error
@@ -110,14 +114,15 @@ def patch(
     source = resolve_source(run.model, run.revision)
     options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method,
                                 ablation=ablation_of(ablate, source.config))
-    tokenizer = tokenizer_of(source)
-    warn_spacing(tokenizer, target, foil)
-    core.check_options(source.config, tokenizer, options)  # before the model is built
-    ids_clean, ids_corrupt = pair_ids(source, tokenizer, clean, corrupt)
-    options.positions = core.parse_positions(positions, len(ids_clean))
-    loaded = build(source, run, "these scores say nothing about a trained model")
-    with count_bar("patch", "sites") as progress:
-        result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, texts=(clean, corrupt))
+    with session_of(source, run, None, "these scores say nothing about a trained model") as session:
+        tokenizer = session.tokenizer
+        warn_spacing(tokenizer, target, foil)
+        core.check_options(source.config, tokenizer, options)  # before the model is built
+        ids_clean, ids_corrupt = pair_ids(source, tokenizer, clean, corrupt)
+        options.positions = core.parse_positions(positions, len(ids_clean))
+        loaded = session.model
+        with session.progress("patch", "sites") as progress:
+            result = core.run_ids(loaded, tokenizer, ids_clean, ids_corrupt, options, progress, texts=(clean, corrupt))
     result.top = top  # the page lists as many as the terminal
     if result.small_gap:
         warn(f"the corrupt text barely moves the metric (clean {result.clean_value:+.4f}, corrupt "
@@ -289,7 +294,7 @@ def heads(
              View(out, render.record, lambda scores, number: render.heads_lines(scores, out.width, top)))
     truncated = CappedWarnings(warn, "texts truncated")
 
-    def finish(loaded, summary: core.Heads) -> None:
+    def finish(session, summary: core.Heads) -> None:
         """Said after the texts, before the run's scores: the texts truncated, the notes (in the view itself
         without --json), and for the page, the maps of the texts where each head scores highest."""
         truncated.finish(summary.texts)
@@ -297,7 +302,7 @@ def heads(
             for line in summary.notes:
                 note(line)
         if options.keep_best:
-            core.attach_maps(loaded, summary)
+            core.attach_maps(session.model, summary)
 
     if probe is None:
         run_dataset(core.HeadsCorpus(options, max_length, truncated), source,
@@ -305,11 +310,11 @@ def heads(
                     run, views,
                     "these scores say nothing about a trained model", finish)
         return
-    tokenizer = tokenizer_of(source)
-    length = probe_length or core.DEFAULT_PROBE_LENGTH
-    core.probe_ids(source.config, tokenizer, length, run.seed)  # its checks, before the model is built
-    loaded = build(source, run, "these scores say nothing about a trained model")
-    *each_text, summary = core.run_probe(loaded, tokenizer, options, length, run.seed)
-    emit(each_text, views[0], run.json_output)
-    finish(loaded, summary)
-    emit([summary], views[1], run.json_output, report=report_of(run.report, run.force, "heads", loaded, source))
+    with session_of(source, run, None, "these scores say nothing about a trained model") as session:
+        length = probe_length or core.DEFAULT_PROBE_LENGTH
+        core.probe_ids(source.config, session.tokenizer, length, run.seed)  # its checks, before the model is built
+        *each_text, summary = core.run_probe(session.model, session.tokenizer, options, length, run.seed)
+        emit(each_text, views[0], run.json_output)
+        finish(session, summary)
+        emit([summary], views[1], run.json_output,
+             report=report_of(run.report, run.force, "heads", session.model, source))
