@@ -55,15 +55,15 @@ def scores(record) -> dict[str, float]:
     return {f"{e['sender']}->{e['receiver']}": e["score"] for e in record["edges"]}
 
 
-def assert_same_run(one, other, tolerance=1e-6):
-    """The same edges' scores, circuit, curve and faithfulness."""
+def assert_same_run(one, other, tolerance=1e-6, ratio_tolerance=None):
+    """The same edges' scores, circuit, curve and faithfulness (to `ratio_tolerance`, default `tolerance`)."""
     a, b = scores(one), scores(other)
     scale = max(abs(v) for v in a.values())
     assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) <= tolerance * scale
     assert [e["in_circuit"] for e in one["edges"]] == [e["in_circuit"] for e in other["edges"]]
     for p, q in zip(one["curve"] + [one["circuit"]], other["curve"] + [other["circuit"]]):
         assert (p["edges"], p["nodes"]) == (q["edges"], q["nodes"])
-        assert p["faithfulness"] == pytest.approx(q["faithfulness"], abs=tolerance)
+        assert p["faithfulness"] == pytest.approx(q["faithfulness"], abs=ratio_tolerance or tolerance)
     assert one["n"] == other["n"]
 
 
@@ -98,7 +98,9 @@ def test_a_dataset_on_the_cluster_equals_one_process(cli, llama, dataset, monkey
             [e["sender"] + e["receiver"] for e in b["top_edges"]]
         assert all(abs(x["score"] - y["score"]) <= 1e-6 * abs(a["top_edges"][0]["score"])
                    for x, y in zip(a["top_edges"], b["top_edges"]))
-    assert_same_run(one[-1], spread[-1])
+    # a worker's block of 8 pairs is padded and batched unlike the one process's batches: the faithfulness, a ratio of
+    # float32 logit differences, moved by 1.03e-6 on this machine (1.1609352 against 1.1609363)
+    assert_same_run(one[-1], spread[-1], ratio_tolerance=1e-5)
 
 
 def test_ctrl_c_while_scoring_keeps_the_pairs_finished(cli, llama, dataset, tmp_path, monkeypatch):

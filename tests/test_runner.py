@@ -2,7 +2,10 @@
 progress, Ctrl-C, JSON, views and a --report page, with no code of the analysis's own for any of them: the whole
 small analysis of docs/adding-an-analysis.md, "the norm of the residual stream entering each block at a text's last
 token", is written here (item -> result -> aggregate -> view) and run through a command of a few lines, its numbers
-checked against transformers' own hidden states of a GPT-2 checkpoint transformers saved."""
+checked against transformers' own hidden states of a GPT-2 checkpoint transformers saved. With --top K it has a
+second stage, as circuit (score, then measure) and every multi-stage analysis has: the K blocks of the largest mean
+norm are picked, and the command's session runs a second analysis over the texts the first finished (the mean norm
+over every position entering those blocks), on the same model, Ray workers, progress display and Ctrl-C rule."""
 
 from __future__ import annotations
 
@@ -56,6 +59,9 @@ class Norms:
     mean: list[float]
     low: list[float] | None
     high: list[float] | None
+    picked: list[int] | None = None  # with --top: the second stage's blocks, their norms and the texts measured
+    measured: list[float] | None = None
+    measured_n: int = 0
 
 
 @dataclass
@@ -87,6 +93,49 @@ class ResidualNorm:
         mean, _, low, high = mean_spread(norms, dataset.resamples)
         return Norms(len(norms), done.interrupted, mean.tolist(), None if low is None else low.tolist(),
                      None if high is None else high.tolist())
+
+
+@dataclass
+class Measured:
+    """The second stage's aggregate: for each block picked, the norm entering it averaged over a text's positions,
+    then over the texts."""
+
+    blocks: list[int]
+    mean: list[float]
+
+
+@dataclass
+class PositionNorms(ResidualNorm):
+    """The second stage: each text's norm entering each of `blocks`, averaged over its positions."""
+
+    blocks: list[int]
+
+    def results(self, model, tokenizer, items: list[Text], progress):
+        names = [every_block(model, "resid_pre")[b] for b in self.blocks]
+        for done, item in enumerate(items, 1):
+            _, cache = model.run_with_cache(torch.tensor([item.ids], device=model.device), names)
+            yield TextNorms(item.line, [float(cache[name][0].double().norm(dim=-1).mean()) for name in names])
+            if progress is not None:
+                progress(done)
+
+    def aggregate(self, done: Done, dataset: Dataset) -> Measured:
+        norms = torch.tensor([result.norms for _, result in done], dtype=torch.float64)
+        return Measured(self.blocks, norms.mean(0).tolist())
+
+
+def measure(top: int):
+    """The command's second stage (`run_dataset`'s `after`): the `top` blocks of the largest mean norm, measured over
+    the texts the first stage finished, on the same session; said in the aggregate (`picked`, `measured`,
+    `measured_n`)."""
+
+    def after(session, first) -> None:
+        norms = first.value
+        picked = sorted(range(len(norms.mean)), key=lambda b: -norms.mean[b])[:top]
+        second = session.run(PositionNorms(picked), first.dataset(), stage="measure")
+        norms.picked = picked
+        if second.value is not None:
+            norms.measured, norms.measured_n = second.value.mean, second.n
+    return after
 
 
 def item_record(result: TextNorms) -> dict:
@@ -121,13 +170,15 @@ def root() -> None:
 
 @norms_app.command()
 @shared_options(dataset=True, without=("ray_gpus_per_worker",))
-def norms(texts: TextsArgument = None, file: FileOption = None, *, run: RunOptions, data: DatasetFlags) -> None:
+def norms(texts: TextsArgument = None, file: FileOption = None, top: int | None = None, *, run: RunOptions,
+          data: DatasetFlags) -> None:
     from tfcli.sources import resolve_source
 
     out = output_console(run.width, run.color)
     given = data.options(data.cluster(True, ""), None if data.dataset is not None else inputs(texts, file))
     run_dataset(ResidualNorm(), resolve_source(run.model, run.revision), given, run,
-                (View(out, item_record, item_lines), View(out, record, lines)), "these norms say nothing")
+                (View(out, item_record, item_lines), View(out, record, lines)), "these norms say nothing",
+                after=None if top is None else measure(top))
 
 
 def invoke(*args: str):
@@ -288,3 +339,106 @@ def test_a_dataset_run_into_a_log_says_how_far_it_is(gpt2, tmp_path, monkeypatch
     result = invoke("-m", str(path), "--file", str(corpus))
     assert result.exit_code == 0, result.stderr
     assert "norms: 6 of 6 texts, " in result.stderr
+
+
+# ---------------------------------------------------------------- a second stage on the same session
+
+
+def by_hand_over_positions(hf, text: str) -> list[float]:
+    """The norm entering each block averaged over the text's positions (transformers' hidden states)."""
+    from tfcli.api import load_tokenizer_for
+    from tfcli.sources import resolve_source
+
+    ids = load_tokenizer_for(resolve_source("gpt2-small")).encode([text])[0].ids[:-1]
+    with torch.no_grad():
+        states = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    return [float(state[0].double().norm(dim=-1).mean()) for state in states[:-1]]
+
+
+def expected(hf, texts: list[str], top: int) -> tuple[list[int], list[float]]:
+    """The blocks of the largest mean last-token norm over `texts`, and their norms over positions, by hand."""
+    last = torch.tensor([by_hand(hf, text) for text in texts], dtype=torch.float64).mean(0)
+    picked = sorted(range(len(last)), key=lambda b: -float(last[b]))[:top]
+    over = torch.tensor([by_hand_over_positions(hf, text) for text in texts], dtype=torch.float64).mean(0)
+    return picked, [float(over[b]) for b in picked]
+
+
+def test_a_second_stage_measures_what_the_first_picked_over_a_text_and_a_dataset(gpt2, tmp_path, monkeypatch):
+    """One text and a dataset: the second stage's blocks and norms equal transformers' by hand, and each stage has a
+    progress display of its own name (in a log: a line per stage)."""
+    from tfcli.cli import progress
+
+    monkeypatch.setattr(progress, "PLAIN_EVERY", 0.0)
+    path, hf = gpt2
+    [one] = records(invoke("-m", str(path), "--json", "--top", "2", TEXTS[0]))
+    picked, measured = expected(hf, TEXTS[:1], 2)
+    assert one["picked"] == picked and one["measured_n"] == 1
+    assert one["measured"] == pytest.approx(measured, abs=1e-4)
+    dataset = tmp_path / "texts.jsonl"
+    dataset.write_text("".join(json.dumps({"text": text}) + "\n" for text in TEXTS * 2))
+    result = invoke("-m", str(path), "--dataset", str(dataset), "--top", "3", "--json")
+    [aggregate] = records(result)
+    picked, measured = expected(hf, TEXTS * 2, 3)
+    assert aggregate["picked"] == picked and aggregate["measured_n"] == 6
+    assert aggregate["measured"] == pytest.approx(measured, abs=1e-4)
+    assert "norms: 6 of 6 texts" in result.stderr and "measure: 6 of 6 texts" in result.stderr, result.stderr
+    assert result.stderr.count("model: ") == 1  # one model for both stages
+
+
+def test_ctrl_c_in_the_first_stage_measures_the_texts_it_finished(gpt2, monkeypatch):
+    path, hf = gpt2
+    seen = []
+    results = ResidualNorm.results
+
+    def interrupted(self, model, tokenizer, items, progress):
+        for result in results(self, model, tokenizer, items, progress):
+            seen.append(result.line)
+            if len(seen) == 3:
+                raise KeyboardInterrupt
+            yield result
+    monkeypatch.setattr(ResidualNorm, "results", interrupted)
+    result = invoke("-m", str(path), "--json", "--top", "2", *TEXTS, *TEXTS)
+    assert result.exit_code == 130 and "interrupted: 2 texts finished; the aggregate is theirs" in result.stderr
+    [aggregate] = [json.loads(line) for line in result.stdout.splitlines()]
+    picked, measured = expected(hf, TEXTS[:2], 2)
+    assert aggregate["interrupted"] and aggregate["n"] == 2 and aggregate["measured_n"] == 2
+    assert aggregate["picked"] == picked and aggregate["measured"] == pytest.approx(measured, abs=1e-4)
+
+
+def test_ctrl_c_in_the_second_stage_keeps_the_first_and_what_the_second_finished(gpt2, monkeypatch):
+    path, hf = gpt2
+    seen = []
+    results = PositionNorms.results
+
+    def interrupted(self, model, tokenizer, items, progress):
+        for result in results(self, model, tokenizer, items, progress):
+            seen.append(result.line)
+            if len(seen) == 3:
+                raise KeyboardInterrupt
+            yield result
+    monkeypatch.setattr(PositionNorms, "results", interrupted)
+    result = invoke("-m", str(path), "--json", "--top", "2", *TEXTS, *TEXTS)
+    assert result.exit_code == 130 and "interrupted: 6 texts finished; the aggregate is theirs" in result.stderr
+    [aggregate] = [json.loads(line) for line in result.stdout.splitlines()]
+    picked, _ = expected(hf, TEXTS * 2, 2)
+    _, measured = expected(hf, TEXTS[:2], 2)  # the second stage's mean is over the 2 texts it finished
+    over = torch.tensor([by_hand_over_positions(hf, text) for text in TEXTS[:2]], dtype=torch.float64).mean(0)
+    assert aggregate["n"] == 6 and aggregate["measured_n"] == 2 and aggregate["picked"] == picked
+    assert aggregate["measured"] == pytest.approx([float(over[b]) for b in picked], abs=1e-4)
+
+
+def test_both_stages_run_on_one_pool_of_ray_workers(gpt2, tmp_path):
+    """--ray local with 2 workers: the second stage runs on the workers the first started (the pool is said once),
+    and both stages give the one-process numbers."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install \"tfcli[ray]\"")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    path, _ = gpt2
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS * 3) + "\n")
+    [here] = records(invoke("-m", str(path), "--file", str(corpus), "--top", "2", "--json"))
+    result = invoke("-m", str(path), "--file", str(corpus), "--top", "2", "--json", "--ray", "local",
+                    "--ray-workers", "2")
+    [there] = records(result)
+    assert result.stderr.count("ray: 2 workers at local") == 1, result.stderr
+    assert there["picked"] == here["picked"] and there["measured_n"] == here["measured_n"] == 9
+    assert there["measured"] == pytest.approx(here["measured"], abs=1e-6)

@@ -159,7 +159,6 @@ class Circuit:
     resamples: int = 0
     interrupted: bool = False
     dataset: str = ""
-    items: list[Pair] = field(default_factory=list, repr=False)
     picked: str = "top"
     wanted: Any = DEFAULT_TOP
     circuit: Tensor | None = None
@@ -239,20 +238,20 @@ class CircuitScores(OverPairs):
         return ordered(pairs, run, progress)
 
     def aggregate(self, done: Done, dataset: Dataset) -> Circuit:
-        total, items, clean, corrupt, tokens = None, [], 0.0, 0.0, set()
-        for pair, result in done:
+        total, n, clean, corrupt, tokens = None, 0, 0.0, 0.0, set()
+        for _, result in done:
             total = result.scores.double() if total is None else total + result.scores
-            items.append(pair)
+            n += 1
             tokens.add((result.target.id, result.foil and result.foil.id))
             first = result
             clean, corrupt = clean + result.clean_value, corrupt + result.corrupt_value
-        n, options = len(items), self.options
+        options = self.options
         picked, wanted = ("edges", options.edges_file) if options.edges is not None else \
             ("faithful", options.faithful) if options.faithful is not None else ("top", options.top or DEFAULT_TOP)
         return Circuit(self.graph, options.method, options.steps, total / n, clean / n, corrupt / n,
                        *((first.target, first.foil) if len(tokens) == 1 else (None, None)), n=n, pairs=len(dataset.items),
                        skipped=dataset.skipped, resamples=dataset.resamples, interrupted=done.interrupted,
-                       dataset=dataset.path, items=items, picked=picked, wanted=wanted,
+                       dataset=dataset.path, picked=picked, wanted=wanted,
                        counterfactual=options.counterfactual)
 
     graph: Graph | None = None  # set by the command from the config (before any model is built)

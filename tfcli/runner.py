@@ -144,9 +144,9 @@ class Cluster:
 @dataclass
 class Envelope:
     """What a run of an analysis gives, for a text and a dataset alike: the aggregate (`value`; None when Ctrl-C came
-    before any item finished), the items it aggregates (`n`), the lines skipped (--skip-bad), the bootstrap's
-    resamples, whether Ctrl-C ended it early, and where the items came from (`source`: the dataset's path, "" for
-    texts)."""
+    before any item finished), the items it aggregates (`n`; `finished`, those items), the lines skipped
+    (--skip-bad), the bootstrap's resamples, whether Ctrl-C ended it early, and where the items came from (`source`:
+    the dataset's path, "" for texts)."""
 
     value: Any
     n: int
@@ -154,6 +154,14 @@ class Envelope:
     resamples: int
     interrupted: bool
     source: str
+    finished: list | None = None  # the items aggregated, in order (None for a stream): what a later stage runs
+
+    def dataset(self) -> Dataset:
+        """The items this run finished as a dataset of their own, for the command's next stage (a stream's items
+        are not kept: its analysis has no later stage)."""
+        if self.finished is None:
+            raise TfcliError("a stream's items are not kept for a later stage: this is a bug in tfcli")
+        return Dataset(self.source, self.finished, self.skipped, self.resamples)
 
 
 @dataclass
@@ -239,7 +247,8 @@ class Session:
             stage: str | None = None) -> Envelope:
         """One stage: `analysis` over every item of `dataset` (on the session's workers where it has a cluster), with
         a progress display named `stage` (default: the analysis's command), each item's result handed to `each` as a
-        single run shows it; its Envelope. Ctrl-C ends the stage with what finished."""
+        single run shows it; its Envelope. Ctrl-C ends the stage with what finished (a later stage runs over those:
+        `Envelope.dataset()`)."""
         model, pool = self.model, self.workers()
         with self.display.progress(stage or analysis.command, analysis.unit) as progress:
             try:
@@ -248,7 +257,8 @@ class Session:
                 self.interrupted = True
                 return Envelope(None, 0, dataset.skipped, dataset.resamples, True, dataset.path)
         self.interrupted |= done.interrupted
-        return Envelope(value, done.count, dataset.skipped, dataset.resamples, done.interrupted, dataset.path)
+        return Envelope(value, done.count, dataset.skipped, dataset.resamples, done.interrupted, dataset.path,
+                        done.items)
 
 
 def run(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, dataset: Dataset,
@@ -286,7 +296,7 @@ def aggregated(analysis: Analysis, model: TransformerModel | None, tokenizer: To
     if first is None:
         raise TfcliError(f"{analysis.command}: the dataset gave no result: this is a bug in tfcli")
     shown = None if each is None else (lambda result: each(analysis.shown(result)))
-    done = Done(itertools.chain([first], results), shown)
+    done = Done(itertools.chain([first], results), shown, keep=dataset.batches is None)
     return analysis.aggregate(done, dataset), done
 
 

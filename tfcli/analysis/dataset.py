@@ -61,12 +61,14 @@ class Dataset:
 class Done:
     """(item, result) of each item of a dataset as it finishes (iterated once, by an analysis's aggregate), each
     result handed to `each` first; Ctrl-C (KeyboardInterrupt) ends the iteration, and `interrupted` says so; `count`
-    the items iterated."""
+    the items iterated, and with `keep` (not for a stream, which runs in flat memory) `items`, those items."""
 
-    def __init__(self, results: Iterable[tuple[Any, Any]], each: Callable[[Any], None] | None = None):
+    def __init__(self, results: Iterable[tuple[Any, Any]], each: Callable[[Any], None] | None = None,
+                 keep: bool = False):
         self.results, self.each = results, each
         self.interrupted = False
         self.count = 0  # the items iterated
+        self.items: list | None = [] if keep else None  # with `keep`, the items iterated (a later stage runs them)
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         try:
@@ -74,6 +76,8 @@ class Done:
                 if self.each is not None:
                     self.each(result)
                 self.count += 1
+                if self.items is not None:
+                    self.items.append(item)
                 yield item, result
         except KeyboardInterrupt:
             self.interrupted = True

@@ -119,10 +119,10 @@ def circuit(
     analysis = core.CircuitScores(options, graph)
     random_means = "these edges say nothing about a trained model"
 
-    def measure(session, result) -> None:
+    def measure(session, scored) -> None:
         """The circuit's later stages on the command's session: the circuit picked and the curve, measured over the
-        pairs (a run per batch of circuits, on the --ray workers when given, as the scores); and --graph-out."""
-        pairs = Dataset(result.dataset, result.items, 0, result.resamples)
+        pairs scored (a run per batch of circuits, on the --ray workers when given, as the scores); and --graph-out."""
+        result, pairs = scored.value, scored.dataset()
 
         def faithfulness(circuits, ends):
             done = session.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends), pairs,

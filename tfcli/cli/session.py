@@ -21,7 +21,7 @@ from tfcli.texts import Inputs
 if TYPE_CHECKING:
     from tfcli.cli.options import DatasetOptions, RunOptions
     from tfcli.model import TransformerModel
-    from tfcli.runner import Session
+    from tfcli.runner import Envelope, Session
     from tfcli.sources import Source
     from tfcli.tokenizer import Tokenizer
 
@@ -109,7 +109,7 @@ def session_of(source: Source, run: RunOptions, ray: Any = None, random_means: s
 
 
 def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, views: tuple[View, View],
-                random_means: str, after: Callable[[Session, Any], None] | None = None) -> None:
+                random_means: str, after: Callable[[Session, Envelope], None] | None = None) -> None:
     """An analysis over a dataset or texts (tfcli/runner.py) in the command's session: every line read and checked
     before the model is built (a stream's first batch), then `analyse`."""
     from tfcli.runner import CHUNK
@@ -125,11 +125,12 @@ def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions
 
 
 def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions, views: tuple[View, View],
-            per_item: bool = False, after: Callable[[Session, Any], None] | None = None) -> None:
+            per_item: bool = False, after: Callable[[Session, Envelope], None] | None = None) -> None:
     """The analysis's first stage over `dataset` in `session` (the model built first), each item's result shown as a
-    single run shows it (--per-item: `views[0]`); `after(session, aggregate)`, the command's later stages on the same
-    session; then the aggregate (`views[1]`), its JSON or view and --report. Ctrl-C in any stage shows what finished
-    and exits 130 (nothing finished: nothing to show)."""
+    single run shows it (--per-item: `views[0]`); `after(session, first stage's Envelope)`, the command's later
+    stages on the same session (each over the items the first finished: `Envelope.dataset()`); then the aggregate
+    (`views[1]`), its JSON or view and --report. Ctrl-C in a stage ends that stage with what finished; the aggregate
+    is shown and the command exits 130 (nothing finished in the first: nothing to show)."""
     session.model  # built before the run: its line on stderr comes before the run's
     item_view, view = views
     shown = 0
@@ -145,7 +146,7 @@ def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions
         warn(f"interrupted before any of the {analysis.unit} finished: nothing to show")
         raise typer.Exit(130)
     if after is not None:
-        after(session, done.value)
+        after(session, done)
     session.close()  # the stages are done: the workers go before the results are shown
     emit([done.value], view, run.json_output,
          report=report_of(run.report, run.force, analysis.command, session.model, source))

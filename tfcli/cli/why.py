@@ -308,7 +308,7 @@ def heads(
         run_dataset(core.HeadsCorpus(options, max_length, truncated), source,
                     DatasetOptions(None, 0, per_text, False, cluster, texts_in),
                     run, views,
-                    "these scores say nothing about a trained model", finish)
+                    "these scores say nothing about a trained model", lambda session, done: finish(session, done.value))
         return
     with session_of(source, run, None, "these scores say nothing about a trained model") as session:
         length = probe_length or core.DEFAULT_PROBE_LENGTH
