@@ -14,7 +14,7 @@ import typer
 
 from tfcli.cli.app import app
 from tfcli.cli.console import output_console, say
-from tfcli.cli.options import DatasetFlags, RunOptions, shared_options
+from tfcli.cli.options import DatasetFlags, FoilOption, PositionOption, RunOptions, TargetOption, shared_options
 from tfcli.cli.output import View, write_text
 from tfcli.cli.session import analyse, pair_ids, run_dataset, session_of, warn_spacing
 from tfcli.errors import check_output_file, usage_error
@@ -36,13 +36,9 @@ def circuit(
                                                   "CLEAN): the counterfactual every edge is patched from (not "
                                                   "needed with --counterfactual mean).",
                                                   show_default=False)] = None,
-    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is the metric (\" Mary\" "
-                                               "with its leading space for byte-level BPE, or #ID; with --dataset: "
-                                               "each line's).", show_default=False)] = None,
-    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits "
-                                             "target - foil.")] = None,
-    position: Annotated[int | None, typer.Option(metavar="N", help="The position the metric is read at, negative "
-                                                 "counting from the end (default: the last token).")] = None,
+    target: TargetOption = None,
+    foil: FoilOption = None,
+    position: PositionOption = None,
     method: Annotated[str, typer.Option(metavar="METHOD", help="eap (edge attribution patching), eap-ig-inputs "
                                         "(with integrated gradients on the inputs), eap-ig-activations (on each "
                                         "layer's outputs) or exact (each edge patched: small models).")] = "eap",
@@ -100,9 +96,7 @@ def circuit(
     if data.dataset is not None:
         if clean is not None:
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
-        for name, value in (("target", target), ("foil", foil), ("position", position)):
-            if value is not None:
-                raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
+        data.each_line_has(target=target, foil=foil, position=position)
     else:
         data.only_with_a_dataset("bootstrap", "per_item", "skip_bad")
         if corrupt is None and counterfactual == "mean":

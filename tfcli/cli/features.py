@@ -14,10 +14,16 @@ from tfcli.cli.app import app
 from tfcli.cli.console import output_console
 from tfcli.cli.output import View
 from tfcli.cli.session import inputs, run_dataset
-from tfcli.cli.options import AT_LEAST_ONE, DatasetFlags, DatasetOptions, FileOption, RunOptions, TextsArgument, \
-    shared_options
+from tfcli.cli.options import (AT_LEAST_ONE, DatasetFlags, DatasetOptions, FileOption, FoilOption, RunOptions,
+                               TargetOption, TextsArgument, shared_options, with_help)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
+
+
+# the metric options in this module's words (declared once in cli/options.py)
+FEATURES_TARGET = with_help(TargetOption, "Each active feature's direct effect on this token's logit at the last "
+                                          "position (\" Mary\" with its space, or #ID).")
+FEATURES_FOIL = with_help(FoilOption, "With --target: on the difference of the logits target - foil.")
 
 
 @app.command()
@@ -38,11 +44,8 @@ def features(
     top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Features listed per token.")] = 5,
     contexts: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="With --feature: the top "
                                           "activating contexts kept over the texts.")] = 10,
-    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="Each active feature's direct effect on this "
-                                               "token's logit at the last position (\" Mary\" with its space, or "
-                                               "#ID).")] = None,
-    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="With --target: on the difference of the logits "
-                                             "target - foil.")] = None,
+    target: FEATURES_TARGET = None,
+    foil: FEATURES_FOIL = None,
     file: FileOption = None,
     *,
     run: RunOptions,

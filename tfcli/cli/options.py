@@ -83,6 +83,16 @@ ColorOption = Annotated[bool | None, typer.Option(
     "--color/--no-color", show_default=False,
     help="Colour on or off (default: on when stdout is a terminal and NO_COLOR is unset).")]
 
+# the metric of an analysis that reads a logit (or the difference of two), declared once: a command whose words
+# differ says its help its own way with `with_help`; with --dataset each line has its own (`DatasetFlags.each_line_has`)
+TargetOption = Annotated[str | None, typer.Option(
+    metavar="TOKEN", show_default=False, help="The token whose logit is the metric (\" Mary\" with its leading space "
+    "for byte-level BPE, or #ID; with --dataset: each line's).")]
+FoilOption = Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits "
+                                                "target - foil.")]
+PositionOption = Annotated[int | None, typer.Option(metavar="N", help="The position the metric is read at, negative "
+                                                    "counting from the end (default: the last token).")]
+
 AblateOption = Annotated[list[str] | None, typer.Option(
     "--ablate", metavar="SITE[:zero|mean]", help="Run with a component removed: a head (L23H3), a sublayer's output "
     "(L5.mlp, L5.attn) or any site name, * allowed; zeroed, or :mean (its mean over the text's positions); an "
@@ -206,6 +216,13 @@ class DatasetFlags:
         for name in names:
             if self.dataset is None and getattr(self, name) not in (None, False):
                 raise usage_error(f"--{name.replace('_', '-')} is for a --dataset")
+
+    def each_line_has(self, **given: Any) -> None:
+        """With --dataset: a usage error for the first of these options given (`target=...`), which each line of the
+        dataset has its own."""
+        for name, value in given.items():
+            if self.dataset is not None and value is not None:
+                raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
 
     def cluster(self, many: bool, what: str):
         """--ray's settings, checked (`ray_settings`): None for a run on this process; refused where the run is not

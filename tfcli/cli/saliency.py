@@ -12,10 +12,18 @@ from tfcli.cli.app import app
 from tfcli.cli.console import output_console
 from tfcli.cli.output import View
 from tfcli.cli.session import inputs, run_dataset
-from tfcli.cli.options import (AT_LEAST_ONE, DatasetFlags, DatasetOptions, FileOption, RunOptions, TextsArgument,
-                               shared_options)
+from tfcli.cli.options import (AT_LEAST_ONE, DatasetFlags, DatasetOptions, FileOption, FoilOption, PositionOption,
+                               RunOptions, TargetOption, TextsArgument, shared_options, with_help)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
+
+
+# the metric options in this module's words (declared once in cli/options.py)
+SALIENCY_TARGET = with_help(TargetOption, "The token whose logit is the metric (\" Mary\" with its leading space for "
+                                          "byte-level BPE, or #ID), or a classifier's label (default: the model's own "
+                                          "top prediction).")
+SALIENCY_POSITION = with_help(PositionOption, "The position read, negative counting from the end (default: the last "
+                                              "token; a masked-LM encoder: its [MASK]).")
 
 
 @app.command()
@@ -27,13 +35,9 @@ def saliency(
     texts: TextsArgument = None,
     method: Annotated[str, typer.Option(metavar="METHOD", help="integrated-gradients, gradient, input-x-gradient, "
                                         "occlusion or attention-rollout.")] = "integrated-gradients",
-    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is the metric (\" Mary\" "
-                                               "with its leading space for byte-level BPE, or #ID), or a classifier's "
-                                               "label (default: the model's own top prediction).")] = None,
-    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits target "
-                                             "- foil.")] = None,
-    position: Annotated[int | None, typer.Option(metavar="N", help="The position read, negative counting from the end "
-                                                 "(default: the last token; a masked-LM encoder: its [MASK]).")] = None,
+    target: SALIENCY_TARGET = None,
+    foil: FoilOption = None,
+    position: SALIENCY_POSITION = None,
     metric: Annotated[str, typer.Option(metavar="WHAT", help="logit, or logprob (the log-softmax of the head's "
                                         "output).")] = "logit",
     baseline: Annotated[str | None, typer.Option(metavar="BASELINE", help="What a token is replaced by: pad (else "
@@ -84,9 +88,7 @@ def saliency(
     if data.dataset is not None:
         if texts or file is not None:
             raise usage_error("give texts (or --file) or --dataset, not both")
-        for name, value in (("target", target), ("foil", foil), ("position", position)):
-            if value is not None:
-                raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
+        data.each_line_has(target=target, foil=foil, position=position)
         for name, value in (("continuation", continuation), ("generate", generate)):
             if value is not None:
                 raise usage_error(f"--{name} is for one text: its matrix has no mean over a dataset")

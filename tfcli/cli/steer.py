@@ -14,12 +14,19 @@ from tfcli.cli.app import command_group
 from tfcli.cli.console import note, output_console, warn
 from tfcli.cli.output import View, emit, report_of
 from tfcli.cli.session import build, inputs, session_of, started, tokenizer_of, warn_spacing
-from tfcli.cli.options import (AT_LEAST_ONE, FileOption, RunOptions, shared_options)
+from tfcli.cli.options import (AT_LEAST_ONE, FileOption, FoilOption, RunOptions, TargetOption, shared_options,
+                               with_help)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 
 steer_app = command_group("steer", "Steering vectors: fit a direction per block from contrast pairs, as a file llama.cpp "
                           "reads; sweep its strength and see what it does.")
+
+
+# the metric options in this module's words (declared once in cli/options.py)
+SWEEP_TARGET = with_help(TargetOption, "The effect: this token's logit at each prompt's last position (\" happy\" with "
+                                       "its leading space for byte-level BPE, or #ID).")
+SWEEP_FOIL = with_help(FoilOption, "The effect is the difference of the logits target - foil.")
 
 
 @steer_app.command()
@@ -119,11 +126,8 @@ def sweep(
                                            "unsteered).")] = "-4,-2,0,2,4",
     layers: Annotated[str | None, typer.Option(metavar="LAYERS", help="Steer only these blocks of the vector, e.g. "
                                                "10-20 (default: all it has).")] = None,
-    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The effect: this token's logit at each "
-                                               "prompt's last position (\" happy\" with its leading space for "
-                                               "byte-level BPE, or #ID).")] = None,
-    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The effect is the difference of the logits "
-                                             "target - foil.")] = None,
+    target: SWEEP_TARGET = None,
+    foil: SWEEP_FOIL = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", metavar="N", callback=AT_LEAST_ONE,
                                                 help="New tokens of each greedy continuation.")] = 20,
     normalize: Annotated[bool, typer.Option("--normalize", help="Keep each position's norm as it was before the "

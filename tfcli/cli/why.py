@@ -16,11 +16,26 @@ from tfcli.cli.output import View, emit, report_of
 from tfcli.cli.progress import with_progress
 from tfcli.cli.session import (ablation_of, build, inputs, pair_ids, run_dataset, session_of, started, tokenizer_of,
                                warn_spacing)
-from tfcli.cli.options import (AT_LEAST_ONE, AblateOption, DatasetFlags, DatasetOptions, FileOption, MaxLengthOption,
-                               RunOptions, TextsArgument, shared_options)
+from tfcli.cli.options import (AT_LEAST_ONE, AblateOption, DatasetFlags, DatasetOptions, FileOption, FoilOption,
+                               MaxLengthOption, PositionOption, RunOptions, TargetOption, TextsArgument, shared_options,
+                               with_help)
 from tfcli.errors import usage_error
 from tfcli.render.report_file import check_report_path
 from tfcli.texts import CappedWarnings, tokenized
+
+
+# the metric options in this module's words (declared once in cli/options.py)
+PATCH_TARGET = with_help(TargetOption, "The token whose logit is the metric: one token of the model's tokenizer (\" "
+                                       "Mary\" with its leading space for byte-level BPE) or #ID; a classifier's label "
+                                       "name or #index (with --dataset: each line's).")
+PATCH_POSITION = with_help(PositionOption, "The position the metric is read at, negative counting from the end "
+                                           "(default: the last token; a masked-LM encoder: its [MASK]).")
+ATTRIBUTE_TARGET = with_help(TargetOption, "The token whose logit is split: one token of the model's tokenizer (\" "
+                                           "Mary\" with its leading space for byte-level BPE) or #ID (default: the "
+                                           "model's own top prediction).")
+ATTRIBUTE_FOIL = with_help(FoilOption, "Split the difference of the logits target - foil instead.")
+ATTRIBUTE_POSITION = with_help(PositionOption, "The position read, negative counting from the end (default: the last "
+                                               "token).")
 
 
 @app.command()
@@ -35,15 +50,9 @@ def patch(
     corrupt: Annotated[str | None, typer.Argument(metavar="CORRUPT", help="The corrupted text (as many tokens as "
                                                   "CLEAN), into which clean activations are put back.",
                                                   show_default=False)] = None,
-    target: Annotated[str, typer.Option(metavar="TOKEN", help="The token whose logit is the metric: one token of the "
-                                        "model's tokenizer (\" Mary\" with its leading space for byte-level BPE) or "
-                                        "#ID; a classifier's label name or #index (with --dataset: each "
-                                        "line's).", show_default=False)] = None,
-    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="The metric is the difference of the logits "
-                                             "target - foil.")] = None,
-    position: Annotated[int | None, typer.Option(metavar="N", help="The position the metric is read at, negative "
-                                                 "counting from the end (default: the last token; a masked-LM "
-                                                 "encoder: its [MASK]).")] = None,
+    target: PATCH_TARGET = None,
+    foil: FoilOption = None,
+    position: PATCH_POSITION = None,
     sites: Annotated[str | None, typer.Option(metavar="KINDS", help="Comma-separated: resid, attn, mlp (per layer "
                                               "and position), heads (per layer and head), heads-by-position, q, k, "
                                               "v, pattern (default: resid,attn,mlp,heads).")] = None,
@@ -89,9 +98,7 @@ def patch(
     if data.dataset is not None:
         if clean is not None:
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
-        for name, value in (("target", target), ("foil", foil), ("position", position)):
-            if value is not None:
-                raise usage_error(f"--{name} is read from each line of the dataset", f"give `{name}` in the lines")
+        data.each_line_has(target=target, foil=foil, position=position)
         source = resolve_source(run.model, run.revision)
         options = core.PatchOptions("", sites=core.parse_sites(sites), method=method,
                                     ablation=ablation_of(ablate, source.config))
@@ -158,13 +165,9 @@ def saes_of(paths: list[Path] | None, config) -> tuple:
                 model="Model source with an LM head (default: the bundled `gpt2-small`, random weights).")
 def attribute(
     texts: TextsArgument = None,
-    target: Annotated[str | None, typer.Option(metavar="TOKEN", help="The token whose logit is split: one token of "
-                                               "the model's tokenizer (\" Mary\" with its leading space for "
-                                               "byte-level BPE) or #ID (default: the model's own top prediction).")] = None,
-    foil: Annotated[str | None, typer.Option(metavar="TOKEN", help="Split the difference of the logits target - foil "
-                                             "instead.")] = None,
-    position: Annotated[int | None, typer.Option(metavar="N", help="The position read, negative counting from the "
-                                                 "end (default: the last token).")] = None,
+    target: ATTRIBUTE_TARGET = None,
+    foil: ATTRIBUTE_FOIL = None,
+    position: ATTRIBUTE_POSITION = None,
     by: Annotated[str, typer.Option(metavar="WHAT", help="component (embeddings, each layer's attention and MLP), "
                                     "head (each head) or neuron (the largest MLP neurons).")] = "component",
     layers: Annotated[str | None, typer.Option(metavar="LAYERS", help="With --by head or neuron: the layers broken "
@@ -203,10 +206,9 @@ def attribute(
     if data.dataset is not None:
         if texts or file is not None:
             raise usage_error("give texts (or --file) or --dataset, not both")
-        for name, value in (("target", target), ("foil", foil), ("position", position), ("max-length", max_length)):
-            if value is not None:
-                raise usage_error(f"--{name} is read from each line of the dataset" if name != "max-length" else
-                                  "--max-length is for texts: a dataset's lines are read whole")
+        data.each_line_has(target=target, foil=foil, position=position)
+        if max_length is not None:
+            raise usage_error("--max-length is for texts: a dataset's lines are read whole")
     data.only_with_a_dataset("bootstrap", "per_item", "skip_bad")
     cluster = data.cluster(data.dataset is not None, "a --dataset")
     texts_in = inputs(texts, file) if data.dataset is None else None
