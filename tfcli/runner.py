@@ -6,8 +6,10 @@ on a model (a batch of items at a time), how one item's result shows alone, and 
 runner does the rest, the same for every analysis: the lines read and checked (a bad one named by its number, or
 skipped and counted with --skip-bad), the bootstrap's resamples, the items run here or in blocks on Ray workers
 (tfcli/cluster.py: the same per-item results travel back and are aggregated by the same code, in dataset order),
-each item's result handed on as it comes (--per-item), the progress, and Ctrl-C, which keeps what finished. What a
-person sees (the bar, the views, JSON, --report) is the command line's (tfcli/cli/common.py, `run_dataset`).
+each item's result handed on as it comes (--per-item), the progress, and Ctrl-C, which keeps what finished. A command's
+stages share one `Session` (one tokenizer, model, pool of Ray workers, progress display per stage, interrupt rule),
+each stage's run an `Envelope`. What a person sees (the bar, the views, JSON, --report) is the command line's
+(tfcli/cli/session.py: `session_of`, `run_dataset`).
 
 Nothing here imports torch, Ray or a command's core module.
 """

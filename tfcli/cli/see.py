@@ -1,5 +1,5 @@
 """The commands that show a forward pass: tokenize, config, encode, compare, classify, generate. Each declares and
-resolves its options, builds what it needs through `tfcli.cli.common`, calls its core module's pipeline
+resolves its options, builds what it needs through `tfcli.cli.session`, calls its core module's pipeline
 (`tfcli/<command>.py`; tokenize's is `tfcli/tokens.py`) and shows what that yields through `emit` and the renderer
 of the same name in `tfcli/render/`. Heavy modules (torch, transformers, tokenizers) are imported inside the
 commands, so that `--help` is quick."""

@@ -1,6 +1,6 @@
 """The commands that ask why a model does what it does: patch (activation and attribution patching), attribute
 (direct logit attribution) and heads (what every head does). Each declares and resolves its options, builds what
-it needs through `tfcli.cli.common`, calls its core module (`tfcli/<command>.py`) and shows what that yields
+it needs through `tfcli.cli.session`, calls its core module (`tfcli/<command>.py`) and shows what that yields
 through `emit` and the renderer of the same name in `tfcli/render/`."""
 
 from __future__ import annotations
