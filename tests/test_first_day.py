@@ -303,10 +303,10 @@ def test_stderr_messages_are_wrapped_between_words_on_a_terminal(cli, monkeypatc
     from rich.console import Console
 
     import tfcli.cli.console
-    import tfcli.cli.see
+    import tfcli.cli.session
 
     captured = io.StringIO()
-    monkeypatch.setattr(tfcli.cli.see, "with_progress", lambda batches, what, count: batches)  # no progress bar
+    monkeypatch.setattr(tfcli.cli.session, "with_progress", lambda batches, what, count: batches)  # no progress bar
     monkeypatch.setattr(tfcli.cli.console.STDERR, "console", Console(
         file=captured, force_terminal=True, no_color=True, highlight=False, markup=False, emoji=False, width=200))
     folder = tmp_path / "a folder with a rather long name" / "and another one inside it"

@@ -169,15 +169,18 @@ class Envelope:
 @dataclass
 class Display:
     """How a session shows a person what runs (given by the command line; nothing here prints): `progress(stage,
-    unit)`, a context manager yielding the callback `progress(done, total, note="")` of one named stage, and the
+    unit)`, a context manager yielding the callback `progress(done, total, note="")` of one named stage; `counted(
+    batches, stage, count)`, the same batches counted as they pass (a stream of texts: count(batch) each); and the
     stderr lines `warn` and `note`."""
 
     progress: Callable[[str, str], contextlib.AbstractContextManager[Progress]]
+    counted: Callable[[Iterable[Any], str, Callable[[Any], int]], Iterator[Any]]
     warn: Callable[[str], None]
     note: Callable[[str], None]
 
 
-QUIET = Display(lambda stage, unit: contextlib.nullcontext(None), lambda message: None, lambda message: None)
+QUIET = Display(lambda stage, unit: contextlib.nullcontext(None), lambda batches, stage, count: iter(batches),
+                lambda message: None, lambda message: None)
 
 
 class Session:
@@ -244,6 +247,10 @@ class Session:
     def progress(self, stage: str, unit: str) -> contextlib.AbstractContextManager[Progress]:
         """The progress display of a stage that is not a run of an analysis (a sweep, a training loop)."""
         return self.display.progress(stage, unit)
+
+    def counted(self, batches: Iterable[Item], stage: str, count: Callable[[Item], int]) -> Iterator[Item]:
+        """The batches of a stage that streams texts through a pipeline, counted as they pass (count(batch) each)."""
+        return self.display.counted(batches, stage, count)
 
     def run(self, analysis: Analysis, dataset: Dataset, each: Callable[[Any], None] | None = None,
             stage: str | None = None) -> Envelope:

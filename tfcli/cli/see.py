@@ -18,7 +18,7 @@ from tfcli.cli.app import app
 from tfcli.cli.console import note, output_console, say, stderr_is_terminal, warn
 from tfcli.cli.output import View, emit, report_of
 from tfcli.cli.progress import with_progress
-from tfcli.cli.session import ablation_of, build, inputs, noted, started, tokenizer_of
+from tfcli.cli.session import ablation_of, inputs, noted, session_of, started
 from tfcli.cli.options import (AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, PROBABILITY, AblateOption, FileOption,
                                MaxLengthOption, PairOption, RunOptions, TextsArgument, shared_options)
 from tfcli.errors import usage_error
@@ -168,30 +168,31 @@ def encode(
     options = core.check_options(source.config, layers, heads, core.DEFAULT_TOP_K if top_k is None else top_k, sites)
     options.keep_heads = run.report is not None  # the page's head selector shows every head behind a mean
     options.ablation = ablation_of(ablate, source.config)
-    tokenizer = tokenizer_of(source)
-    decoder_input = core.decoder_input(source.config, tokenizer, target)
-    positions = source.config.max_position_embeddings
-    truncated = CappedWarnings(warn, "texts truncated")
-    chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length, no_truncate)
-              for batch in texts_in.batches(None if save is not None else core.MAX_BATCH))
-    chunks = started(chunks)
-    loaded = build(source, run)
-    every_layer = list(range(max(source.config.num_hidden_layers, source.config.output_layers)))
-    detail = None if layers is None else options.layers if options.layers is not None else every_layer
-    view = render.View(detail, attention_top, out.color_system is not None, 1 if top_k is None else top_k,
-                       lens=top_k is not None)
-    save_to = None if save is None else core.SaveTo(save, run.force, {
-        "tfcli_version": __version__, "model": source.description, "weights": loaded.weights_description})
-    reports = core.run(loaded, tokenizer, with_progress(chunks, "encode", len), options, decoder_input,
-                       max_capture_mb, save_to, warn)
-    emit(reports, View(out, lambda text_report: render.record(text_report, loaded.trained, source.weights, run.seed,
-                                                              attention_weights=not no_attention_weights),
-                       lambda text_report, number: render.report_lines(text_report, number, out.width, view)),
-         run.json_output, after=None if save is None else lambda: say(f"saved {save}", whole=[str(save)]),
-         truncated=truncated, report=report_of(run.report, run.force, "encode", loaded, source, detail=detail))
-    if not run.json_output and layers is None:  # last, where it is still on the screen when the run ends
-        note("showing the last layer in full and a line per position for every layer; see more with "
-             "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
+    with session_of(source, run, None) as session:
+        tokenizer = session.tokenizer
+        decoder_input = core.decoder_input(source.config, tokenizer, target)
+        positions = source.config.max_position_embeddings
+        truncated = CappedWarnings(warn, "texts truncated")
+        chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length, no_truncate)
+                  for batch in texts_in.batches(None if save is not None else core.MAX_BATCH))
+        chunks = started(chunks)
+        loaded = session.model
+        every_layer = list(range(max(source.config.num_hidden_layers, source.config.output_layers)))
+        detail = None if layers is None else options.layers if options.layers is not None else every_layer
+        view = render.View(detail, attention_top, out.color_system is not None, 1 if top_k is None else top_k,
+                           lens=top_k is not None)
+        save_to = None if save is None else core.SaveTo(save, run.force, {
+            "tfcli_version": __version__, "model": source.description, "weights": loaded.weights_description})
+        reports = core.run(loaded, tokenizer, session.counted(chunks, "encode", len), options, decoder_input,
+                           max_capture_mb, save_to, warn)
+        emit(reports, View(out, lambda text_report: render.record(text_report, loaded.trained, source.weights, run.seed,
+                                                                  attention_weights=not no_attention_weights),
+                           lambda text_report, number: render.report_lines(text_report, number, out.width, view)),
+             run.json_output, after=None if save is None else lambda: say(f"saved {save}", whole=[str(save)]),
+             truncated=truncated, report=report_of(run.report, run.force, "encode", loaded, source, detail=detail))
+        if not run.json_output and layers is None:  # last, where it is still on the screen when the run ends
+            note("showing the last layer in full and a line per position for every layer; see more with "
+                 "--layers all (or 2-4, -3-), --heads all, --top-k 5, --json")
 
 
 @app.command()
@@ -308,21 +309,23 @@ def classify(
     source = resolve_source(run.model or "classifier", run.revision)
     explained = (explain_layers or 1) if explain else 0
     core.check_options(source.config, explained)  # before building a model for nothing
-    tokenizer = tokenizer_of(source)
-    positions = source.config.max_position_embeddings
-    truncated = CappedWarnings(warn, "texts truncated")
-    chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length)
-              for batch in texts_in.batches(core.BATCH_SIZE))
-    chunks = started(chunks)
-    loaded = build(source, run, "these probabilities say nothing about the texts")
+    with session_of(source, run, None, "these probabilities say nothing about the texts") as session:
+        tokenizer = session.tokenizer
+        positions = source.config.max_position_embeddings
+        truncated = CappedWarnings(warn, "texts truncated")
+        chunks = (tokenized(tokenizer, batch, positions, truncated, pair, max_length)
+                  for batch in texts_in.batches(core.BATCH_SIZE))
+        chunks = started(chunks)
+        loaded = session.model
 
-    def lines(result: core.Classification, number: int) -> list[Text]:
-        shown = render.classification_lines(result, number, out.width, top)
-        return shown + ([] if result.explanation is None else render.explanation_lines(result.explanation, out.width))
+        def lines(result: core.Classification, number: int) -> list[Text]:
+            shown = render.classification_lines(result, number, out.width, top)
+            why = [] if result.explanation is None else render.explanation_lines(result.explanation, out.width)
+            return shown + why
 
-    emit(core.run(loaded, tokenizer, with_progress(chunks, "classify", len), explained),
-         View(out, render.record, lines, spaced=True), run.json_output, truncated=truncated,
-         report=report_of(run.report, run.force, "classify", loaded, source))
+        emit(core.run(loaded, tokenizer, session.counted(chunks, "classify", len), explained),
+             View(out, render.record, lines, spaced=True), run.json_output, truncated=truncated,
+             report=report_of(run.report, run.force, "classify", loaded, source))
 
 
 def steering(specs: list[str] | None, layers: str | None, normalize: bool, config) -> tuple | None:
@@ -423,41 +426,43 @@ def generate(
     vectors = steering(steer, steer_layers, steer_normalize, source.config)
     ablation = ablation_of(ablate, source.config, generating=True)
     ablations = ablation and ablation.hooks
-    tokenizer = tokenizer_of(source)
-    batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
-               for batch in prompts_in.batches(1))
-    batches = started(batches)
-    loaded = build(source, run, "these continuations say nothing about the prompts")
-    # the text appears once, as it is made: on stdout when that is the terminal (the table follows without it),
-    # else on stderr when that is a terminal (stdout, a file or pipe, gets the text with the table)
-    live = sys.stdout if out.is_terminal and not run.json_output else sys.stderr if stderr_is_terminal() else None
+    with session_of(source, run, None, "these continuations say nothing about the prompts") as session:
+        tokenizer = session.tokenizer
+        batches = (core.prompts(source.config, tokenizer, [item.text for item in batch], max_new_tokens)
+                   for batch in prompts_in.batches(1))
+        batches = started(batches)
+        loaded = session.model
+        # the text appears once, as it is made: on stdout when that is the terminal (the table follows without it),
+        # else on stderr when that is a terminal (stdout, a file or pipe, gets the text with the table)
+        live = sys.stdout if out.is_terminal and not run.json_output else sys.stderr if stderr_is_terminal() else None
 
-    def show_text(piece: str) -> None:
-        live.write(piece)
-        live.flush()
+        def show_text(piece: str) -> None:
+            live.write(piece)
+            live.flush()
 
-    def ended(generations: Iterator[core.Generation]) -> Iterator[core.Generation]:
-        """The same generations, each streamed text ended with its line."""
-        for generation in generations:
-            if live:
-                show_text("\n")
-            yield generation
+        def ended(generations: Iterator[core.Generation]) -> Iterator[core.Generation]:
+            """The same generations, each streamed text ended with its line."""
+            for generation in generations:
+                if live:
+                    show_text("\n")
+                yield generation
 
-    hooks = ablations
-    if vectors is not None:
-        from tfcli.model.sites import merged
-        from tfcli.analysis.vectors import steering_hooks
+        hooks = ablations
+        if vectors is not None:
+            from tfcli.model.sites import merged
+            from tfcli.analysis.vectors import steering_hooks
 
-        hooks = merged(ablations, steering_hooks(loaded, *vectors[:4]))
-    changed = render.changes_record(None if vectors is None else (steer, vectors[4], steer_normalize),
-                                    ablation and ablation.specs)
-    generations = core.run(loaded, tokenizer, batches, sampling, lens, show_text if live else None,
-                           warn, hooks)
-    emit(ended(generations),
-         View(out, lambda result: render.record(result, tokenizer) | changed,
-              lambda result, number: render.generation_lines(result, tokenizer, number, run.seed if do_sample else None,
-                                                             out.width, with_text=live is not sys.stdout,
-                                                             changed=changed)),
-         run.json_output, report=report_of(run.report, run.force, "generate", loaded, source, tokenizer))
+            hooks = merged(ablations, steering_hooks(loaded, *vectors[:4]))
+        changed = render.changes_record(None if vectors is None else (steer, vectors[4], steer_normalize),
+                                        ablation and ablation.specs)
+        generations = core.run(loaded, tokenizer, batches, sampling, lens, show_text if live else None,
+                               warn, hooks)
+        emit(ended(generations),
+             View(out, lambda result: render.record(result, tokenizer) | changed,
+                  lambda result, number: render.generation_lines(result, tokenizer, number,
+                                                                 run.seed if do_sample else None,
+                                                                 out.width, with_text=live is not sys.stdout,
+                                                                 changed=changed)),
+             run.json_output, report=report_of(run.report, run.force, "generate", loaded, source, tokenizer))
 
 

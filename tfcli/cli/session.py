@@ -15,7 +15,7 @@ import typer
 
 from tfcli.cli.console import note, say, say_lines, stderr_width, warn
 from tfcli.cli.output import View, emit, report_of
-from tfcli.cli.progress import count_bar
+from tfcli.cli.progress import count_bar, with_progress
 from tfcli.texts import Inputs
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def session_of(source: Source, run: RunOptions, ray: Any = None, random_means: s
 
     cluster = None if ray is None else runner.Cluster(ray, run.spec(), note)
     with runner.Session(source.config, lambda: tokenizer_of(source), lambda: build(source, run, random_means),
-                        runner.Display(count_bar, warn, note), cluster) as session:
+                        runner.Display(count_bar, with_progress, warn, note), cluster) as session:
         yield session
 
 

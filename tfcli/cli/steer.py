@@ -13,7 +13,7 @@ import typer
 from tfcli.cli.app import command_group
 from tfcli.cli.console import note, output_console, warn
 from tfcli.cli.output import View, emit, report_of
-from tfcli.cli.session import build, inputs, session_of, started, tokenizer_of, warn_spacing
+from tfcli.cli.session import inputs, session_of, started, warn_spacing
 from tfcli.cli.options import (AT_LEAST_ONE, FileOption, FoilOption, RunOptions, TargetOption, shared_options,
                                with_help)
 from tfcli.errors import usage_error
@@ -174,17 +174,18 @@ def sweep(
     if not blocks:
         raise usage_error(f"--layers {layers}: the vector has none of these blocks",
                           f"it has blocks {spans(sorted(directions))}")
-    tokenizer = tokenizer_of(source)
-    warn_spacing(tokenizer, target, foil)
-    target_token, foil_token = parse_metric(config, tokenizer, target, foil)
-    batches = started(read_prompts(config, tokenizer, [item.text for item in batch], max_new_tokens)
-                      for batch in prompts_in.batches(1))
-    note(f"steering: {vector} at blocks {spans(blocks)}, strengths {', '.join(f'{s:g}' for s in chosen_strengths)}")
-    loaded = build(source, run, "a vector on random weights steers nothing")
+    with session_of(source, run, None, "a vector on random weights steers nothing") as session:
+        tokenizer = session.tokenizer
+        warn_spacing(tokenizer, target, foil)
+        target_token, foil_token = parse_metric(config, tokenizer, target, foil)
+        batches = started(read_prompts(config, tokenizer, [item.text for item in batch], max_new_tokens)
+                          for batch in prompts_in.batches(1))
+        note(f"steering: {vector} at blocks {spans(blocks)}, strengths {', '.join(f'{s:g}' for s in chosen_strengths)}")
+        loaded = session.model
 
-    options = core.SweepOptions(directions, vector, chosen_strengths, blocks, target_token, foil_token, normalize)
-    swept = (core.sweep(loaded, tokenizer, prompt, options) for batch in batches for prompt in batch)
+        options = core.SweepOptions(directions, vector, chosen_strengths, blocks, target_token, foil_token, normalize)
+        swept = (core.sweep(loaded, tokenizer, prompt, options) for batch in batches for prompt in batch)
 
-    emit(swept, View(out, render.sweep_records, lambda result, number: render.sweep_lines(result, number, out.width),
-                       spaced=True),
-         run.json_output, report=report_of(run.report, run.force, "steer", loaded, source, tokenizer))
+        emit(swept, View(out, render.sweep_records,
+                         lambda result, number: render.sweep_lines(result, number, out.width), spaced=True),
+             run.json_output, report=report_of(run.report, run.force, "steer", loaded, source, tokenizer))

@@ -13,9 +13,7 @@ import typer
 from tfcli.cli.app import app
 from tfcli.cli.console import note, output_console, warn
 from tfcli.cli.output import View, emit, report_of
-from tfcli.cli.progress import with_progress
-from tfcli.cli.session import (ablation_of, build, inputs, pair_ids, run_dataset, session_of, started, tokenizer_of,
-                               warn_spacing)
+from tfcli.cli.session import ablation_of, inputs, pair_ids, run_dataset, session_of, started, warn_spacing
 from tfcli.cli.options import (AT_LEAST_ONE, AblateOption, DatasetFlags, DatasetOptions, FileOption, FoilOption,
                                MaxLengthOption, PositionOption, RunOptions, TargetOption, TextsArgument, shared_options,
                                with_help)
@@ -230,16 +228,17 @@ def attribute(
                           report=(render.dataset_page_section, render.dataset_figure))),
                     "these components say nothing about a trained model")
         return
-    tokenizer = tokenizer_of(source)
-    warn_spacing(tokenizer, target, foil)
-    core.check_options(source.config, tokenizer, options)
-    truncated = CappedWarnings(warn, "texts truncated")
-    chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
-                               max_length=max_length) for batch in texts_in.batches(core.BATCH_SIZE))
-    loaded = build(source, run, "these components say nothing about a trained model")
-    emit(core.run(loaded, tokenizer, with_progress(chunks, "attribute", len), options),
-         View(out, render.record, lambda result, number: render.attribution_lines(result, number, out.width, top)),
-         run.json_output, truncated=truncated, report=report_of(run.report, run.force, "attribute", loaded, source))
+    with session_of(source, run, None, "these components say nothing about a trained model") as session:
+        tokenizer = session.tokenizer
+        warn_spacing(tokenizer, target, foil)
+        core.check_options(source.config, tokenizer, options)
+        truncated = CappedWarnings(warn, "texts truncated")
+        chunks = started(tokenized(tokenizer, batch, source.config.max_position_embeddings, truncated,
+                                   max_length=max_length) for batch in texts_in.batches(core.BATCH_SIZE))
+        loaded = session.model
+        emit(core.run(loaded, tokenizer, session.counted(chunks, "attribute", len), options),
+             View(out, render.record, lambda result, number: render.attribution_lines(result, number, out.width, top)),
+             run.json_output, truncated=truncated, report=report_of(run.report, run.force, "attribute", loaded, source))
 
 
 @app.command()
