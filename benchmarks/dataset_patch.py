@@ -58,14 +58,15 @@ def load_hf(gguf: str):
     import transformers
 
     from tfcli.checkpoints import gguf as g
+    from tfcli.checkpoints import gguf_hf
 
-    values = g.hf_config(g.read_header(Path(gguf)))
+    values = gguf_hf.hf_config(g.read_header(Path(gguf)))
     values = {k: v for k, v in values.items() if k not in ("model_type", "architectures", "_name_or_path")}
     config = transformers.LlamaConfig(**values)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         hf = transformers.LlamaForCausalLM(config)
-    state = {name: tensor.read() for name, tensor in g.read_tensors(Path(gguf)).items()}
+    state = {name: tensor.read() for name, tensor in gguf_hf.read_tensors(Path(gguf)).items()}
     hf.load_state_dict(state, strict=False, assign=True)
     hf.tie_weights()
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config)  # its buffers, off the meta device
@@ -258,6 +259,7 @@ def main() -> None:
         torch.set_num_threads(1)
         CLOCK = time.process_time
     from tfcli import patch
+    from tfcli.patch.results import columns_of
 
     before = load_average()
     print(machine(in_process=True))
@@ -272,7 +274,7 @@ def main() -> None:
           f"({ids.shape[1]} tokens): {diff:.1e}")
 
     pairs = ioi_pairs(gguf, model, tokenizer, args.pairs)
-    columns = patch.columns_of(pairs, kinds, None, None)
+    columns = columns_of(pairs, kinds, None, None)
     options = patch.PatchOptions("", sites=kinds)
     layers, heads, positions = model.config.num_hidden_layers, model.config.num_attention_heads, len(pairs[0].ids_clean)
 

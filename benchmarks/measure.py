@@ -102,7 +102,7 @@ def save_bert_tokenizer(directory) -> None:
     import shutil
     from pathlib import Path
 
-    from tfcli.tokenizer import BUNDLED_VOCAB
+    from tfcli.tokenizer.loading import BUNDLED_VOCAB
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

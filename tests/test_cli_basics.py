@@ -65,7 +65,7 @@ def test_tfcli_error_from_core(cli, monkeypatch):
     def refuse(source):
         raise TfcliError("no such model: nowhere", "try a bundled config name")
 
-    monkeypatch.setattr("tfcli.tokenizer.load_tokenizer", refuse)
+    monkeypatch.setattr("tfcli.tokenizer.loading.load_tokenizer", refuse)
     result = cli("tokenize", "--model", "nowhere", "hi")
     assert result.exit_code == 1
     assert result.stderr == "error: no such model: nowhere\nhint: try a bundled config name\n"
@@ -75,7 +75,7 @@ def test_unexpected_exception_is_one_line_unless_debug(cli, monkeypatch):
     def crash(source):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("tfcli.tokenizer.load_tokenizer", crash)
+    monkeypatch.setattr("tfcli.tokenizer.loading.load_tokenizer", crash)
     result = cli("tokenize", "hi", env={"TFCLI_DEBUG": ""})
     assert result.exit_code == 1
     assert result.stderr.splitlines()[0] == "error: unexpected RuntimeError: boom"

@@ -23,6 +23,7 @@ from tfcli import patch, runner
 from tfcli.analysis.dataset import Dataset, Done, lines_of, ratio_of_means
 from tfcli.analysis.names import KINDS
 from tfcli.errors import TfcliError
+from tfcli.patch.results import columns_of, none_to_nan
 
 ALL_KINDS = ("resid", "attn", "mlp", "heads", "heads-by-position", "q", "k", "v", "pattern")
 SIZES = dict(vocab_size=30522, bos_token_id=101, eos_token_id=102, pad_token_id=0)  # BERT's [CLS] and [SEP]
@@ -348,7 +349,7 @@ def test_the_aggregate_is_the_ratio_of_means_patched_by_hand(name, models):
     _, model, tokenizer, hand = models(name)
     items, results = by_hand(hand, "same", ALL_KINDS)
     pairs = pairs_of(model, tokenizer, items)
-    columns = patch.columns_of(pairs, ALL_KINDS, None, None)
+    columns = columns_of(pairs, ALL_KINDS, None, None)
     result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=ALL_KINDS), columns, 0)
     assert result.n == len(items) and result.equal == 0 and result.intervals is None
     assert result.clean_value == pytest.approx(np.mean([r["clean"] for r in results]), abs=1e-5)
@@ -384,8 +385,8 @@ def test_columns_aligned_at_the_end_are_each_pairs_positions_counted_back(name, 
     pairs = pairs_of(model, tokenizer, items)
     assert sorted(len(p.ids_clean) for p in pairs) == [10, 11, 14]
     with pytest.raises(TfcliError, match="different lengths"):
-        patch.columns_of(pairs, kinds, None, None)
-    columns = patch.columns_of(pairs, kinds, "end", None)
+        columns_of(pairs, kinds, None, None)
+    columns = columns_of(pairs, kinds, "end", None)
     result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
     count = 10
     assert len(result.grids["resid"][0]) == count and len(result.grids["heads-by-position"][0][0]) == count
@@ -427,7 +428,7 @@ def test_the_bootstrap_is_seeded_and_is_the_one_done_by_hand(models):
     _, model, tokenizer, hand = models("gpt2")
     items = oriented(hand, [(f"when {a} and {b} went home {b} gave it to", a, b) for a, b in NAMES])
     pairs = pairs_of(model, tokenizer, items)
-    columns = patch.columns_of(pairs, kinds, None, None)
+    columns = columns_of(pairs, kinds, None, None)
     options = patch.PatchOptions("", sites=kinds)
     singles = list(patch.pair_results(model, tokenizer, pairs, options, columns))  # what run_dataset aggregates
     first = run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
@@ -481,7 +482,7 @@ def test_the_aggregate_is_the_mean_of_each_pairs_own_run(name, dataset, models):
     _, model, tokenizer, hand = models(name)
     items = oriented(hand, SAME if dataset == "same" else LENGTHS)
     pairs = pairs_of(model, tokenizer, items)
-    columns = patch.columns_of(pairs, kinds, None if dataset == "same" else "end", None)
+    columns = columns_of(pairs, kinds, None if dataset == "same" else "end", None)
     options = patch.PatchOptions("", sites=kinds)
     batched = list(patch.pair_results(model, tokenizer, pairs, options, columns))
     result = run_dataset(model, tokenizer, pairs, options, columns, 0, results=batched)
@@ -501,7 +502,7 @@ def test_the_aggregate_is_the_mean_of_each_pairs_own_run(name, dataset, models):
         axes = KINDS[kind].axes
         values = []
         for single, at in singles:
-            cells = np.array(patch.none_to_nan(single.grids[kind]), dtype=np.float64)
+            cells = np.array(none_to_nan(single.grids[kind]), dtype=np.float64)
             if "position" in axes:
                 cells = np.take(cells, at, axis=1 + axes.index("position"))
             values.append(cells)
@@ -530,7 +531,7 @@ def test_a_batch_of_pairs_equals_each_pair_alone(name, fast, models, monkeypatch
     firsts = {next(i for i, (a, b) in enumerate(zip(p.ids_clean, p.ids_corrupt)) if a != b)
               for p in pairs if len(p.ids_clean) == len(pairs[1].ids_clean)}
     assert len(firsts) == 2  # the batch of one length holds pairs that first differ at two positions
-    columns = patch.columns_of(pairs, kinds, "end", None)
+    columns = columns_of(pairs, kinds, "end", None)
     options = patch.PatchOptions("", sites=kinds, method="both", fast=fast)
     sizes, run_pairs = [], patch.run_pairs
 
@@ -555,13 +556,13 @@ def test_a_batch_of_pairs_equals_each_pair_alone(name, fast, models, monkeypatch
         assert (together.done, together.total, together.unchanged) == (alone.done, alone.total, alone.unchanged)
         for grids in ("grids", "attribution_grids"):
             for kind in kinds:
-                ours = np.array(patch.none_to_nan(getattr(together, grids)[kind]), dtype=np.float64)
-                theirs = np.array(patch.none_to_nan(getattr(alone, grids)[kind]), dtype=np.float64)
+                ours = np.array(none_to_nan(getattr(together, grids)[kind]), dtype=np.float64)
+                theirs = np.array(none_to_nan(getattr(alone, grids)[kind]), dtype=np.float64)
                 assert (np.isnan(ours) == np.isnan(theirs)).all(), (grids, kind)
                 difference = np.nan_to_num(np.abs(ours - theirs)).max()
                 assert difference <= 1e-5, (grids, kind, difference)
                 worst = max(worst, difference)
-    assert max(np.nanmax(np.abs(np.array(patch.none_to_nan(r.grids["heads"])))) for r in batched) > 0.05
+    assert max(np.nanmax(np.abs(np.array(none_to_nan(r.grids["heads"])))) for r in batched) > 0.05
 
 
 def test_the_progress_of_a_batch_of_pairs_moves_as_its_runs_finish(models):
@@ -571,7 +572,7 @@ def test_the_progress_of_a_batch_of_pairs_moves_as_its_runs_finish(models):
     pairs = pairs_of(model, tokenizer, oriented(hand, SAME))
     seen = []
     run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=("resid",)),
-                      patch.columns_of(pairs, ("resid",), None, None), 0,
+                      columns_of(pairs, ("resid",), None, None), 0,
                       progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (4, 4) and {total for _, total in seen} == {4}
     assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
@@ -596,7 +597,7 @@ def test_pairs_with_the_same_metric_count_in_the_aggregate_but_not_in_the_share(
     equal = (2, 4)
     results = [hand_pair(hand, item["clean"], item["corrupt"], item["target"], None, kinds) for item in items]
     pairs = pairs_of(model, tokenizer, items)
-    columns = patch.columns_of(pairs, kinds, None, None)
+    columns = columns_of(pairs, kinds, None, None)
     result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
     assert (result.n, result.equal, result.foil_each, result.target) == (5, 2, False, None)
     for i, r in enumerate(results):  # by hand too: the same metric clean and corrupt in the two, and only there

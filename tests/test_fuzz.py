@@ -117,7 +117,7 @@ def tiny_model():
     from tfcli.api import build_model
     from tfcli.config import from_dict
     from tfcli.sources import Source
-    from tfcli.tokenizer import load_tokenizer
+    from tfcli.tokenizer.loading import load_tokenizer
 
     config = from_dict({"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
                         "max_position_embeddings": 16, "head": "mlm"}, origin="tiny")

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 gguf = pytest.importorskip("gguf")
 
 from test_gguf import bpe_vocab, tiny, write_gguf  # noqa: E402
-from tfcli.tokenizer import BUNDLED_VOCAB  # noqa: E402
+from tfcli.tokenizer.loading import BUNDLED_VOCAB  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,11 @@
 """The package's one-way layout: data flows source -> config -> model -> capture -> report -> render, and no
 module imports from a layer above its own, nor takes part in an import cycle. Every import counts: inside
 functions, and under `if TYPE_CHECKING:` too (such an import never runs, but the module's signatures speak of
-the other module's types, so it depends on it all the same). No module is named like a standard-library one."""
+the other module's types, so it depends on it all the same). No module is named like a standard-library one.
+
+A module that outgrows its file becomes a package of the same name (tfcli/tokenizer/, tfcli/patch/): each module in
+it is in the package's layer, so a command's package is all of that command's core, and its modules import each
+other (a command still imports no other command's)."""
 
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ ALLOWED = {
 
 
 def layer(module: str) -> str:
-    """tfcli.model.attention -> model, tfcli.encode -> command, tfcli.render.encode -> render, ..."""
+    """tfcli.model.attention -> model, tfcli.encode -> command, tfcli.patch.results -> command, tfcli.render.encode ->
+    render, ..."""
     parts = module.split(".")
     if parts[-1] in ("tfcli", "__main__"):
         return "package"
@@ -46,10 +51,11 @@ def layer(module: str) -> str:
     return parts[1]
 
 
-# the core module of each command: a top-level module with a renderer of the same name (tfcli/render/config.py
-# renders `tfcli config`, whose core is api.describe: tfcli/config.py is the config layer)
+# the core of each command: a top-level module, or package (tfcli/patch/), with a renderer of the same name
+# (tfcli/render/config.py renders `tfcli config`, whose core is api.describe: tfcli/config.py is the config layer)
 COMMANDS = {path.stem for path in (PACKAGE / "render").glob("*.py")
-            if (PACKAGE / path.name).is_file() and path.stem not in ALLOWED and not path.stem.startswith("_")}
+            if ((PACKAGE / path.name).is_file() or (PACKAGE / path.stem / "__init__.py").is_file())
+            and path.stem not in ALLOWED and not path.stem.startswith("_")}
 
 
 def modules() -> dict[str, Path]:
@@ -90,9 +96,10 @@ def test_no_module_imports_from_a_layer_above_it():
 
 
 def test_commands_are_leaves():
-    """No command's core module imports another's: what two commands share lives in `analysis/` (or below)."""
+    """No command's core module imports another's: what two commands share lives in `analysis/` (or below). The
+    modules of one command's package (tfcli/patch/) import each other."""
     crossing = [f"{source} imports {target}" for source, targets in graph().items() for target in targets
-                if layer(source) == layer(target) == "command"]
+                if layer(source) == layer(target) == "command" and source.split(".")[1] != target.split(".")[1]]
     assert crossing == []
 
 
@@ -124,6 +131,7 @@ def test_the_checks_see_what_they_check():
     assert "tfcli.encode" in edges["tfcli.cli.see"]  # imported inside the command function
     assert "tfcli.render.run_info" in edges["tfcli.render.figure"]  # imported under `if TYPE_CHECKING:`
     assert layer("tfcli.render.encode") == "render" and layer("tfcli.encode") == "command"
+    assert "tfcli.patch.results" in edges["tfcli.patch"] and layer("tfcli.patch.results") == "command"  # a package
 
 
 def test_no_module_is_named_like_a_standard_library_module():

@@ -730,7 +730,9 @@ def test_a_small_gap_is_said_on_stderr_in_the_view_and_in_json(cli, peaked):
 def test_the_small_gap_rule(clean, corrupt, small):
     """|clean - corrupt| < 0.1 x max(|clean|, |corrupt|, 1): the issue's store/shop pair is small, the IOI pair is
     not; near 0 the floor of 1 asks for a gap of 0.1."""
-    assert patch.small_gap(clean, corrupt) is small
+    from tfcli.analysis.pairs import small_gap
+
+    assert small_gap(clean, corrupt) is small
 
 
 # ---------------------------------------------------------------- the first view: each kind's top, what is left out
@@ -841,6 +843,7 @@ def test_the_figure_keeps_the_colour_bar_clear_of_the_caption_and_close_to_the_g
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from tfcli.analysis.metric import Token
+    from tfcli.patch.results import Patching
     from tfcli.render import patch as render
     from tfcli.render.figure import STYLE
     from tfcli.render.run_info import RunInfo
@@ -852,9 +855,9 @@ def test_the_figure_keeps_the_colour_bar_clear_of_the_caption_and_close_to_the_g
                         for _ in range(layers)] for kind in ("resid", "attn", "mlp", "heads")}
         twins = {kind: [list(row) for row in grid] for kind, grid in grids.items()} if method == "both" else None
         names = [f"token{i}" for i in range(tokens)]
-        return patch.Patching("a " * tokens, "b " * tokens, names, names, list(range(tokens)),
-                              list(range(1, tokens + 1)), tokens - 1, Token("x", 1), Token("y", 2), 6.1, -6.5,
-                              method, grids, twins)
+        return Patching("a " * tokens, "b " * tokens, names, names, list(range(tokens)),
+                        list(range(1, tokens + 1)), tokens - 1, Token("x", 1), Token("y", 2), 6.1, -6.5,
+                        method, grids, twins)
 
     model, tokenizer = loaded(peaked)
     ids = patch.pair_inputs(model.config, tokenizer, CLEAN_TEXT, CORRUPT_TEXT)

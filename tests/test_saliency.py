@@ -26,6 +26,7 @@ from tfcli import saliency as core  # noqa: E402
 from tfcli.analysis.dataset import Dataset, line_of  # noqa: E402
 from tfcli.api import load_tokenizer_for  # noqa: E402
 from tfcli.render.layout import screen_text, token_label  # noqa: E402
+from tfcli.saliency.passes import Prompt  # noqa: E402
 from tfcli.sources import resolve_source  # noqa: E402
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -68,13 +69,13 @@ def bert(tmp_path_factory, save_hf_model):
     return path, hf, tfcli.load_model(str(path)), load_tokenizer_for(resolve_source(str(path)))
 
 
-def prompt(model, tokenizer, text: str, options: core.SaliencyOptions, **fields) -> core.Prompt:
+def prompt(model, tokenizer, text: str, options: core.SaliencyOptions, **fields) -> Prompt:
     """A text read as the command reads it (its ids, special tokens and baseline ids)."""
     return core.check_prompt(model.config, tokenizer, line_of(1, {"text": text, **fields}, core.SALIENCY_LINE),
                              options)
 
 
-def run(setup, text: str, **settings) -> tuple[core.Saliency, core.Prompt]:
+def run(setup, text: str, **settings) -> tuple[core.Saliency, Prompt]:
     _, _, model, tokenizer = setup
     options = core.SaliencyOptions(**settings)
     read = prompt(model, tokenizer, text, options)

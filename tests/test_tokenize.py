@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfcli.tokenizer import BUNDLED_NAME, load_tokenizer
+from tfcli.tokenizer.loading import BUNDLED_NAME, load_tokenizer
 
 SEED_TEXT = "time flies like an arrow"
 SEED_IDS = [101, 2051, 10029, 2066, 2019, 8612, 102]

@@ -201,7 +201,7 @@ def test_classify_view_and_its_absolute_strip(width):
 def test_generate_view(width):
     from tfcli.generate import Generation
     from tfcli.model.decoding import Step
-    from tfcli.tokenizer import load_tokenizer
+    from tfcli.tokenizer.loading import load_tokenizer
 
     tokenizer = load_tokenizer()
     ids = tokenizer.encode(["internationalization characteristically the of and"], add_special_tokens=False)[0].ids

@@ -5,7 +5,7 @@
 
 __version__ = "0.1.0"
 
-_LAZY = {"load_model": "tfcli.api", "load_tokenizer": "tfcli.tokenizer"}
+_LAZY = {"load_model": "tfcli.api", "load_tokenizer": "tfcli.tokenizer.loading"}
 
 
 def __getattr__(name: str):

@@ -154,7 +154,7 @@ def load_model(source: str | None = None, device: str = "cpu", dtype: str | None
 
 def load_tokenizer_for(source: Source) -> "Tokenizer":
     """A resolved source's tokenizer (its own files, else the bundled BERT one), checked to fit its vocabulary."""
-    from tfcli.tokenizer import load_tokenizer
+    from tfcli.tokenizer.loading import load_tokenizer
 
     tokenizer = load_tokenizer(source.tokenizer_dir)
     if tokenizer.vocab_size > source.config.vocab_size:

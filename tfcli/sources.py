@@ -60,7 +60,7 @@ def bundled_names() -> list[str]:
 def resolve_source(src: str | None, revision: str | None = None) -> Source:
     """Turn a --model value into a Source; None means the bundled default. `revision` (a branch, tag or
     commit) applies to hub ids only."""
-    src = str(src or DEFAULT_MODEL)  # (a Path too: tokenizer.load_tokenizer passes one)
+    src = str(src or DEFAULT_MODEL)  # (a Path too: tokenizer.loading.load_tokenizer passes one)
     if src.startswith(OLLAMA_PREFIX):
         if revision is not None:
             raise usage_error(f"revision applies to Hugging Face hub ids only, and `{src}` is an Ollama model",
@@ -173,22 +173,22 @@ def _download(repo_id: str, revision: str | None, not_cached: str, where_to_get_
 
 
 def gguf_source(path: Path, name: str | None = None) -> Source:
-    """A GGUF file (tfcli.checkpoints.gguf): the config its metadata gives, read by the family as a config.json is,
-    and the file itself as weights and tokenizer; refused before anything is built when a tensor's type cannot be
-    dequantized or a tensor has no place in the family's model."""
-    from tfcli.checkpoints import gguf, translate_hf_config
+    """A GGUF file (tfcli.checkpoints.gguf, and gguf_hf for its Hugging Face config): the config its metadata gives,
+    read by the family as a config.json is, and the file itself as weights and tokenizer; refused before anything is
+    built when a tensor's type cannot be dequantized or a tensor has no place in the family's model."""
+    from tfcli.checkpoints import gguf, gguf_hf, translate_hf_config
 
     header = gguf.read_header(path)
     origin = str(header.path)
-    config = from_dict(translate_hf_config(gguf.hf_config(header), origin), origin=origin)
-    gguf.check_loadable(header)
+    config = from_dict(translate_hf_config(gguf_hf.hf_config(header), origin), origin=origin)
+    gguf_hf.check_loadable(header)
     return Source(config, header.path, header.path,
                   f"{name or path} (GGUF {header.architecture}, {header.type_summary()})",
                   weights_note=header.weights_note(), gguf=True)
 
 
 def gguf_header(path: Path):
-    """The parsed header of a GGUF file (its metadata holds the tokenizer: tfcli.tokenizer reads it through here)."""
+    """The parsed header of a GGUF file (its metadata holds the tokenizer: tfcli.tokenizer.gguf reads it through here)."""
     from tfcli.checkpoints import gguf
 
     return gguf.read_header(path)

@@ -20,7 +20,7 @@ def tokenizer_for(model: str | None = None, revision: str | None = None) -> Toke
     """The tokenizer of a model source (a path, bundled name or hub id; None: the bundled one); `revision`
     picks a version of a hub model."""
     from tfcli.sources import resolve_source
-    from tfcli.tokenizer import load_tokenizer
+    from tfcli.tokenizer.loading import load_tokenizer
 
     return load_tokenizer(model if revision is None else resolve_source(model, revision).tokenizer_dir)
 

@@ -109,7 +109,7 @@ WORD = re.compile(r"[a-z]{3,}")
 def dictionary() -> frozenset[str]:
     """English words: the whole-word entries of the bundled BERT vocabulary (lower case, three letters or more), so
     that a byte-level BPE's word-start pieces (" simpl", " diagn") are not taken for words."""
-    from tfcli.tokenizer import BUNDLED_VOCAB  # here: the tokenizers library is not imported with the CLI
+    from tfcli.tokenizer.loading import BUNDLED_VOCAB  # here: the tokenizers library is not imported with the CLI
 
     entries = BUNDLED_VOCAB.read_text(encoding="utf-8").split()
     return frozenset(entry for entry in entries if WORD.fullmatch(entry))

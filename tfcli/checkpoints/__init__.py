@@ -147,9 +147,9 @@ class StoredTensor:
 def read_checkpoint(path: Path) -> dict[str, StoredTensor]:
     """Every tensor of a checkpoint by name, none of them read yet: safetensors (one file or an index of
     shards) or, only through torch.load(weights_only=True), which refuses pickled code, a .bin file or index;
-    or a GGUF file (tfcli.checkpoints.gguf: its tensors under their Hugging Face names, dequantized as read)."""
+    or a GGUF file (tfcli.checkpoints.gguf_hf: its tensors under their Hugging Face names, dequantized as read)."""
     if is_gguf(path):
-        from tfcli.checkpoints.gguf import read_tensors
+        from tfcli.checkpoints.gguf_hf import read_tensors
 
         return read_tensors(path)
     files = [path]

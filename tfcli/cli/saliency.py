@@ -1,4 +1,4 @@
-"""`tfcli saliency`: which input tokens a prediction rests on (tfcli/saliency.py), over one text, several, --file or
+"""`tfcli saliency`: which input tokens a prediction rests on (tfcli/saliency/), over one text, several, --file or
 --dataset, all through the runner (`run_dataset`): the command declares its options, checks them before any model is
 built and hands the analysis on."""
 
