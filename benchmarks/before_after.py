@@ -68,7 +68,7 @@ model, tokenizer = tfcli.load_model(path), tfcli.load_tokenizer(path)
 clean, corrupt = patch.pair_inputs(model.config, tokenizer, CLEAN, CORRUPT)
 target, foil = tokenizer.token_to_id("mary"), tokenizer.token_to_id("john")
 sweep = lambda kinds: patch.run_ids(model, tokenizer, clean, corrupt,
-                                    patch.PatchOptions(f"#{target}", f"#{foil}", None, kinds))
+                                    patch.PatchOptions(target=f"#{target}", foil=f"#{foil}", sites=kinds))
 sweep(("heads",))
 for kinds in (("resid", "attn", "mlp"), ("heads",)):
     out[f"patch {'+'.join(kinds)} (s)"] = median_of(3, lambda: sweep(kinds))

@@ -98,7 +98,8 @@ def against_forward_backward(args) -> None:
                 batch.metric(logits).sum().backward()
 
     def scores(method: str):
-        analysis = circuit.CircuitScores(circuit.CircuitOptions(method, args.steps), circuit.graph_of(model.config))
+        analysis = circuit.CircuitScores(circuit.CircuitOptions(method=method, steps=args.steps),
+                                          circuit.graph_of(model.config))
         return lambda: list(analysis.results(model, tokenizer, pairs, None))
 
     methods = ["eap", "eap-ig-inputs"] + (["eap-ig-activations"] if args.activations else [])

@@ -77,13 +77,13 @@ def ioi_pairs(gguf: str, model, tokenizer, n: int):
     """N IOI pairs of one token length (the most common among 96 lines)."""
     from collections import Counter
 
-    from tfcli import patch
     from tfcli.analysis.dataset import lines_of
+    from tfcli.analysis.pairs import PAIR_LINE, check_pair
 
     out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "tfcli"), "task", "ioi", "-m", gguf,
                           "--n", str(max(96, 8 * n)), "--seed", "0"], capture_output=True, text=True, check=True)
     items = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-    pairs = [patch.check_pair(model.config, tokenizer, line) for line in lines_of(items, patch.PAIR_LINE)]
+    pairs = [check_pair(model.config, tokenizer, line) for line in lines_of(items, PAIR_LINE)]
     length, count = Counter(len(p.ids_clean) for p in pairs).most_common(1)[0]
     if count < n:
         raise SystemExit(f"only {count} pairs of {length} tokens; ask for fewer")
@@ -275,19 +275,20 @@ def main() -> None:
 
     pairs = ioi_pairs(gguf, model, tokenizer, args.pairs)
     columns = columns_of(pairs, kinds, None, None)
-    options = patch.PatchOptions("", sites=kinds)
+    options = patch.PatchOptions(target="", sites=kinds)
     layers, heads, positions = model.config.num_hidden_layers, model.config.num_attention_heads, len(pairs[0].ids_clean)
 
     def tfcli_dataset():  # patch --dataset as the runner runs it, without a bootstrap
         from tfcli import runner
         from tfcli.analysis.dataset import Dataset
 
-        return runner.run(patch.PatchDataset(options, columns=columns), model, tokenizer, Dataset("", pairs, 0, 0))
+        return runner.run(patch.PatchDataset(options, columns=columns), model, tokenizer, Dataset("", pairs, 0, 0)).value
 
     def single_runs():
         out = []
         for pair in pairs:  # as the dataset run loops, without the aggregate
-            single = patch.PatchOptions(pair.target, pair.foil, pair.position, kinds, positions=None if columns is None else list(columns.swept))
+            single = patch.PatchOptions(target=pair.target, foil=pair.foil, position=pair.position, sites=kinds,
+                                        positions=None if columns is None else list(columns.swept))
             out.append(patch.run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt, single, differences=True,
                                      texts=(pair.clean, pair.corrupt)))
         return out

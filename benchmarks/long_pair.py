@@ -57,7 +57,8 @@ def main() -> None:
     clean, corrupt = head + end_clean, head + end_corrupt
     first = next(i for i, (a, b) in enumerate(zip(clean, corrupt)) if a != b)
     target, foil = tokenizer.token_to_id("mary"), tokenizer.token_to_id("john")
-    options = patch.PatchOptions(f"#{target}", f"#{foil}", None, tuple(args.sites.split(",")), args.method)
+    options = patch.PatchOptions(target=f"#{target}", foil=f"#{foil}", sites=tuple(args.sites.split(",")),
+                                 method=args.method)
     print(f"{args.shape}-shaped, {model.config.num_hidden_layers} layers, random weights; a pair of {len(clean)} "
           f"tokens differing first at position {first}, against its last {args.ending}; sites {args.sites}, method "
           f"{args.method}; torch threads {torch.get_num_threads()}")

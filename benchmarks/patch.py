@@ -145,7 +145,7 @@ def main() -> None:
         return time.perf_counter() - start, value
 
     def tfcli_sweep(kinds, fast=True, method="activation"):
-        options = patch.PatchOptions(f"#{target}", f"#{foil}", None, kinds, method, fast)
+        options = patch.PatchOptions(target=f"#{target}", foil=f"#{foil}", sites=kinds, method=method, fast=fast)
         return patch.run_ids(model, tokenizer, clean, corrupt, options)
 
     def plain_pass():

@@ -72,7 +72,8 @@ def main() -> None:
     gguf = smollm2_path()
     model, tokenizer = tfcli.load_model(gguf), tfcli.load_tokenizer(gguf)
     d = model.config.hidden_size
-    options = core.TrainOptions(SITE, 8 * d, 32, args.tokens, 256, held_out=args.tokens // 4, buffer=args.tokens)
+    options = core.TrainOptions(site=SITE, latents=8 * d, k=32, tokens=args.tokens, batch=256,
+                                held_out=args.tokens // 4, buffer=args.tokens)
     texts = docstrings(2000)
     batches = [texts[start:start + 64] for start in range(0, len(texts), 64)]
     rows = {}

@@ -62,12 +62,12 @@ def spread(values: list[float], unit: str = "") -> str:
 
 def read_pairs(path: str, config, tokenizer, n: int):
     """The first N pairs of the most common token length, and their target and foil ids."""
-    from tfcli import patch
     from tfcli.analysis.dataset import lines_of
     from tfcli.analysis.metric import parse_metric
+    from tfcli.analysis.pairs import PAIR_LINE, check_pair
 
     items = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    pairs = [patch.check_pair(config, tokenizer, line) for line in lines_of(items, patch.PAIR_LINE)]
+    pairs = [check_pair(config, tokenizer, line) for line in lines_of(items, PAIR_LINE)]
     length, count = Counter(len(p.ids_clean) for p in pairs).most_common(1)[0]
     if count < n:
         raise SystemExit(f"only {count} pairs of {length} tokens; ask for fewer")

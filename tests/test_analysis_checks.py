@@ -133,7 +133,8 @@ def test_attribute_by_neuron_keeps_the_largest_neurons_by_magnitude(gpt2):
     assert ranked[top - 1] - ranked[top] > 1e-4
 
     (result,) = attribute.run(model, tokenizer, [[encoding_of(tokenizer, CLEAN)]],
-                              attribute.AttributeOptions(f"#{TARGET}", f"#{FOIL}", position, by="neuron", top=top))
+                              attribute.AttributeOptions(target=f"#{TARGET}", foil=f"#{FOIL}", position=position,
+                                                         by="neuron", top=top))
     kept = {c.name: c.value for c in result.components if c.neuron is not None}
     assert sorted(kept) == sorted(by_magnitude), (
         f"neurons kept {sorted(kept)}; the {top} largest |contribution| by hand: "
@@ -182,7 +183,7 @@ def test_attribution_patching_of_the_pattern_equals_autograd(gpt2, monkeypatch):
     scale = clean_value - corrupt_value
     assert abs(scale) > 0.1
 
-    options = patch.PatchOptions(f"#{TARGET}", f"#{FOIL}", None, ("pattern",), "attribution")
+    options = patch.PatchOptions(target=f"#{TARGET}", foil=f"#{FOIL}", sites=("pattern",), method="attribution")
     result = patch.run_ids(model, tokenizer, CLEAN, CORRUPT, options)
     assert result.clean_value == pytest.approx(clean_value, abs=1e-4)
     assert result.corrupt_value == pytest.approx(corrupt_value, abs=1e-4)

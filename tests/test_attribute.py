@@ -168,7 +168,8 @@ def test_every_component_equals_the_hand_computation_and_they_sum_to_transformer
     encoding = tokenizer.encode(["x"])[0]
     encoding.ids = IDS  # the model reads these ids: no tokenizer involved
     (result,) = attribute.run(model, tokenizer, [[encoding]],
-                              attribute.AttributeOptions(f"#{target}", f"#{foil}", position, by=by))
+                              attribute.AttributeOptions(target=f"#{target}", foil=f"#{foil}", position=position,
+                                                         by=by))
     expected, logit = by_hand(hf, case, IDS, position, target, foil)
     ours = {c.name: c.value for c in result.components}
     assert ours.keys() == expected.keys()
@@ -189,7 +190,8 @@ def test_neurons_and_the_rest_of_their_mlp_sum_to_the_mlp(checkpoints):
     encoding = tokenizer.encode(["x"])[0]
     encoding.ids = IDS
     runs = {by: next(attribute.run(model, tokenizer, [[encoding]], attribute.AttributeOptions(
-        "#40", "#13", by=by, top=5, layers=[1] if by == "neuron" else None))) for by in ("component", "neuron")}
+        target="#40", foil="#13", by=by, top=5, layers=[1] if by == "neuron" else None)))
+            for by in ("component", "neuron")}
     mlp = {c.name: c.value for c in runs["component"].components}["L1.mlp"]
     neurons = [c for c in runs["neuron"].components if c.neuron is not None]
     assert len(neurons) == 5 and all(c.layer == 1 for c in neurons)

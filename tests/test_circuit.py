@@ -723,13 +723,14 @@ def test_the_picked_circuit_is_measured_once_where_the_curve_has_it():
 def test_the_view_writes_counts_with_thousands_separators():
     """GPT-2 small's graph has 32,491 edges: the view writes counts as the stderr lines and the README do."""
     from tfcli.render.circuit import circuit_lines
+    from tfcli.analysis.dataset import Envelope
 
     graph = core.Graph(12, 12)
     scores = torch.randn(len(graph.senders), len(graph.receivers), generator=torch.Generator().manual_seed(1))
-    result = circuit.Circuit(graph, "eap", 1, scores * graph.mask, 1.0, 0.0, None, None, n=2)
+    result = circuit.Circuit(graph, "eap", 1, scores * graph.mask, 1.0, 0.0, None, None)
     circuit.measure(result, circuit.CircuitOptions(top=1500, sizes=(10, 2000)),
                     lambda circuits, ends: circuit.Measured([0.5] * len(circuits), None, None, 2, False))
-    text = " ".join(" ".join(line.plain for line in circuit_lines(result, 120, False)).split())
+    text = " ".join(" ".join(line.plain for line in circuit_lines(Envelope(result, 2, 0, 0, False, ""), 120, False)).split())
     assert graph.edge_count == 32491 and "graph: 32,491 edges between" in text
     assert f"circuit: 1,500 edges, {result.measured.nodes:,} nodes" in text
     assert re.search(r"\b2,000\s+\d", text) and "32491" not in text and "2000" not in text

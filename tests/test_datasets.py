@@ -22,6 +22,7 @@ import tfcli
 from tfcli import patch, runner
 from tfcli.analysis.dataset import Dataset, Done, lines_of, ratio_of_means
 from tfcli.analysis.names import KINDS
+from tfcli.analysis.pairs import PAIR_LINE, check_pair
 from tfcli.errors import TfcliError
 from tfcli.patch.results import columns_of, none_to_nan
 
@@ -304,17 +305,19 @@ def oriented(hand: ByHand, rows: list[tuple[str, str, str]], foil: bool = True) 
 
 
 def run_dataset(model, tokenizer, pairs, options, columns, resamples, results=None, progress=None):
-    """The aggregate of `pairs` as `patch --dataset` makes it (the runner: tfcli/runner.py), or of the pairs' given
-    `results` (what the sweep made of each: the aggregate alone)."""
+    """The aggregate of `pairs` as `patch --dataset` makes it (the runner: tfcli/runner.py, whose Envelope counts the
+    pairs run: checked here), or of the pairs' given `results` (what the sweep made of each: the aggregate alone)."""
     analysis = patch.PatchDataset(options, columns=columns)
     dataset = Dataset("", pairs, 0, resamples)
     if results is None:
-        return runner.run(analysis, model, tokenizer, dataset, progress=progress)
+        done = runner.run(analysis, model, tokenizer, dataset, progress=progress)
+        assert done.n == done.total == len(pairs) and not done.interrupted and done.resamples == resamples
+        return done.value
     return analysis.aggregate(Done(zip(pairs, results)), dataset)
 
 
 def pairs_of(model, tokenizer, items: list[dict]) -> list:
-    pairs = [patch.check_pair(model.config, tokenizer, line) for line in lines_of(items, patch.PAIR_LINE)]
+    pairs = [check_pair(model.config, tokenizer, line) for line in lines_of(items, PAIR_LINE)]
     for pair, item in zip(pairs, items):  # tfcli reads the texts as they are read here
         assert (pair.ids_clean, pair.ids_corrupt) == (ids_of(item["clean"]), ids_of(item["corrupt"]))
     return pairs
@@ -350,8 +353,8 @@ def test_the_aggregate_is_the_ratio_of_means_patched_by_hand(name, models):
     items, results = by_hand(hand, "same", ALL_KINDS)
     pairs = pairs_of(model, tokenizer, items)
     columns = columns_of(pairs, ALL_KINDS, None, None)
-    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=ALL_KINDS), columns, 0)
-    assert result.n == len(items) and result.equal == 0 and result.intervals is None
+    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions(target="", sites=ALL_KINDS), columns, 0)
+    assert result.equal == 0 and result.intervals is None
     assert result.clean_value == pytest.approx(np.mean([r["clean"] for r in results]), abs=1e-5)
     assert result.corrupt_value == pytest.approx(np.mean([r["corrupt"] for r in results]), abs=1e-5)
     gaps = [r["clean"] - r["corrupt"] for r in results]
@@ -387,7 +390,7 @@ def test_columns_aligned_at_the_end_are_each_pairs_positions_counted_back(name, 
     with pytest.raises(TfcliError, match="different lengths"):
         columns_of(pairs, kinds, None, None)
     columns = columns_of(pairs, kinds, "end", None)
-    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
+    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions(target="", sites=kinds), columns, 0)
     count = 10
     assert len(result.grids["resid"][0]) == count and len(result.grids["heads-by-position"][0][0]) == count
     assert [result.column_label(c) for c in range(count)] == [str(-k) for k in range(count, 0, -1)]
@@ -429,11 +432,11 @@ def test_the_bootstrap_is_seeded_and_is_the_one_done_by_hand(models):
     items = oriented(hand, [(f"when {a} and {b} went home {b} gave it to", a, b) for a, b in NAMES])
     pairs = pairs_of(model, tokenizer, items)
     columns = columns_of(pairs, kinds, None, None)
-    options = patch.PatchOptions("", sites=kinds)
+    options = patch.PatchOptions(target="", sites=kinds)
     singles = list(patch.pair_results(model, tokenizer, pairs, options, columns))  # what run_dataset aggregates
     first = run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
     second = run_dataset(model, tokenizer, pairs, options, columns, 500, results=singles)
-    assert first.intervals == second.intervals and first.resamples == 500
+    assert first.intervals == second.intervals and first.intervals is not None
     assert run_dataset(model, tokenizer, pairs, options, columns, 0).intervals is None
     gaps = np.array([s.clean_value - s.corrupt_value for s in singles])
     assert gaps.min() > 0
@@ -483,7 +486,7 @@ def test_the_aggregate_is_the_mean_of_each_pairs_own_run(name, dataset, models):
     items = oriented(hand, SAME if dataset == "same" else LENGTHS)
     pairs = pairs_of(model, tokenizer, items)
     columns = columns_of(pairs, kinds, None if dataset == "same" else "end", None)
-    options = patch.PatchOptions("", sites=kinds)
+    options = patch.PatchOptions(target="", sites=kinds)
     batched = list(patch.pair_results(model, tokenizer, pairs, options, columns))
     result = run_dataset(model, tokenizer, pairs, options, columns, 0, results=batched)
     count = min(len(p.ids_clean) for p in pairs)
@@ -497,7 +500,7 @@ def test_the_aggregate_is_the_mean_of_each_pairs_own_run(name, dataset, models):
     corrupt = sum(s.corrupt_value for s, _ in singles) / n
     assert result.clean_value == pytest.approx(clean, abs=1e-12, rel=0)
     assert result.corrupt_value == pytest.approx(corrupt, abs=1e-12, rel=0)
-    assert (result.n, result.pairs, result.equal, result.done) == (n, n, 0, n)
+    assert result.equal == 0  # the pairs counted: the run's Envelope (run_dataset checks it)
     for kind in kinds:
         axes = KINDS[kind].axes
         values = []
@@ -532,7 +535,7 @@ def test_a_batch_of_pairs_equals_each_pair_alone(name, fast, models, monkeypatch
               for p in pairs if len(p.ids_clean) == len(pairs[1].ids_clean)}
     assert len(firsts) == 2  # the batch of one length holds pairs that first differ at two positions
     columns = columns_of(pairs, kinds, "end", None)
-    options = patch.PatchOptions("", sites=kinds, method="both", fast=fast)
+    options = patch.PatchOptions(target="", sites=kinds, method="both", fast=fast)
     sizes, run_pairs = [], patch.run_pairs
 
     def counted(model, tokenizer, batch, *args, **kwargs):
@@ -548,8 +551,8 @@ def test_a_batch_of_pairs_equals_each_pair_alone(name, fast, models, monkeypatch
     for pair, together in zip(pairs, batched):
         positions = [columns.position(pair, c) for c in columns.swept]
         alone = patch.run_ids(model, tokenizer, pair.ids_clean, pair.ids_corrupt,
-                              patch.PatchOptions(pair.target, pair.foil, sites=kinds, method="both", fast=fast,
-                                                 positions=positions), differences=True)
+                              patch.PatchOptions(target=pair.target, foil=pair.foil, sites=kinds, method="both",
+                                                 fast=fast, positions=positions), differences=True)
         assert (together.target.id, together.foil.id) == (alone.target.id, alone.foil.id)
         assert together.clean_value == pytest.approx(alone.clean_value, abs=1e-5, rel=0)
         assert together.corrupt_value == pytest.approx(alone.corrupt_value, abs=1e-5, rel=0)
@@ -571,7 +574,7 @@ def test_the_progress_of_a_batch_of_pairs_moves_as_its_runs_finish(models):
     _, model, tokenizer, hand = models("gpt2")
     pairs = pairs_of(model, tokenizer, oriented(hand, SAME))
     seen = []
-    run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=("resid",)),
+    run_dataset(model, tokenizer, pairs, patch.PatchOptions(target="", sites=("resid",)),
                       columns_of(pairs, ("resid",), None, None), 0,
                       progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (4, 4) and {total for _, total in seen} == {4}
@@ -598,8 +601,8 @@ def test_pairs_with_the_same_metric_count_in_the_aggregate_but_not_in_the_share(
     results = [hand_pair(hand, item["clean"], item["corrupt"], item["target"], None, kinds) for item in items]
     pairs = pairs_of(model, tokenizer, items)
     columns = columns_of(pairs, kinds, None, None)
-    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions("", sites=kinds), columns, 0)
-    assert (result.n, result.equal, result.foil_each, result.target) == (5, 2, False, None)
+    result = run_dataset(model, tokenizer, pairs, patch.PatchOptions(target="", sites=kinds), columns, 0)
+    assert (result.equal, result.foil_each, result.target) == (2, False, None)  # 5 pairs: run_dataset checks
     for i, r in enumerate(results):  # by hand too: the same metric clean and corrupt in the two, and only there
         assert (abs(r["clean"] - r["corrupt"]) < 1e-6) == (i in equal), (i, r["clean"], r["corrupt"])
         assert i in equal or r["clean"] - r["corrupt"] > 0.05

@@ -10,8 +10,12 @@ other (a command still imports no other command's)."""
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tfcli"
@@ -239,3 +243,42 @@ def test_no_function_takes_more_than_eight_parameters():
             if count > 8:
                 long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} takes {count}")
     assert long == []
+
+
+def options_classes() -> list[tuple[str, ast.ClassDef, ast.expr]]:
+    """Every dataclass of the package whose name ends in `Options`: its module, its class and its `dataclass`
+    decorator (`@dataclass`, `@dataclass(...)`, `@dataclasses.dataclass(...)`)."""
+    found = []
+    for module, path in sorted(modules().items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef) or not node.name.endswith("Options"):
+                continue
+            for decorator in node.decorator_list:
+                called = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if (called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)) == "dataclass":
+                    found.append((module, node, decorator))
+    return found
+
+
+def test_options_are_built_by_name():
+    """A command's options object is built from its dataclass by name, never by position: every `*Options`
+    dataclass is declared `@dataclass(kw_only=True)`, so Python itself refuses `PatchOptions("#40", "#13", None,
+    kinds)`, and a field added, removed or moved can never shift what a call passes into another field."""
+    found = options_classes()
+    assert {"PatchOptions", "AttributeOptions", "SaliencyOptions", "CircuitOptions", "RunOptions", "DatasetOptions",
+            "EncodeOptions", "FeaturesOptions", "TrainOptions", "HeadsOptions", "SweepOptions"} <= {
+        node.name for _, node, _ in found}  # the check sees the classes it is about
+    positional = [f"{module}.{node.name}" for module, node, decorator in found
+                  if not (isinstance(decorator, ast.Call) and any(
+                      k.arg == "kw_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                      for k in decorator.keywords))]
+    assert positional == [], "declare these @dataclass(kw_only=True)"
+    # and so each one's constructor takes its fields by name only: a positional construction fails
+    for module, node, _ in found:
+        options = getattr(importlib.import_module(module), node.name)
+        kinds = {parameter.kind for parameter in inspect.signature(options).parameters.values()}
+        assert kinds <= {inspect.Parameter.KEYWORD_ONLY}, f"{module}.{node.name}"
+    from tfcli.patch import PatchOptions
+
+    with pytest.raises(TypeError, match="positional argument"):
+        PatchOptions("#40", "#13")

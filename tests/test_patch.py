@@ -67,7 +67,8 @@ def swept(name, checkpoints, kinds, method="activation", fast=True, position=Non
           progress=None):
     path, hf = checkpoints(name)
     model, tokenizer = loaded(path)
-    options = patch.PatchOptions(f"#{TARGET}", f"#{FOIL}", position, kinds, method, fast)
+    options = patch.PatchOptions(target=f"#{TARGET}", foil=f"#{FOIL}", position=position, sites=kinds, method=method,
+                                 fast=fast)
     return patch.run_ids(model, tokenizer, clean, corrupt, options, progress), hf
 
 
@@ -861,8 +862,8 @@ def test_the_figure_keeps_the_colour_bar_clear_of_the_caption_and_close_to_the_g
 
     model, tokenizer = loaded(peaked)
     ids = patch.pair_inputs(model.config, tokenizer, CLEAN_TEXT, CORRUPT_TEXT)
-    real = patch.run_ids(model, tokenizer, *ids, patch.PatchOptions("mary", "john", None, ("resid", "heads"), "both"),
-                         texts=(CLEAN_TEXT, CORRUPT_TEXT))
+    options = patch.PatchOptions(target="mary", foil="john", sites=("resid", "heads"), method="both")
+    real = patch.run_ids(model, tokenizer, *ids, options, texts=(CLEAN_TEXT, CORRUPT_TEXT))
     run = RunInfo(command="patch", model="Smollm2 135M 8k Lc100K Mix1 Ep2 (decoder)", source="here",
                   weights="loaded from /a/long/path/to/SmolLM2-135M-Instruct.Q4_1.gguf (dequantized from Q4_1, Q8_0 "
                   "and F32)", trained=True, version="0.1.0", command_line="tfcli patch")

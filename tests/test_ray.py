@@ -158,12 +158,12 @@ def test_heads_over_a_corpus_on_the_cluster_equals_one_process(cli, cluster, mod
 
     model = tfcli.load_model(str(models[name]))
     tokenizer = load_tokenizer_for(resolve_source(str(models[name])))
-    options = core.HeadsOptions(core.parse_detectors(None), False, False, False, keep_best=True)
+    options = core.HeadsOptions(detectors=core.parse_detectors(None), keep_best=True)
     corpus = core.HeadsCorpus(options)
     texts = [core.text_of(model.config, tokenizer, e) for e in tokenizer.encode(corpus_file.read_text().splitlines())]
-    here = runner.run(corpus, model, tokenizer, Dataset("", texts, 0, 0))
+    here = runner.run(corpus, model, tokenizer, Dataset("", texts, 0, 0)).value
     there = runner.run(corpus, model, tokenizer, Dataset("", texts, 0, 0), cluster=runner.Cluster(
-        RaySettings("local", 2), spec_of(str(models[name]), None, "cpu", "float32", 0), lambda message: None))
+        RaySettings("local", 2), spec_of(str(models[name]), None, "cpu", "float32", 0), lambda message: None)).value
     assert here.best == there.best and sorted(here.kept) == sorted(there.kept)
 
 
@@ -176,7 +176,7 @@ def read_pairs(path: str, dataset):
     from tfcli.sources import resolve_source
 
     model, tokenizer = tfcli.load_model(path), load_tokenizer_for(resolve_source(path))
-    analysis = core.PatchDataset(core.PatchOptions("", sites=("heads",)))
+    analysis = core.PatchDataset(core.PatchOptions(target="", sites=("heads",)))
     return model, tokenizer, analysis, read_dataset(analysis, model.config, tokenizer, str(dataset), False, 0, print)
 
 
@@ -206,8 +206,9 @@ def test_a_worker_killed_mid_run_has_its_block_run_again(cluster, models, datase
         worst = max(abs(x - y) for x, y in zip(flat(here.grids["heads"]) + [here.clean_value, here.corrupt_value],
                                                flat(there.grids["heads"]) + [there.clean_value, there.corrupt_value]))
         assert worst <= 1e-5, f"line {here.line} (block {k // 2}) differs by {worst:.2e} after the kill"
-    again = analysis.aggregate(Done(zip(data.items, results)), data)
-    assert again.n == undisturbed.n == 12
+    done = Done(zip(data.items, results))
+    again = analysis.aggregate(done, data)
+    assert done.count == len(data.items) == 12
     close(summed(undisturbed, alone), summed(again, results), 1e-6)
 
 
@@ -229,11 +230,12 @@ def test_ctrl_c_keeps_the_blocks_finished(cluster, models, dataset):
     lines = []
     cluster = runner.Cluster(RaySettings("local", 2), spec_of(path, None, "cpu", "float32", 0), print)
     analysis.block = 2
-    result = runner.run(analysis, None, tokenizer, data, lambda pair: lines.append(pair.line), interrupt, cluster)
-    assert result.interrupted and 2 <= result.n < len(data.items) and result.n == len(lines) == len(set(lines))
+    done = runner.run(analysis, None, tokenizer, data, lambda pair: lines.append(pair.line), interrupt, cluster)
+    assert done.interrupted and 2 <= done.n < len(data.items) and done.n == len(lines) == len(set(lines))
+    result = done.value
     assert lines == sorted(lines)  # the blocks finished, in dataset order
     finished = [pair for pair in data.items if pair.line in lines]
-    alone = runner.run(analysis, model, tokenizer, Dataset("", finished, 0, 0))
+    alone = runner.run(analysis, model, tokenizer, Dataset("", finished, 0, 0)).value
     singles = list(analysis.results(model, tokenizer, finished, None))  # their gaps: the workers', to float noise
     close(summed(result, singles), summed(alone, singles), 1e-6)
 

@@ -52,10 +52,9 @@ class TextNorms:
 
 @dataclass
 class Norms:
-    """The aggregate: each block's mean norm over the texts, with its 95% bootstrap interval (None: no resample)."""
+    """The aggregate: each block's mean norm over the texts, with its 95% bootstrap interval (None: no resample). How
+    many texts, and whether Ctrl-C cut the run short, is the run's Envelope's to say."""
 
-    n: int
-    interrupted: bool
     mean: list[float]
     low: list[float] | None
     high: list[float] | None
@@ -91,8 +90,7 @@ class ResidualNorm:
     def aggregate(self, done: Done, dataset: Dataset) -> Norms:
         norms = torch.tensor([result.norms for _, result in done], dtype=torch.float64)
         mean, _, low, high = mean_spread(norms, dataset.resamples)
-        return Norms(len(norms), done.interrupted, mean.tolist(), None if low is None else low.tolist(),
-                     None if high is None else high.tolist())
+        return Norms(mean.tolist(), None if low is None else low.tolist(), None if high is None else high.tolist())
 
 
 @dataclass
@@ -148,14 +146,15 @@ def item_lines(result: TextNorms, number: int) -> list:
     return [Line(f"text {number} (line {result.line}): " + " ".join(f"{v:.3f}" for v in result.norms))]
 
 
-def record(result: Norms) -> dict:
-    return vars(result)
+def record(run) -> dict:
+    """The run's record: its Envelope's counts, then the aggregate's numbers."""
+    return {"n": run.n, "interrupted": run.interrupted} | vars(run.value)
 
 
-def lines(result: Norms, number: int) -> list:
+def lines(run, number: int) -> list:
     from rich.text import Text as Line
 
-    return [Line(f"{result.n} texts: " + " ".join(f"{v:.3f}" for v in result.mean))]
+    return [Line(f"{run.n} texts: " + " ".join(f"{v:.3f}" for v in run.value.mean))]
 
 
 # ---------------------------------------------------------------- its command: options, then the runner
@@ -177,7 +176,7 @@ def norms(texts: TextsArgument = None, file: FileOption = None, top: int | None 
     out = output_console(run.width, run.color)
     given = data.options(data.cluster(True, ""), None if data.dataset is not None else inputs(texts, file))
     run_dataset(ResidualNorm(), resolve_source(run.model, run.revision), given, run,
-                (View(out, item_record, item_lines), View(out, record, lines)), "these norms say nothing",
+                (View(out, item_record, item_lines), View(out, record, lines, of_run=True)), "these norms say nothing",
                 after=None if top is None else measure(top))
 
 
@@ -261,7 +260,7 @@ def test_the_views_and_the_page_come_from_the_runner(gpt2, tmp_path, monkeypatch
     assert first.startswith("text 1 (line 1): ") and second.startswith("text 2 (line 2): ")  # each item its number
     assert aggregate.startswith("2 texts")
     renderer = types.ModuleType("tfcli.render.norms")
-    renderer.page_section = lambda result, tokenizer: {"mean": result.mean}
+    renderer.page_section = lambda run, tokenizer: {"mean": run.value.mean}
     monkeypatch.setitem(sys.modules, "tfcli.render.norms", renderer)
     page = tmp_path / "norms.html"
     result = invoke("-m", str(path), "--report", str(page), TEXTS[0])

@@ -362,13 +362,14 @@ def test_the_aggregate_is_the_mean_share_of_the_positions_every_text_has(gpt2):
     results = list(analysis.results(model, tokenizer, prompts, None))
     from tfcli.analysis.dataset import Done
 
-    aggregate = analysis.aggregate(Done(zip(prompts, results)), Dataset("", prompts, 0, 200))
+    done = Done(zip(prompts, results))
+    aggregate = analysis.aggregate(done, Dataset("", prompts, 0, 200))
     width = min(len(r.ids) for r in results)
     shares = torch.tensor([r.shares[-width:] for r in results], dtype=torch.float64)
     assert [c.offset for c in aggregate.columns] == list(range(1 - width, 1))
     close([c.mean for c in aggregate.columns], shares.mean(0), "mean shares")
     assert all(c.low <= c.mean <= c.high for c in aggregate.columns)
-    assert aggregate.n == 12 and aggregate.columns[-1].token is None  # the last tokens differ
+    assert done.count == 12 and aggregate.columns[-1].token is None  # the last tokens differ
     deletion = [r.curves.areas["deletion"] for r in results]
     assert aggregate.areas["deletion"][0] == pytest.approx(sum(deletion) / 12, abs=1e-9)
     alone = core.run_prompt(model, tokenizer, prompts[1], options)
@@ -631,7 +632,8 @@ def test_the_page_draws_in_a_browser(gpt2, tmp_path):
 @pytest.mark.slow
 def test_the_reference_example_is_what_smollm2_prints(cli):
     """docs/commands.md's saliency example is real output: SmolLM2-135M at 80 columns (the completeness delta, float
-    noise on another CPU's kernels, checked to be under 1e-4 instead)."""
+    noise on another CPU's kernels, checked to be under 1e-4 instead; every other number to its last printed digit,
+    give or take one: the AVX-512 kernels of one AMD EPYC print +12.5935 where the AVX2 ones print +12.5936)."""
     import re
     import shlex
 
@@ -643,7 +645,12 @@ def test_the_reference_example_is_what_smollm2_prints(cli):
     assert result.exit_code == 0, result.stderr
     delta = re.compile(r"delta ([-+]\S+) ")
     assert abs(float(delta.search(result.stdout).group(1))) < 1e-4
-    assert delta.sub("delta ... ", result.stdout) == delta.sub("delta ... ", block.group(2))
+    ours, theirs = delta.sub("delta ... ", result.stdout), delta.sub("delta ... ", block.group(2))
+    number = re.compile(r"[-+]?\d+\.\d+")
+    assert number.sub("#", ours) == number.sub("#", theirs)  # the same words, tokens and layout
+    for a, b in zip(number.findall(ours), number.findall(theirs)):
+        last = 10.0 ** -len(b.split(".")[1])
+        assert abs(float(a) - float(b)) <= 1.01 * last, (a, b)
 
 
 def test_a_continuation_is_refused_where_nothing_continues_a_text_and_for_several(cli, gpt2, no_model_built):

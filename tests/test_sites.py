@@ -462,7 +462,8 @@ def test_the_fast_patch_sweep_equals_one_pass_per_site(model_type, pair):
     corrupt = list(clean)
     corrupt[2], corrupt[4] = 43, 78  # two positions differ
     decoder_only = p.ours.config.architecture == "decoder"
-    options = patch.PatchOptions("#40", "#13", -2 if decoder_only else None, tuple(patch.KINDS))
+    options = patch.PatchOptions(target="#40", foil="#13", position=-2 if decoder_only else None,
+                                 sites=tuple(patch.KINDS))
     tokenizer = tfcli.load_tokenizer(str(p.path))
     fast = patch.run_ids(p.ours, tokenizer, clean, corrupt, options)
     options.fast = False

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, check_one_metric, mean_spread
-from tfcli.analysis.inputs import model_input, padded
+from tfcli.analysis.inputs import Prompt, check_length, model_input, padded
 from tfcli.analysis.metric import Metric, Token, check_head, parse_metric, position_of, token_of
 from tfcli.analysis.residual import (BY, Component, before_cap, decompose, direction_at, final_state, kept_neurons,
                                      writer_sites)
@@ -73,7 +73,7 @@ class Attribution:
         return sum(c.value for c in self.components)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttributeOptions:
     target: str | None = None  # a token (as it reads: " Mary"), `#ID`, or None: the model's own top prediction
     foil: str | None = None
@@ -123,19 +123,6 @@ def check_options(config: ModelConfig, tokenizer: Tokenizer, options: AttributeO
     return parse_metric(config, tokenizer, options.target, options.foil)
 
 
-@dataclass
-class Prompt:
-    """One text to attribute, read: its ids, its target (None: the model's top prediction), foil and position."""
-
-    text: str
-    ids: list[int]
-    target: Token | None
-    foil: Token | None
-    position: int
-    encoding: Encoding | None = None  # a text of the command line (for what the model read of a long one)
-    line: int | None = None  # a dataset's line
-
-
 def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Encoding]], options: AttributeOptions,
         batch_size: int = BATCH_SIZE) -> Iterator[Attribution]:
     """Attribute tokenized texts, chunk by chunk (a stream's batches), in padded batches of `batch_size`; yields one
@@ -148,7 +135,7 @@ def run(model: TransformerModel, tokenizer: Tokenizer, chunks: Iterable[list[Enc
         for encoding in encodings:
             ids = model_input(config, encoding)
             prompts.append(Prompt(encoding.text, ids, target, foil, position_of(ids, tokenizer, config,
-                                                                                options.position), encoding))
+                                                                                options.position), encoding=encoding))
         yield from run_prompts(model, tokenizer, prompts, options, batch_size)
 
 
@@ -281,30 +268,23 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Promp
     target, foil = parse_metric(config, tokenizer, fields["target"], fields["foil"], prefix="")
     encoding = tokenizer.encode([fields["text"]])[0]
     ids = model_input(config, encoding)
-    limit = config.max_position_embeddings
-    if limit and len(ids) > limit and config.position == "learned":
-        raise usage_error(f"the text has {len(ids)} tokens: the model has {limit} positions")
+    check_length(config, len(ids))
     return Prompt(fields["text"], ids, target, foil, position_of(ids, tokenizer, config, fields["position"]),
                   line=line.number)
 
 
 @dataclass
 class DatasetAttribution(Attribution):
-    """The aggregate over a dataset's prompts: each component's `value` its mean over the `n` prompts (each with its
-    own target and foil), `spread[name]` its (standard deviation, 95% bootstrap low, high; None without
-    resamples); `logit` the mean of the model's values, `worst` the largest |sum of the components - model's value|
-    of any prompt. `target`/`foil`/`position` are None where the lines differ."""
+    """The aggregate over a dataset's prompts (how many, and of what dataset, is the run's Envelope): each
+    component's `value` its mean over the prompts (each with its own target and foil), `spread[name]` its (standard
+    deviation, 95% bootstrap low, high; None without resamples); `logit` the mean of the model's values, `worst` the
+    largest |sum of the components - model's value| of any prompt. `target`/`foil`/`position` are None where the
+    lines differ."""
 
-    dataset: str = ""
-    n: int = 0
-    prompts: int = 0
-    skipped: int = 0
-    resamples: int = 0
     spread: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
     worst: float = 0.0
     layer_std: tuple[list[float], list[float]] = ([], [])  # each layer's attention and MLP: std over the prompts
     foil_each: bool = False
-    interrupted: bool = False
 
 
 @dataclass
@@ -319,7 +299,7 @@ class AttributeDataset:
         return check_prompt(config, tokenizer, line)
 
     def check_items(self, prompts: list[Prompt]) -> None:
-        check_one_metric([(prompt.line, prompt.foil is not None) for prompt in prompts])
+        check_one_metric(prompts)
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, prompts: list[Prompt],
                 progress: Callable[[float], None] | None) -> Iterator[Attribution]:
@@ -339,11 +319,10 @@ class AttributeDataset:
 
     def aggregate(self, done: Done, dataset: Dataset) -> DatasetAttribution:
         results = [result for _, result in done]
-        return aggregate(results, self.options, dataset, done.interrupted)
+        return aggregate(results, self.options, dataset.resamples)
 
 
-def aggregate(results: list[Attribution], options: AttributeOptions, dataset: Dataset,
-              interrupted: bool) -> DatasetAttribution:
+def aggregate(results: list[Attribution], options: AttributeOptions, resamples: int) -> DatasetAttribution:
     """Each component's mean over the prompts' results, with its spread (see DatasetAttribution). With --by neuron
     every neuron is kept per prompt and the `top` largest |mean| are listed."""
     import torch
@@ -380,7 +359,7 @@ def aggregate(results: list[Attribution], options: AttributeOptions, dataset: Da
             per_layer[j, c.layer + layers * c.in_mlp] = 1.0
     sums = values @ per_layer  # (N, 2 L): each prompt's attention and MLP per layer
     layer_std = sums.std(0) if len(sums) > 1 else torch.zeros(2 * layers, dtype=torch.float64)
-    mean, std, low, high = mean_spread(values, dataset.resamples)
+    mean, std, low, high = mean_spread(values, resamples)
     components = [dataclasses.replace(c, value=v) for c, v in zip(components, mean.tolist())]
     spread = {c.name: (float(std[j]), None if low is None else float(low[j]), None if high is None else
                        float(high[j])) for j, c in enumerate(components)}
@@ -388,10 +367,9 @@ def aggregate(results: list[Attribution], options: AttributeOptions, dataset: Da
     return DatasetAttribution(
         "", [], [], first.position if len(positions) == 1 else None, first.target if same else None,
         first.foil if same else None, sum(logits) / len(logits), components, options.by, first.layers, first.heads,
-        first.softcap, top=options.top, dataset=dataset.path, n=len(rows), prompts=len(dataset.items),
-        skipped=dataset.skipped, resamples=dataset.resamples, spread=spread, worst=worst,
+        first.softcap, top=options.top, spread=spread, worst=worst,
         layer_std=(layer_std[:layers].tolist(), layer_std[layers:].tolist()),
-        foil_each=first.foil is not None, interrupted=interrupted, ablated=first.ablated,
+        foil_each=first.foil is not None, ablated=first.ablated,
         unablated=None if first.ablated is None else sum(unablated) / len(unablated),
         saes=[dict(sae, active=sum(result.saes[i]["active"] for result in results) / len(results))
               for i, sae in enumerate(first.saes)])

@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tfcli.analysis.dataset import Dataset, Done, Line, check_one_metric
+from tfcli.analysis.dataset import Dataset, Done
 from tfcli.analysis.edges import (COUNTERFACTUALS, METHODS, Graph, batch_of, circuit_metrics, circuit_of, graph_of,
                                   greedy_order, scores_of)
 from tfcli.analysis.metric import Token, check_head, parse_metric
-from tfcli.analysis.pairs import PAIR_LINE, Pair, check_pair
+from tfcli.analysis.pairs import OverPairs, Pair
 from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def check_model(config: ModelConfig) -> None:
 # ---------------------------------------------------------------- options and circuits given
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CircuitOptions:
     method: str = "eap"
     steps: int = 5  # eap-ig-inputs, eap-ig-activations
@@ -142,8 +142,9 @@ class CurvePoint:
 
 @dataclass
 class Circuit:
-    """The aggregate: the edges' scores averaged over the `n` pairs (S, R), the circuit picked (`picked`: "top",
-    "faithful" or "edges", with `wanted` its N, F or file) with its faithfulness, and the curve."""
+    """The aggregate: the edges' scores averaged over the pairs (S, R; how many, and of what dataset, is the run's
+    Envelope), the circuit picked (`picked`: "top", "faithful" or "edges", with `wanted` its N, F or file) with its
+    faithfulness over `measured_pairs` pairs, and the curve."""
 
     graph: Graph
     method: str
@@ -153,18 +154,12 @@ class Circuit:
     corrupt_value: float
     target: Token | None  # None: the pairs' differ
     foil: Token | None
-    n: int = 0
-    pairs: int = 0
-    skipped: int = 0
-    resamples: int = 0
-    interrupted: bool = False
-    dataset: str = ""
     picked: str = "top"
     wanted: Any = DEFAULT_TOP
     circuit: Tensor | None = None
     measured: CurvePoint | None = None
     curve: list[CurvePoint] = field(default_factory=list)
-    measured_pairs: int = 0  # the pairs the faithfulness is over (fewer than n after a Ctrl-C)
+    measured_pairs: int = 0  # the pairs the faithfulness is over (fewer than the scores' after a Ctrl-C)
     counterfactual: str = "corrupt"  # corrupt_value is m(empty): with "mean", every edge patched to the means
 
     def top_edges(self, count: int | None = None) -> list[tuple[str, str, float, bool]]:
@@ -205,27 +200,14 @@ def ordered(pairs: list[Pair], run: Callable[[list[Pair]], list[Any]], progress:
         yield from results
 
 
-class OverPairs:
-    """What both analyses of the runner (tfcli/runner.py) share: an item is a clean/corrupt pair, checked as patch's."""
-
-    command, unit, line, block, streams = "circuit", "pairs", PAIR_LINE, None, False
-
-    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
-        return check_pair(config, tokenizer, line)
-
-    def check_items(self, pairs: list[Pair]) -> None:
-        check_one_metric([(pair.line, pair.foil is not None) for pair in pairs])
-
-    def shown(self, result: Any) -> Any:
-        return result
-
-
 @dataclass
 class CircuitScores(OverPairs):
-    """An item's result is its PairScores, the aggregate a Circuit (its circuit and faithfulness are measured after,
-    by the command: `measure`)."""
+    """The edges' scores over the pairs (an item is a pair, checked as patch's: OverPairs): an item's result is its
+    PairScores, the aggregate a Circuit (its circuit and faithfulness are measured after, by the command:
+    `measure`)."""
 
     options: CircuitOptions
+    command = "circuit"
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
                 progress: Callable[[float], None] | None) -> Iterator[PairScores]:
@@ -249,9 +231,7 @@ class CircuitScores(OverPairs):
         picked, wanted = ("edges", options.edges_file) if options.edges is not None else \
             ("faithful", options.faithful) if options.faithful is not None else ("top", options.top or DEFAULT_TOP)
         return Circuit(self.graph, options.method, options.steps, total / n, clean / n, corrupt / n,
-                       *((first.target, first.foil) if len(tokens) == 1 else (None, None)), n=n, pairs=len(dataset.items),
-                       skipped=dataset.skipped, resamples=dataset.resamples, interrupted=done.interrupted,
-                       dataset=dataset.path, picked=picked, wanted=wanted,
+                       *((first.target, first.foil) if len(tokens) == 1 else (None, None)), picked=picked, wanted=wanted,
                        counterfactual=options.counterfactual)
 
     graph: Graph | None = None  # set by the command from the config (before any model is built)
@@ -266,6 +246,7 @@ class CircuitFaithfulness(OverPairs):
     circuits: list[Tensor]
     counterfactual: str = "corrupt"
     ends: dict[int | None, tuple[float, float]] | None = None  # each pair's (m(full), m(empty)): not run again
+    command = "circuit"
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
                 progress: Callable[[float], None] | None) -> Iterator[tuple[float, float, list[float]]]:
@@ -297,12 +278,13 @@ class CircuitFaithfulness(OverPairs):
 
 
 def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measured],
-            note: Callable[[str], None] | None = None) -> None:
+            note: Callable[[str], None] | None = None, interrupted: bool = False) -> None:
     """The circuit picked and the curve, each measured by run(circuits, ends) (the faithfulness over the pairs; `ends`
     the pairs' m(full) and m(empty) from the first run, or None): the curve's circuits and the picked one in one run
     (once where it is one of the curve's); with --faithful, the smallest greedy circuit found reaching it, by
     bisection between the curve's sizes (the whole graph's faithfulness is 1), a run per step that reuses the first
-    run's m(full) and m(empty), each step said through `note`."""
+    run's m(full) and m(empty), each step said through `note`. No bisection once a run was `interrupted` (the
+    scores' included): what finished is kept."""
     graph = result.graph
     order = greedy_order(graph, result.scores)
     sizes = curve_sizes(graph, options.sizes)
@@ -316,11 +298,10 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measure
                 None)  # the picked circuit is one of the curve's: measured once
     measured = run(circuits + ([chosen] if chosen is not None and same is None else []), None)
     if not measured.n:  # interrupted before any pair finished
-        result.interrupted = True
         return
     points = [point(graph, circuit, measured, k) for k, circuit in enumerate(circuits)]
     result.curve, result.measured_pairs = points, measured.n
-    result.interrupted |= measured.interrupted
+    interrupted |= measured.interrupted
     if chosen is not None:
         result.circuit, result.measured = chosen, point(graph, chosen, measured, len(circuits) if same is None else same)
         return
@@ -332,11 +313,11 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measure
             high, best = size, p
             break
         low = size
-    while high - low > 1 and not result.interrupted:
+    while high - low > 1 and not interrupted:
         middle = (low + high) // 2
         circuit = circuit_of(graph, order[:middle])
         again = run([circuit], measured.ends)
-        result.interrupted |= again.interrupted
+        interrupted |= again.interrupted
         if again.n < result.measured_pairs:  # interrupted: what finished is not comparable; keep what was measured
             break
         found = point(graph, circuit, again, 0)

@@ -32,7 +32,7 @@ DEFAULT_TOP_K = 3  # logit lens tokens per layer and position
 MAX_BATCH = 32  # texts per forward pass, at most
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EncodeOptions:
     layers: list[int] | None = None  # blocks to show (attention, lens); None = all
     heads: list[int] | None = None  # heads to show; None = the mean over all heads
@@ -55,8 +55,8 @@ def check_options(config: "ModelConfig", layers: str | None, heads: str | None, 
     selected_heads = None  # None: show the mean over heads
     if heads is not None:
         selected_heads = parse_indices(heads, head_count, "heads") or list(range(head_count))
-    return EncodeOptions(parse_indices(layers, config.output_layers, "layers"), selected_heads, top_k,
-                         sites=list(sites or []))
+    return EncodeOptions(layers=parse_indices(layers, config.output_layers, "layers"), heads=selected_heads,
+                         top_k=top_k, sites=list(sites or []))
 
 
 @dataclass

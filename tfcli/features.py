@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tfcli.analysis.dataset import Done, Line, LineSpec
-from tfcli.analysis.inputs import model_input, padded
+from tfcli.analysis.inputs import check_length, model_input, padded
 from tfcli.analysis.metric import Token
 from tfcli.analysis.sae import direct_effects, fit, put_rows, sae_sites
 from tfcli.errors import usage_error
@@ -44,7 +44,7 @@ BATCH_SIZE = 16  # texts per forward pass
 BEFORE, AFTER = 10, 4  # tokens of a context shown before and after its token
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FeaturesOptions:
     """The run's options: features listed per token, the feature followed (None: every feature), its contexts."""
 
@@ -104,8 +104,6 @@ class TextFeatures:
     feature: int | None = None
     activations: list[float] | None = None
     direct: Direct | None = None  # with a target
-    n: int = 1  # as an aggregate of one text (the runner reads these)
-    interrupted: bool = False
 
 
 @dataclass
@@ -142,7 +140,6 @@ class CorpusFeatures:
     a feature followed, its density and top activating contexts."""
 
     sae: dict[str, Any]
-    n: int
     tokens: int
     mse: float
     explained: float | None  # the mean of the texts' explained variance (over their tokens together)
@@ -154,7 +151,6 @@ class CorpusFeatures:
     max_activation: float = 0.0
     mean_activation: float = 0.0  # over every token
     contexts: list[Context] = field(default_factory=list)
-    interrupted: bool = False
 
 
 FEATURES_LINE = LineSpec(("text",), ())
@@ -172,9 +168,7 @@ def check_text(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Text:
     if not isinstance(text, str) or not text.strip():
         raise usage_error("the text is empty", "give some text")
     ids = model_input(config, tokenizer.encode([text])[0])
-    limit = config.max_position_embeddings
-    if limit and len(ids) > limit and config.position == "learned":
-        raise usage_error(f"the text has {len(ids)} tokens: the model has {limit} positions")
+    check_length(config, len(ids))
     return Text(line.number, text, ids)
 
 
@@ -298,8 +292,6 @@ class Several:
     """Several SAEs' results (`--sae` repeated): one TextFeatures or CorpusFeatures per SAE, in the order given."""
 
     parts: list
-    n: int = 1
-    interrupted: bool = False
 
 
 @dataclass
@@ -340,8 +332,8 @@ class FeaturesAnalysis:
         if self.single and totals[0].n == 1 and not done.interrupted:
             return first
         parts = first.parts if isinstance(first, Several) else [first]
-        results = [total.result(part.sae, done.interrupted) for total, part in zip(totals, parts)]
-        return results[0] if len(results) == 1 else Several(results, results[0].n, done.interrupted)
+        results = [total.result(part.sae) for total, part in zip(totals, parts)]
+        return results[0] if len(results) == 1 else Several(results)
 
 
 class Totals:
@@ -400,7 +392,7 @@ class Totals:
             else:
                 heapq.heapreplace(self.heap, entry)
 
-    def result(self, sae: dict, interrupted: bool) -> CorpusFeatures:
+    def result(self, sae: dict) -> CorpusFeatures:
         tokens = max(self.tokens, 1)
         losses = None
         if self.losses:
@@ -409,8 +401,8 @@ class Totals:
                             self.sums["kl"] / self.positions, self.sums["kl_with_error"] / self.positions,
                             self.predicted)
         contexts = [entry[3] for entry in sorted(self.heap, key=lambda e: (-e[0], -e[1]))]
-        return CorpusFeatures(sae, self.n, self.tokens, self.sums["mse"] / tokens,
+        return CorpusFeatures(sae, self.tokens, self.sums["mse"] / tokens,
                               sum(self.explained) / len(self.explained) if self.explained else None,
                               self.sums["cosine"] / self.cosines if self.cosines else None, self.sums["l0"] / tokens,
                               losses, self.options.feature, self.active, self.max_activation,
-                              self.sums["activation"] / tokens, contexts, interrupted)
+                              self.sums["activation"] / tokens, contexts)

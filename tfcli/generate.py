@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tfcli.analysis.inputs import Prompt, prompts
+from tfcli.analysis.inputs import GenerationPrompt, prompts
 
 if TYPE_CHECKING:
     from tfcli.config import ModelConfig
@@ -35,9 +35,9 @@ class Generation:
     stopped_at_eos: bool = False
 
 
-def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[Prompt]], sampling: Sampling,
-        lens: bool = False, on_text: Callable[[str], None] | None = None, warn: Callable[[str], None] | None = None,
-        hooks: dict[str, Hook] | None = None) -> Iterator[Generation]:
+def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[GenerationPrompt]],
+        sampling: Sampling, lens: bool = False, on_text: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None, hooks: dict[str, Hook] | None = None) -> Iterator[Generation]:
     """Generate for each prompt of a stream of batches (`prompts`), yielding each prompt's generation in order;
     `warn` hears when fewer new tokens than asked fit after a prompt, and on_text receives each new piece of text
     as soon as it is decoded; `hooks` (by site name: steering) run on every pass."""
@@ -52,7 +52,7 @@ def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[Pr
             yield generate_one(model, tokenizer, prompt, sampling, lens, on_text, hooks)
 
 
-def generate_one(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, sampling: Sampling,
+def generate_one(model: TransformerModel, tokenizer: Tokenizer, prompt: GenerationPrompt, sampling: Sampling,
                  lens: bool = False, on_text: Callable[[str], None] | None = None,
                  hooks: dict[str, Hook] | None = None) -> Generation:
     """Generate for one prompt; on_text receives each new piece of text as soon as it is decoded; `hooks` run on

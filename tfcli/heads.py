@@ -57,7 +57,7 @@ CROSS_NOTE = ("cross-attention left out: its keys are the encoder's tokens, and 
               "one sequence")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class HeadsOptions:
     detectors: list[str] = field(default_factory=lambda: list(DETECTORS))
     exclude_first: bool = False
@@ -115,11 +115,6 @@ class Heads:
     # its sequences per stack and, once `attach_maps` ran, the maps {(row, head): (queries, keys) tensor}
     best: dict[str, list[list[Best | None]]] | None = None
     kept: dict[int, dict] = field(default_factory=dict)
-    interrupted: bool = False  # Ctrl-C ended the run: the scores are the texts' finished before it
-
-    @property
-    def n(self) -> int:
-        return self.texts
 
     def label(self, row: int, head: int) -> str:
         """`L3H5`, or `decoder.L3H5` in an encoder-decoder."""
@@ -450,7 +445,6 @@ class HeadsCorpus:
                            [(i.text, i.sequences) for i, _ in batch])
                 batch = []
         result = totals.result(self.options.detectors, layers, totals.sums.shape[2], self.options)
-        result.interrupted = bool(getattr(done, "interrupted", False))
         if cross:
             result.notes.append(CROSS_NOTE)
         return result

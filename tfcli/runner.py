@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from tfcli.analysis.dataset import (BOOTSTRAP, Dataset, Done, Line, LineSpec, check_bootstrap, checked, line_of,
-                                    read_lines)
+from tfcli.analysis.dataset import (BOOTSTRAP, Dataset, Done, Envelope, Line, LineSpec, check_bootstrap, checked,
+                                    line_of, read_lines)
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
@@ -70,8 +70,8 @@ class Analysis(Protocol[Item, Result]):
     def aggregate(self, done: Done, dataset: Dataset) -> Any:
         """The aggregate over the items' results as they come (`done`, (item, result) in dataset order: iterate it
         once, and keep only what the aggregate needs, so that a long corpus runs in flat memory). After the
-        iteration, `done.interrupted` says whether Ctrl-C ended it before the dataset's end. It carries `n` (items
-        aggregated) and `interrupted`."""
+        iteration, `done.interrupted` says whether Ctrl-C ended it before the dataset's end. The counts (items, lines
+        skipped, resamples, interrupted, the dataset's path) are the run's Envelope's, not the aggregate's."""
 
 
 def read_dataset(analysis: Analysis, config: ModelConfig, tokenizer: Tokenizer, path: str, skip_bad: bool,
@@ -141,29 +141,6 @@ class Cluster:
     settings: RaySettings
     spec: ModelSpec
     note: Callable[[str], None]
-
-
-@dataclass
-class Envelope:
-    """What a run of an analysis gives, for a text and a dataset alike: the aggregate (`value`; None when Ctrl-C came
-    before any item finished), the items it aggregates (`n`; `finished`, those items), the lines skipped
-    (--skip-bad), the bootstrap's resamples, whether Ctrl-C ended it early, and where the items came from (`source`:
-    the dataset's path, "" for texts)."""
-
-    value: Any
-    n: int
-    skipped: int
-    resamples: int
-    interrupted: bool
-    source: str
-    finished: list | None = None  # the items aggregated, in order (None for a stream): what a later stage runs
-
-    def dataset(self) -> Dataset:
-        """The items this run finished as a dataset of their own, for the command's next stage (a stream's items
-        are not kept: its analysis has no later stage)."""
-        if self.finished is None:
-            raise TfcliError("a stream's items are not kept for a later stage: this is a bug in tfcli")
-        return Dataset(self.source, self.finished, self.skipped, self.resamples)
 
 
 @dataclass
@@ -261,35 +238,34 @@ class Session:
         model, pool = self.model, self.workers()
         with self.display.progress(stage or analysis.command, analysis.unit) as progress:
             try:
-                value, done = aggregated(analysis, model, self.tokenizer, dataset, each, progress, pool)
+                done = aggregated(analysis, model, self.tokenizer, dataset, each, progress, pool)
             except KeyboardInterrupt:
-                self.interrupted = True
-                return Envelope(None, 0, dataset.skipped, dataset.resamples, True, dataset.path)
+                done = Envelope(None, 0, dataset.skipped, dataset.resamples, True, dataset.path, dataset.total)
         self.interrupted |= done.interrupted
-        return Envelope(value, done.count, dataset.skipped, dataset.resamples, done.interrupted, dataset.path,
-                        done.items)
+        return done
 
 
 def run(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, dataset: Dataset,
         each: Callable[[Any], None] | None = None, progress: Progress | None = None,
-        cluster: Cluster | None = None) -> Any:
-    """The analysis over every item of `dataset`, then its aggregate. `each(result)` gets each item's result as a
-    single run shows it, in order; `progress(items done, items)`. With `cluster`, the items run in blocks on a pool of
-    its workers started for this run instead of on `model` (a Session keeps one pool for several runs). Ctrl-C
-    (KeyboardInterrupt) aggregates the items finished (a KeyboardInterrupt again when none had)."""
-    if cluster is None:
-        return aggregated(analysis, model, tokenizer, dataset, each, progress, None)[0]
-    from tfcli.cluster import Cluster as Workers
+        cluster: Cluster | None = None) -> Envelope:
+    """The analysis over every item of `dataset`, then its aggregate, in an Envelope. `each(result)` gets each item's
+    result as a single run shows it, in order; `progress(items done, items)`. With `cluster`, the items run in blocks
+    on a pool of its workers started for this run instead of on `model` (a Session keeps one pool for several runs).
+    Ctrl-C (KeyboardInterrupt) aggregates the items finished (a KeyboardInterrupt again when none had)."""
+    with contextlib.ExitStack() as held:
+        pool = None
+        if cluster is not None:
+            from tfcli.cluster import Cluster as Workers
 
-    with Workers(cluster.settings, cluster.spec) as pool:
-        cluster.note(f"ray: {len(pool.workers)} workers at {cluster.settings.address}")
-        return aggregated(analysis, model, tokenizer, dataset, each, progress, pool)[0]
+            pool = held.enter_context(Workers(cluster.settings, cluster.spec))
+            cluster.note(f"ray: {len(pool.workers)} workers at {cluster.settings.address}")
+        return aggregated(analysis, model, tokenizer, dataset, each, progress, pool)
 
 
 def aggregated(analysis: Analysis, model: TransformerModel | None, tokenizer: Tokenizer, dataset: Dataset,
-               each: Callable[[Any], None] | None, progress: Progress | None, pool: Any) -> tuple[Any, Done]:
+               each: Callable[[Any], None] | None, progress: Progress | None, pool: Any) -> Envelope:
     """The aggregate of the analysis over the dataset's items, run on `model` or, with `pool` (a started
-    tfcli.cluster.Cluster), in blocks on its workers; and the `Done` it read (its count, whether Ctrl-C ended it)."""
+    tfcli.cluster.Cluster), in blocks on its workers, in its Envelope."""
     if pool is None and dataset.batches is not None:
         results = streamed(analysis, model, tokenizer, dataset.batches, progress)
     elif pool is None:
@@ -306,7 +282,7 @@ def aggregated(analysis: Analysis, model: TransformerModel | None, tokenizer: To
         raise TfcliError(f"{analysis.command}: the dataset gave no result: this is a bug in tfcli")
     shown = None if each is None else (lambda result: each(analysis.shown(result)))
     done = Done(itertools.chain([first], results), shown, keep=dataset.batches is None)
-    return analysis.aggregate(done, dataset), done
+    return Envelope.of(analysis.aggregate(done, dataset), done, dataset)
 
 
 def streamed(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list],

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from tfcli.analysis.dataset import Line, LineSpec
 from tfcli.analysis.indices import parse_indices
-from tfcli.analysis.inputs import model_input, padded
+from tfcli.analysis.inputs import check_length, model_input, padded
 from tfcli.analysis.names import block_site
 from tfcli.analysis.vectors import check_model, steering_hooks
 from tfcli.errors import usage_error
@@ -41,7 +41,7 @@ from tfcli.errors import usage_error
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from tfcli.analysis.inputs import Prompt
+    from tfcli.analysis.inputs import GenerationPrompt
     from tfcli.analysis.metric import Token
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
@@ -117,9 +117,7 @@ def check_pair(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
     ids = []
     for text in (positive, negative):
         read = model_input(config, tokenizer.encode([text])[0])
-        limit = config.max_position_embeddings
-        if limit and len(read) > limit and config.position == "learned":
-            raise usage_error(f"a text has {len(read)} tokens: the model has {limit} positions")
+        check_length(config, len(read), "a text has")
         ids.append(read)
     return Pair(positive, negative, ids[0], ids[1], line.number)
 
@@ -265,7 +263,7 @@ def parse_strengths(spec: str) -> list[float]:
     return strengths
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SweepOptions:
     """What `steer sweep` sweeps: a vector (its directions by block, and its file's name as given), the strengths,
     the blocks steered, the logit (difference) whose change is the effect (None: no effect measured), and whether
@@ -280,7 +278,8 @@ class SweepOptions:
     normalize: bool = False
 
 
-def sweep(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, options: SweepOptions) -> Sweep:
+def sweep(model: TransformerModel, tokenizer: Tokenizer, prompt: GenerationPrompt,
+          options: SweepOptions) -> Sweep:
     """For each strength: the vector times it added to the chosen blocks' outputs (steering_hooks) on a whole pass
     of the prompt (T, V) (the effect at its last position; the cost: KL from the unsteered pass's distributions,
     averaged over its T positions) and on a greedy generation of the new tokens that fit (`prompt.budget`, stopping

@@ -57,6 +57,11 @@ class Dataset:
     resamples: int
     batches: Iterator[list] | None = None
 
+    @property
+    def total(self) -> int | None:
+        """The items it holds (None: a stream, read as it runs)."""
+        return None if self.batches is not None else len(self.items)
+
 
 class Done:
     """(item, result) of each item of a dataset as it finishes (iterated once, by an analysis's aggregate), each
@@ -81,6 +86,37 @@ class Done:
                 yield item, result
         except KeyboardInterrupt:
             self.interrupted = True
+
+
+@dataclass
+class Envelope:
+    """What a run of an analysis gives (tfcli/runner.py), for a text and a dataset alike: the aggregate (`value`;
+    None when Ctrl-C came before any item finished), the items it aggregates (`n`; `finished`, those items; `total`,
+    the dataset's), the lines skipped (--skip-bad), the bootstrap's resamples, whether Ctrl-C ended it early (or,
+    once the command's stages are done, any of them), and where the items came from (`source`: the dataset's path,
+    "" for texts). An aggregate holds none of these: its views read them here."""
+
+    value: Any
+    n: int
+    skipped: int
+    resamples: int
+    interrupted: bool
+    source: str
+    total: int | None = None  # the items the dataset holds (None: a stream, its length not known)
+    finished: list | None = None  # the items aggregated, in order (None for a stream): what a later stage runs
+
+    @classmethod
+    def of(cls, value: Any, done: Done, dataset: Dataset) -> Envelope:
+        """The Envelope of `value`, the aggregate of `dataset`'s items that `done` iterated."""
+        return cls(value, done.count, dataset.skipped, dataset.resamples, done.interrupted, dataset.path,
+                   dataset.total, done.items)
+
+    def dataset(self) -> Dataset:
+        """The items this run finished as a dataset of their own, for the command's next stage (a stream's items
+        are not kept: its analysis has no later stage)."""
+        if self.finished is None:
+            raise TfcliError("a stream's items are not kept for a later stage: this is a bug in tfcli")
+        return Dataset(self.source, self.finished, self.skipped, self.resamples)
 
 
 @dataclass
@@ -193,9 +229,10 @@ def checked(lines: list[tuple[int, str]], spec: LineSpec, check: Callable[[Line]
     return kept
 
 
-def check_one_metric(foils: list[tuple[int, bool]]) -> None:
-    """Every line gives a foil, or none does (`foils`: each line's number and whether it gives one): the metric is
-    of one kind over a dataset."""
+def check_one_metric(items: list[Any]) -> None:
+    """Every line gives a foil, or none does (`items`: the checked lines, each with its `line` number and its `foil`,
+    None where it gives none): the metric is of one kind over a dataset."""
+    foils = [(item.line, item.foil is not None) for item in items]
     first_line, first = foils[0]
     odd = next((line for line, given in foils if given != first), None)
     if odd is not None:

@@ -1,17 +1,18 @@
 """A clean/corrupt pair, what patching (and any analysis that compares a clean run with a corrupted one: a circuit's
 edges) reads: the two texts as the model reads them, of the same length (`pair_inputs`; a LengthMismatch aligns the
 two tokenizations to show where they part), a dataset's line of a pair checked before any model is built
-(`PAIR_LINE`, `check_pair`), and whether the pair's clean and corrupt values of the metric differ enough to be
+(`PAIR_LINE`, `check_pair`), what an analysis of the runner over such a dataset declares of its items (`OverPairs`:
+`patch`'s and `circuit`'s), and whether the pair's clean and corrupt values of the metric differ enough to be
 divided by (`same_value`, `small_gap`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tfcli.analysis.dataset import Line, LineSpec
-from tfcli.analysis.inputs import model_input
+from tfcli.analysis.dataset import Line, LineSpec, check_one_metric
+from tfcli.analysis.inputs import check_length, model_input
 from tfcli.analysis.metric import parse_metric, position_of
 from tfcli.errors import TfcliError, usage_error
 
@@ -54,10 +55,8 @@ def pair_inputs(config: ModelConfig, tokenizer: Tokenizer, clean: str, corrupt: 
     if len(empty) == 2:
         raise usage_error("the clean and corrupt texts are both empty: they give no token of their own",
                           "give two texts of the same number of tokens that differ where the model should notice")
-    limit = config.max_position_embeddings
     for text, row in zip(("clean", "corrupt"), ids):
-        if limit and len(row) > limit and config.position == "learned":
-            raise usage_error(f"the {text} text has {len(row)} tokens: the model has {limit} positions")
+        check_length(config, len(row), f"the {text} text has")
     if len(ids[0]) != len(ids[1]) or empty:
         tokens = [tokenizer.texts(row) for row in ids]  # as people read them: ' Mary', not 'ĠMary'
         hint = "reword one so that both have the same number of tokens (swap words that are one token each)"
@@ -123,3 +122,21 @@ def check_pair(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
         position_of([0], tokenizer, config, fields["position"])  # an encoder-decoder's metric: the decoder's first
     return Pair(line.number, fields["clean"], fields["corrupt"], ids_clean, ids_corrupt, fields["target"],
                 fields["foil"], fields["position"], end)
+
+
+class OverPairs:
+    """What an analysis of the runner (tfcli/runner.py) over a dataset of clean/corrupt pairs declares of its items
+    (`patch`'s, `circuit`'s): an item is a line's Pair, checked as a single run's texts are (check_pair), the metric
+    of one kind over the pairs (check_items: a subclass that reads more from the pairs calls it first), and an
+    item's result shown as it is (`shown`). A subclass names its `command` and runs and aggregates the pairs."""
+
+    unit, line, block, streams = "pairs", PAIR_LINE, None, False
+
+    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
+        return check_pair(config, tokenizer, line)
+
+    def check_items(self, pairs: list[Pair]) -> None:
+        check_one_metric(pairs)
+
+    def shown(self, result: Any) -> Any:
+        return result

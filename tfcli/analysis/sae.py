@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.errors import TfcliError, usage_error
+from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+    from tfcli.config import ModelConfig
 
 ARCHITECTURES = ("standard", "topk", "batchtopk", "jumprelu", "gated", "transcoder", "skip_transcoder",
                  "jumprelu_transcoder", "jumprelu_skip_transcoder")
@@ -562,6 +564,29 @@ def check_direct(sae: SAE, what: str = "--target with --sae") -> None:
     if sae.normalize in ("layer_norm", "constant_norm_rescale"):
         raise usage_error(f"{what} {sae.path}: its reconstruction is normalised at run time "
                           f"({sae.normalize}), not a sum of its features' decoder rows")
+
+
+def check_saes(saes: list[SAE] | tuple[SAE, ...], config: ModelConfig, direct: str | None = None,
+               components: bool = False) -> None:
+    """The SAEs a command reads checked against the model's config, one after another, before the model is built:
+    with `direct` (the option that asks for direct effects, as the messages name it), one whose features write to the
+    residual stream (check_direct); its sites the model's, as wide as it reads (check_fit); with `components` (its
+    features split what a layer writes: `attribute --sae`), not a sublayer's output that a sandwich (or
+    sublayer_output) block normalises before adding it to the residual stream."""
+    from tfcli.model.transformer import site_shapes
+
+    shapes = None  # found once there is an SAE to check (a pass on the meta device)
+    for sae in saes:
+        if direct is not None:
+            check_direct(sae, direct)
+        if shapes is None:
+            shapes = site_shapes(config)
+        check_fit(sae, shapes)
+        if components and config.norm_position in ("sandwich", "sublayer_output") and \
+                (sae.site_out or sae.site).endswith(("attn.out", "mlp.out")):
+            raise usage_error(f"--sae {sae.path}: {config.name} normalises each sublayer's output before adding it "
+                              f"to the residual stream, so {sae.site_out or sae.site} is not what the layer writes",
+                              "an SAE on the output norm's site (mlp_output_norm.out) or a residual site")
 
 
 def direct_effects(sae: SAE, fitted: Fitted, where: tuple[int, int], direction: Tensor) -> dict[str, Tensor | float]:

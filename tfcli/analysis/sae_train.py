@@ -57,7 +57,7 @@ PAPER_DEAD_AFTER = 10_000_000  # tokens without firing before a latent is dead (
 LEAF_HOOKS = {leaf: tl for tl, leaf in reversed(TL_LEAVES.items())}  # tfcli's leaf -> SAELens's (first name wins)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainOptions:
     """What a run is (saved in its checkpoint; a resumed run keeps them, but may raise `tokens`)."""
 

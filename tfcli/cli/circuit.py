@@ -91,8 +91,9 @@ def circuit(
     if show < 1:
         raise usage_error(f"--show must be 1 or more, got {show}", parameter="show")
     cluster = data.cluster(data.dataset is not None, "a --dataset")
-    options = core.CircuitOptions(method, ig_steps, top, faithful, None, None if edges is None else str(edges),
-                                  core.parse_sizes(sizes), counterfactual)
+    options = core.CircuitOptions(method=method, steps=ig_steps, top=top, faithful=faithful, edges=None,
+                                  edges_file=None if edges is None else str(edges), sizes=core.parse_sizes(sizes),
+                                  counterfactual=counterfactual)
     if data.dataset is not None:
         if clean is not None:
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
@@ -122,12 +123,13 @@ def circuit(
             done = session.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends), pairs,
                                stage="faithfulness")
             return done.value if done.value is not None else core.Measured([], None, None, 0, True)
-        core.measure(result, options, faithfulness, say)
+        core.measure(result, options, faithfulness, say, scored.interrupted)
         if graph_out is not None:
             write_text(graph_out, json.dumps(render.reference_json(result, session.model.config.hidden_size)))
 
     views = (View(out, render.pair_record, lambda result, number: render.pair_lines(result, out.width, color)),
-             View(out, render.record, lambda result, number: render.circuit_lines(result, out.width, color, show)))
+             View(out, render.record, lambda run, number: render.circuit_lines(run, out.width, color, show),
+                  of_run=True))
     if data.dataset is not None:
         run_dataset(analysis, source, data.options(cluster), run, views, random_means, after=measure)
         return

@@ -66,8 +66,7 @@ def features(
     from tfcli import features as core
     from tfcli.analysis.metric import check_head, parse_metric
     from tfcli.api import load_tokenizer_for
-    from tfcli.analysis.sae import check_direct, check_fit, read_sae
-    from tfcli.model.transformer import site_shapes
+    from tfcli.analysis.sae import check_saes, read_sae
     from tfcli.render import features as render
     from tfcli.sources import resolve_source
 
@@ -90,18 +89,17 @@ def features(
         raise usage_error("--foil goes with --target: the effect is on the logit difference target - foil")
     dictionaries = [read_sae(path, site) for path in sae]
     source = resolve_source(run.model, run.revision)
-    tokens = (None, None)
+    target_token = foil_token = None
     if target is not None:
         check_head(source.config, ("lm",), "direct effects read an LM head's logits", "use a decoder with an LM head")
-        for dictionary in dictionaries:
-            check_direct(dictionary)
-        tokens = parse_metric(source.config, load_tokenizer_for(source), target, foil)  # the runner says its warnings
-    options = core.FeaturesOptions(top, feature, contexts, *tokens)
-    shapes = site_shapes(source.config)
+    check_saes(dictionaries, source.config, None if target is None else "--target with --sae")  # before the build
+    if target is not None:
+        # the runner says its warnings
+        target_token, foil_token = parse_metric(source.config, load_tokenizer_for(source), target, foil)
+    options = core.FeaturesOptions(top=top, feature=feature, contexts=contexts, target=target_token, foil=foil_token)
     sites = set()
     for dictionary in dictionaries:
         core.check_options(dictionary, options)
-        check_fit(dictionary, shapes)  # before the model is built
         if dictionary.site in sites:
             raise usage_error(f"--sae {dictionary.path}: another --sae reads {dictionary.site} too",
                               "one SAE per site")
@@ -110,15 +108,16 @@ def features(
     if len(dictionaries) == 1:
         text_view = View(out, render.record, lambda result, number: render.features_lines(
             result, number, out.width, color), spaced=True)
-        view = text_view if single else View(out, render.corpus_record, lambda result, number: render.corpus_lines(
-            result, out.width, color), report=(render.corpus_page_section, render.corpus_figure))
+        view = text_view if single else View(out, render.corpus_record, lambda done, number: render.corpus_lines(
+            done, out.width, color), report=(render.corpus_page_section, render.corpus_figure), of_run=True)
     else:
         text_view = View(out, render.several_record, lambda result, number: render.several_lines(
             result, number, out.width, color), spaced=True, report=(render.several_page_section, None))
-        view = text_view if single else View(out, render.several_corpus_record, lambda result, number:
-                                             render.several_corpus_lines(result, out.width, color),
-                                             report=(render.several_corpus_page_section, None))
+        view = text_view if single else View(out, render.several_corpus_record, lambda done, number:
+                                             render.several_corpus_lines(done, out.width, color),
+                                             report=(render.several_corpus_page_section, None), of_run=True)
     each = data.per_item or (texts_in is not None and (texts_in.count or 0) > 1)
     run_dataset(core.FeaturesAnalysis(dictionaries, options, single), source,
-                DatasetOptions(data.dataset, 0, each, data.skip_bad, cluster, texts_in), run,
+                DatasetOptions(path=data.dataset, bootstrap=0, per_item=each, skip_bad=data.skip_bad, ray=cluster,
+                               texts=texts_in), run,
                 (text_view, view), "these features say nothing about a trained model")

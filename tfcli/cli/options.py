@@ -120,7 +120,7 @@ def ray_settings(address: str | None, workers: int | None, gpus: float | None, d
     return check_settings(address or os.environ.get("TFCLI_RAY_ADDRESS") or None, workers, gpus)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunOptions:
     """The options every command that builds a model shares (`SHARED`), as one object: the model (--model as given,
     or the command's default; --revision), how it is built (--device, --dtype, --seed) and how the results are shown
@@ -231,10 +231,11 @@ class DatasetFlags:
 
     def options(self, cluster, texts: Inputs | None = None) -> DatasetOptions:
         """What the runner reads (`run_dataset`): this dataset, or `texts`, on `cluster` (None: this process)."""
-        return DatasetOptions(self.dataset, self.bootstrap, self.per_item, self.skip_bad, cluster, texts)
+        return DatasetOptions(path=self.dataset, bootstrap=self.bootstrap, per_item=self.per_item,
+                              skip_bad=self.skip_bad, ray=cluster, texts=texts)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DatasetOptions:
     """--dataset and the options that go with it: --bootstrap, --per-item, --skip-bad and --ray's settings; or,
     instead of a dataset's `path`, `texts` (the arguments, stdin or --file), each read as the line {"text": TEXT}."""

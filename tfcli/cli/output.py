@@ -37,6 +37,7 @@ class View:
     lines: Callable[[Any, int], list[Text]]
     spaced: bool = False
     report: tuple[Callable, Callable] | None = None
+    of_run: bool = False  # its functions take the run's Envelope (an aggregate with its n, ...), not a value alone
 
 @dataclass
 class Report:

@@ -119,7 +119,7 @@ def train(
                           f"{source.config.architecture}", "give a decoder (-m)")
     d = core.check_site(options.site if checkpoint is not None else site, site_shapes(source.config))
     if checkpoint is None:
-        options = core.TrainOptions(site, latents or (expansion or 8) * d, seed=run.seed,
+        options = core.TrainOptions(site=site, latents=latents or (expansion or 8) * d, seed=run.seed,
                                     **{name: value for name, value in given.items()
                                        if value is not None and name not in ("site", "seed")})
     core.check_options(options)

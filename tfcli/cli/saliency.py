@@ -93,8 +93,9 @@ def saliency(
             if value is not None:
                 raise usage_error(f"--{name} is for one text: its matrix has no mean over a dataset")
     data.only_with_a_dataset("skip_bad")
-    options = core.SaliencyOptions(method, baseline, steps, integration, site, target, foil, position, faithfulness,
-                                   run.seed, metric, continuation, generate)
+    options = core.SaliencyOptions(method=method, baseline=baseline, steps=steps, integration=integration, site=site,
+                                   target=target, foil=foil, position=position, faithfulness=faithfulness,
+                                   seed=run.seed, metric=metric, continuation=continuation, generate=generate)
     texts_in = inputs(texts, file) if data.dataset is None else None
     single = texts_in is not None and texts_in.count == 1
     cluster = data.cluster(not single, "a --dataset or several texts")
@@ -112,10 +113,11 @@ def saliency(
     elif single:
         view = text_view
     else:
-        view = View(out, render.dataset_record, lambda result, number: render.dataset_lines(result, out.width, color,
-                                                                                            after_texts=each),
-                    report=(render.dataset_page_section, render.dataset_figure))
+        view = View(out, render.dataset_record, lambda done, number: render.dataset_lines(done, out.width, color,
+                                                                                          after_texts=each),
+                    report=(render.dataset_page_section, render.dataset_figure), of_run=True)
     run_dataset(core.SaliencyAnalysis(options, single), source,
-                DatasetOptions(data.dataset, 0 if single else data.bootstrap, each, data.skip_bad, cluster, texts_in),
+                DatasetOptions(path=data.dataset, bootstrap=0 if single else data.bootstrap, per_item=each,
+                               skip_bad=data.skip_bad, ray=cluster, texts=texts_in),
                 run,
                 (text_view, view), "these attributions say nothing about a trained model")

@@ -21,7 +21,8 @@ from tfcli.texts import Inputs
 if TYPE_CHECKING:
     from tfcli.cli.options import DatasetOptions, RunOptions
     from tfcli.model import TransformerModel
-    from tfcli.runner import Envelope, Session
+    from tfcli.runner import Session
+    from tfcli.analysis.dataset import Envelope
     from tfcli.sources import Source
     from tfcli.tokenizer import Tokenizer
 
@@ -148,7 +149,8 @@ def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions
     if after is not None:
         after(session, done)
     session.close()  # the stages are done: the workers go before the results are shown
-    emit([done.value], view, run.json_output,
+    done.interrupted = session.interrupted  # any stage cut short
+    emit([done if view.of_run else done.value], view, run.json_output,
          report=report_of(run.report, run.force, analysis.command, session.model, source))
     if session.interrupted:
         warn(f"interrupted: {done.n} {analysis.unit} finished; the aggregate is theirs")

@@ -183,7 +183,8 @@ def sweep(
         note(f"steering: {vector} at blocks {spans(blocks)}, strengths {', '.join(f'{s:g}' for s in chosen_strengths)}")
         loaded = session.model
 
-        options = core.SweepOptions(directions, vector, chosen_strengths, blocks, target_token, foil_token, normalize)
+        options = core.SweepOptions(vector=directions, name=vector, strengths=chosen_strengths, layers=blocks,
+                                    target=target_token, foil=foil_token, normalize=normalize)
         swept = (core.sweep(loaded, tokenizer, prompt, options) for batch in batches for prompt in batch)
 
         emit(swept, View(out, render.sweep_records,

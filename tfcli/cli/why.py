@@ -98,15 +98,15 @@ def patch(
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
         data.each_line_has(target=target, foil=foil, position=position)
         source = resolve_source(run.model, run.revision)
-        options = core.PatchOptions("", sites=core.parse_sites(sites), method=method,
+        options = core.PatchOptions(target="", sites=core.parse_sites(sites), method=method,
                                     ablation=ablation_of(ablate, source.config))
         core.check_sweep(source.config, options)
         run_dataset(core.PatchDataset(options, align, positions, top), source, data.options(cluster), run,
                     (View(out, render.record, lambda result, number: render.patch_lines(
                         result, out.width, out.color_system is not None, top, full)),
-                     View(out, render.dataset_record, lambda result, number: render.dataset_lines(
-                         result, out.width, out.color_system is not None, top, full),
-                          report=(render.dataset_page_section, render.dataset_figure))),
+                     View(out, render.dataset_record, lambda done, number: render.dataset_lines(
+                         done, out.width, out.color_system is not None, top, full),
+                          report=(render.dataset_page_section, render.dataset_figure), of_run=True)),
                     "these scores say nothing about a trained model")
         return
     if align is not None:
@@ -117,8 +117,8 @@ def patch(
     if target is None:
         raise usage_error("give --target: the token whose logit is the metric", parameter="target")
     source = resolve_source(run.model, run.revision)
-    options = core.PatchOptions(target, foil, position, core.parse_sites(sites), method,
-                                ablation=ablation_of(ablate, source.config))
+    options = core.PatchOptions(target=target, foil=foil, position=position, sites=core.parse_sites(sites),
+                                method=method, ablation=ablation_of(ablate, source.config))
     with session_of(source, run, None, "these scores say nothing about a trained model") as session:
         tokenizer = session.tokenizer
         warn_spacing(tokenizer, target, foil)
@@ -141,20 +141,12 @@ def patch(
 
 
 def saes_of(paths: list[Path] | None, config) -> tuple:
-    """The SAEs of --sae, each checked against the model's sites and as one whose features write to the residual
-    stream, before the model is built."""
-    from tfcli.analysis.sae import check_direct, check_fit, read_sae
-    from tfcli.model.transformer import site_shapes
+    """The SAEs of --sae, each checked against the model's sites, as one whose features write to the residual
+    stream and as one that reads what a layer writes there (check_saes), before the model is built."""
+    from tfcli.analysis.sae import check_saes, read_sae
 
     saes = tuple(read_sae(path) for path in paths or ())
-    for sae in saes:
-        check_direct(sae, "--sae")
-        check_fit(sae, site_shapes(config))
-        if config.norm_position in ("sandwich", "sublayer_output") and (sae.site_out or sae.site).endswith(
-                ("attn.out", "mlp.out")):
-            raise usage_error(f"--sae {sae.path}: {config.name} normalises each sublayer's output before adding it "
-                              f"to the residual stream, so {sae.site_out or sae.site} is not what the layer writes",
-                              "an SAE on the output norm's site (mlp_output_norm.out) or a residual site")
+    check_saes(saes, config, "--sae", components=True)
     return saes
 
 
@@ -215,17 +207,16 @@ def attribute(
     source = resolve_source(run.model, run.revision)
     core.check_model(source.config, by)  # before the model is built
     selected = parse_indices(layers, source.config.num_hidden_layers, "layers")
-    options = core.AttributeOptions(target, foil, position, by, selected, top,
-                                    ablation_of(ablate, source.config), saes_of(sae, source.config))
+    options = core.AttributeOptions(target=target, foil=foil, position=position, by=by, layers=selected, top=top,
+                                    ablation=ablation_of(ablate, source.config), saes=saes_of(sae, source.config))
     if data.dataset is not None:
         if layers is not None and by == "component":
             raise usage_error("--layers picks the layers broken into heads or neurons: give --by head or --by neuron")
         run_dataset(core.AttributeDataset(options), source, data.options(cluster), run,
                     (View(out, render.record, lambda result, number: render.attribution_lines(result, number,
                                                                                              out.width, top)),
-                     View(out, render.dataset_record, lambda result, number: render.dataset_lines(result, out.width,
-                                                                                                  top),
-                          report=(render.dataset_page_section, render.dataset_figure))),
+                     View(out, render.dataset_record, lambda done, number: render.dataset_lines(done, out.width, top),
+                          report=(render.dataset_page_section, render.dataset_figure), of_run=True)),
                     "these components say nothing about a trained model")
         return
     with session_of(source, run, None, "these components say nothing about a trained model") as session:
@@ -289,8 +280,9 @@ def heads(
     if run.report is not None:
         check_report_path(run.report, run.force, 1)  # one report of the run, whatever the number of texts
     source = resolve_source(run.model, run.revision)
-    options = core.HeadsOptions(detectors, exclude_first, exclude_self, per_text,
-                                keep_best=run.report is not None and run.report.suffix.lower() == ".html", top=top)
+    options = core.HeadsOptions(detectors=detectors, exclude_first=exclude_first, exclude_self=exclude_self,
+                                per_text=per_text, top=top,
+                                keep_best=run.report is not None and run.report.suffix.lower() == ".html")
     views = (View(out, render.text_record, lambda item, number: render.text_lines(item, number, out.width, top)),
              View(out, render.record, lambda scores, number: render.heads_lines(scores, out.width, top)))
     truncated = CappedWarnings(warn, "texts truncated")
@@ -307,7 +299,8 @@ def heads(
 
     if probe is None:
         run_dataset(core.HeadsCorpus(options, max_length, truncated), source,
-                    DatasetOptions(None, 0, per_text, False, cluster, texts_in),
+                    DatasetOptions(path=None, bootstrap=0, per_item=per_text, skip_bad=False, ray=cluster,
+                                   texts=texts_in),
                     run, views,
                     "these scores say nothing about a trained model", lambda session, done: finish(session, done.value))
         return

@@ -36,11 +36,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tfcli.analysis.dataset import Dataset, Done, Line, check_one_metric
+from tfcli.analysis.dataset import Dataset, Done
 from tfcli.analysis.indices import parse_indices
 from tfcli.analysis.metric import Token, check_head, parse_metric, position_of
 from tfcli.analysis.names import KINDS, block_site, every_block
-from tfcli.analysis.pairs import PAIR_LINE, Pair, check_pair, pair_inputs, same_value
+from tfcli.analysis.pairs import OverPairs, Pair, pair_inputs, same_value
 from tfcli.analysis.patching import (BATCH_MB, Patch, PairMetric, PairRuns, attribution, corrupt_run,
                                      count_patches, empty_grid, fast_sweep, naive_sweep, patches, put, unchanged)
 from tfcli.errors import TfcliError, usage_error
@@ -56,7 +56,7 @@ DEFAULT_SITES = ("resid", "attn", "mlp", "heads")
 METHODS = ("activation", "attribution", "both")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PatchOptions:
     target: str  # a token (" Mary", #ID) or, for a classifier, a label (name or #index)
     foil: str | None = None
@@ -294,9 +294,9 @@ def run_pairs(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], 
 
 
 @dataclass
-class PatchDataset:
-    """`patch --dataset` as the runner runs it (tfcli/runner.py): an item is a line's Pair, its result the pair's
-    Patching of differences (patched - corrupt, pair_results), the aggregate a DatasetPatching. `align` and
+class PatchDataset(OverPairs):
+    """`patch --dataset` as the runner runs it (tfcli/runner.py): an item is a line's Pair (OverPairs), its result the
+    pair's Patching of differences (patched - corrupt, pair_results), the aggregate a DatasetPatching. `align` and
     `positions` (--align, --positions) give the grids' columns, set from the pairs by check_items."""
 
     options: PatchOptions
@@ -304,13 +304,10 @@ class PatchDataset:
     positions: str | None = None
     top: int = 5  # the aggregate's sites listed per kind (its page lists as many as the terminal)
     columns: Columns | None = None
-    command, unit, line, block, streams = "patch", "pairs", PAIR_LINE, None, False
-
-    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Pair:
-        return check_pair(config, tokenizer, line)
+    command = "patch"
 
     def check_items(self, pairs: list[Pair]) -> None:
-        check_one_metric([(pair.line, pair.foil is not None) for pair in pairs])
+        super().check_items(pairs)
         self.columns = columns_of(pairs, self.options.sites, self.align, self.positions)
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
@@ -322,7 +319,7 @@ class PatchDataset:
 
     def aggregate(self, done: Done, dataset: Dataset) -> DatasetPatching:
         pairs = list(done)
-        result = aggregate(pairs, self.columns, dataset, self.options.method, done.interrupted)
+        result = aggregate(pairs, self.columns, dataset.resamples, self.options.method)
         result.top = self.top
         return result
 

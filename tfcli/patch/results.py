@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tfcli.analysis.dataset import Dataset
 from tfcli.analysis.indices import parse_indices
 from tfcli.analysis.metric import Token
 from tfcli.analysis.names import KINDS, kind_of
@@ -121,20 +120,16 @@ def columns_of(pairs: list[Pair], kinds: tuple[str, ...], align: str | None, pos
 
 @dataclass
 class DatasetPatching(Patching):
-    """The aggregate over a dataset's pairs: `grids` the scores, (mean patched - mean corrupt) / (mean clean - mean
-    corrupt) over the `n` pairs used (TransformerLens's convention), `intervals` their 95% bootstrap intervals
-    over pairs ([low, high] per cell; None with no resample), `restored_share` the share of pairs (those whose own
-    clean and corrupt values differ: `n - equal`) in which the site restores at least half of its own difference.
-    Positions are the `columns`' (tokens_clean: the first pair's tokens there; `varying`: the columns where the
-    pairs' tokens differ). `target`/`foil` are None when the lines differ. `pairs`: the pairs to run (`n` fewer
-    after an interruption)."""
+    """The aggregate over a dataset's pairs (how many, of what dataset, whether interrupted: the run's Envelope):
+    `grids` the scores, (mean patched - mean corrupt) / (mean clean - mean corrupt) over the pairs used
+    (TransformerLens's convention), `intervals` their 95% bootstrap intervals over pairs ([low, high] per cell; None
+    with no resample), `restored_share` the share of pairs (those whose own clean and corrupt values differ: all but
+    `equal`) in which the site restores at least half of its own difference. Positions are the `columns'`
+    (tokens_clean: the first pair's tokens there; `varying`: the columns where the pairs' tokens differ).
+    `target`/`foil` are None when the lines differ. A pair's sweep counts (`done`, `total`, `interrupted`) stay
+    unset."""
 
-    dataset: str = ""
-    n: int = 0
-    pairs: int = 0
-    skipped: int = 0
     equal: int = 0
-    resamples: int = 0
     intervals: dict[str, list] | None = None
     attribution_intervals: dict[str, list] | None = None
     restored_share: dict[str, list] | None = None
@@ -171,14 +166,14 @@ def normalised(result: Patching) -> Patching:
     return dataclasses.replace(result, grids=each(result.grids), attribution_grids=each(result.attribution_grids))
 
 
-def aggregate(done: list[tuple[Pair, Patching]], columns: Columns | None, dataset: Dataset, method: str,
-              interrupted: bool) -> DatasetPatching:
-    """The dataset's scores, intervals and shares from each pair's differences (see DatasetPatching)."""
+def aggregate(done: list[tuple[Pair, Patching]], columns: Columns | None, resamples: int,
+              method: str) -> DatasetPatching:
+    """The dataset's scores, intervals and shares from each pair's differences (see DatasetPatching), with
+    `resamples` of the bootstrap."""
     import torch
 
     from tfcli.analysis.dataset import ratio_of_means, share_restored
 
-    resamples = dataset.resamples
     results = [r for _, r in done]
     first = results[0]
     gaps = torch.tensor([r.clean_value - r.corrupt_value for r in results], dtype=torch.float64)
@@ -219,12 +214,10 @@ def aggregate(done: list[tuple[Pair, Patching]], columns: Columns | None, datase
         first.target if same_metric else None, first.foil if same_metric else None,
         float(torch.tensor([r.clean_value for r in results], dtype=torch.float64).mean()),
         float(torch.tensor([r.corrupt_value for r in results], dtype=torch.float64).mean()), method, out["grids"],
-        out["attribution_grids"] or None, done=len(done), total=len(dataset.items), interrupted=interrupted,
-        decoder_tokens=first.decoder_tokens, decoder_token_texts=first.decoder_token_texts,
+        out["attribution_grids"] or None, decoder_tokens=first.decoder_tokens, decoder_token_texts=first.decoder_token_texts,
         label_metric=first.label_metric, token_texts_clean=texts,
         positions=None if columns is None or len(columns.swept) == count else list(columns.swept),
-        dataset=dataset.path, n=len(done), pairs=len(dataset.items), skipped=dataset.skipped,
-        equal=int(equal.sum()), resamples=resamples,
+        equal=int(equal.sum()),
         intervals=out["intervals"] if resamples else None,
         attribution_intervals=(out["attribution_intervals"] or None) if resamples else None,
         restored_share=out["restored_share"], align=columns.align if columns else None,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from tfcli.render.run_info import RunInfo
+    from tfcli.analysis.dataset import Envelope
     from tfcli.tokenizer import Tokenizer
 
 BAR_WIDTH = 24  # the bar of the largest value shown, when the width allows (at least MIN_BAR)
@@ -73,10 +74,11 @@ def attribution_lines(result: Attribution, number: int, width: int, top: int) ->
     return lines + layers_lines(result, width)
 
 
-def dataset_lines(result: DatasetAttribution, width: int, top: int) -> list[Text]:
-    """The terminal view of a dataset: its prompts, the metric's mean, the sum check, each component's mean with
-    its spread, a line per layer and, with --by head, the layer x head grid."""
-    lines = dataset_header(result, width) + ablation_lines(result, width, " (means over the prompts)")
+def dataset_lines(run: Envelope, width: int, top: int) -> list[Text]:
+    """The terminal view of a dataset's run: its prompts, the metric's mean, the sum check, each component's mean
+    with its spread, a line per layer and, with --by head, the layer x head grid."""
+    result = run.value
+    lines = dataset_header(run, width) + ablation_lines(result, width, " (means over the prompts)")
     lines += sae_lines(result, width, ", a mean over the prompts")
     lines += [Text()] + component_lines(result, width, top, dataset_quantity(result), result)
     return lines + layers_lines(result, width)
@@ -90,17 +92,18 @@ def layers_lines(result: Attribution, width: int) -> list[Text]:
     return lines
 
 
-def dataset_header(result: DatasetAttribution, width: int) -> list[Text]:
+def dataset_header(run: Envelope, width: int) -> list[Text]:
     """A dataset's prompts, the metric's mean, how a component's mean and spread read, the sum check."""
-    skipped = f" ({result.skipped} bad line{'' if result.skipped == 1 else 's'} skipped)" if result.skipped else ""
-    lines = words(f"dataset {result.dataset}: {result.n} prompt{'' if result.n == 1 else 's'}{skipped}", width,
+    result = run.value
+    skipped = f" ({run.skipped} bad line{'' if run.skipped == 1 else 's'} skipped)" if run.skipped else ""
+    lines = words(f"dataset {run.source}: {run.n} prompt{'' if run.n == 1 else 's'}{skipped}", width,
                   "bold")
     where = "each line's position" if result.position is None else f"position {result.position}"
     ids = "" if result.target is None else \
         f" (#{result.target.id}" + (f", #{result.foil.id}" if result.foil else "") + ")"
     lines += words(f"the {dataset_quantity(result)}{ids} at {where}: mean over the prompts {result.logit:+.4f}", width)
-    spread = f"; [low, high]: the 95% bootstrap interval of the mean ({result.resamples} resamples)" \
-        if result.resamples else ""
+    spread = f"; [low, high]: the 95% bootstrap interval of the mean ({run.resamples} resamples)" \
+        if run.resamples else ""
     lines += words(f"each component: its mean over the prompts, std its standard deviation{spread}", width, "dim")
     lines += words(f"sum of the {len(result.components)} means: {result.total:+.4f}; in every prompt the components "
                    f"sum to the model's value (differ by at most {result.worst:.1e})", width)
@@ -149,7 +152,7 @@ def component_lines(result: Attribution, width: int, top: int, what: str,
     if dataset is not None:
         stats = [dataset.spread[c.name] for c in shown_rows]
         spread.append(Column.of("std", [f"{std:.4f}" for std, _, _ in stats], right=True))
-        if dataset.resamples:
+        if stats and stats[0][1] is not None:  # an interval: the bootstrap ran
             spread.append(Column.of("95% interval", [f"[{low:+.4f}, {high:+.4f}]" for _, low, high in stats],
                                     right=True))
         room -= sum(c.natural_width() + GAP for c in spread)
@@ -220,13 +223,14 @@ def ablation_record(result: Attribution) -> dict[str, Any]:
     return {} if result.ablated is None else {"ablated": result.ablated, "logit_unablated": result.unablated}
 
 
-def dataset_record(result: DatasetAttribution) -> dict[str, Any]:
+def dataset_record(run: Envelope) -> dict[str, Any]:
     """The aggregate's record: a single run's keys where they apply (position, target, foil: null where the lines
     differ; logit: the mean of the model's values; total: the sum of the means) and dataset, n, prompts, skipped,
     bootstrap, worst (the largest |sum of the components - model's value| of a prompt), interrupted, components
     as {name, layer, head, neuron, mean, std, low, high} (low, high: null with --bootstrap 0)."""
-    return {"dataset": result.dataset, "n": result.n, "prompts": result.prompts, "skipped": result.skipped,
-            "bootstrap": result.resamples, "interrupted": result.interrupted, "position": result.position,
+    result = run.value
+    return {"dataset": run.source, "n": run.n, "prompts": run.total, "skipped": run.skipped,
+            "bootstrap": run.resamples, "interrupted": run.interrupted, "position": result.position,
             "target": {"token": result.target.token, "id": result.target.id} if result.target is not None else None,
             "foil": {"token": result.foil.token, "id": result.foil.id} if result.foil is not None else None,
             "logit": result.logit, "total": result.total, "worst": result.worst,
@@ -244,11 +248,12 @@ def page_section(result: Attribution, tokenizer: Tokenizer | None) -> dict[str, 
     return record(result) | page_parts(result, quantity(result))
 
 
-def dataset_page_section(result: DatasetAttribution, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """A dataset for the page: as one text's, with what the view says above the lists (`header`), each
+def dataset_page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """A dataset's run for the page: as one text's, with what the view says above the lists (`header`), each
     component's value its mean."""
-    section = dataset_record(result)
-    section.update(header=[line.plain for line in dataset_header(result, 10**6)],
+    result = run.value
+    section = dataset_record(run)
+    section.update(header=[line.plain for line in dataset_header(run, 10**6)],
                    components=[c | {"value": c["mean"]} for c in section["components"]])
     return section | page_parts(result, dataset_quantity(result))
 
@@ -278,11 +283,12 @@ def figure(result: Attribution, run: RunInfo, tokenizer: Tokenizer | None) -> Fi
                        (None, None), "")
 
 
-def dataset_figure(result: DatasetAttribution, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+def dataset_figure(done: Envelope, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """A dataset's figure: as one text's, of the components' means, with their standard deviations as error
     bars."""
-    return bars_figure(result, run, f"{dataset_quantity(result)}, each component's mean over the {result.n} prompts "
-                       f"of {result.dataset} (error bars: the standard deviation over the prompts)",
+    result = done.value
+    return bars_figure(result, run, f"{dataset_quantity(result)}, each component's mean over the {done.n} prompts "
+                       f"of {done.source} (error bars: the standard deviation over the prompts)",
                        result.layer_std, "mean ")
 
 

@@ -16,6 +16,8 @@ from tfcli.render.layout import Column, quoted, table, words
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from tfcli.analysis.dataset import Envelope
+
     from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
 
@@ -60,22 +62,23 @@ def patched_to(result: Circuit) -> str:
     return "every edge patched to the means" if result.counterfactual == "mean" else "corrupt"
 
 
-def header_lines(result: Circuit, width: int) -> list[str]:
-    pairs = f"{result.n} pair{'s' if result.n != 1 else ''}" + (f" of {result.dataset}" if result.dataset else "")
+def header_lines(run: Envelope) -> list[str]:
+    result = run.value
+    pairs = f"{run.n} pair{'s' if run.n != 1 else ''}" + (f" of {run.source}" if run.source else "")
     lines = [f"circuit of {quantity(result)} over {pairs}, by {method_words(result)}",
              f"clean {signed(result.clean_value)}, {patched_to(result)} {signed(result.corrupt_value)} (means over "
              "the pairs)",
              f"graph: {result.graph.edge_count:,} edges between {len(result.graph.senders) + 1:,} nodes"]
-    if result.skipped:
-        lines.append(f"{result.skipped} bad lines skipped")
+    if run.skipped:
+        lines.append(f"{run.skipped} bad lines skipped")
     return lines
 
 
-def measured_lines(result: Circuit) -> list[str]:
-    point = result.measured
+def measured_lines(run: Envelope) -> list[str]:
+    result, point = run.value, run.value.measured
     if point is None:
         return ["circuit: not measured (interrupted)"]
-    pairs = f" over {result.measured_pairs} pairs" if result.measured_pairs != result.n else ""
+    pairs = f" over {result.measured_pairs} pairs" if result.measured_pairs != run.n else ""
     spread = f", 95% interval {interval(point)}" if point.low is not None else ""
     return [f"circuit: {point.edges:,} edges, {point.nodes:,} nodes ({picked_words(result)})",
             f"faithfulness {share(point.faithfulness)}{spread}{pairs}: (m(C) - m(empty)) / (m(full) - m(empty)), "
@@ -83,10 +86,11 @@ def measured_lines(result: Circuit) -> list[str]:
             " value"]
 
 
-def circuit_lines(result: Circuit, width: int, color: bool, top: int = DEFAULT_TOP) -> list[Text]:
-    """The terminal view: the header, the circuit and its faithfulness, the curve and the top edges."""
+def circuit_lines(run: Envelope, width: int, color: bool, top: int = DEFAULT_TOP) -> list[Text]:
+    """The terminal view of the run: the header, the circuit and its faithfulness, the curve and the top edges."""
     lines: list[Text] = []
-    for line in header_lines(result, width) + measured_lines(result):
+    result = run.value
+    for line in header_lines(run) + measured_lines(run):
         lines += words(line, width)
     if result.curve:
         lines.append(Text())
@@ -138,16 +142,17 @@ def token_record(token: Any) -> dict[str, Any] | None:
     return None if token is None else {"token": token.token, "id": token.id, "text": token.text}
 
 
-def record(result: Circuit) -> dict[str, Any]:
-    """The JSON Lines record (docs/commands.md#circuit lists its keys)."""
+def record(run: Envelope) -> dict[str, Any]:
+    """The JSON Lines record of the run (docs/commands.md#circuit lists its keys)."""
+    result = run.value
     graph, circuit = result.graph, result.circuit
     return {
         "method": result.method, "ig_steps": result.steps if result.method.startswith("eap-ig") else None,
         "counterfactual": result.counterfactual,
         "target": token_record(result.target), "foil": token_record(result.foil),
         "clean_value": result.clean_value, "corrupt_value": result.corrupt_value,
-        "dataset": result.dataset or None, "n": result.n, "pairs": result.pairs, "skipped": result.skipped,
-        "interrupted": result.interrupted,
+        "dataset": run.source or None, "n": run.n, "pairs": run.total, "skipped": run.skipped,
+        "interrupted": run.interrupted,
         "graph": {"layers": graph.layers, "heads": graph.heads, "parallel": graph.parallel,
                   "edges": graph.edge_count, "nodes": len(graph.senders) + 1},
         "circuit": None if result.measured is None else {
@@ -167,13 +172,14 @@ def pair_record(result: PairScores) -> dict[str, Any]:
             "top_edges": [{"sender": s, "receiver": r, "score": v} for s, r, v in top_pair_edges(result, 10)]}
 
 
-def page_section(result: Circuit, tokenizer: Tokenizer | None) -> dict[str, Any]:
+def page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The page's data: the header, the graph's layout (layers, heads), the circuit's edges with their scores, the
     curve and the top edges."""
+    result = run.value
     graph, circuit = result.graph, result.circuit
     edges = [] if circuit is None else [{"sender": graph.senders[s], "receiver": graph.receivers[r],
                                          "score": float(result.scores[s, r])} for s, r in circuit.nonzero().tolist()]
-    return {"header": header_lines(result, 10_000) + measured_lines(result), "layers": graph.layers,
+    return {"header": header_lines(run) + measured_lines(run), "layers": graph.layers,
             "heads": graph.heads, "edges": edges, "nodes": graph.nodes_of(circuit) if circuit is not None else [],
             "curve": [point_record(p) for p in result.curve],
             "measured": None if result.measured is None else point_record(result.measured),
@@ -189,14 +195,15 @@ def position(node: str, heads: int, layers: int) -> tuple[float, float]:
     return (float(heads) + 0.5 if match.group(2) is None else float(match.group(2))), float(match.group(1))
 
 
-def figure(result: Circuit, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+def figure(done: Envelope, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """The circuit as a layered graph (edge width by |score|, blue positive, red negative) beside its curve."""
     from matplotlib.figure import Figure
 
     from tfcli.render.figure import log_axis
 
+    result = done.value
     graph = result.graph
-    section = page_section(result, tokenizer)
+    section = page_section(done, tokenizer)
     fig = Figure(figsize=(11, 1.5 + 0.45 * graph.layers))
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
     largest = max([abs(e["score"]) for e in section["edges"]], default=1.0) or 1.0

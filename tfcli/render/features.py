@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from tfcli.render.run_info import RunInfo
+    from tfcli.analysis.dataset import Envelope
     from tfcli.tokenizer import Tokenizer
 
 SHADES = ((0.8, "white on color(27)"), (0.6, "black on color(69)"), (0.4, "black on color(111)"),
@@ -133,11 +134,17 @@ def feature_text_lines(result: TextFeatures, width: int, color: bool) -> list[Te
                          width, "dim")
 
 
-def corpus_lines(result: CorpusFeatures, width: int, color: bool, heading: bool = True) -> list[Text]:
-    """The aggregate's view: the error's means, the losses, and a feature's top activating contexts."""
-    texts = f"{result.n} text{'' if result.n == 1 else 's'}"
+def corpus_lines(run: Envelope, width: int, color: bool) -> list[Text]:
+    """The run's aggregate over texts, as part_lines shows it."""
+    return part_lines(run.value, run, width, color)
+
+
+def part_lines(result: CorpusFeatures, run: Envelope, width: int, color: bool, heading: bool = True) -> list[Text]:
+    """An SAE's aggregate over the run's texts: the error's means, the losses, and a feature's top activating
+    contexts."""
+    texts = f"{run.n} text{'' if run.n == 1 else 's'}"
     lines = words(f"features over {texts} ({result.tokens} tokens)" +
-                  (" (interrupted: the texts finished)" if result.interrupted else ""), width, "bold") if heading \
+                  (" (interrupted: the texts finished)" if run.interrupted else ""), width, "bold") if heading \
         else []
     lines += words(sae_words(result.sae), width)
     if result.feature is None:
@@ -179,10 +186,11 @@ def several_lines(result: Several, number_shown: int, width: int, color: bool) -
     return lines
 
 
-def several_corpus_lines(result: Several, width: int, color: bool) -> list[Text]:
-    lines = corpus_lines(result.parts[0], width, color)
-    for part in result.parts[1:]:
-        lines += [Text()] + corpus_lines(part, width, color, heading=False)
+def several_corpus_lines(run: Envelope, width: int, color: bool) -> list[Text]:
+    parts = run.value.parts
+    lines = part_lines(parts[0], run, width, color)
+    for part in parts[1:]:
+        lines += [Text()] + part_lines(part, run, width, color, heading=False)
     return lines
 
 
@@ -217,15 +225,20 @@ def direct_record(direct: Direct | None) -> dict[str, Any] | None:
             "features": [[i, a, e] for i, a, e in direct.features]}
 
 
-def corpus_record(result: CorpusFeatures) -> dict[str, Any]:
-    """The aggregate's record."""
-    return {"texts": result.n, "tokens": result.tokens, "sae": result.sae, "mse": result.mse,
+def corpus_record(run: Envelope) -> dict[str, Any]:
+    """The run's aggregate record."""
+    return part_record(run.value, run)
+
+
+def part_record(result: CorpusFeatures, run: Envelope) -> dict[str, Any]:
+    """An SAE's aggregate record over the run's texts."""
+    return {"texts": run.n, "tokens": result.tokens, "sae": result.sae, "mse": result.mse,
             "explained_variance": result.explained, "cosine": result.cosine, "l0": result.l0,
             "loss": losses_record(result.losses), "feature": result.feature, "active": result.active,
             "max_activation": result.max_activation, "mean_activation": result.mean_activation,
             "contexts": [{"activation": c.activation, "text": c.text, "position": c.position, "before": c.before,
                           "token": c.token, "after": c.after} for c in result.contexts],
-            "interrupted": result.interrupted}
+            "interrupted": run.interrupted}
 
 
 def several_record(result: Several) -> list[dict[str, Any]]:
@@ -233,8 +246,8 @@ def several_record(result: Several) -> list[dict[str, Any]]:
     return [record(part) for part in result.parts]
 
 
-def several_corpus_record(result: Several) -> list[dict[str, Any]]:
-    return [corpus_record(part) for part in result.parts]
+def several_corpus_record(run: Envelope) -> list[dict[str, Any]]:
+    return [part_record(part, run) for part in run.value.parts]
 
 
 # ---------------------------------------------------------------------------------------------------- --report
@@ -247,11 +260,16 @@ def page_section(result: TextFeatures, tokenizer: Tokenizer | None) -> dict[str,
     return record(result) | {"header": [plain(line) for line in header[:cut]], "corpus": False}
 
 
-def corpus_page_section(result: CorpusFeatures, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """The aggregate's section: its record and the sentences above its contexts."""
-    header = [line.plain for line in corpus_lines(result, 10**6, False)]
+def corpus_page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """The run's aggregate section, as part_section makes it."""
+    return part_section(run.value, run)
+
+
+def part_section(result: CorpusFeatures, run: Envelope) -> dict[str, Any]:
+    """An SAE's aggregate section: its record and the sentences above its contexts."""
+    header = [line.plain for line in part_lines(result, run, 10**6, False)]
     cut = next((k for k, line in enumerate(header) if not line), len(header))
-    return corpus_record(result) | {"header": [plain(line) for line in header[:cut]], "corpus": True}
+    return part_record(result, run) | {"header": [plain(line) for line in header[:cut]], "corpus": True}
 
 
 def several_page_section(result: Several, tokenizer: Tokenizer | None) -> dict[str, Any]:
@@ -259,8 +277,8 @@ def several_page_section(result: Several, tokenizer: Tokenizer | None) -> dict[s
     return {"several": True, "parts": [page_section(part, tokenizer) for part in result.parts]}
 
 
-def several_corpus_page_section(result: Several, tokenizer: Tokenizer | None) -> dict[str, Any]:
-    return {"several": True, "parts": [corpus_page_section(part, tokenizer) for part in result.parts]}
+def several_corpus_page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    return {"several": True, "parts": [part_section(part, run) for part in run.value.parts]}
 
 
 def figure(result: TextFeatures, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
@@ -285,14 +303,15 @@ def figure(result: TextFeatures, run: RunInfo, tokenizer: Tokenizer | None) -> F
     return figure
 
 
-def corpus_figure(result: CorpusFeatures, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+def corpus_figure(done: Envelope, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """The top contexts' activations as bars (with --feature), else the error's means."""
     import numpy as np
 
     from tfcli.render.figure import blank_figure, caption
 
+    result = done.value
     figure = blank_figure(6.0, 3.4)
-    caption(figure, plain(f"tfcli features over {result.n} texts; {sae_words(result.sae)}"), run)
+    caption(figure, plain(f"tfcli features over {done.n} texts; {sae_words(result.sae)}"), run)
     ax = figure.add_subplot()
     if result.feature is not None and result.contexts:
         labels = [f"{c.text}:{c.position} {token_label(c.token)}" for c in result.contexts]

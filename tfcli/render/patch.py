@@ -15,7 +15,7 @@ from tfcli.analysis.ablation import ablated_label
 from tfcli.analysis.indices import spans
 from tfcli.analysis.names import Kind, kind_of
 from tfcli.analysis.pairs import SMALL_GAP
-from tfcli.patch.results import DatasetPatching, Patching
+from tfcli.patch.results import Patching
 from tfcli.render.layout import GLUE, SPACE_NOTE, Column, has_space, plain, quoted, table, words
 from tfcli.render.patch_grids import (Ranked, correlation, flat, grids_lines, positions_of, ranges_of, ranked, reached,
                                       spread, spread_columns, texts_of)
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from tfcli.render.run_info import RunInfo
+    from tfcli.analysis.dataset import Envelope
     from tfcli.tokenizer import Tokenizer
 
 DEFAULT_TOP = 5  # sites listed per site kind
@@ -93,23 +94,24 @@ def ablation_notes(result: Patching, means: str) -> list[tuple[str, str]]:
              f"corrupt {corrupt:+.4f}{means}", "")]
 
 
-def dataset_notes(result: DatasetPatching) -> list[tuple[str, str]]:
+def dataset_notes(run: Envelope) -> list[tuple[str, str]]:
     """What a dataset's scores need said beside them: --ablate, a small gap of the means, pairs whose own gap is
     small, the columns swept, an interruption."""
+    result = run.value
     out = ablation_notes(result, " (means over the pairs)")
     if result.small_gap:
         out.append((f"warning: over the dataset the corrupt texts barely move the metric: mean clean - mean corrupt "
                     f"= {result.clean_value - result.corrupt_value:+.4f}; every score is divided by that gap",
                     "yellow"))
     if result.small_gaps:
-        out.append((f"{counted(result.small_gaps, 'pair')} of {result.n} barely move{'s' if result.small_gaps == 1 else ''} "
+        out.append((f"{counted(result.small_gaps, 'pair')} of {run.n} barely move{'s' if result.small_gaps == 1 else ''} "
                     f"the metric (|clean - corrupt| under {SMALL_GAP:g} of its size): their own shares read noise",
                     "dim"))
     if result.positions is not None:
         out.append((f"positions swept (--positions): {ranges_of(result, result.positions)}; the others are not "
                     "patched (blank)", "dim"))
-    if result.interrupted:
-        out.append((f"interrupted: {result.n} of {result.pairs} pairs finished; the aggregate is theirs", "yellow"))
+    if run.interrupted:
+        out.append((f"interrupted: {run.n} of {run.total} pairs finished; the aggregate is theirs", "yellow"))
     return out
 
 
@@ -120,11 +122,12 @@ def patch_lines(result: Patching, width: int, color: bool, top: int = DEFAULT_TO
     return header(result, width) + grids_lines(result, notes(result), width, color, top, full)
 
 
-def dataset_lines(result: DatasetPatching, width: int, color: bool, top: int = DEFAULT_TOP,
+def dataset_lines(run: Envelope, width: int, color: bool, top: int = DEFAULT_TOP,
                   full: bool = False) -> list[Text]:
-    """A dataset's terminal view, as a pair's, of its aggregate: the top sites with their spread."""
-    return dataset_header(result, width) + grids_lines(result, dataset_notes(result), width, color, top, full,
-                                                       lambda best: spread_columns(result, best))
+    """A dataset's terminal view, as a pair's, of its run's aggregate: the top sites with their spread."""
+    result = run.value
+    return dataset_header(run, width) + grids_lines(result, dataset_notes(run), width, color, top, full,
+                                                    lambda best: spread_columns(result, best))
 
 
 METHODS = {"activation": "activation patching", "attribution": "attribution patching (the first-order estimate from "
@@ -151,22 +154,23 @@ def header(result: Patching, width: int) -> list[Text]:
     return lines
 
 
-def dataset_header(result: DatasetPatching, width: int) -> list[Text]:
+def dataset_header(run: Envelope, width: int) -> list[Text]:
     """A dataset's pairs, the metric's means, how a score, its interval and its share read, and what the columns
     are."""
-    counts = [f"{counted(result.skipped, 'bad line')} skipped"] if result.skipped else []
+    result = run.value
+    counts = [f"{counted(run.skipped, 'bad line')} skipped"] if run.skipped else []
     counts += [f"{counted(result.equal, 'pair')} whose clean and corrupt values are equal, left out of the "
                "shares"] if result.equal else []
-    lines = words(f"dataset {result.dataset}: {counted(result.n, 'pair')}" + (f" ({'; '.join(counts)})" if counts
-                                                                             else ""), width, "bold")
+    lines = words(f"dataset {run.source}: {counted(run.n, 'pair')}" + (f" ({'; '.join(counts)})" if counts
+                                                                     else ""), width, "bold")
     where = "" if result.position is None else " at the last position" if result.align == "end" else \
         f" at position {result.position}"
     ids = "" if result.target is None else \
         f" (#{result.target.id}" + (f", #{result.foil.id}" if result.foil is not None else "") + ")"
     lines += words(f"the {quantity(result)}{where}{ids}, mean over the pairs: clean {result.clean_value:+.4f}, "
                    f"corrupt {result.corrupt_value:+.4f}", width)
-    spread = f"; [low, high]: its 95% bootstrap interval over pairs ({result.resamples} resamples)" \
-        if result.resamples else ""
+    spread = f"; [low, high]: its 95% bootstrap interval over pairs ({run.resamples} resamples)" \
+        if run.resamples else ""
     lines += words(f"{METHODS[result.method]}; score = (mean patched - mean corrupt) / (mean clean - mean corrupt) "
                    f"over the pairs: 1 restores the clean value, 0 has no effect{spread}; restored: the share of "
                    "pairs in which the site restores at least half of that pair's own difference", width, "dim")
@@ -226,16 +230,17 @@ def token_record(token: Any) -> dict[str, Any] | None:
     return None if token is None else {"token": token.token, "id": token.id}
 
 
-def dataset_record(result: DatasetPatching) -> dict[str, Any]:
+def dataset_record(run: Envelope) -> dict[str, Any]:
     """The aggregate's JSON record: a single run's keys where they apply (position, target, foil: null where the
     lines differ; clean_value and corrupt_value: the means; grids: the aggregate scores) and dataset, n, pairs,
     skipped, equal, small_gaps, interrupted, align, columns (each column's label; null without a kind by
     position), tokens_clean (the first pair's tokens there), varying, corrupted, bootstrap, intervals
     (shaped as grids, [low, high] per cell; null with --bootstrap 0), restored_share (shaped as grids);
     with --method both attribution_grids and attribution_intervals."""
+    result = run.value
     columns = len(result.tokens_clean)
-    out = {"dataset": result.dataset, "n": result.n, "pairs": result.pairs, "skipped": result.skipped,
-           "equal": result.equal, "small_gaps": result.small_gaps, "interrupted": result.interrupted,
+    out = {"dataset": run.source, "n": run.n, "pairs": run.total, "skipped": run.skipped,
+           "equal": result.equal, "small_gaps": result.small_gaps, "interrupted": run.interrupted,
            "align": result.align, "columns": [result.column_label(c) for c in range(columns)] if result.align else None,
            "tokens_clean": result.tokens_clean if result.align else None, "varying": result.varying,
            "corrupted": result.corrupted, "position": result.position, "target": token_record(result.target),
@@ -243,7 +248,7 @@ def dataset_record(result: DatasetPatching) -> dict[str, Any]:
            "corrupt_value": result.corrupt_value, "small_gap": result.small_gap, "method": result.method,
            "positions": result.positions if result.positions is not None else
            (list(range(columns)) if result.align else None),
-           "grids": result.grids, "bootstrap": result.resamples, "intervals": result.intervals,
+           "grids": result.grids, "bootstrap": run.resamples, "intervals": result.intervals,
            "restored_share": result.restored_share}
     if result.attribution_grids is not None:
         out["attribution_grids"] = result.attribution_grids
@@ -275,16 +280,17 @@ def page_section(result: Patching, tokenizer: Tokenizer | None) -> dict[str, Any
         shown_tokens(result)
 
 
-def dataset_page_section(result: DatasetPatching, tokenizer: Tokenizer | None) -> dict[str, Any]:
+def dataset_page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """A dataset's page data: as a pair's, with each top site's interval and share, and the view's header."""
+    result = run.value
     top, best = page_top(result)
     for entry, item in zip(top, best):
         entry["interval"], entry["restored"] = spread(result, item)
-    return dataset_record(result) | {"quantity": plain(quantity(result)), "kinds": page_kinds(result), "top": top,
-                                     "top_each": result.top,
-                                     "header": [line.plain for line in dataset_header(result, 10**6)],
-                                     "notes": [{"text": text, "style": style} for text, style in dataset_notes(result)],
-                                     "reached": dict.fromkeys(result.grids, True), "correlations": {}} | \
+    return dataset_record(run) | {"quantity": plain(quantity(result)), "kinds": page_kinds(result), "top": top,
+                                  "top_each": result.top,
+                                  "header": [line.plain for line in dataset_header(run, 10**6)],
+                                  "notes": [{"text": text, "style": style} for text, style in dataset_notes(run)],
+                                  "reached": dict.fromkeys(result.grids, True), "correlations": {}} | \
         shown_tokens(result)
 
 
@@ -313,10 +319,11 @@ def figure(result: Patching, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
     return grids_figure(result, run, f"{result.clean!r} vs {result.corrupt!r}")
 
 
-def dataset_figure(result: DatasetPatching, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+def dataset_figure(done: Envelope, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """A dataset's figure: as a pair's, with the share of pairs each site restores beside its scores."""
+    result = done.value
     shares = None if result.restored_share is None else [("share of pairs restored (≥ half)", result.restored_share)]
-    return grids_figure(result, run, f"over the {result.n} pairs of {result.dataset} (means)", shares)
+    return grids_figure(result, run, f"over the {done.n} pairs of {done.source} (means)", shares)
 
 
 def grids_figure(result: Patching, run: RunInfo, subject: str, more: list[tuple[str, dict]] | None = None) -> Figure:

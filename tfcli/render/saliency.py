@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from tfcli.render.run_info import RunInfo
+    from tfcli.analysis.dataset import Envelope
     from tfcli.tokenizer import Tokenizer
 
 DEFAULT_TOP = 10
@@ -151,44 +152,45 @@ def curve_lines(result: Saliency, width: int) -> list[Text]:
     return lines + table(columns, width)
 
 
-def dataset_lines(result: DatasetSaliency, width: int, color: bool, after_texts: bool = False) -> list[Text]:
-    """The aggregate: what was run, the mean metric, each aligned position's mean share, |delta|, faithfulness;
-    `after_texts`: after the texts' own views, a blank line first."""
+def dataset_lines(run: Envelope, width: int, color: bool, after_texts: bool = False) -> list[Text]:
+    """The run's aggregate: what was run, the mean metric, each aligned position's mean share, |delta|,
+    faithfulness; `after_texts`: after the texts' own views, a blank line first."""
+    result, resamples = run.value, run.resamples
     lines = [Text()] if after_texts else []
-    skipped = f" ({result.skipped} bad line{'' if result.skipped == 1 else 's'} skipped)" if result.skipped else ""
-    what = f"dataset {result.dataset}" if result.dataset else "the texts"
-    lines += words(f"{what}: {result.n} text{'' if result.n == 1 else 's'}{skipped}", width, "bold")
+    skipped = f" ({run.skipped} bad line{'' if run.skipped == 1 else 's'} skipped)" if run.skipped else ""
+    what = f"dataset {run.source}" if run.source else "the texts"
+    lines += words(f"{what}: {run.n} text{'' if run.n == 1 else 's'}{skipped}", width, "bold")
     lines += words(method_words(result.options), width)
     lines += words(f"{quantity(result)}: mean over the texts {result.value:+.4f}", width)
     if result.delta_mean is not None:
         lines += words(f"completeness: mean |delta| {result.delta_mean:.2e}, largest {result.delta_worst:.2e}", width)
-    interval = f"; [low, high]: the 95% bootstrap interval of the mean ({result.resamples} resamples)" \
-        if result.resamples else ""
+    interval = f"; [low, high]: the 95% bootstrap interval of the mean ({resamples} resamples)" \
+        if resamples else ""
     lines += [Text()] + words("each position, counted back from the one read (0), as far as every text reaches: "
                               f"the mean share of the attributions' absolute sum{interval}", width, "dim")
     lines += table([Column.of("offset", [str(c.offset) for c in result.columns], right=True),
                     Column.of("token", ["(varies)" if c.token is None else quoted(c.token).replace(GLUE, " ")
                                         for c in result.columns]),
-                    *share_columns(result.columns, result.resamples)], width)
+                    *share_columns(result.columns, resamples)], width)
     lines += [Text()] + words("each kind of token: its tokens' shares summed in each text (0 where a text has none), "
                               "their mean over the texts; target and foil: the metric's tokens where the text has "
                               "them, read: the position read", width, "dim")
     lines += table([Column.of("kind", [k.kind for k in result.kinds]),
                     Column.of("texts", [str(k.texts) for k in result.kinds], right=True),
-                    *share_columns(result.kinds, result.resamples)], width)
+                    *share_columns(result.kinds, resamples)], width)
     if result.areas is not None:
         rows = [("deletion", "lower is more faithful"), ("random_deletion", ""),
                 ("insertion", "higher is more faithful"), ("random_insertion", "")]
         columns = [Column.of("area", [name.replace("_", " ") for name, _ in rows]),
                    Column.of("mean", [f"{result.areas[name][0]:+.4f}" for name, _ in rows], right=True),
                    Column.of("std", [f"{result.areas[name][1]:.4f}" for name, _ in rows], right=True)]
-        if result.resamples:
+        if resamples:
             columns.append(Column.of("95% interval", [f"[{result.areas[name][2]:+.4f}, {result.areas[name][3]:+.4f}]"
                                                       for name, _ in rows], right=True))
         columns.append(Column.of("", [note for _, note in rows]))
         lines += [Text()] + table(columns, width, title="faithfulness: the areas under the curves")
         lines += words(f"the deletion area is below the random one in {result.deletion_beats_random} of "
-                       f"{result.n} texts", width)
+                       f"{run.n} texts", width)
     return lines
 
 
@@ -269,10 +271,10 @@ def continuation_record(result: ContinuationSaliency) -> dict[str, Any]:
                       "delta": row.delta} for row in result.rows]}
 
 
-def dataset_record(result: DatasetSaliency) -> dict[str, Any]:
-    spread = ("mean", "std", "low", "high")
-    return {"dataset": result.dataset, "n": result.n, "texts": result.texts, "skipped": result.skipped,
-            "bootstrap": result.resamples, "interrupted": result.interrupted, **options_record(result.options),
+def dataset_record(run: Envelope) -> dict[str, Any]:
+    spread, result = ("mean", "std", "low", "high"), run.value
+    return {"dataset": run.source, "n": run.n, "texts": run.total, "skipped": run.skipped,
+            "bootstrap": run.resamples, "interrupted": run.interrupted, **options_record(result.options),
             "metric": result.metric, "target": token_record(result.target), "foil": token_record(result.foil),
             "value": result.value,
             "columns": [{"offset": c.offset, "token": c.token, "mean": c.mean, "std": c.std, "low": c.low,
@@ -302,10 +304,10 @@ def continuation_page_section(result: ContinuationSaliency, tokenizer: Tokenizer
     return continuation_record(result) | {"header": header, "quantity": ""}
 
 
-def dataset_page_section(result: DatasetSaliency, tokenizer: Tokenizer | None) -> dict[str, Any]:
+def dataset_page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The aggregate's section: its record and the lines the terminal writes above its table."""
-    header = [line.plain for line in dataset_lines(result, 10**6, False)[:4]]
-    return dataset_record(result) | {"header": header, "quantity": plain(quantity(result))}
+    header = [line.plain for line in dataset_lines(run, 10**6, False)[:4]]
+    return dataset_record(run) | {"header": header, "quantity": plain(quantity(run.value))}
 
 
 def figure(result: Saliency, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
@@ -316,16 +318,17 @@ def figure(result: Saliency, run: RunInfo, tokenizer: Tokenizer | None) -> Figur
                              f"{method_words(result.options)}"), "attribution", result.curves)
 
 
-def dataset_figure(result: DatasetSaliency, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+def dataset_figure(done: Envelope, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """A dataset's mean shares per aligned position, with their intervals."""
     import numpy as np
 
+    result = done.value
     labels = [f"{c.offset}\n{'' if c.token is None else token_label(c.token)}" for c in result.columns]
-    errors = None if not result.resamples else \
+    errors = None if not done.resamples else \
         np.array([[c.mean - c.low for c in result.columns], [c.high - c.mean for c in result.columns]])
     return bars_figure(run, (labels, [c.mean for c in result.columns], errors),
-                       plain(f"tfcli saliency: the mean share of each aligned position over the {result.n} texts of "
-                             f"{result.dataset or 'the run'} ({quantity(result)}); {method_words(result.options)}"),
+                       plain(f"tfcli saliency: the mean share of each aligned position over the {done.n} texts of "
+                             f"{done.source or 'the run'} ({quantity(result)}); {method_words(result.options)}"),
                        "mean share of |attributions|", rotation=0)
 
 

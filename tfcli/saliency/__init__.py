@@ -17,9 +17,9 @@ token (the end-of-text token without one) or the mask token, zero embeddings the
 tokens. `--faithfulness`: the metric as the most attributed tokens are deleted (replaced by the baseline's) or
 inserted first, against random orders, with the areas under the curves. A continuation gives a matrix (as Inseq's):
 for each of its tokens, the attributions of its logit at the position before it to the tokens before it.
-docs/commands.md#saliency says it all at length. A text read and checked (`Prompt`), the passes over it that the
-methods run, integrated gradients' quadrature, attention rollout and the faithfulness curves are in
-tfcli/saliency/passes.py.
+docs/commands.md#saliency says it all at length. A text is read and checked here as a `Prompt` (tfcli/analysis/
+inputs.py); the passes over it that the methods run, integrated gradients' quadrature, attention rollout and the
+faithfulness curves are in tfcli/saliency/passes.py.
 
 Shapes: N texts, T tokens, d the site's width (its trailing dimensions, flattened), S steps, R rows of a pass.
 """
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 
 from tfcli.analysis.dataset import Dataset, Done, Line, LineSpec, check_one_metric, mean_spread
 from tfcli.analysis.faithfulness import Curves
-from tfcli.analysis.inputs import model_input
+from tfcli.analysis.inputs import Prompt, check_length, model_input
 from tfcli.analysis.metric import Token, check_head, parse_metric, position_of, token_of
 from tfcli.errors import usage_error
-from tfcli.saliency.passes import TOKENS_PER_PASS, Passes, Prompt, faithfulness, first_pass, quadrature, rollout
+from tfcli.saliency.passes import TOKENS_PER_PASS, Passes, faithfulness, first_pass, quadrature, rollout
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -55,7 +55,7 @@ BATCH_TEXTS = 64  # a dataset's texts are read this many at a time, those of one
 ROWS_PER_BATCH = 8 * TOKENS_PER_PASS  # the integration points (rows x tokens) a batch of texts holds at most
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SaliencyOptions:
     """The run's options: the method and its settings, the metric of texts given as arguments (a dataset's lines
     carry their own), whether to measure faithfulness, and the seed of its random orders."""
@@ -100,8 +100,6 @@ class Saliency:
     delta: float | None = None
     curves: Curves | None = None
     line: int | None = None
-    n: int = 1  # as an aggregate of one text (a single run)
-    interrupted: bool = False
 
     @property
     def total(self) -> float:
@@ -159,13 +157,8 @@ class DatasetSaliency:
     """The aggregate over a dataset's (or several texts') attributions: the mean share of each aligned position (the
     positions every text has, counted back from the one read), the mean metric, the integrated gradients' mean and
     largest |delta|, and with --faithfulness each area's mean (std, low, high) and how many texts' deletion area is
-    below the random one's."""
+    below the random one's. How many texts, of what dataset, and whether interrupted: the run's Envelope."""
 
-    dataset: str
-    n: int
-    texts: int
-    skipped: int
-    resamples: int
     options: SaliencyOptions
     metric: str
     target: Token | None  # where every text has the same (else None)
@@ -177,7 +170,6 @@ class DatasetSaliency:
     delta_worst: float | None = None
     areas: dict[str, tuple[float, float, float | None, float | None]] | None = None
     deletion_beats_random: int | None = None
-    interrupted: bool = False
 
 
 @dataclass
@@ -194,8 +186,6 @@ class ContinuationSaliency:
     options: SaliencyOptions
     rows: list[Saliency]
     metric: str
-    n: int = 1
-    interrupted: bool = False
 
 
 # ---------------------------------------------------------------- checks before the model is built
@@ -284,9 +274,7 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options:
     prefix = "" if line.fields.get("target") is not None or line.fields.get("foil") is not None else "--"
     encoding = tokenizer.encode([fields["text"]])[0]
     ids = model_input(config, encoding)
-    limit = config.max_position_embeddings
-    if limit and len(ids) > limit and config.position == "learned":
-        raise usage_error(f"the text has {len(ids)} tokens: the model has {limit} positions")
+    check_length(config, len(ids))
     special = [sequence is None for sequence in encoding.sequence_ids[:len(ids)]]
     if all(special):
         raise usage_error("the text has no token to attribute to (only special tokens)", "give some text")
@@ -297,9 +285,8 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options:
         if not following:
             raise usage_error("the continuation has no token", "give the text that follows, e.g. \" Paris\"")
         ids, special, spans = ids + following, special + [False] * len(following), spans + [None] * len(following)
-    longest = len(ids) + (options.generate or 0)  # --generate's tokens: generated once the model is built
-    if start is not None and limit and longest > limit and config.position == "learned":
-        raise usage_error(f"the text and its continuation have {longest} tokens: the model has {limit} positions")
+    if start is not None:  # and --generate's tokens, generated once the model is built
+        check_length(config, len(ids) + (options.generate or 0), "the text and its continuation have")
     if config.head in ("classifier", "none"):
         target, foil = parse_metric(config, tokenizer, target, foil, position, prefix) if config.head != "none" \
             else (None, None)
@@ -308,8 +295,9 @@ def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line, options:
         target, foil = parse_metric(config, tokenizer, target, foil, prefix=prefix)
         at = position_of(ids, tokenizer, config, position)
     baseline = options.baseline or fields.get("baseline") or "pad"
-    return Prompt(line.number, fields["text"], ids, special, spans,
-                  baseline_ids(config, tokenizer, baseline, ids, special), target, foil, at, start, baseline)
+    return Prompt(fields["text"], ids, target, foil, at, line=line.number, special=special, spans=spans,
+                  baseline=baseline_ids(config, tokenizer, baseline, ids, special), continuation=start,
+                  baseline_spec=baseline)
 
 
 def baseline_ids(config: ModelConfig, tokenizer: Tokenizer, baseline: str, ids: list[int],
@@ -448,7 +436,7 @@ class SaliencyAnalysis:
         return check_prompt(config, tokenizer, line, self.options)
 
     def check_items(self, prompts: list[Prompt]) -> None:
-        check_one_metric([(prompt.line, prompt.foil is not None) for prompt in prompts])
+        check_one_metric(prompts)
         if (self.options.continuation is not None or self.options.generate is not None) and len(prompts) > 1:
             raise usage_error(f"--{'continuation' if self.options.generate is None else 'generate'} is for one text: "
                               "its matrix has no mean over several")
@@ -483,7 +471,7 @@ class SaliencyAnalysis:
         results = [result for _, result in done]
         if self.single and len(dataset.items) == 1 and results:
             return results[0]
-        return aggregate(results, self.options, dataset, done.interrupted)
+        return aggregate(results, self.options, dataset.resamples)
 
 
 def spreads(rows: list[list[float]], resamples: int) -> list[tuple[float, float, float | None, float | None]]:
@@ -495,8 +483,7 @@ def spreads(rows: list[list[float]], resamples: int) -> list[tuple[float, float,
              None if high is None else float(high[j])) for j in range(len(mean))]
 
 
-def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Dataset,
-              interrupted: bool) -> DatasetSaliency:
+def aggregate(results: list[Saliency], options: SaliencyOptions, resamples: int) -> DatasetSaliency:
     """The texts' shares at the positions every text has, counted back from the position read (the last token
     for a label or a pooled output), with their spread; the same per kind of token (token_kinds), which lines up
     texts of any length; the mean metric, |delta| and faithfulness areas."""
@@ -508,10 +495,10 @@ def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Datase
     tokens = [{r.token_texts[at - width + 1 + j] for r, at in zip(results, read)} for j in range(width)]
     columns = [PositionShare(j - width + 1, texts.pop() if len(texts) == 1 else None, *spread)
                for j, (texts, spread) in enumerate(zip(tokens, spreads([r.shares[at - width + 1:at + 1] for r, at
-                                                                         in zip(results, read)], dataset.resamples)))]
+                                                                         in zip(results, read)], resamples)))]
     kinds = [token_kinds(r) for r in results]
     by_kind = spreads([[math.fsum(share for share, k in zip(r.shares, of) if k == kind) for kind in TOKEN_KINDS]
-                       for r, of in zip(results, kinds)], dataset.resamples)
+                       for r, of in zip(results, kinds)], resamples)
     kind_shares = [KindShare(kind, sum(kind in of for of in kinds), *spread)
                    for kind, spread in zip(TOKEN_KINDS, by_kind) if any(kind in of for of in kinds)]
     same = len({(r.target.id if r.target else None, r.foil.id if r.foil else None) for r in results}) == 1
@@ -520,10 +507,9 @@ def aggregate(results: list[Saliency], options: SaliencyOptions, dataset: Datase
     if options.faithfulness:
         names = ("deletion", "insertion", "random_deletion", "random_insertion")
         table = [[r.curves.areas[name] for name in names] for r in results]
-        areas = dict(zip(names, spreads(table, dataset.resamples)))
+        areas = dict(zip(names, spreads(table, resamples)))
         beats = sum(row[0] < row[2] for row in table)
-    return DatasetSaliency(dataset.path, len(results), len(dataset.items), dataset.skipped, dataset.resamples, options,
-                           first.metric, first.target if same else None, first.foil if same else None,
-                           sum(r.value for r in results) / len(results), columns, kind_shares,
-                           sum(deltas) / len(deltas) if deltas else None, max(deltas) if deltas else None,
-                           areas, beats, interrupted)
+    return DatasetSaliency(options=options, metric=first.metric, target=first.target if same else None,
+                           foil=first.foil if same else None, value=sum(r.value for r in results) / len(results),
+                           columns=columns, kinds=kind_shares, delta_mean=sum(deltas) / len(deltas) if deltas else None,
+                           delta_worst=max(deltas) if deltas else None, areas=areas, deletion_beats_random=beats)

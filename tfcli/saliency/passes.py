@@ -1,17 +1,18 @@
-"""The passes of `tfcli saliency` (tfcli/saliency/__init__.py) over texts: a text read and checked (`Prompt`); the
-passes of texts of one length read at one position, a site's value replaced by rows of each text's own (`Passes`),
-and the first of them (`first_pass`: the site's values on the texts and their baselines, and the metric on each);
-integrated gradients' points and weights (`quadrature`), attention rollout and the --faithfulness curves of a text.
+"""The passes of `tfcli saliency` (tfcli/saliency/__init__.py) over texts, each read and checked as a `Prompt`
+(tfcli/analysis/inputs.py): the passes of texts of one length read at one position, a site's value replaced by rows
+of each text's own (`Passes`), and the first of them (`first_pass`: the site's values on the texts and their
+baselines, and the metric on each); integrated gradients' points and weights (`quadrature`), attention rollout and
+the --faithfulness curves of a text.
 
 Shapes: N texts, T tokens, d the site's width (its trailing dimensions, flattened), S steps, R rows of a pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfcli.analysis.faithfulness import Curves, curves
+from tfcli.analysis.inputs import Prompt
 from tfcli.analysis.metric import Token, token_of
 
 if TYPE_CHECKING:
@@ -21,25 +22,6 @@ if TYPE_CHECKING:
     from tfcli.tokenizer import Tokenizer
 
 TOKENS_PER_PASS = 8192  # rows x tokens of one pass (the integration's steps go in passes of this many)
-
-
-@dataclass
-class Prompt:
-    """One text read and checked: its ids as the model reads them, which are special tokens, its spans, the
-    baseline's ids (None: zero embeddings), the metric's target (None: the model's top prediction), foil and
-    position (None: a label or a pooled output)."""
-
-    line: int
-    text: str
-    ids: list[int]
-    special: list[bool]
-    spans: list[list[int] | None]
-    baseline: list[int] | None
-    target: Token | None
-    foil: Token | None
-    position: int | None
-    continuation: int | None = None  # where the continuation's tokens start in `ids` (None: none)
-    baseline_spec: str = "pad"  # the baseline as given: pad, zero, mask or a text
 
 
 def quadrature(steps: int, integration: str) -> tuple[list[float], list[float]]:
