@@ -603,7 +603,7 @@ def test_feature_edits_equal_transformers_with_the_decoder_row_added(gpt2, saved
     """Ablating (clamping) feature N with the error term kept moves block 1's output by (value - f_N) W_dec[N] and
     nothing else; steering adds strength x W_dec[N]: transformers' logits with that done by hand in a forward hook.
     The pass before the site is unchanged."""
-    from tfcli.analysis.sae import FeatureEdit, edit_hooks
+    from tfcli.analysis.ablation import FeatureEdit, edit_hooks
 
     _, hf, model, tokenizer = gpt2
     folder, reference = saved_sae
@@ -635,7 +635,7 @@ def test_feature_edits_equal_transformers_with_the_decoder_row_added(gpt2, saved
 
 def test_a_transcoder_feature_edit_changes_the_mlp_output(gpt2, tmp_path):
     """A transcoder's edit reads the MLP's normed input and moves the MLP's output by -f_N W_dec[N]."""
-    from tfcli.analysis.sae import FeatureEdit, edit_hooks
+    from tfcli.analysis.ablation import FeatureEdit, edit_hooks
 
     _, hf, model, tokenizer = gpt2
     reference = randomized(lens.SkipTranscoder(lens.SkipTranscoderConfig(**TRANSCODER))).eval()

@@ -2,8 +2,8 @@
 `blocks.23.attn.z`), a sublayer's output (`L5.mlp`, `L5.attn`: `blocks.5.mlp.out`, `blocks.5.attn.out`) or any
 site name, `*` wildcards allowed (`blocks.*.mlp.out`). `zero` (the default) zeroes it; `mean` replaces it by its
 mean over the text's positions (one pass over a whole text: not while generating). `SAE#N` zeroes feature N of the
-SAE (or transcoder) in folder SAE, `SAE#N=V` clamps it to V, the SAE's error term kept (tfcli/analysis/sae.py). The
-hooks are the model's site hooks, the ones steering uses.
+SAE (or transcoder) in folder SAE, `SAE#N=V` clamps it to V, the SAE's error term kept (`edit_hooks`, here: the
+SAE itself is tfcli/analysis/sae.py). The hooks are the model's site hooks, the ones steering uses.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from tfcli.errors import TfcliError, usage_error
 from tfcli.model.sites import block_site
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
+    from tfcli.analysis.sae import SAE
     from tfcli.config import ModelConfig
     from tfcli.model.sites import Hook
 
@@ -84,7 +87,7 @@ def ablated_label(specs: list[str]) -> str:
 
 def feature_ablation(spec: str, shapes: dict) -> dict[str, Hook]:
     """`SAE#N` (zero) or `SAE#N=V` (clamp): the hooks that edit the SAE's feature N with its error term kept."""
-    from tfcli.analysis.sae import FeatureEdit, check_fit, edit_hooks, read_sae
+    from tfcli.analysis.sae import check_fit, read_sae
 
     path, _, rest = spec.rpartition("#")
     number, _, value = rest.partition("=")
@@ -95,6 +98,57 @@ def feature_ablation(spec: str, shapes: dict) -> dict[str, Hook]:
     sae = read_sae(path)
     check_fit(sae, shapes)
     return edit_hooks(sae, [edit])
+
+
+@dataclass
+class FeatureEdit:
+    """A change to one feature at the SAE's site: clamp it to `value` (0: ablate it), or add `strength` times its
+    decoder row (steer)."""
+
+    feature: int
+    value: float | None = None
+    strength: float | None = None
+
+
+def edit_hooks(sae: SAE, edits: list[FeatureEdit]) -> dict[str, Hook]:
+    """Site hooks (run_with_hooks) that make `edits` with the error term kept: what the SAE stands for becomes
+    t + decode(f') - decode(f), f the features of the pass and f' those edited, plus each steer's strength x
+    W_dec[feature]; so that only the edited features' change reaches the rest of the pass. An SAE's hook is on its
+    site; a transcoder's reads its input site and changes its output site."""
+    import torch
+
+    from tfcli.analysis.sae import put_rows, site_rows
+
+    bad = [edit.feature for edit in edits if not 0 <= edit.feature < sae.d_sae]
+    if bad:
+        raise usage_error(f"feature {bad[0]}: the SAE {sae.path} has features 0 to {sae.d_sae - 1}")
+    clamps = [edit for edit in edits if edit.value is not None]
+    steer = sum((edit.strength * sae.weights["W_dec"][edit.feature] for edit in edits if edit.strength is not None),
+                torch.zeros(sae.d_out))
+    seen: dict[str, Tensor] = {}
+
+    def change(x: Tensor) -> Tensor:
+        """The change to what the SAE stands for, (B, T, d_out), from its input rows x (B, T, d_in)."""
+        delta = steer.to(x.device).expand(*x.shape[:-1], -1)
+        if clamps:
+            features = sae.encode(x)
+            edited = features.clone()
+            for edit in clamps:
+                edited[..., edit.feature] = edit.value
+            delta = delta + sae.decode(edited, x) - sae.decode(features, x)
+        return delta
+
+    if not sae.site_out:
+        return {sae.site: lambda value: put_rows(sae, value, (site_rows(sae, value).float()
+                                                              + change(site_rows(sae, value).float())))}
+
+    def read(value: Tensor) -> None:
+        seen["x"] = site_rows(sae, value).float()
+
+    def write(value: Tensor) -> Tensor:
+        return (value.flatten(2).float() + change(seen.pop("x"))).reshape(value.shape).to(value.dtype)
+
+    return {sae.site: read, sae.site_out: write}
 
 
 def ablation(specs: list[str] | None, config: ModelConfig, generating: bool = False) -> Ablation | None:

@@ -498,55 +498,6 @@ def sae_sites(sae: SAE) -> list[str]:
 # ------------------------------------------------------------------------------------------ interventions
 
 
-@dataclass
-class FeatureEdit:
-    """A change to one feature at the SAE's site: clamp it to `value` (0: ablate it), or add `strength` times its
-    decoder row (steer)."""
-
-    feature: int
-    value: float | None = None
-    strength: float | None = None
-
-
-def edit_hooks(sae: SAE, edits: list[FeatureEdit]) -> dict:
-    """Site hooks (run_with_hooks) that make `edits` with the error term kept: what the SAE stands for becomes
-    t + decode(f') - decode(f), f the features of the pass and f' those edited, plus each steer's strength x
-    W_dec[feature]; so that only the edited features' change reaches the rest of the pass. An SAE's hook is on its
-    site; a transcoder's reads its input site and changes its output site."""
-    import torch
-
-    bad = [edit.feature for edit in edits if not 0 <= edit.feature < sae.d_sae]
-    if bad:
-        raise usage_error(f"feature {bad[0]}: the SAE {sae.path} has features 0 to {sae.d_sae - 1}")
-    clamps = [edit for edit in edits if edit.value is not None]
-    steer = sum((edit.strength * sae.weights["W_dec"][edit.feature] for edit in edits if edit.strength is not None),
-                torch.zeros(sae.d_out))
-    seen: dict[str, Tensor] = {}
-
-    def change(x: Tensor) -> Tensor:
-        """The change to what the SAE stands for, (B, T, d_out), from its input rows x (B, T, d_in)."""
-        delta = steer.to(x.device).expand(*x.shape[:-1], -1)
-        if clamps:
-            features = sae.encode(x)
-            edited = features.clone()
-            for edit in clamps:
-                edited[..., edit.feature] = edit.value
-            delta = delta + sae.decode(edited, x) - sae.decode(features, x)
-        return delta
-
-    if not sae.site_out:
-        return {sae.site: lambda value: put_rows(sae, value, (site_rows(sae, value).float()
-                                                              + change(site_rows(sae, value).float())))}
-
-    def read(value: Tensor) -> None:
-        seen["x"] = site_rows(sae, value).float()
-
-    def write(value: Tensor) -> Tensor:
-        return (value.flatten(2).float() + change(seen.pop("x"))).reshape(value.shape).to(value.dtype)
-
-    return {sae.site: read, sae.site_out: write}
-
-
 # ------------------------------------------------------------------------------------------ direct effects
 
 RESIDUAL_LEAVES = ("resid_pre", "resid_mid", "resid_post", "attn.out", "mlp.out", "attn_output_norm.out",

@@ -130,14 +130,10 @@ def train(
     stdin = str(file) == "-"  # --file - reads the texts of stdin, as a command's `-` argument does
     texts = ([item.text for item in chunk] for chunk in inputs(["-"] if stdin else None, None if stdin else file)
              .batches(64))
-    try:
-        with session_of(source, run, None, "the SAE learns a random model's activations") as session:
-            tokenizer, model = session.tokenizer, session.model
-            with session.progress("sae train", "tokens") as progress:
-                result = core.train(model, tokenizer, texts, options, out, checkpoint, progress)
-    except KeyboardInterrupt:
-        warn("interrupted before the first step: nothing saved")
-        raise typer.Exit(130) from None
+    with session_of(source, run, None, "the SAE learns a random model's activations",
+                    unfinished="before the first step: nothing saved") as session:
+        with session.progress("sae train", "tokens") as progress:
+            result = core.train(session.model, session.tokenizer, texts, options, out, checkpoint, progress)
     if result.ran_out:
         warn(f"the corpus ran out after {result.tokens:,} training tokens, before --tokens {options.tokens:,}")
     from rich.text import Text

@@ -96,17 +96,25 @@ def warn_spacing(tokenizer: Tokenizer, target: str | None, foil: str | None) -> 
             warn(hint)
 
 @contextlib.contextmanager
-def session_of(source: Source, run: RunOptions, ray: Any = None, random_means: str | None = None
-               ) -> Iterator[Session]:
+def session_of(source: Source, run: RunOptions, ray: Any = None, random_means: str | None = None,
+               unfinished: str | None = None) -> Iterator[Session]:
     """The command's session (tfcli.runner.Session) on the resolved `source`: its tokenizer, loaded when first asked
     for (`tokenizer_of`), its model, built when first asked for (`build`, with `random_means`), a progress display per
-    stage (`count_bar`), and with `ray` (checked settings, or None) the Ray workers, started by the first run."""
+    stage (`count_bar`), and with `ray` (checked settings, or None) the Ray workers, started by the first run. A
+    Ctrl-C that no stage kept anything of (a KeyboardInterrupt out of the session), with `unfinished` (what is then
+    lost), is said and exits 130."""
     from tfcli import runner
 
     cluster = None if ray is None else runner.Cluster(ray, run.spec(), note)
-    with runner.Session(source.config, lambda: tokenizer_of(source), lambda: build(source, run, random_means),
-                        runner.Display(count_bar, with_progress, warn, note), cluster) as session:
-        yield session
+    try:
+        with runner.Session(source.config, lambda: tokenizer_of(source), lambda: build(source, run, random_means),
+                            runner.Display(count_bar, with_progress, warn, note), cluster) as session:
+            yield session
+    except KeyboardInterrupt:
+        if unfinished is None:
+            raise
+        warn(f"interrupted {unfinished}")
+        raise typer.Exit(130) from None
 
 
 def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, views: tuple[View, View],
