@@ -270,10 +270,10 @@ def test_the_views_and_the_page_come_from_the_runner(gpt2, tmp_path, monkeypatch
     assert section["mean"] == pytest.approx(by_hand(hf, TEXTS[0]), abs=1e-4)
 
 
-def test_ctrl_c_keeps_the_texts_finished(gpt2, tmp_path, monkeypatch):
-    path, hf = gpt2
+def interrupt_at_the_third(monkeypatch, analysis) -> None:
+    """Ctrl-C (a KeyboardInterrupt) as `analysis`'s third item runs: the two before it finished."""
     seen = []
-    results = ResidualNorm.results
+    results = analysis.results
 
     def interrupted(self, model, tokenizer, items, progress):
         for result in results(self, model, tokenizer, items, progress):
@@ -281,7 +281,12 @@ def test_ctrl_c_keeps_the_texts_finished(gpt2, tmp_path, monkeypatch):
             if len(seen) == 3:
                 raise KeyboardInterrupt
             yield result
-    monkeypatch.setattr(ResidualNorm, "results", interrupted)
+    monkeypatch.setattr(analysis, "results", interrupted)
+
+
+def test_ctrl_c_keeps_the_texts_finished(gpt2, tmp_path, monkeypatch):
+    path, hf = gpt2
+    interrupt_at_the_third(monkeypatch, ResidualNorm)
     result = invoke("-m", str(path), "--json", *TEXTS, *TEXTS)
     assert result.exit_code == 130 and "interrupted: 2 texts finished; the aggregate is theirs" in result.stderr
     [aggregate] = [json.loads(line) for line in result.stdout.splitlines()]
@@ -386,16 +391,7 @@ def test_a_second_stage_measures_what_the_first_picked_over_a_text_and_a_dataset
 
 def test_ctrl_c_in_the_first_stage_measures_the_texts_it_finished(gpt2, monkeypatch):
     path, hf = gpt2
-    seen = []
-    results = ResidualNorm.results
-
-    def interrupted(self, model, tokenizer, items, progress):
-        for result in results(self, model, tokenizer, items, progress):
-            seen.append(result.line)
-            if len(seen) == 3:
-                raise KeyboardInterrupt
-            yield result
-    monkeypatch.setattr(ResidualNorm, "results", interrupted)
+    interrupt_at_the_third(monkeypatch, ResidualNorm)
     result = invoke("-m", str(path), "--json", "--top", "2", *TEXTS, *TEXTS)
     assert result.exit_code == 130 and "interrupted: 2 texts finished; the aggregate is theirs" in result.stderr
     [aggregate] = [json.loads(line) for line in result.stdout.splitlines()]
@@ -406,24 +402,14 @@ def test_ctrl_c_in_the_first_stage_measures_the_texts_it_finished(gpt2, monkeypa
 
 def test_ctrl_c_in_the_second_stage_keeps_the_first_and_what_the_second_finished(gpt2, monkeypatch):
     path, hf = gpt2
-    seen = []
-    results = PositionNorms.results
-
-    def interrupted(self, model, tokenizer, items, progress):
-        for result in results(self, model, tokenizer, items, progress):
-            seen.append(result.line)
-            if len(seen) == 3:
-                raise KeyboardInterrupt
-            yield result
-    monkeypatch.setattr(PositionNorms, "results", interrupted)
+    interrupt_at_the_third(monkeypatch, PositionNorms)
     result = invoke("-m", str(path), "--json", "--top", "2", *TEXTS, *TEXTS)
     assert result.exit_code == 130 and "interrupted: 6 texts finished; the aggregate is theirs" in result.stderr
     [aggregate] = [json.loads(line) for line in result.stdout.splitlines()]
-    picked, _ = expected(hf, TEXTS * 2, 2)
-    _, measured = expected(hf, TEXTS[:2], 2)  # the second stage's mean is over the 2 texts it finished
+    picked, _ = expected(hf, TEXTS * 2, 2)  # the blocks the first stage picked over all 6 texts
     over = torch.tensor([by_hand_over_positions(hf, text) for text in TEXTS[:2]], dtype=torch.float64).mean(0)
     assert aggregate["n"] == 6 and aggregate["measured_n"] == 2 and aggregate["picked"] == picked
-    assert aggregate["measured"] == pytest.approx([float(over[b]) for b in picked], abs=1e-4)
+    assert aggregate["measured"] == pytest.approx([float(over[b]) for b in picked], abs=1e-4)  # over the 2 finished
 
 
 def test_both_stages_run_on_one_pool_of_ray_workers(gpt2, tmp_path):
