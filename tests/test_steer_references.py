@@ -21,22 +21,24 @@ import numpy
 import pytest
 import torch
 
+import transformers as T
+from typer.testing import CliRunner
+
+import tfcli
+from conftest import LazyModule
+from tfcli.analysis.vectors import load_vector, write_vector
+from tfcli.cli import app
+from tfcli.steer import steering_hooks
+
 if not hasattr(numpy, "float_"):
     numpy.float_ = numpy.float64  # repeng 0.4.0 names np.float_ (gone in numpy 2) in an annotation
 
-repeng = pytest.importorskip("repeng", reason="repeng 0.4.0 is not installed: "
-                             "pip install --no-deps -c constraints.txt repeng steering-vectors")
-steering_vectors = pytest.importorskip("steering_vectors", reason="steering-vectors 0.12 is not installed: "
-                                       "pip install --no-deps -c constraints.txt repeng steering-vectors")
-pytest.importorskip("sklearn", reason="scikit-learn (repeng's PCA) is not installed")
-
-import transformers as T  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
-
-import tfcli  # noqa: E402
-from tfcli.analysis.vectors import load_vector, write_vector  # noqa: E402
-from tfcli.cli import app  # noqa: E402
-from tfcli.steer import steering_hooks  # noqa: E402
+# imported by the first test that uses them (conftest's LazyModule): seconds that the other test process never spends
+repeng = LazyModule("repeng", "repeng 0.4.0 is not installed: "
+                    "pip install --no-deps -c constraints.txt repeng steering-vectors")
+steering_vectors = LazyModule("steering_vectors", "steering-vectors 0.12 is not installed: "
+                              "pip install --no-deps -c constraints.txt repeng steering-vectors")
+LazyModule("sklearn", "scikit-learn (repeng's PCA) is not installed")
 
 STATEMENTS = ["I went to the park", "The weather today is", "My friend called me and", "Tell me about your day",
               "I just finished work", "Dinner tonight was", "The train was late again", "We talked for hours"]
