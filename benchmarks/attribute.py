@@ -2,10 +2,11 @@
 
     python benchmarks/attribute.py [--model SRC] [--runs N] [--by component|head|neuron]
 
-Both run their core pipeline (tfcli.encode.run with its defaults, tfcli.attribute.run) on the same tokenized text,
-warmed up, in turns, so that load from other processes hits both alike; printed: each one's time, min-max (median)
-over the runs, and the run-by-run ratio attribute / encode (target <= 1.3), with the load average. Default model:
-the bundled gpt2-small (random weights: the cost does not depend on them) and a 45-token sentence.
+Both run their core pipeline (tfcli.commands.encode.core.run with its defaults, tfcli.commands.attribute.core.run) on
+the same tokenized text, warmed up, in turns, so that load from other processes hits both alike; printed: each one's
+time, min-max (median) over the runs, and the run-by-run ratio attribute / encode (target <= 1.3), with the load
+average. Default model: the bundled gpt2-small (random weights: the cost does not depend on them) and a 45-token
+sentence.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import tfcli
-    from tfcli import attribute, encode
+    from tfcli.commands.attribute import core as attribute
+    from tfcli.commands.encode import core as encode
 
     model, tokenizer = tfcli.load_model(args.model), tfcli.load_tokenizer(args.model)
     encodings = tokenizer.encode([TEXT])

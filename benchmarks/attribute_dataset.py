@@ -38,7 +38,7 @@ TARGET = 1.3
 
 def ioi_prompts(gguf: str, config, tokenizer, n: int):
     """The first N lines of `tfcli task ioi --seed 0` as the CLI reads a --dataset line for attribute."""
-    from tfcli import attribute
+    from tfcli.commands.attribute import core as attribute
     from tfcli.analysis.dataset import lines_of
 
     out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "tfcli"), "task", "ioi", "-m", gguf,
@@ -79,7 +79,7 @@ def main() -> None:
     import torch
 
     import tfcli
-    from tfcli import attribute
+    from tfcli.commands.attribute import core as attribute
     from tfcli.analysis.inputs import padded
 
     before = load_average()

@@ -36,7 +36,9 @@ import json, os, statistics, sys, time
 sys.path.insert(0, sys.argv[1])  # this script's folder: the other benchmarks' texts and builders
 import torch
 import tfcli
-from tfcli import attribute, heads, patch
+from tfcli.commands.attribute import core as attribute
+from tfcli.commands.heads import core as heads
+from tfcli.commands.patch import core as patch
 from attribute import TEXT
 from heads import corpus
 from patch import CLEAN, CORRUPT, build

@@ -78,7 +78,7 @@ def against_forward_backward(args) -> None:
     import torch
 
     import tfcli
-    from tfcli import circuit
+    from tfcli.commands.circuit import core as circuit
     from tfcli.analysis.dataset import lines_of
     from tfcli.analysis.pairs import PAIR_LINE, check_pair
 
@@ -124,7 +124,7 @@ def against_transformerlens(args) -> None:
     import transformers
 
     import tfcli
-    from tfcli.analysis import edges
+    from tfcli.commands.circuit import edges
 
     if not TL4.is_dir():
         print(f"TransformerLens 4.3 is not in {TL4}: pip install --no-deps --target .references/tl4 "

@@ -184,7 +184,7 @@ def profile(model, run) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile as profiled
 
-    from tfcli.analysis import patching
+    from tfcli.commands.patch import patching
 
     block_macs = sum(m.weight.numel() for m in model.output_stack.blocks[0].modules()
                      if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Linear")
@@ -258,8 +258,8 @@ def main() -> None:
     if args.cpu_time:
         torch.set_num_threads(1)
         CLOCK = time.process_time
-    from tfcli import patch
-    from tfcli.patch.results import columns_of
+    from tfcli.commands.patch import core as patch
+    from tfcli.commands.patch.results import columns_of
 
     before = load_average()
     print(machine(in_process=True))

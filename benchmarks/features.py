@@ -60,7 +60,8 @@ def main() -> None:
     import torch
 
     import tfcli
-    from tfcli import features, runner
+    from tfcli import runner
+    from tfcli.commands.features import core as features
     from tfcli.analysis.dataset import Dataset, line_of
     from tfcli.analysis.inputs import padded
     from tfcli.analysis.sae import check_fit, read_sae

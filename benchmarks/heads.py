@@ -5,10 +5,10 @@
 
 Throughput: the bundled `bert-base` (random weights: the cost does not depend on them) and transformers' BertModel
 with the same config (eager attention: the only one that returns the weights), on a synthetic corpus of `--lines`
-sentences of 5-40 words; tfcli.heads.run with every detector against transformers' forward on exactly the padded
-batches tfcli runs (length-sorted, 32 texts), in turns, warmed up. Printed: texts per second of each, min-max
-(median) over the runs, and the run-by-run ratio tfcli / transformers (target >= 0.8). Memory: `tfcli heads --file`
-as a whole process on the first SMALL and LARGE lines (default 200 and 2,000): peak RSS of each (target: the same).
+sentences of 5-40 words; tfcli.commands.heads.core.run with every detector against transformers' forward on exactly the
+padded batches tfcli runs (length-sorted, 32 texts), in turns, warmed up. Printed: texts per second of each, min-max
+(median) over the runs, and the run-by-run ratio tfcli / transformers (target >= 0.8). Memory: `tfcli heads --file` as a
+whole process on the first SMALL and LARGE lines (default 200 and 2,000): peak RSS of each (target: the same).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main() -> None:
     from transformers import BertConfig, BertModel
 
     import tfcli
-    from tfcli import heads
+    from tfcli.commands.heads import core as heads
     from tfcli.runner import CHUNK
 
     model, tokenizer = tfcli.load_model("bert-base"), tfcli.load_tokenizer("bert-base")

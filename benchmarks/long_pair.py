@@ -44,7 +44,7 @@ def main() -> None:
     import torch
 
     import tfcli
-    from tfcli import patch
+    from tfcli.commands.patch import core as patch
 
     before = load_average()
     print(machine(in_process=True))

@@ -120,7 +120,7 @@ def main() -> None:
     import torch
 
     import tfcli
-    from tfcli import patch
+    from tfcli.commands.patch import core as patch
 
     def sync() -> None:
         if args.device.startswith("cuda"):

@@ -65,7 +65,7 @@ def main() -> None:
     import torch
 
     import tfcli
-    from tfcli.analysis import sae_train as core
+    from tfcli.commands.sae import core
 
     before = load_average()
     print(machine(in_process=True))

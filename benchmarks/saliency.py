@@ -45,7 +45,7 @@ def main() -> None:
     from captum.attr import LayerIntegratedGradients
 
     import tfcli
-    from tfcli import saliency
+    from tfcli.commands.saliency import core as saliency
     from tfcli.analysis.dataset import line_of
 
     before = load_average()
@@ -108,7 +108,7 @@ NAMES = [" Mary", " John", " Anna", " Peter", " Sarah", " David", " Laura", " Ja
 def batched_against_alone(model, tokenizer, options, args) -> None:
     """--texts N: the prompt with other pairs of names (those of as many tokens), through SaliencyAnalysis.results
     (texts of one length share their passes) against run_prompt on each, in turns."""
-    from tfcli import saliency
+    from tfcli.commands.saliency import core as saliency
     from tfcli.analysis.dataset import line_of
 
     analysis = saliency.SaliencyAnalysis(options)

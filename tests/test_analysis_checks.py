@@ -30,7 +30,8 @@ import pytest
 import torch
 
 import tfcli
-from tfcli import attribute, patch
+from tfcli.commands.attribute import core as attribute
+from tfcli.commands.patch import core as patch
 from tfcli.model import sites
 
 CLEAN = [5, 17, 42, 8, 77, 9, 60, 11]

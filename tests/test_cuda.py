@@ -63,7 +63,7 @@ def encoder_checkpoints(tmp_path, save_hf_model) -> dict[str, object]:
 
 
 def test_compare_runs_both_models_on_the_gpu(tmp_path, save_hf_model):
-    from tfcli import compare
+    from tfcli.commands.compare import core as compare
 
     models = compare.load(str(encoder_checkpoints(tmp_path, save_hf_model)["bert"]), device="cuda")
     assert {p.device.type for p in models.ours.parameters()} == {p.device.type for p in models.theirs.parameters()} \

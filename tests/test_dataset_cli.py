@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from tfcli import patch
+from tfcli.commands.patch import core as patch
 
 NAMES = ["mary", "john", "tom", "james", "anna", "sarah", "david", "paul", "mark", "kate"]
 PLACES = ["store", "park", "school", "office"]

@@ -19,12 +19,13 @@ import pytest
 import torch
 
 import tfcli
-from tfcli import patch, runner
+from tfcli import runner
+from tfcli.commands.patch import core as patch
 from tfcli.analysis.dataset import Dataset, Done, lines_of, ratio_of_means
 from tfcli.analysis.names import KINDS
 from tfcli.analysis.pairs import PAIR_LINE, check_pair
 from tfcli.errors import TfcliError
-from tfcli.patch.results import columns_of, none_to_nan
+from tfcli.commands.patch.results import columns_of, none_to_nan
 
 ALL_KINDS = ("resid", "attn", "mlp", "heads", "heads-by-position", "q", "k", "v", "pattern")
 SIZES = dict(vocab_size=30522, bos_token_id=101, eos_token_id=102, pad_token_id=0)  # BERT's [CLS] and [SEP]

@@ -67,7 +67,7 @@ def test_same_seed_same_saved_tensors(cli, config, tmp_path):
 def test_same_numbers_across_thread_counts(config):
     import torch
 
-    from tfcli import encode
+    from tfcli.commands.encode import core as encode
     from tfcli.api import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(str(config), seed=5)

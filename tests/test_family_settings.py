@@ -1,6 +1,6 @@
 """No silent misloads: for each family, every config setting that changes what transformers computes, set
 away from its default, either loads with parity (fp32, every hidden state, attention map and the logits,
-through `tfcli.compare`) or is refused with an error that names the setting.
+through `tfcli.commands.compare.core`) or is refused with an error that names the setting.
 
 Also the loader's rule: a checkpoint tensor is never dropped unless it equals the tensor read in its place.
 """
@@ -116,7 +116,7 @@ def checkpoint(tmp_path, save_hf_model):
 
 def parity(path) -> dict[str, float]:
     """tfcli against transformers on the saved checkpoint: max abs difference per tensor."""
-    from tfcli import compare
+    from tfcli.commands.compare import core as compare
     from tfcli.api import build_model
     from tfcli.sources import resolve_source
 

@@ -23,7 +23,7 @@ import torch
 
 import tfcli
 from conftest import LazyModule
-from tfcli import features as core
+from tfcli.commands.features import core
 from tfcli.analysis.dataset import line_of
 from tfcli.analysis.sae import check_fit, fit, read_sae
 from tfcli.api import load_tokenizer_for

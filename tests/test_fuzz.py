@@ -162,8 +162,8 @@ def test_truncation_matches_the_backend(text, max_length):
 @FAST
 @given(batch=st.lists(texts.filter(str.strip), min_size=1, max_size=3))
 def test_random_unicode_through_encode(batch):
-    from tfcli import encode
-    from tfcli.render.encode import record as json_record
+    from tfcli.commands.encode import core as encode
+    from tfcli.commands.encode.render import record as json_record
 
     model, tokenizer = tiny_model()
     options = encode.EncodeOptions(top_k=2)

@@ -30,7 +30,7 @@ import transformers as T  # noqa: E402
 import tfcli  # noqa: E402
 from tfcli.checkpoints import read_hf_config  # noqa: E402
 from tfcli.checkpoints import gguf as tfcli_gguf  # noqa: E402
-from tfcli.compare import compare_with  # noqa: E402
+from tfcli.commands.compare.core import compare_with  # noqa: E402
 from tfcli.sources import resolve_source  # noqa: E402
 
 TOLERANCE = 1e-4

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import tfcli
-from tfcli import heads
+from tfcli.commands.heads import core as heads
 from tfcli.runner import CHUNK
 
 TEXTS = ["the cat sat on the mat and the cat ran", "a b a b c", "hello", "one two one two one two three"]
@@ -314,7 +314,7 @@ def test_views_fit_and_cut_nothing(cli, tiny_decoder, width, color):
 
 
 def test_wide_heads_grid_goes_on_in_pages():
-    from tfcli.render import heads as render
+    from tfcli.commands.heads import render
     from tfcli.render.layout import screen_text
 
     result = heads.Heads(3, ["previous"], [f"L{i}" for i in range(4)], 40,
@@ -328,7 +328,7 @@ def test_wide_heads_grid_goes_on_in_pages():
 def test_a_wrapped_top_list_stays_under_its_first_head():
     """entropy's top heads, wider with their unit, wrap at 60 columns: the second line starts under the first head,
     not at the margin, where it read as a line of its own."""
-    from tfcli.render import heads as render
+    from tfcli.commands.heads import render
     from tfcli.render.layout import screen_text
 
     scores = [[0.01 * (i * 9 + h) for h in range(9)] for i in range(4)]
@@ -356,7 +356,7 @@ def test_each_grid_is_scaled_to_its_own_largest_in_the_terminal_the_page_and_the
     """A detector's grid is shaded from 0 to its own largest score (not 0 to 1, where the duplicate-token grid of a
     real run, largest 0.05, was all but blank), and every view says that largest: the grid's title in the terminal,
     the page's data (its legend, in the browser test), the figure's colour bar."""
-    from tfcli.render import heads as render
+    from tfcli.commands.heads import render
     from tfcli.render.layout import screen_text
     from tfcli.render.run_info import RunInfo
 
@@ -384,7 +384,7 @@ def test_each_grid_is_scaled_to_its_own_largest_in_the_terminal_the_page_and_the
 
 def test_the_page_lists_each_detectors_top_heads_as_the_terminal_does(tiny_decoder):
     """The page's data holds, per detector, the run's --top heads with their scores: the terminal's `top:` line."""
-    from tfcli.render import heads as render
+    from tfcli.commands.heads import render
     from tfcli.render.layout import screen_text
 
     model, tokenizer = tfcli.load_model(str(tiny_decoder)), tfcli.load_tokenizer(str(tiny_decoder))

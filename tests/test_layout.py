@@ -3,9 +3,10 @@ module imports from a layer above its own, nor takes part in an import cycle. Ev
 functions, and under `if TYPE_CHECKING:` too (such an import never runs, but the module's signatures speak of
 the other module's types, so it depends on it all the same). No module is named like a standard-library one.
 
-A module that outgrows its file becomes a package of the same name (tfcli/tokenizer/, tfcli/patch/): each module in
-it is in the package's layer, so a command's package is all of that command's core, and its modules import each
-other (a command still imports no other command's)."""
+Each command is one package, `tfcli/commands/<command>/`, holding its three layers by module name: its core
+(`core.py` and any other module: its file formats, its engines), its renderer (`render.py`, and `render_*.py`
+helpers) and its command line (`cli.py`). No module of a command imports another command's: what two commands
+share lives in `analysis/` (or below), and everything there is shared."""
 
 from __future__ import annotations
 
@@ -45,21 +46,26 @@ ALLOWED = {
 
 
 def layer(module: str) -> str:
-    """tfcli.model.attention -> model, tfcli.encode -> command, tfcli.patch.results -> command, tfcli.render.encode ->
-    render, ..."""
+    """tfcli.model.attention -> model, tfcli.commands.encode.core -> command, tfcli.commands.patch.results ->
+    command, tfcli.commands.encode.render -> render, tfcli.commands.patch.render_grids -> render,
+    tfcli.commands.encode.cli -> cli, ..."""
     parts = module.split(".")
     if parts[-1] in ("tfcli", "__main__"):
         return "package"
-    if parts[1] in COMMANDS:
-        return "command"
+    if parts[1] == "commands":
+        name = parts[3] if len(parts) > 3 else ""
+        return "cli" if name == "cli" else "render" if name == "render" or name.startswith("render_") else "command"
     return parts[1]
 
 
-# the core of each command: a top-level module, or package (tfcli/patch/), with a renderer of the same name
-# (tfcli/render/config.py renders `tfcli config`, whose core is api.describe: tfcli/config.py is the config layer)
-COMMANDS = {path.stem for path in (PACKAGE / "render").glob("*.py")
-            if ((PACKAGE / path.name).is_file() or (PACKAGE / path.stem / "__init__.py").is_file())
-            and path.stem not in ALLOWED and not path.stem.startswith("_")}
+def command_of(module: str) -> str | None:
+    """tfcli.commands.patch.results -> patch; None outside tfcli/commands/."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "commands" else None
+
+
+# every command's package (tfcli/commands/config/ renders `tfcli config`, whose core is api.describe)
+COMMANDS = {path.parent.name for path in (PACKAGE / "commands").glob("*/__init__.py")}
 
 
 def modules() -> dict[str, Path]:
@@ -71,7 +77,8 @@ def modules() -> dict[str, Path]:
 
 
 def imports(path: Path, known: set[str]) -> set[str]:
-    """The tfcli modules a file imports, anywhere in it (`from tfcli import encode` counts as tfcli.encode)."""
+    """The tfcli modules a file imports, anywhere in it (`from tfcli import encode` counts as
+    tfcli.commands.encode.core)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found = set()
     for node in ast.walk(tree):
@@ -100,11 +107,24 @@ def test_no_module_imports_from_a_layer_above_it():
 
 
 def test_commands_are_leaves():
-    """No command's core module imports another's: what two commands share lives in `analysis/` (or below). The
-    modules of one command's package (tfcli/patch/) import each other."""
+    """No module of a command (core, renderer or command line) imports another command's: what two commands share
+    lives in `analysis/` (or below). The modules of one command's package import each other. Only `tfcli/cli/`'s
+    `__init__` imports every command's `cli`, which registers it."""
     crossing = [f"{source} imports {target}" for source, targets in graph().items() for target in targets
-                if layer(source) == layer(target) == "command" and source.split(".")[1] != target.split(".")[1]]
+                if command_of(target) and command_of(source) != command_of(target) and source != "tfcli.cli"]
     assert crossing == []
+
+
+def test_analysis_holds_only_what_two_commands_share():
+    """A module of `analysis/` is used by two commands or more (or by the runner, the model or another shared
+    module): a module only one command uses belongs in that command's package."""
+    edges = graph()
+    users = {name: set() for name in edges if name.startswith("tfcli.analysis.")}
+    for source, targets in edges.items():
+        for target in targets & set(users):
+            users[target].add(command_of(source) or source)
+    alone = [f"{name}: only {sorted(who)}" for name, who in users.items() if len(who) < 2]
+    assert alone == []
 
 
 def test_no_import_cycle():
@@ -128,14 +148,16 @@ def test_no_import_cycle():
 
 def test_the_checks_see_what_they_check():
     """The graph is not empty and knows the edges the flow is made of (so the checks above can fail)."""
-    assert {"tokens", "encode", "classify", "generate", "compare", "attribute", "patch", "heads"} <= COMMANDS
-    assert not COMMANDS & {"config", "render", "model", "analysis", "__init__"}
+    assert {"tokens", "encode", "classify", "generate", "compare", "attribute", "patch", "heads", "sae",
+            "task"} <= COMMANDS
     edges = graph()
     assert "tfcli.config" in edges["tfcli.sources"] and "tfcli.model.sites" in edges["tfcli.model.decoding"]
-    assert "tfcli.encode" in edges["tfcli.cli.see"]  # imported inside the command function
+    assert "tfcli.commands.encode.core" in edges["tfcli.commands.encode.cli"]  # imported inside the command function
     assert "tfcli.render.run_info" in edges["tfcli.render.figure"]  # imported under `if TYPE_CHECKING:`
-    assert layer("tfcli.render.encode") == "render" and layer("tfcli.encode") == "command"
-    assert "tfcli.patch.results" in edges["tfcli.patch"] and layer("tfcli.patch.results") == "command"  # a package
+    assert layer("tfcli.commands.encode.render") == "render" and layer("tfcli.commands.encode.core") == "command"
+    assert layer("tfcli.commands.patch.render_grids") == "render" and layer("tfcli.commands.patch.cli") == "cli"
+    assert "tfcli.commands.patch.results" in edges["tfcli.commands.patch.core"]
+    assert layer("tfcli.commands.patch.results") == "command" and command_of("tfcli.commands.patch.results") == "patch"
 
 
 def test_no_module_is_named_like_a_standard_library_module():
@@ -165,7 +187,8 @@ def command_functions(path: Path) -> list[tuple[ast.FunctionDef, set[str], bool]
 
 
 def function_imports(node: ast.AST) -> set[str]:
-    """The tfcli modules imported inside `node` (`from tfcli import patch as core` counts as tfcli.patch)."""
+    """The tfcli modules imported inside `node` (`from tfcli import patch as core` counts as
+    tfcli.commands.patch.core)."""
     found = set()
     for inner in ast.walk(node):
         if isinstance(inner, ast.ImportFrom) and inner.module and inner.level == 0:
@@ -175,40 +198,39 @@ def function_imports(node: ast.AST) -> set[str]:
     return {name for name in found if name in modules() and name != "tfcli"}
 
 
-def test_a_cli_module_imports_only_the_cores_of_the_commands_it_declares():
-    """Each command imports one core (its own); a module of the command line imports no core that none of its
-    commands is about (what two commands share lives in `analysis/`, or in the runner)."""
-    wrong = []
-    for path in sorted((PACKAGE / "cli").glob("*.py")):
-        declared = command_functions(path)
-        own = set().union(*(cores for _, cores, _ in declared)) if declared else set()
-        wrong += [f"{path.name}: {node.name} imports {sorted(cores)}" for node, cores, _ in declared if len(cores) > 1]
-        name = "tfcli.cli" if path.stem == "__init__" else f"tfcli.cli.{path.stem}"
-        wrong += [f"{path.name} imports {core}, which none of its commands is about"
-                  for core in sorted(graph()[name]) if layer(core) == "command" and core not in own]
-    assert wrong == []
+CLI_MODULES = sorted((PACKAGE / "commands").glob("*/cli.py"))
 
 
-def test_the_cli_modules_are_small_and_each_renderer_holds_its_report():
-    """Every module of the command line stays short (600 lines: what commands share goes to `cli/common.py`, the
-    runner or `analysis/`), no module of the package passes 700, and the renderer of every command that takes
-    --report holds its page section and its figure: `page_section` and `figure`, which the page and the figure find
-    by the command's name."""
+def test_every_command_is_one_package_and_the_shared_command_line_knows_none():
+    """Each command's package declares its command(s) in its `cli.py`; the shared modules of `tfcli/cli/` (the app,
+    options, session, output) import no command's module, but `__init__`, which imports every `cli.py` (one line
+    per command registers it)."""
+    assert len(CLI_MODULES) == len(COMMANDS) and all(command_functions(path) for path in CLI_MODULES)
+    knowing = [f"{source} imports {target}" for source, targets in graph().items() for target in targets
+               if source.startswith("tfcli.cli.") and command_of(target)]
+    assert knowing == []
+    registered = {target for target in graph()["tfcli.cli"] if command_of(target)}
+    assert registered == {f"tfcli.commands.{command}.cli" for command in COMMANDS}
+
+
+def test_no_module_is_long_and_each_renderer_holds_its_report():
+    """No module of the package passes 600 lines (a command's package grows another module instead), and the
+    renderer of every command that takes --report holds its page section and its figure: `page_section` and
+    `figure`, which the page and the figure find by the command's name (`tfcli.commands.<command>.render`)."""
     too_long = [f"{path.relative_to(ROOT)}: {count} lines" for path in sorted(PACKAGE.rglob("*.py"))
-                if (count := len(path.read_text(encoding="utf-8").splitlines())) >
-                (600 if path.parent.name == "cli" else 700)]
+                if (count := len(path.read_text(encoding="utf-8").splitlines())) > 600]
     assert too_long == []
-    reporting = {core.split(".")[-1] for path in (PACKAGE / "cli").glob("*.py")
+    reporting = {command_of(core) for path in CLI_MODULES
                  for _, cores, report in command_functions(path) if report for core in cores}
     assert {"encode", "classify", "generate", "attribute", "patch", "heads", "steer"} <= reporting
     missing = []
     for command in sorted(reporting):
-        path = PACKAGE / "render" / f"{command}.py"
+        path = PACKAGE / "commands" / command / "render.py"
         defined = {node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
                    if isinstance(node, ast.FunctionDef)}
-        missing += [f"render/{command}.py: {name}" for name in ("page_section", "figure") if name not in defined]
+        missing += [f"{command}/render.py: {name}" for name in ("page_section", "figure") if name not in defined]
         if "dataset_lines" in defined:  # a view of a dataset's aggregate: its own page and figure
-            missing += [f"render/{command}.py: {name}" for name in ("dataset_page_section", "dataset_figure")
+            missing += [f"{command}/render.py: {name}" for name in ("dataset_page_section", "dataset_figure")
                         if name not in defined]
     assert missing == []
 
@@ -218,11 +240,11 @@ def test_the_options_every_command_shares_are_declared_once():
     command from `@shared_options` (tfcli/cli/options.py), never declared again in its signature."""
     from tfcli.cli.options import DATASET, SHARED
 
-    again = [f"{path.name}: {node.name} declares {arg.arg}" for path in sorted((PACKAGE / "cli").glob("*.py"))
+    again = [f"{path.parent.name}/cli.py: {node.name} declares {arg.arg}" for path in CLI_MODULES
              for node, _, _ in command_functions(path)
              for arg in node.args.args + node.args.kwonlyargs if arg.arg in SHARED | DATASET]
     assert again == []
-    every = [node.name for path in sorted((PACKAGE / "cli").glob("*.py")) for node, _, _ in command_functions(path)]
+    every = [node.name for path in CLI_MODULES for node, _, _ in command_functions(path)]
     assert len(every) >= 12 and "heads" in every  # the check sees the commands
 
 
@@ -278,7 +300,18 @@ def test_options_are_built_by_name():
         options = getattr(importlib.import_module(module), node.name)
         kinds = {parameter.kind for parameter in inspect.signature(options).parameters.values()}
         assert kinds <= {inspect.Parameter.KEYWORD_ONLY}, f"{module}.{node.name}"
-    from tfcli.patch import PatchOptions
+    from tfcli.commands.patch.core import PatchOptions
 
     with pytest.raises(TypeError, match="positional argument"):
         PatchOptions("#40", "#13")
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages a wheel holds (tfcli.configs is mapped from configs/): every folder of the
+    package with an `__init__.py`, a new command's package among them, or an install from PyPI would lack it while
+    the editable install the tests run on still finds it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    found = {".".join(("tfcli", *path.parent.relative_to(PACKAGE).parts)) for path in PACKAGE.rglob("__init__.py")}
+    assert listed == found | {"tfcli.configs"}

@@ -313,7 +313,7 @@ def test_encode_lens_leaves_an_untied_head_plain_and_it_packs_when_used_again(ya
     """encode's logit lens runs its products `kept_plain`: however many chunks it makes, an untied head stays plain
     (a single encode would hold the plain and the packed head at once for a burst packing does not repay); the
     products outside count as before, so a head used again and again still packs on its third."""
-    from tfcli.encode import lens_rows
+    from tfcli.commands.encode.core import lens_rows
 
     model = yaml_model(TINY_DECODER.replace("tie_word_embeddings: true", "tie_word_embeddings: false"))
     head = model.get_submodule("head.unembed")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tfcli
-from tfcli import patch
+from tfcli.commands.patch import core as patch
 
 CLEAN = [5, 17, 42, 8, 77, 9, 60, 11]
 CORRUPT = [5, 17, 43, 8, 78, 9, 60, 11]  # two positions differ
@@ -569,7 +569,7 @@ def test_head_sites_equal_patching_by_hand_on_transformers_modules(name, checkpo
 def counting_runs(monkeypatch):
     """Counts what the sweeps run: the fast sweep's patched rows and the positions each covers (rows x positions),
     the naive sweep's whole passes, and the positions each cached run (clean, corrupt) covers."""
-    from tfcli.analysis import patching
+    from tfcli.commands.patch import patching
     from tfcli.model import TransformerModel
 
     counted = {"rows": 0, "row_positions": 0, "passes": 0, "cached": []}
@@ -786,7 +786,7 @@ def test_the_first_view_leaves_out_what_is_all_but_0_and_full_shows_it(cli, peak
 
 
 def test_a_grid_with_nothing_to_show_is_one_line(checkpoints):
-    from tfcli.render import patch as render
+    from tfcli.commands.patch import render
     from tfcli.render.layout import screen_text
 
     result, _ = swept("gpt2", checkpoints, ("resid", "heads"))
@@ -844,8 +844,8 @@ def test_the_figure_keeps_the_colour_bar_clear_of_the_caption_and_close_to_the_g
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from tfcli.analysis.metric import Token
-    from tfcli.patch.results import Patching
-    from tfcli.render import patch as render
+    from tfcli.commands.patch.results import Patching
+    from tfcli.commands.patch import render
     from tfcli.render.figure import STYLE
     from tfcli.render.run_info import RunInfo
 

@@ -149,7 +149,7 @@ def test_heads_over_a_corpus_on_the_cluster_equals_one_process(cli, cluster, mod
     for a, b in zip(one, spread):
         assert_same(a, b, [key for key in a if key in ("scores", "texts", "counts")])
     import tfcli
-    from tfcli import heads as core
+    from tfcli.commands.heads import core
     from tfcli import runner
     from tfcli.analysis.dataset import Dataset
     from tfcli.api import load_tokenizer_for
@@ -170,7 +170,7 @@ def test_heads_over_a_corpus_on_the_cluster_equals_one_process(cli, cluster, mod
 def read_pairs(path: str, dataset):
     """The model at `path`, its tokenizer and the dataset's pairs as `patch --dataset` reads them (the runner)."""
     import tfcli
-    from tfcli import patch as core
+    from tfcli.commands.patch import core
     from tfcli.api import load_tokenizer_for
     from tfcli.runner import read_dataset
     from tfcli.sources import resolve_source

@@ -256,7 +256,7 @@ def test_pdf_figure_opens_with_a_page_per_text_and_its_tokens_as_text(tmp_path, 
     assert "bad" in second and "film" not in second
 
 
-# The patch page's renderer (tfcli/data/report-patch.js) run in Node on a stand-in DOM: each element a plain object,
+# The patch page's renderer (tfcli/commands/patch/report.js) run in Node on a stand-in DOM: each element a plain object,
 # the page's text the strings appended to it. What the renderer writes, without a browser.
 PATCH_PAGE_IN_NODE = r"""
 const fs = require("fs"), vm = require("vm");
@@ -302,7 +302,7 @@ def test_the_patch_page_signs_its_numbers_as_the_terminal_does(tmp_path, tiny_de
     data.write_text(json.dumps(page_data(page)), encoding="utf-8")
     harness = tmp_path / "harness.js"
     harness.write_text(PATCH_PAGE_IN_NODE, encoding="utf-8")
-    script = Path(__file__).resolve().parent.parent / "tfcli" / "data" / "report-patch.js"
+    script = Path(__file__).resolve().parent.parent / "tfcli" / "commands" / "patch" / "report.js"
     drawn = json.loads(subprocess.run([node, str(harness), str(script), str(data)], capture_output=True, text=True,
                                       check=True).stdout)
     section = page_data(page)["sections"][0]

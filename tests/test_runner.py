@@ -252,16 +252,17 @@ def test_a_bad_line_is_named_before_any_model_is_built(gpt2, tmp_path, no_model_
 
 def test_the_views_and_the_page_come_from_the_runner(gpt2, tmp_path, monkeypatch):
     """The terminal views are the analysis's: one for an item, one for the aggregate; --report finds the renderer's page_section by the command's
-    name, as it finds tfcli's own (a renderer module here stands in for tfcli/render/norms.py)."""
+    name, as it finds tfcli's own (a renderer module here stands in for tfcli/commands/norms/render.py)."""
     path, hf = gpt2
     result = invoke("-m", str(path), "--per-item", TEXTS[0], TEXTS[1])
     assert result.exit_code == 0, result.stderr
     first, second, aggregate = result.stdout.splitlines()
     assert first.startswith("text 1 (line 1): ") and second.startswith("text 2 (line 2): ")  # each item its number
     assert aggregate.startswith("2 texts")
-    renderer = types.ModuleType("tfcli.render.norms")
+    renderer = types.ModuleType("tfcli.commands.norms.render")
     renderer.page_section = lambda run, tokenizer: {"mean": run.value.mean}
-    monkeypatch.setitem(sys.modules, "tfcli.render.norms", renderer)
+    for name in ("tfcli.commands.norms", "tfcli.commands.norms.render"):  # the package and its renderer
+        monkeypatch.setitem(sys.modules, name, renderer)
     page = tmp_path / "norms.html"
     result = invoke("-m", str(path), "--report", str(page), TEXTS[0])
     assert result.exit_code == 0, result.stderr

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tfcli.analysis import sae_train as core
+from tfcli.commands.sae import core
 
 WORDS = ("the cat sat on a mat and dog ran to park while bird sang in tree when sun rose over hill near river "
          "by old town with many people who walked past small shop that sold fresh bread each day").split()

@@ -22,11 +22,11 @@ from captum.attr import (FeatureAblation, InputXGradient, IntegratedGradients, L
                          Saliency)
 
 import tfcli  # noqa: E402
-from tfcli import saliency as core  # noqa: E402
+from tfcli.commands.saliency import core
 from tfcli.analysis.dataset import Dataset, line_of  # noqa: E402
 from tfcli.api import load_tokenizer_for  # noqa: E402
 from tfcli.render.layout import screen_text, token_label  # noqa: E402
-from tfcli.saliency.passes import Prompt  # noqa: E402
+from tfcli.commands.saliency.passes import Prompt  # noqa: E402
 from tfcli.sources import resolve_source  # noqa: E402
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -511,7 +511,7 @@ def test_the_views_keep_every_token_and_number(cli, gpt2, width):
 
 
 def test_a_view_is_laid_out_within_the_width(gpt2):
-    from tfcli.render.saliency import saliency_lines
+    from tfcli.commands.saliency.render import saliency_lines
 
     result, _ = run(gpt2, " ".join([TEXT] * 3), faithfulness=True, steps=4)
     for width in (40, 80, 120):

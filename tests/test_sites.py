@@ -455,7 +455,7 @@ def test_the_fast_patch_sweep_equals_one_pass_per_site(model_type, pair):
     scheme, mask or bias that the engine did not carry would show here, in every family. Compared in logit units
     (the normalised score times clean - corrupt), the metric before the last position of a decoder, so that the
     sweep also skips the patches after it."""
-    from tfcli import patch
+    from tfcli.commands.patch import core as patch
 
     p = pair(model_type)
     clean = [p.case.pad if i is None else i for i in IDS[0]]

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tfcli
-from tfcli import steer
+from tfcli.commands.steer import core as steer
 from tfcli.analysis.ablation import ablation
 from tfcli.analysis.dataset import Line
 from tfcli.analysis.vectors import gguf_bytes, load_vector, write_vector

@@ -28,7 +28,7 @@ import tfcli
 from conftest import LazyModule
 from tfcli.analysis.vectors import load_vector, write_vector
 from tfcli.cli import app
-from tfcli.steer import steering_hooks
+from tfcli.commands.steer.core import steering_hooks
 
 if not hasattr(numpy, "float_"):
     numpy.float_ = numpy.float64  # repeng 0.4.0 names np.float_ (gone in numpy 2) in an annotation

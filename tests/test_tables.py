@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tfcli.render.generate import probability
+from tfcli.commands.generate.render import probability
 
 SENTENCE = "The animal didn't cross the street because it was too tired"
 

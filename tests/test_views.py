@@ -12,10 +12,10 @@ import re
 import pytest
 from rich.cells import cell_len
 
-from tfcli.render import classify as classify_render
-from tfcli.render import encode as encode_render
-from tfcli.render import generate as generate_render
-from tfcli.render import tokens as tokenize_render
+from tfcli.commands.classify import render as classify_render
+from tfcli.commands.encode import render as encode_render
+from tfcli.commands.generate import render as generate_render
+from tfcli.commands.tokens import render as tokenize_render
 from tfcli.render.layout import Column, screen_text, table
 
 WIDTHS = (60, 80, 120, 200)
@@ -46,7 +46,7 @@ def text_of(tokens: int, seed: int = 0) -> str:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     """One encode report per length, every layer and head kept, the top 3 lens tokens (a tiny random model)."""
-    from tfcli import encode as core
+    from tfcli.commands.encode import core
     from tfcli.api import build_model, load_tokenizer_for
     from tfcli.sources import resolve_source
 
@@ -63,7 +63,7 @@ def mean_report(report):
     """The same report as without --heads: one mean map per layer."""
     from dataclasses import replace
 
-    from tfcli.encode import AttentionMap
+    from tfcli.commands.encode.core import AttentionMap
 
     layers = sorted({a.layer for a in report.attention})
     maps = [AttentionMap("self", layer, "mean", sum(a.weights for a in report.attention if a.layer == layer) / 2,
@@ -181,7 +181,7 @@ def test_tokenize_view(reports, length, width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_classify_view_and_its_absolute_strip(width):
-    from tfcli.classify import Classification, Explanation
+    from tfcli.commands.classify.core import Classification, Explanation
 
     tokens = [t for t in text_of(45, seed=3).split()]
     uniform = Explanation([1], tokens, [1 / len(tokens)] * len(tokens))
@@ -199,7 +199,7 @@ def test_classify_view_and_its_absolute_strip(width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_generate_view(width):
-    from tfcli.generate import Generation
+    from tfcli.commands.generate.core import Generation
     from tfcli.model.decoding import Step
     from tfcli.tokenizer.loading import load_tokenizer
 

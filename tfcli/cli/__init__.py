@@ -1,12 +1,11 @@
-"""The `tfcli` command line: each command declares and resolves its options (`options.py`), opens its session
-(`session.py`: its tokenizer, model, Ray workers, progress and Ctrl-C rule), calls its core module's pipeline
-(`tfcli/<command>.py`; tokenize's is `tfcli/tokens.py`), and prints or writes what that yields through
-`output.emit` and the renderer of the same name in `tfcli/render/`. `app.py` is the Typer app, `console.py` the
+"""The `tfcli` command line. Each command's own command line is `tfcli/commands/<command>/cli.py`: it declares and
+resolves its options (`options.py` holds the shared ones), opens its session (`session.py`: its tokenizer, model, Ray
+workers, progress and Ctrl-C rule), calls its core's pipeline (`core.py` beside it) and prints or writes what that
+yields through `output.emit` and its renderer (`render.py` beside it). `app.py` is the Typer app, `console.py` the
 messages on stderr, `progress.py` the progress display. No model logic and no pipeline live here.
 
-The commands are in `see.py` (tokenize, config, encode, compare, classify, generate: a forward pass shown) and
-`why.py` (patch, attribute, heads: what makes a model do what it does), then `task.py` (task: the datasets those
-read); importing them registers them with `app`, in the order `tfcli --help` lists them.
+Importing a command's `cli` module registers it with `app`: one line per command below, in the order `tfcli --help`
+lists them.
 
 Option ranges are checked where the options are declared; what depends on the model is checked by
 the core against the config, before any model is built, and reported with the option's name.
@@ -17,7 +16,22 @@ Results go to stdout (a console laid out for --width and --color); warnings, pro
 
 from __future__ import annotations
 
-from tfcli.cli import see, why, task, steer, saliency, circuit, features, sae  # noqa: F401  (their commands register with `app`)
+# each command registers with `app` as it is imported: one line per command, in the order `tfcli --help` lists them
+import tfcli.commands.tokens.cli  # noqa: F401
+import tfcli.commands.config.cli  # noqa: F401
+import tfcli.commands.encode.cli  # noqa: F401
+import tfcli.commands.compare.cli  # noqa: F401
+import tfcli.commands.classify.cli  # noqa: F401
+import tfcli.commands.generate.cli  # noqa: F401
+import tfcli.commands.patch.cli  # noqa: F401
+import tfcli.commands.attribute.cli  # noqa: F401
+import tfcli.commands.heads.cli  # noqa: F401
+import tfcli.commands.task.cli  # noqa: F401
+import tfcli.commands.steer.cli  # noqa: F401
+import tfcli.commands.saliency.cli  # noqa: F401
+import tfcli.commands.circuit.cli  # noqa: F401
+import tfcli.commands.features.cli  # noqa: F401
+import tfcli.commands.sae.cli  # noqa: F401
 from tfcli.cli.app import app
 
 __all__ = ["app", "main"]

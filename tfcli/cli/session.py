@@ -68,7 +68,7 @@ def pair_ids(source: Source, tokenizer: Tokenizer, clean: str, corrupt: str) -> 
     """The clean and corrupt texts' ids for the source's model (analysis.pairs.pair_inputs); when their lengths
     differ, the two tokenizations aligned on stderr before the error (its hint says how to reword)."""
     from tfcli.analysis.pairs import LengthMismatch, pair_inputs
-    from tfcli.render.patch import alignment_lines
+    from tfcli.render.pairs import alignment_lines
 
     try:
         return pair_inputs(source.config, tokenizer, clean, corrupt)
@@ -117,7 +117,7 @@ def session_of(source: Source, run: RunOptions, ray: Any = None, random_means: s
         raise typer.Exit(130) from None
 
 
-def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, views: tuple[View, View],
+def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, views: tuple[View, View | None],
                 random_means: str, after: Callable[[Session, Envelope], None] | None = None) -> None:
     """An analysis over a dataset or texts (tfcli/runner.py) in the command's session: every line read and checked
     before the model is built (a stream's first batch), then `analyse`."""
@@ -133,16 +133,18 @@ def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions
         analyse(session, analysis, dataset, source, run, views, given.per_item, after)
 
 
-def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions, views: tuple[View, View],
+def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions, views: tuple[View, View | None],
             per_item: bool = False, after: Callable[[Session, Envelope], None] | None = None) -> None:
     """The analysis's first stage over `dataset` in `session` (the model built first), each item's result shown as a
     single run shows it (--per-item: `views[0]`); `after(session, first stage's Envelope)`, the command's later
     stages on the same session (each over the items the first finished: `Envelope.dataset()`); then the aggregate
-    (`views[1]`), its JSON or view and --report. Ctrl-C in a stage ends that stage with what finished; the aggregate
-    is shown and the command exits 130 (nothing finished in the first: nothing to show)."""
+    (`views[1]`), its JSON or view and --report; without an aggregate view (None: one text given alone), the one
+    item's result, shown as a single run shows it. Ctrl-C in a stage ends that stage with what finished; the
+    aggregate is shown and the command exits 130 (nothing finished in the first: nothing to show)."""
     session.model  # built before the run: its line on stderr comes before the run's
     item_view, view = views
     shown = 0
+    results: list = []  # without an aggregate view: the one item's result
 
     def each(result) -> None:
         nonlocal shown
@@ -150,7 +152,7 @@ def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions
         if item_view.spaced and shown > 1 and not run.json_output:
             item_view.out.print()
         emit([result], item_view, run.json_output, first=shown)
-    done = session.run(analysis, dataset, each if per_item else None)
+    done = session.run(analysis, dataset, each if per_item else results.append if view is None else None)
     if done.value is None:
         warn(f"interrupted before any of the {analysis.unit} finished: nothing to show")
         raise typer.Exit(130)
@@ -158,8 +160,11 @@ def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions
         after(session, done)
     session.close()  # the stages are done: the workers go before the results are shown
     done.interrupted = session.interrupted  # any stage cut short
-    emit([done if view.of_run else done.value], view, run.json_output,
-         report=report_of(run.report, run.force, analysis.command, session.model, source))
+    report = report_of(run.report, run.force, analysis.command, session.model, source)
+    if view is None:
+        emit(results, item_view, run.json_output, report=report)
+    else:
+        emit([done if view.of_run else done.value], view, run.json_output, report=report)
     if session.interrupted:
         warn(f"interrupted: {done.n} {analysis.unit} finished; the aggregate is theirs")
         raise typer.Exit(130)

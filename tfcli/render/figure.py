@@ -1,7 +1,7 @@
 """`--report FIGURE.svg|.png|.pdf`: static figures for papers and slides, drawn with matplotlib (imported only
 when a figure is written, so that start-up stays fast). One figure per text; a PDF holds one page per text.
 
-Each command's figure is drawn by its renderer, `tfcli.render.<command>`, found by name: its
+Each command's figure is drawn by its renderer, `tfcli.commands.<command>.render`, found by name: its
 `figure(item, run, tokenizer)`, with the helpers here (the figure and its caption, token labels, the lens grid):
 
 - encode: the selected layers/heads as query x key heatmaps with token labels and one colour bar, then the
@@ -61,10 +61,10 @@ CJK_FONT_FILES = re.compile(r"NotoSans(Mono)?CJK|NotoSerifCJK|SourceHan|wqy|Droi
 def save_figure(stream: IO[bytes], fmt: str, run: RunInfo, items: list[Any], tokenizer: Tokenizer | None = None,
                 draw: Callable[..., Figure] | None = None) -> None:
     """Write the figure(s) of `items` to `stream` in format `fmt` (svg, png, pdf; several pages only in pdf), each
-    drawn by `draw(item, run, tokenizer)` (None: the command's renderer's, `tfcli.render.<command>.figure`)."""
+    drawn by `draw(item, run, tokenizer)` (None: the command's renderer's, `tfcli.commands.<command>.render.figure`)."""
     import matplotlib
 
-    draw = draw or importlib.import_module(f"tfcli.render.{run.command}").figure
+    draw = draw or importlib.import_module(f"tfcli.commands.{run.command}.render").figure
     families, _ = _fonts()
     # a CJK font of one weight (WenQuanYi's 500) is drawn as it is: not a line per text on stderr
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)

@@ -1,0 +1,1 @@
+"""One package per command: its core, renderer, command line and file formats."""

@@ -1,0 +1,239 @@
+"""`tfcli circuit` output: what was run and on what, the circuit picked (its size in edges and nodes, its faithfulness
+with its interval), the faithfulness curve and the edges of largest |score| (table views that page rather than cut);
+the JSON Lines record; for --report the page's section (drawn by tfcli/commands/circuit/report.js: the circuit as a
+layered graph beside its curve) and the figure."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+
+from tfcli.commands.circuit.core import Circuit, CurvePoint, PairScores
+from tfcli.render.layout import Column, quoted, table, words
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from tfcli.analysis.dataset import Envelope
+
+    from tfcli.render.run_info import RunInfo
+    from tfcli.tokenizer import Tokenizer
+
+DEFAULT_TOP = 20  # edges listed
+METHODS = {"eap": "edge attribution patching (EAP)", "eap-ig-inputs": "EAP with integrated gradients on the inputs",
+           "eap-ig-activations": "EAP with integrated gradients on each layer's outputs",
+           "exact": "exact patching of each edge"}
+
+
+def signed(value: float) -> str:
+    return f"{value:+.4g}"
+
+
+def share(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def interval(point: CurvePoint) -> str:
+    return "" if point.low is None else f"[{point.low:.3f}, {point.high:.3f}]"
+
+
+def quantity(result: Circuit) -> str:
+    if result.target is None:
+        return "each pair's logit difference target - foil"
+    return f"the logit difference {quoted(result.target.text)} - {quoted(result.foil.text)}" \
+        if result.foil is not None else f"the logit of {quoted(result.target.text)}"
+
+
+def method_words(result: Circuit) -> str:
+    return METHODS[result.method] + (f", {result.steps} steps" if result.method.startswith("eap-ig") else "")
+
+
+def picked_words(result: Circuit) -> str:
+    if result.picked == "edges":
+        return f"the edges of {result.wanted}"
+    if result.picked == "faithful":
+        return f"the smallest greedy circuit found reaching a faithfulness of {result.wanted:g}"
+    return f"the greedy top {result.wanted:,} edges"
+
+
+def patched_to(result: Circuit) -> str:
+    return "every edge patched to the means" if result.counterfactual == "mean" else "corrupt"
+
+
+def header_lines(run: Envelope) -> list[str]:
+    result = run.value
+    pairs = f"{run.n} pair{'s' if run.n != 1 else ''}" + (f" of {run.source}" if run.source else "")
+    lines = [f"circuit of {quantity(result)} over {pairs}, by {method_words(result)}",
+             f"clean {signed(result.clean_value)}, {patched_to(result)} {signed(result.corrupt_value)} (means over "
+             "the pairs)",
+             f"graph: {result.graph.edge_count:,} edges between {len(result.graph.senders) + 1:,} nodes"]
+    if run.skipped:
+        lines.append(f"{run.skipped} bad lines skipped")
+    return lines
+
+
+def measured_lines(run: Envelope) -> list[str]:
+    result, point = run.value, run.value.measured
+    if point is None:
+        return ["circuit: not measured (interrupted)"]
+    pairs = f" over {result.measured_pairs} pairs" if result.measured_pairs != run.n else ""
+    spread = f", 95% interval {interval(point)}" if point.low is not None else ""
+    return [f"circuit: {point.edges:,} edges, {point.nodes:,} nodes ({picked_words(result)})",
+            f"faithfulness {share(point.faithfulness)}{spread}{pairs}: (m(C) - m(empty)) / (m(full) - m(empty)), "
+            f"every edge outside the circuit patched to its {'mean' if result.counterfactual == 'mean' else 'corrupt'}"
+            " value"]
+
+
+def circuit_lines(run: Envelope, width: int, color: bool, top: int = DEFAULT_TOP) -> list[Text]:
+    """The terminal view of the run: the header, the circuit and its faithfulness, the curve and the top edges."""
+    lines: list[Text] = []
+    result = run.value
+    for line in header_lines(run) + measured_lines(run):
+        lines += words(line, width)
+    if result.curve:
+        lines.append(Text())
+        lines += table([Column.of("edges", [f"{p.edges:,}" for p in result.curve], right=True),
+                        Column.of("nodes", [f"{p.nodes:,}" for p in result.curve], right=True),
+                        Column.of("faithfulness", [share(p.faithfulness) for p in result.curve], right=True),
+                        Column.of("95% interval", [interval(p) for p in result.curve])], width,
+                       title="faithfulness of the greedy circuits by size")
+    lines.append(Text())
+    lines += edges_table(result.top_edges(top), width, color, f"the {top} edges of largest |score|")
+    return lines
+
+
+def edges_table(edges: list[tuple[str, str, float, bool]], width: int, color: bool, title: str) -> list[Text]:
+    def score_cell(value: float) -> Text:
+        return Text(signed(value), style=("blue" if value >= 0 else "red") if color else "")
+    return table([Column.of("#", [str(i) for i in range(1, len(edges) + 1)], right=True),
+                  Column.of("sender", [s for s, _, _, _ in edges]),
+                  Column.of("receiver", [r for _, r, _, _ in edges]),
+                  Column("score", [[score_cell(v)] for _, _, v, _ in edges], right=True),
+                  Column.of("in circuit", ["yes" if inside else "" for _, _, _, inside in edges])],
+                 width, title=title)
+
+
+def pair_lines(result: PairScores, width: int, color: bool, top: int = 10) -> list[Text]:
+    """--per-item: a pair's metric and its edges of largest |score|."""
+    edges = top_pair_edges(result, top)
+    head = f"line {result.line}: " if result.line is not None else ""
+    return words(f"{head}clean {signed(result.clean_value)}, corrupt {signed(result.corrupt_value)}", width) + \
+        edges_table([(s, r, v, False) for s, r, v in edges], width, color, f"the pair's {top} edges of largest |score|")
+
+
+def top_pair_edges(result: PairScores, top: int) -> list[tuple[str, str, float]]:
+    """(sender, receiver, score) of a pair's `top` edges of largest |score|."""
+    graph, scores = result.graph, result.scores
+    flat = scores.flatten()
+    receivers = scores.shape[1]
+    order = flat.abs().argsort(descending=True, stable=True)[:top].tolist()
+    return [(graph.senders[i // receivers], graph.receivers[i % receivers], float(flat[i])) for i in order
+            if flat[i] != 0]
+
+
+def point_record(point: CurvePoint) -> dict[str, Any]:
+    return {"edges": point.edges, "nodes": point.nodes, "faithfulness": point.faithfulness,
+            "interval": None if point.low is None else [point.low, point.high]}
+
+
+def token_record(token: Any) -> dict[str, Any] | None:
+    return None if token is None else {"token": token.token, "id": token.id, "text": token.text}
+
+
+def record(run: Envelope) -> dict[str, Any]:
+    """The JSON Lines record of the run (docs/commands.md#circuit lists its keys)."""
+    result = run.value
+    graph, circuit = result.graph, result.circuit
+    return {
+        "method": result.method, "ig_steps": result.steps if result.method.startswith("eap-ig") else None,
+        "counterfactual": result.counterfactual,
+        "target": token_record(result.target), "foil": token_record(result.foil),
+        "clean_value": result.clean_value, "corrupt_value": result.corrupt_value,
+        "dataset": run.source or None, "n": run.n, "pairs": run.total, "skipped": run.skipped,
+        "interrupted": run.interrupted,
+        "graph": {"layers": graph.layers, "heads": graph.heads, "parallel": graph.parallel,
+                  "edges": graph.edge_count, "nodes": len(graph.senders) + 1},
+        "circuit": None if result.measured is None else {
+            "picked": result.picked, "wanted": result.wanted, **point_record(result.measured),
+            "pairs": result.measured_pairs},
+        "nodes": graph.nodes_of(circuit) if circuit is not None else [],
+        "curve": [point_record(p) for p in result.curve],
+        "edges": [{"sender": graph.senders[s], "receiver": graph.receivers[r], "score": float(result.scores[s, r]),
+                   "in_circuit": bool(circuit[s, r]) if circuit is not None else False}
+                  for s, r in graph.mask.nonzero().tolist()],
+    }
+
+
+def pair_record(result: PairScores) -> dict[str, Any]:
+    """--per-item's record of a pair: its line, metric values and its 10 edges of largest |score|."""
+    return {"line": result.line, "clean_value": result.clean_value, "corrupt_value": result.corrupt_value,
+            "top_edges": [{"sender": s, "receiver": r, "score": v} for s, r, v in top_pair_edges(result, 10)]}
+
+
+def page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """The page's data: the header, the graph's layout (layers, heads), the circuit's edges with their scores, the
+    curve and the top edges."""
+    result = run.value
+    graph, circuit = result.graph, result.circuit
+    edges = [] if circuit is None else [{"sender": graph.senders[s], "receiver": graph.receivers[r],
+                                         "score": float(result.scores[s, r])} for s, r in circuit.nonzero().tolist()]
+    return {"header": header_lines(run) + measured_lines(run), "layers": graph.layers,
+            "heads": graph.heads, "edges": edges, "nodes": graph.nodes_of(circuit) if circuit is not None else [],
+            "curve": [point_record(p) for p in result.curve],
+            "measured": None if result.measured is None else point_record(result.measured),
+            "top": [{"sender": s, "receiver": r, "score": v, "in_circuit": inside}
+                    for s, r, v, inside in result.top_edges(DEFAULT_TOP)]}
+
+
+def position(node: str, heads: int, layers: int) -> tuple[float, float]:
+    """Where a node is drawn: (x, y), a row per layer (input at the bottom, logits at the top), heads then the MLP."""
+    match = re.match(r"^L(\d+)(?:H(\d+)|\.mlp)", node)
+    if match is None:
+        return (heads / 2, -1.0) if node == "input" else (heads / 2, float(layers))
+    return (float(heads) + 0.5 if match.group(2) is None else float(match.group(2))), float(match.group(1))
+
+
+def figure(done: Envelope, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
+    """The circuit as a layered graph (edge width by |score|, blue positive, red negative) beside its curve."""
+    from matplotlib.figure import Figure
+
+    from tfcli.render.figure import log_axis
+
+    result = done.value
+    graph = result.graph
+    section = page_section(done, tokenizer)
+    fig = Figure(figsize=(11, 1.5 + 0.45 * graph.layers))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
+    largest = max([abs(e["score"]) for e in section["edges"]], default=1.0) or 1.0
+    for edge in section["edges"]:
+        (x0, y0), (x1, y1) = (position(edge["sender"], graph.heads, graph.layers),
+                              position(edge["receiver"], graph.heads, graph.layers))
+        left.plot([x0, x1], [y0, y1], color="#2166ac" if edge["score"] >= 0 else "#b2182b",
+                  linewidth=0.3 + 3 * abs(edge["score"]) / largest, alpha=0.7)
+    for node in section["nodes"] + ["logits"]:
+        x, y = position(node, graph.heads, graph.layers)
+        left.scatter([x], [y], s=30, color="black", zorder=3)
+        left.annotate(node, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    left.set_yticks(range(-1, graph.layers + 1), ["input", *[f"L{i}" for i in range(graph.layers)], "logits"])
+    left.set_xticks([])
+    measured = result.measured
+    left.set_title(f"circuit: {measured.edges:,} edges, {measured.nodes:,} nodes, faithfulness "
+                   f"{share(measured.faithfulness)}" if measured is not None else "circuit", fontsize=9)
+    if result.curve:
+        right.plot([p.edges for p in result.curve], [p.faithfulness for p in result.curve], marker="o")
+        for p in result.curve:
+            if p.low is not None:
+                right.plot([p.edges, p.edges], [p.low, p.high], color="grey")
+        if measured is not None:  # the circuit picked, ringed (it may lie between the curve's sizes)
+            right.scatter([measured.edges], [measured.faithfulness], s=90, facecolors="none", edgecolors="#2563eb",
+                          zorder=3)
+            right.annotate(f"circuit: {measured.edges:,}", (measured.edges, measured.faithfulness), fontsize=7,
+                           color="#2563eb", xytext=(0, 8), textcoords="offset points", ha="center")
+        log_axis(right, "x")
+    right.set_xlabel("edges")
+    right.set_ylabel("faithfulness")
+    fig.suptitle(f"tfcli circuit: {run.model}", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,1 @@
+"""tfcli features: its core (core.py), renderer (render.py) and command line (cli.py)."""

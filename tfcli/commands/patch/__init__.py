@@ -1,0 +1,1 @@
+"""tfcli patch: its core (core.py), renderer (render.py) and command line (cli.py)."""

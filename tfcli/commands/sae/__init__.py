@@ -1,0 +1,1 @@
+"""tfcli sae train: its core (core.py), renderer (render.py) and command line (cli.py)."""

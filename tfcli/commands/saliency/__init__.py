@@ -1,0 +1,1 @@
+"""tfcli saliency: its core (core.py), renderer (render.py) and command line (cli.py)."""
