@@ -910,3 +910,24 @@ def test_bad_input_is_one_error_line_before_any_model(gpt2, saved_sae, cli, tmp_
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no SAE there" in refused(cli, "-m", path, "--sae", str(empty), TEXT)
+
+
+def test_attribute_per_layer_table_gives_a_residual_sae_its_own_row(gpt2, tmp_path, cli):
+    """attribute --sae on a residual site: the SAE's parts (features, rest, error) hold every layer's writes up to
+    the site, so the per-layer table shows them on a row of their own after that layer (its running total the
+    parts' sum), not on the embeddings' row; the layers the SAE holds have blank cells, not +0.0000."""
+    path = gpt2[0]
+    folder = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))).eval(), tmp_path / "sae",
+                     "blocks.0.hook_resid_post")
+    args = ("attribute", "-m", str(path), TEXT, "--target", "#1996", "--foil", "#4937", "--sae", str(folder))
+    record = json.loads(cli(*args, "--json").stdout)
+    parts = sum(c["value"] for c in record["components"] if c["name"].startswith(("L0.resid_post#",
+                                                                                   "L0.resid_post.sae_")))
+    shown = cli(*args, "--width", "120", "--no-color")
+    assert shown.exit_code == 0, shown.stderr
+    table = shown.stdout[shown.stdout.index("per layer"):].splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in table[3:] if line.strip()}
+    assert rows["L0.resid_post"][-1] == f"{parts:+.4f}", rows
+    assert rows["embeddings"] == ["+0.0000"] and rows["0"] == ["+0.0000"], rows  # only the running total
+    layer1 = [c["value"] for c in record["components"] if c["layer"] == 1]
+    assert rows["1"][-1] == f"{parts + sum(layer1):+.4f}"

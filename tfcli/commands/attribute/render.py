@@ -4,6 +4,7 @@ layer x head grid (--by head); the sum check; the JSON Lines record; for --repor
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -23,6 +24,7 @@ BAR_WIDTH = 24  # the bar of the largest value shown, when the width allows (at 
 MIN_BAR = 8
 POSITIVE, NEGATIVE = "█", "▒"  # told apart without colour; green and red only add to it
 FINAL_BIASES = ("final_norm_bias", "unembed_bias")  # after the last layer: the per-layer table's last row
+RESIDUAL_SAE = re.compile(r"^(L\d+\.resid_(?:pre|mid|post))(?:#\d+|\.sae_rest|\.sae_error)$")  # its parts' names
 
 
 def bar(value: float, largest: float, width: int) -> Text:
@@ -166,14 +168,33 @@ def component_lines(result: Attribution, width: int, top: int, what: str,
 
 def layer_rows(result: Attribution) -> list[tuple[str, float | None, float | None, float]]:
     """The per-layer table of every view, (label, attention, mlp, running total) a row: the embeddings first
-    (attention and mlp None), a row per layer (what its attention, heads and bias, and its MLP, all of it, write),
-    the biases of the final norm and the unembedding last, where the model has them."""
+    (attention and mlp None), a row per layer (what its attention, heads and bias, and its MLP, all of it, write;
+    None where no component is left there: an --sae on a residual site holds it), an --sae's parts on a residual
+    site (features, rest and error: every write up to the site) on a row of their own labelled by the site
+    (L5.resid_post after layer 5, L5.resid_pre before it), the biases of the final norm and the unembedding last,
+    where the model has them."""
     attention, mlp = layer_sums(result)
+    present = {(c.layer, c.in_mlp) for c in result.components if c.layer is not None}
+    residual = {}  # an --sae on a residual site: its label -> its parts' sum
+    for c in result.components:
+        found = RESIDUAL_SAE.match(c.name)
+        if found and c.layer is None:
+            residual[found[1]] = residual.get(found[1], 0.0) + c.value
     after = sum(c.value for c in result.components if c.name in FINAL_BIASES)
-    before = sum(c.value for c in result.components if c.layer is None) - after
+    before = sum(c.value for c in result.components if c.layer is None) - after - sum(residual.values())
     rows: list[tuple[str, float | None, float | None, float]] = [("embeddings", None, None, before)]
+
+    def sae_rows(layer: int, point: tuple[str, ...]) -> None:
+        for label, value in residual.items():
+            if label.startswith(f"L{layer}.") and label.split(".")[1] in point:
+                rows.append((label, None, None, rows[-1][3] + value))
+
     for layer in range(result.layers):
-        rows.append((str(layer), attention[layer], mlp[layer], rows[-1][3] + attention[layer] + mlp[layer]))
+        sae_rows(layer, ("resid_pre",))
+        rows.append((str(layer), attention[layer] if (layer, False) in present else None,
+                     mlp[layer] if (layer, True) in present else None,
+                     rows[-1][3] + attention[layer] + mlp[layer]))
+        sae_rows(layer, ("resid_mid", "resid_post"))
     if any(c.name in FINAL_BIASES for c in result.components):
         rows.append(("biases", None, None, rows[-1][3] + after))
     return rows
