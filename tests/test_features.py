@@ -931,3 +931,20 @@ def test_attribute_per_layer_table_gives_a_residual_sae_its_own_row(gpt2, tmp_pa
     assert rows["embeddings"] == ["+0.0000"] and rows["0"] == ["+0.0000"], rows  # only the running total
     layer1 = [c["value"] for c in record["components"] if c["layer"] == 1]
     assert rows["1"][-1] == f"{parts + sum(layer1):+.4f}"
+
+
+def test_an_sae_given_to_another_option_is_named_by_that_option(gpt2, tmp_path, cli):
+    """An SAE read for --steer SAE#N:S, --ablate SAE#N or steer sweep's --vector SAE#N: its errors name that option
+    as the user gave it, never --sae (which the user did not give)."""
+    path = str(gpt2[0])
+    wide = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=48, d_sae=64))), tmp_path / "wide",
+                   "blocks.1.hook_resid_post")
+    cases = {("generate", "-m", path, TEXT, "--steer", "nonexistent#3:5"): "--steer nonexistent#3:5: ",
+             ("generate", "-m", path, TEXT, "--ablate", f"{wide}#3"): f"--ablate {wide}#3: ",
+             ("attribute", "-m", path, TEXT, "--ablate", "nonexistent#3"): "--ablate nonexistent#3: ",
+             ("steer", "sweep", "-m", path, TEXT, "--vector", f"{wide}#3"): f"--vector {wide}#3: "}
+    for args, start in cases.items():
+        line = refused_by(cli, *args)
+        assert line.startswith("error: " + start) and "--sae" not in line, (args, line)
+    assert "no such file or folder" in refused_by(cli, "generate", "-m", path, TEXT, "--steer", "nonexistent#3:5")
+    assert "48 values per token" in refused_by(cli, "generate", "-m", path, TEXT, "--ablate", f"{wide}#3")

@@ -3,7 +3,8 @@ that cannot be written is said (`check_writable_folder` before any work, `write_
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -29,6 +30,19 @@ class TfcliError(Exception):
 def usage_error(message: str, hint: str | None = None, parameter: str | None = None) -> TfcliError:
     """A bad option or argument (exit code 2)."""
     return TfcliError(message, hint, exit_code=2, parameter=parameter)
+
+
+@contextmanager
+def named_for(option: str, read_as: str = "--sae") -> Iterator[None]:
+    """Errors raised inside, which name the option `read_as` (an SAE's reader says `--sae PATH: ...`), name `option`
+    instead, as the user gave it (`--steer sae#3:5: sae: no such file or folder`): the user gave no --sae."""
+    try:
+        yield
+    except TfcliError as error:
+        if error.message.startswith(read_as):
+            error.message = f"{option}: " + error.message[len(read_as):].lstrip(": ")
+            error.args, error.parameter = (error.message,), None
+        raise
 
 
 # errno -> how a person says it; anything else: the system's own words (strerror), lower-cased

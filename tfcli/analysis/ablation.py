@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tfcli.errors import TfcliError, usage_error
+from tfcli.errors import TfcliError, named_for, usage_error
 from tfcli.model.sites import block_site
 
 if TYPE_CHECKING:
@@ -95,8 +95,9 @@ def feature_ablation(spec: str, shapes: dict) -> dict[str, Hook]:
         edit = FeatureEdit(int(number), value=float(value) if value else 0.0)
     except ValueError:
         raise usage_error(f"--ablate {spec}: give SAE#N (zero feature N) or SAE#N=V (clamp it to V)") from None
-    sae = read_sae(path)
-    check_fit(sae, shapes)
+    with named_for(f"--ablate {spec}"):
+        sae = read_sae(path)
+        check_fit(sae, shapes)
     return edit_hooks(sae, [edit])
 
 

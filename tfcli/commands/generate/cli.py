@@ -14,7 +14,7 @@ from tfcli.cli.console import note, output_console, stderr_is_terminal, warn
 from tfcli.cli.output import View, emit, report_of
 from tfcli.cli.session import ablation_of, inputs, session_of, started
 from tfcli.cli.options import AT_LEAST_ONE, POSITIVE, PROBABILITY, RunOptions, shared_options
-from tfcli.errors import usage_error
+from tfcli.errors import named_for, usage_error
 from tfcli.render.report_file import check_report_path
 
 def steering(specs: list[str] | None, layers: str | None, normalize: bool, config) -> tuple | None:
@@ -38,7 +38,8 @@ def steering(specs: list[str] | None, layers: str | None, normalize: bool, confi
         except ValueError:
             raise usage_error(f"--steer {spec}: the strength `{strength}` is not a number",
                               "give PATH or PATH:STRENGTH, e.g. happy.gguf:4 or happy.gguf:-2") from None
-        vectors.append(load_vector(path, config))
+        with named_for(f"--steer {spec}"):  # an SAE's feature (SAE#N) is read by the SAE's reader
+            vectors.append(load_vector(path, config))
         strengths.append(value)
     chosen = parse_indices(layers, config.num_hidden_layers, "steer-layers", noun="blocks")
     blocks = sorted({layer for vector in vectors for layer in vector if chosen is None or layer in chosen})

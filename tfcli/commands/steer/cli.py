@@ -16,7 +16,7 @@ from tfcli.cli.output import View, emit, report_of
 from tfcli.cli.session import inputs, session_of, started, warn_spacing
 from tfcli.cli.options import (AT_LEAST_ONE, FileOption, FoilOption, RunOptions, TargetOption, shared_options,
                                with_help)
-from tfcli.errors import usage_error
+from tfcli.errors import named_for, usage_error
 from tfcli.render.report_file import check_report_path
 
 steer_app = command_group("steer", "Steering vectors: fit a direction per block from contrast pairs, as a file llama.cpp "
@@ -168,7 +168,8 @@ def sweep(
     source = resolve_source(run.model, run.revision)
     config = source.config
     core.check_model(config)
-    directions = load_vector(vector, config)
+    with named_for(f"--vector {vector}"):  # an SAE's feature (SAE#N) is read by the SAE's reader
+        directions = load_vector(vector, config)
     chosen = parse_indices(layers, config.num_hidden_layers, "layers", noun="blocks")
     blocks = [layer for layer in sorted(directions) if chosen is None or layer in chosen]
     if not blocks:
