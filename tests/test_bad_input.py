@@ -541,3 +541,23 @@ def test_config_of_a_huge_model_is_counted_not_built(cli, tiny_config, tmp_path,
     result = cli("config", "--json", str(path))
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["parameters"] > 100_000_000 * 8000
+
+
+def test_a_file_named_by_an_option_exits_1_when_missing_or_malformed(cli, tmp_path):
+    """The one exit-code rule (docs/errors.md): a file an option names that is missing, unreadable, malformed or
+    does not fit the model exits 1, whichever option names it (--model, --file, --dataset, --sae, --steer,
+    --edges); a bad value of an option itself exits 2."""
+    absent = tmp_path / "absent"
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    write(garbage / "cfg.json", "{not json")
+    for args, needle in ((["encode", "--model", str(absent), "hi"], "no such file"),
+                         (["encode", "--file", str(absent)], str(absent)),
+                         (["attribute", "--dataset", str(absent)], "no such file"),
+                         (["features", "--sae", str(absent), "hi"], "no such file"),
+                         (["features", "--sae", str(garbage), "hi"], "not readable JSON"),
+                         (["generate", "--model", "gpt2-small", "hi", "--steer", f"{absent}.gguf"], "no such file"),
+                         (["circuit", "a b", "a c", "--target", "b", "--edges", str(absent)], str(absent))):
+        assert_error(cli(*args), 1, needle)
+    assert_error(cli("encode", "hi", "--layers", "99"), 2, "--layers")
+    assert_error(cli("features", "--sae", str(garbage), "hi", "--top", "0"), 2, "--top")

@@ -529,9 +529,11 @@ KEYS = ["method", "ig_steps", "counterfactual", "target", "foil", "clean_value",
         "interrupted", "graph", "circuit", "nodes", "curve", "edges"]
 
 
-def one_error(result):
+def one_error(result, code: int = 2):
+    """One error line, no traceback, exit `code`: 2 for a bad option, 1 for a file that does not fit (an --edges
+    file naming what the model lacks: docs/errors.md)."""
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    return len(errors) == 1 and "Traceback" not in result.stderr and result.exit_code == 2
+    return len(errors) == 1 and "Traceback" not in result.stderr and result.exit_code == code
 
 
 def test_json_record_has_exactly_the_documented_keys(cli, checkpoints, dataset):
@@ -650,10 +652,10 @@ def test_bad_input_is_one_error_line(cli, checkpoints, dataset, tmp_path, tiny_c
     edges = tmp_path / "edges.txt"
     edges.write_text("L0H1 -> L1H2.q\nL7H0 -> logits\n")
     result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--edges", str(edges))
-    assert one_error(result) and "line 2: the model has no node `L7H0`" in result.stderr, result.stderr
+    assert one_error(result, 1) and "line 2: the model has no node `L7H0`" in result.stderr, result.stderr
     edges.write_text("L1H0 -> L0H2.k\n")
     result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--edges", str(edges))
-    assert one_error(result) and "L0H2.k does not read L1H0" in result.stderr, result.stderr
+    assert one_error(result, 1) and "L0H2.k does not read L1H0" in result.stderr, result.stderr
     result = cli("circuit", "-m", str(tiny_config), "a b", "a c", "--target", "b")
     assert one_error(result) and "is an encoder-only model" in result.stderr, result.stderr
     result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--graph-out", str(tmp_path / "no" / "g.json"))

@@ -703,9 +703,9 @@ def test_steer_takes_a_feature(gpt2, saved_sae, cli):
     assert result.exit_code == 0, result.stderr
 
 
-def refused_by(cli, *args) -> str:
+def refused_by(cli, *args, code: int = 2) -> str:
     result = cli(*args)
-    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.exit_code == code, (result.stdout, result.stderr)
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     return line
 
@@ -864,9 +864,11 @@ def test_reports_draw_in_a_browser(gpt2, saved_sae, cli, tmp_path):
             browser.close()
 
 
-def refused(cli, *args) -> str:
+def refused(cli, *args, code: int = 2) -> str:
+    """The one error line of a features run that fails with `code`: 2 for a bad option or argument, 1 for a file that
+    is missing, malformed or does not fit the model (docs/errors.md)."""
     result = cli("features", *args)
-    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.exit_code == code, (result.stdout, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     return lines[0]
@@ -889,27 +891,53 @@ def test_bad_input_is_one_error_line_before_any_model(gpt2, saved_sae, cli, tmp_
     folder, reference = saved_sae
     wide = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=48, d_sae=64))), tmp_path / "wide",
                    "blocks.1.hook_resid_post")
-    assert "48 values per token, but blocks.1.resid_post has 32" in refused(cli, "-m", path, "--sae", str(wide), TEXT)
+    assert "48 values per token, but blocks.1.resid_post has 32" in refused(cli, "-m", path, "--sae", str(wide), TEXT,
+                                                                            code=1)
     nowhere = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))), tmp_path / "nowhere",
                       "blocks.1.hook_somewhere")
     assert "the hook blocks.1.hook_somewhere has no tfcli site" in refused(cli, "-m", path, "--sae", str(nowhere),
-                                                                           TEXT)
+                                                                           TEXT, code=1)
     deep = written(randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))), tmp_path / "deep",
                    "blocks.7.hook_resid_post")
-    assert "no site blocks.7.resid_post" in refused(cli, "-m", path, "--sae", str(deep), TEXT)
+    assert "no site blocks.7.resid_post" in refused(cli, "-m", path, "--sae", str(deep), TEXT, code=1)
     strange = tmp_path / "strange"
     strange.mkdir()
     config = json.loads((folder / "cfg.json").read_text())
     (strange / "cfg.json").write_text(json.dumps(config | {"architecture": "matryoshka"}))
-    assert "unknown architecture 'matryoshka'" in refused(cli, "-m", path, "--sae", str(strange), TEXT)
+    assert "unknown architecture 'matryoshka'" in refused(cli, "-m", path, "--sae", str(strange), TEXT, code=1)
     (strange / "cfg.json").write_text(json.dumps(config))
-    assert "sae_weights.safetensors is missing" in refused(cli, "-m", path, "--sae", str(strange), TEXT)
-    assert "no such file or folder" in refused(cli, "-m", path, "--sae", str(tmp_path / "absent"), TEXT)
+    assert "sae_weights.safetensors is missing" in refused(cli, "-m", path, "--sae", str(strange), TEXT, code=1)
+    (strange / "cfg.json").write_text("{not json")
+    assert "is not readable JSON" in refused(cli, "-m", path, "--sae", str(strange), TEXT, code=1)
+    assert "no such file or folder" in refused(cli, "-m", path, "--sae", str(tmp_path / "absent"), TEXT, code=1)
     assert "features 0 to 63" in refused(cli, "-m", path, "--sae", str(folder), "--feature", "64", TEXT)
     assert "--sae is required" in refused(cli, "-m", path, TEXT)
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "no SAE there" in refused(cli, "-m", path, "--sae", str(empty), TEXT)
+    assert "no SAE there" in refused(cli, "-m", path, "--sae", str(empty), TEXT, code=1)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("d_in", "32", "`d_in` in cfg.json must be a whole number, not \"32\""),
+    ("d_sae", 32.0, "`d_sae` in cfg.json must be a whole number, not 32.0"),
+    ("d_in", 48, "cfg.json gives d_in 48, but its weights read 32 values"),
+    ("apply_b_dec_to_input", "false", "`apply_b_dec_to_input` in cfg.json must be true or false, not \"false\""),
+    ("hook_name", 7, "`hook_name` in cfg.json must be a string, not 7"),
+    ("hook_head_index", "1", "`hook_head_index` in cfg.json must be a whole number, not \"1\""),
+    ("normalize_activations", 0, "`normalize_activations` in cfg.json must be a string or true or false, not 0"),
+])
+def test_a_cfg_field_of_the_wrong_type_is_refused(gpt2, saved_sae, cli, tmp_path, no_model_loaded, field, value,
+                                                  message):
+    """Every field read from an SAE's cfg.json has its type checked (a string "576" for d_in was taken silently),
+    and d_in and d_sae must be the weights' own: a file that is malformed exits 1 (docs/errors.md)."""
+    import shutil
+
+    folder, _ = saved_sae
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    config = json.loads((folder / "cfg.json").read_text())
+    (bad / "cfg.json").write_text(json.dumps(config | {field: value}))
+    assert message in refused(cli, "-m", str(gpt2[0]), "--sae", str(bad), TEXT, code=1)
 
 
 def test_attribute_per_layer_table_gives_a_residual_sae_its_own_row(gpt2, tmp_path, cli):
@@ -944,7 +972,8 @@ def test_an_sae_given_to_another_option_is_named_by_that_option(gpt2, tmp_path, 
              ("attribute", "-m", path, TEXT, "--ablate", "nonexistent#3"): "--ablate nonexistent#3: ",
              ("steer", "sweep", "-m", path, TEXT, "--vector", f"{wide}#3"): f"--vector {wide}#3: "}
     for args, start in cases.items():
-        line = refused_by(cli, *args)
+        line = refused_by(cli, *args, code=1)  # a missing SAE, one of another width: exit 1 (docs/errors.md)
         assert line.startswith("error: " + start) and "--sae" not in line, (args, line)
-    assert "no such file or folder" in refused_by(cli, "generate", "-m", path, TEXT, "--steer", "nonexistent#3:5")
-    assert "48 values per token" in refused_by(cli, "generate", "-m", path, TEXT, "--ablate", f"{wide}#3")
+    assert "no such file or folder" in refused_by(cli, "generate", "-m", path, TEXT, "--steer", "nonexistent#3:5",
+                                                  code=1)
+    assert "48 values per token" in refused_by(cli, "generate", "-m", path, TEXT, "--ablate", f"{wide}#3", code=1)

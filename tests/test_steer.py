@@ -447,7 +447,7 @@ def test_one_pair_an_unknown_format_and_a_missing_file(cli, checkpoints, tmp_pat
     result = cli(*fit_args(path, pairs_file(tmp_path / "p.jsonl"), tmp_path / "v.npy"))
     assert result.exit_code == 2 and error_line(result).startswith("error: --output ") and "unknown format" in result.stderr
     result = cli(*fit_args(path, tmp_path / "none.jsonl", tmp_path / "v.gguf"))
-    assert result.exit_code == 2 and error_line(result).startswith("error: --pairs ") and "no such file" in result.stderr
+    assert result.exit_code == 1 and error_line(result).startswith("error: --pairs ") and "no such file" in result.stderr  # a missing file: 1 (docs/errors.md)
 
 
 def test_pairs_from_stdin(cli, checkpoints, tmp_path):
@@ -665,11 +665,11 @@ def test_generate_steer_refusals_come_before_the_model(cli, checkpoints, tmp_pat
     path = checkpoints["gpt2"][0]
     file = tmp_path / "wide.safetensors"
     write_vector(file, {1: torch.ones(48)}, "gpt2")
-    for args, message in (([f"{file}:strong"], "the strength `strong` is not a number"),
-                          ([str(file)], "is 48 wide"),
-                          ([str(tmp_path / "none.gguf")], "no such file")):
+    for args, message, code in (([f"{file}:strong"], "the strength `strong` is not a number", 2),
+                                ([str(file)], "is 48 wide", 1),  # a file that does not fit the model: 1
+                                ([str(tmp_path / "none.gguf")], "no such file", 1)):
         result = cli("generate", "-m", str(path), "hello", "--steer", *args)
-        assert result.exit_code == 2 and message in result.stderr, result.stderr
+        assert result.exit_code == code and message in result.stderr, result.stderr
     result = cli("generate", "-m", str(path), "hello", "--steer-normalize")
     assert result.exit_code == 2 and "go with --steer" in result.stderr
     write_vector(file, {1: torch.ones(32)}, "gpt2", force=True)

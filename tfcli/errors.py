@@ -45,6 +45,12 @@ def named_for(option: str, read_as: str = "--sae") -> Iterator[None]:
         raise
 
 
+def file_error(message: str, hint: str | None = None) -> TfcliError:
+    """A file the command line names that is missing, unreadable, malformed or does not fit the model (exit code 1:
+    docs/errors.md#errors-and-exit-codes)."""
+    return TfcliError(message, hint, exit_code=1)
+
+
 # errno -> how a person says it; anything else: the system's own words (strerror), lower-cased
 _WRITE_PROBLEMS = {28: "no space left on device", 122: "disk quota exceeded", 30: "read-only file system",
                    13: "permission denied", 1: "permission denied", 27: "file too large"}

@@ -139,7 +139,7 @@ class BadLine(TfcliError):
 
 def read_lines(path: str) -> list[tuple[int, str]]:
     """The lines of a JSON Lines file (`-`: stdin) with their numbers, blank lines left out; `parse_line` reads
-    each. An unreadable or empty file is a usage error."""
+    each. A missing or unreadable file exits 1, an empty one 2 (no input)."""
     if path == "-":
         data = sys.stdin.buffer.read()
         name = "stdin"
@@ -147,11 +147,11 @@ def read_lines(path: str) -> list[tuple[int, str]]:
         try:
             data = Path(path).read_bytes()
         except FileNotFoundError:
-            raise usage_error(f"dataset {path}: no such file", parameter="dataset") from None
+            raise TfcliError(f"dataset {path}: no such file", parameter="dataset") from None
         except IsADirectoryError:
-            raise usage_error(f"dataset {path} is a folder, not a file", parameter="dataset") from None
+            raise TfcliError(f"dataset {path} is a folder, not a file", parameter="dataset") from None
         except OSError as exc:
-            raise usage_error(f"dataset {path}: {exc.strerror or exc}", parameter="dataset") from None
+            raise TfcliError(f"dataset {path}: {exc.strerror or exc}", parameter="dataset") from None
         name = path
     try:
         text = data.decode("utf-8")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.errors import usage_error
+from tfcli.errors import file_error, usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -151,7 +151,7 @@ def read_sae(path: str | Path, site: str | None = None) -> SAE:
     missing weights file, an unknown architecture, a tensor missing or of the wrong shape, a hook with no site."""
     given = Path(path)
     if not given.exists():
-        raise usage_error(f"--sae {path}: no such file or folder", "give an SAE's folder: " + FORMATS)
+        raise file_error(f"--sae {path}: no such file or folder", "give an SAE's folder: " + FORMATS)
     folder = given if given.is_dir() else given.parent
     files = {child.name for child in folder.iterdir()}
     if "hyperparams.json" in files:
@@ -170,7 +170,7 @@ def read_sae(path: str | Path, site: str | None = None) -> SAE:
         layers = sorted(child.name for child in folder.iterdir() if (child / "cfg.json").is_file())
         hint = f"give one of its layers' folders: {', '.join(layers[:6])}" if layers else "give an SAE's folder: " \
             + FORMATS
-        raise usage_error(f"--sae {path}: no SAE there (no cfg.json, params.npz, params.safetensors or "
+        raise file_error(f"--sae {path}: no SAE there (no cfg.json, params.npz, params.safetensors or "
                           "hyperparams.json)", hint)
     check_shapes(sae)
     if site is not None:
@@ -185,34 +185,59 @@ def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise usage_error(f"--sae: {path} is not readable JSON: {error}") from None
+        raise file_error(f"--sae: {path} is not readable JSON: {error}") from None
     if not isinstance(data, dict):
-        raise usage_error(f"--sae: {path} holds no JSON object")
+        raise file_error(f"--sae: {path} holds no JSON object")
     return data
+
+
+KINDS = {str: "a string", int: "a whole number", bool: "true or false", float: "a number", dict: "an object"}
+
+
+def check_types(config: dict, kinds: dict[str, Any], path: Path) -> None:
+    """Each field read from an SAE's JSON file (and its `metadata`) of its kind (a type, or a tuple of them; null is
+    absent): `"d_in": "576"` is refused, naming the field, not taken silently."""
+    def fits(value: Any, kind: type) -> bool:
+        if kind is bool or isinstance(value, bool):
+            return kind is bool and isinstance(value, bool)
+        return isinstance(value, (int, float) if kind is float else kind)
+
+    metadata = config.get("metadata") if isinstance(config.get("metadata"), dict) else {}
+    for source in (config, metadata):
+        for name, kind in kinds.items():
+            value, kind = source.get(name), kind if isinstance(kind, tuple) else (kind,)
+            if value is not None and not any(fits(value, k) for k in kind):
+                raise file_error(f"--sae {path.parent}: `{name}` in {path.name} must be "
+                                 f"{' or '.join(KINDS[k] for k in kind)}, not {json.dumps(value)}")
 
 
 def tensors(path: Path, what: str) -> dict[str, Tensor]:
     """The tensors of a safetensors file (through the safetensors library), float32."""
     if not path.is_file():
-        raise usage_error(f"--sae: the weights file {path} is missing", f"a {what} SAE keeps its weights there")
+        raise file_error(f"--sae: the weights file {path} is missing", f"a {what} SAE keeps its weights there")
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
         return {name: value.float() for name, value in load_file(str(path)).items()}
     except (SafetensorError, OSError) as error:
-        raise usage_error(f"--sae: {path} is not a readable safetensors file: {error}") from None
+        raise file_error(f"--sae: {path} is not a readable safetensors file: {error}") from None
 
 
 def required(weights: dict, names: tuple[str, ...], path: Path) -> None:
     missing = [name for name in names if name not in weights]
     if missing:
-        raise usage_error(f"--sae: {path} lacks {', '.join(missing)}",
+        raise file_error(f"--sae: {path} lacks {', '.join(missing)}",
                           f"it holds {', '.join(sorted(weights)) or 'no tensors'}")
 
 
 def saelens(folder: Path, config: dict) -> SAE:
     """SAELens's format (6.x, and the names of configs before 6.0)."""
+    check_types(config, {"architecture": str, "k": int, "activation_fn": str, "activation_fn_str": str,
+                         "activation_fn_kwargs": dict, "normalize_activations": (str, bool), "hook_name": str,
+                         "hook_point": str, "hook_name_out": str, "hook_head_index": int, "hook_point_head_index": int,
+                         "apply_b_dec_to_input": bool, "rescale_acts_by_decoder_norm": bool, "model_name": str,
+                         "d_in": int, "d_sae": int}, folder / "cfg.json")
     metadata = config.get("metadata") if isinstance(config.get("metadata"), dict) else {}
     setting = lambda *names, default=None: next(  # noqa: E731
         (source[name] for name in names for source in (config, metadata) if source.get(name) is not None), default)
@@ -221,33 +246,37 @@ def saelens(folder: Path, config: dict) -> SAE:
     if setting("activation_fn", "activation_fn_str") == "topk" and architecture == "standard":
         architecture, k = "topk", (config.get("activation_fn_kwargs") or {}).get("k")
     if architecture not in ARCHITECTURES:
-        raise usage_error(f"--sae {folder}: unknown architecture {architecture!r}",
+        raise file_error(f"--sae {folder}: unknown architecture {architecture!r}",
                           f"known: {', '.join(ARCHITECTURES)}")
     normalize = setting("normalize_activations", default="none")
     normalize = {True: "expected_average_only_in", False: "none"}.get(normalize, normalize)
     if normalize not in NORMALIZATIONS:
-        raise usage_error(f"--sae {folder}: normalize_activations {normalize!r} is not supported",
+        raise file_error(f"--sae {folder}: normalize_activations {normalize!r} is not supported",
                           f"supported: {', '.join(NORMALIZATIONS)}")
     weights = tensors(folder / "sae_weights.safetensors", "SAELens")
     if "log_threshold" in weights:
         weights["threshold"] = weights.pop("log_threshold").exp()
     scaling = weights.pop("scaling_factor", weights.pop("finetuning_scaling_factor", None))
     if scaling is not None and not bool((scaling == 1).all()):
-        raise usage_error(f"--sae {folder}: a finetuning scaling factor other than 1 is not supported")
+        raise file_error(f"--sae {folder}: a finetuning scaling factor other than 1 is not supported")
     if architecture == "batchtopk" and "threshold" not in weights:
         if "topk_threshold" not in weights:
-            raise usage_error(f"--sae {folder}: a batchtopk SAE needs `threshold` or `topk_threshold`")
+            raise file_error(f"--sae {folder}: a batchtopk SAE needs `threshold` or `topk_threshold`")
         weights["threshold"] = weights.pop("topk_threshold").expand(weights["b_enc"].shape).clone()
     needs = {"gated": ("W_enc", "W_dec", "b_dec", "b_gate", "r_mag", "b_mag")}.get(
         architecture, ("W_enc", "W_dec", "b_enc", "b_dec"))
     needs += ("threshold",) if architecture.startswith("jumprelu") or architecture == "batchtopk" else ()
     needs += ("W_skip",) if architecture.endswith("skip_transcoder") else ()
     required(weights, needs, folder / "sae_weights.safetensors")
+    for name, size, what in (("d_in", weights["W_enc"].shape[0], "read"), ("d_sae", weights["W_enc"].shape[1], "have")):
+        if setting(name) not in (None, size):
+            raise file_error(f"--sae {folder}: cfg.json gives {name} {setting(name)}, but its weights {what} {size} "
+                             f"{'values' if name == 'd_in' else 'features'}", "a cfg.json of another SAE?")
     if architecture == "topk" and not isinstance(k, int):
-        raise usage_error(f"--sae {folder}: a topk SAE's cfg.json gives no k")
+        raise file_error(f"--sae {folder}: a topk SAE's cfg.json gives no k")
     hook = setting("hook_name", "hook_point")
     if not isinstance(hook, str):
-        raise usage_error(f"--sae {folder}: cfg.json names no hook (hook_name)", "give the site: --site SITE")
+        raise file_error(f"--sae {folder}: cfg.json names no hook (hook_name)", "give the site: --site SITE")
     return SAE(str(folder), "saelens", architecture, hook, weights, setting("hook_name_out"),
                setting("hook_head_index", "hook_point_head_index"), k if architecture == "topk" else None,
                apply_b_dec_to_input=bool(config.get("apply_b_dec_to_input", True)), normalize=normalize,
@@ -265,7 +294,7 @@ def gemma_scope(folder: Path) -> SAE:
             weights = {("W_" + name[2:] if name.startswith("w_") else name): torch.tensor(data[name]).float()
                        for name in data.files}
     except (OSError, ValueError) as error:
-        raise usage_error(f"--sae: {folder / 'params.npz'} is not a readable npz file: {error}") from None
+        raise file_error(f"--sae: {folder / 'params.npz'} is not a readable npz file: {error}") from None
     required(weights, ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"), folder / "params.npz")
     text = "/".join(folder.resolve().parts[-4:])  # release/layer_N/width_W/average_l0_K, as Gemma Scope lays it out
     layer = re.search(r"layer_(\d+)", text)
@@ -299,8 +328,10 @@ def gemma_scope_2(folder: Path) -> SAE:
     """Gemma Scope 2: params.safetensors (w_enc, w_dec, b_enc, b_dec, threshold, affine_skip_connection) and its
     config.json (architecture jump_relu, hf_hook_point_in, hf_hook_point_out for transcoders)."""
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    check_types(config, {"architecture": str, "hf_hook_point_in": str, "hf_hook_point_out": str, "model_name": str},
+                folder / "config.json")
     if config.get("architecture", "jump_relu") != "jump_relu":
-        raise usage_error(f"--sae {folder}: unknown architecture {config.get('architecture')!r} in config.json",
+        raise file_error(f"--sae {folder}: unknown architecture {config.get('architecture')!r} in config.json",
                           "Gemma Scope 2's SAEs are jump_relu")
     raw = tensors(folder / "params.safetensors", "Gemma Scope 2")
     required(raw, ("w_enc", "w_dec", "b_enc", "b_dec", "threshold"), folder / "params.safetensors")
@@ -321,12 +352,17 @@ def llama_scope(folder: Path) -> SAE:
     import torch
 
     config = read_json(folder / "hyperparams.json")
+    check_types(config, {"act_fn": str, "d_model": int, "top_k": int, "jump_relu_threshold": float,
+                         "dataset_average_activation_norm": dict, "hook_point_in": str, "hook_point_out": str},
+                folder / "hyperparams.json")
+    check_types(config.get("dataset_average_activation_norm") or {}, {"in": float, "out": float},
+                folder / "hyperparams.json")
     raw = tensors(folder / "checkpoints" / "final.safetensors", "Llama Scope")
     required(raw, ("encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias"),
              folder / "checkpoints" / "final.safetensors")
     act = config.get("act_fn", "jumprelu")
     if act not in ("jumprelu", "relu", "topk"):
-        raise usage_error(f"--sae {folder}: unknown act_fn {act!r} in hyperparams.json", "known: jumprelu, relu, topk")
+        raise file_error(f"--sae {folder}: unknown act_fn {act!r} in hyperparams.json", "known: jumprelu, relu, topk")
     norms = config.get("dataset_average_activation_norm") or {}
     d = int(config.get("d_model", raw["encoder.weight"].shape[1]))
     scale_in = math.sqrt(d) / norms["in"] if "in" in norms else 1.0
@@ -346,11 +382,12 @@ def llama_scope(folder: Path) -> SAE:
 
 def sparsify(folder: Path, config: dict) -> SAE:
     """EleutherAI sparsify: a `layers.N` folder (or `h.N`, `layers.N.mlp`) with cfg.json and sae.safetensors."""
+    check_types(config, {"activation": str, "k": int, "transcode": bool}, folder / "cfg.json")
     activation = config.get("activation", "topk")
     if activation not in ("topk", "groupmax"):
-        raise usage_error(f"--sae {folder}: unknown activation {activation!r} in cfg.json", "known: topk, groupmax")
+        raise file_error(f"--sae {folder}: unknown activation {activation!r} in cfg.json", "known: topk, groupmax")
     if not isinstance(config.get("k"), int):
-        raise usage_error(f"--sae {folder}: cfg.json gives no k", "a sparsify SAE keeps its top k latents")
+        raise file_error(f"--sae {folder}: cfg.json gives no k", "a sparsify SAE keeps its top k latents")
     raw = tensors(folder / "sae.safetensors", "sparsify")
     required(raw, ("encoder.weight", "encoder.bias", "W_dec", "b_dec"), folder / "sae.safetensors")
     weights = {"W_enc": raw["encoder.weight"].T, "b_enc": raw["encoder.bias"], "W_dec": raw["W_dec"],
@@ -360,7 +397,7 @@ def sparsify(folder: Path, config: dict) -> SAE:
         weights["W_skip"] = raw["W_skip"]
     architecture = ("skip_transcoder" if "W_skip" in weights else "transcoder") if transcode else "topk"
     if "W_skip" in weights and not transcode:
-        raise usage_error(f"--sae {folder}: a skip connection without `transcode` is not supported")
+        raise file_error(f"--sae {folder}: a skip connection without `transcode` is not supported")
     hook = folder.name
     return SAE(str(folder), "sparsify", architecture, hook, weights, hook if transcode else None, k=config["k"],
                groupmax=activation == "groupmax", apply_b_dec_to_input=not transcode)
@@ -375,11 +412,11 @@ def check_shapes(sae: SAE) -> None:
     wrong = [f"{name} {tuple(w[name].shape)} (expected {shape})" for name, shape in shapes.items()
              if name in w and tuple(w[name].shape) != shape]
     if wrong:
-        raise usage_error(f"--sae {sae.path}: tensors of the wrong shape: {'; '.join(wrong)}")
+        raise file_error(f"--sae {sae.path}: tensors of the wrong shape: {'; '.join(wrong)}")
     if sae.groupmax and d_sae % (sae.k or 1):
-        raise usage_error(f"--sae {sae.path}: groupmax needs d_sae ({d_sae}) divisible by k ({sae.k})")
+        raise file_error(f"--sae {sae.path}: groupmax needs d_sae ({d_sae}) divisible by k ({sae.k})")
     if sae.k is not None and not 0 < sae.k <= d_sae:
-        raise usage_error(f"--sae {sae.path}: k = {sae.k} is not between 1 and d_sae = {d_sae}")
+        raise file_error(f"--sae {sae.path}: k = {sae.k} is not between 1 and d_sae = {d_sae}")
 
 
 # ------------------------------------------------------------------------------------------ hook names -> sites
@@ -417,9 +454,9 @@ def site_of(hook: str | None, sae: SAE, output: bool = False) -> str:
         into = sae.transcoder and not output
         return f"blocks.{found.group(1)}.{'mlp_norm.out' if into else 'mlp.out'}"
     if not hook:
-        raise usage_error(f"--sae {sae.path}: the file does not say which activation the SAE reads",
+        raise file_error(f"--sae {sae.path}: the file does not say which activation the SAE reads",
                           "give the site: --site blocks.L.resid_post (tfcli config --sites lists them)")
-    raise usage_error(f"--sae {sae.path}: the hook {hook} has no tfcli site",
+    raise file_error(f"--sae {sae.path}: the hook {hook} has no tfcli site",
                       "give the site: --site SITE (tfcli config --sites lists them; docs/sites.md)")
 
 
@@ -439,18 +476,18 @@ def check_fit(sae: SAE, shapes: dict[str, tuple]) -> None:
             continue
         if site not in shapes:
             near = [name for name in shapes if name.endswith(site.split(".")[-1])][:4]
-            raise usage_error(f"--sae {sae.path}: the model has no site {site} (the SAE's hook {sae.hook})",
+            raise file_error(f"--sae {sae.path}: the model has no site {site} (the SAE's hook {sae.hook})",
                               f"sites such as {', '.join(near)}" if near else "tfcli config --sites lists them")
         trailing = [int(size) for size in shapes[site][2:]]
         if sae.head is not None and what == "reads":
             if not (len(trailing) == 2 and 0 <= sae.head < trailing[0]):
-                raise usage_error(f"--sae {sae.path}: hook_head_index {sae.head} does not fit {site} "
+                raise file_error(f"--sae {sae.path}: hook_head_index {sae.head} does not fit {site} "
                                   f"{tuple(shapes[site])}")
             have = trailing[1]
         else:
             have = math.prod(trailing)
         if have != width:
-            raise usage_error(f"--sae {sae.path}: the SAE {what} {width} values per token, but {site} has {have}",
+            raise file_error(f"--sae {sae.path}: the SAE {what} {width} values per token, but {site} has {have}",
                               "an SAE trained on another model, or another site (--site)")
 
 

@@ -26,7 +26,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.errors import TfcliError, check_output_file, replace_atomically, usage_error
+from tfcli.errors import TfcliError, check_output_file, file_error, replace_atomically, usage_error
 from tfcli.model.sites import block_site
 
 if TYPE_CHECKING:
@@ -135,9 +135,9 @@ def load_vector(path: str | Path, config: ModelConfig | None = None) -> dict[int
         with open(path, "rb") as f:
             start = f.read(4)
     except FileNotFoundError:
-        raise usage_error(f"steering vector {path}: no such file") from None
+        raise file_error(f"steering vector {path}: no such file") from None
     except IsADirectoryError:
-        raise usage_error(f"steering vector {path} is a folder, not a file") from None
+        raise file_error(f"steering vector {path} is a folder, not a file") from None
     except OSError as exc:
         raise TfcliError(f"cannot read {path}: {exc.strerror or exc}") from None
     directions = _read_gguf(path) if start == MAGIC else _read_safetensors(path)
@@ -170,10 +170,10 @@ def check_vector(path: Path, directions: dict[int, Tensor], config: ModelConfig)
     width, layers = config.hidden_size, config.num_hidden_layers
     for layer, direction in directions.items():
         if direction.shape[0] != width:
-            raise usage_error(f"steering vector {path} is {direction.shape[0]} wide (direction.{layer}) and "
+            raise file_error(f"steering vector {path} is {direction.shape[0]} wide (direction.{layer}) and "
                               f"{config.name} is {width} wide", "fit a vector on this model (tfcli steer fit)")
         if layer >= layers:
-            raise usage_error(f"steering vector {path} has direction.{layer}, and {config.name} has {layers} blocks "
+            raise file_error(f"steering vector {path} has direction.{layer}, and {config.name} has {layers} blocks "
                               f"(0 to {layers - 1})", "fit a vector on this model (tfcli steer fit)")
 
 
@@ -190,7 +190,7 @@ def _read_safetensors(path: Path) -> dict[int, Tensor]:
                          "give a vector written by `tfcli steer fit` (.gguf or .safetensors)") from None
     architecture = metadata.get("general.architecture")
     if architecture is not None and architecture != ARCHITECTURE:
-        raise usage_error(f"{path} is not a control vector: its general.architecture is `{architecture}`")
+        raise file_error(f"{path} is not a control vector: its general.architecture is `{architecture}`")
     return _directions(path, tensors)
 
 
@@ -201,13 +201,13 @@ def _directions(path: Path, tensors: dict[str, Tensor]) -> dict[int, Tensor]:
     for name, tensor in tensors.items():
         match = _DIRECTION.fullmatch(name)
         if match is None:
-            raise usage_error(f"{path}: tensor `{name}` is not a direction (a control vector holds direction.N "
+            raise file_error(f"{path}: tensor `{name}` is not a direction (a control vector holds direction.N "
                               "tensors only)")
         if tensor.dim() != 1:
-            raise usage_error(f"{path}: {name} has shape {list(tensor.shape)}: a direction is one vector")
+            raise file_error(f"{path}: {name} has shape {list(tensor.shape)}: a direction is one vector")
         directions[int(match.group(1))] = tensor.to(torch.float32)
     if not directions:
-        raise usage_error(f"{path} holds no direction: a control vector holds direction.N tensors")
+        raise file_error(f"{path} holds no direction: a control vector holds direction.N tensors")
     return dict(sorted(directions.items()))
 
 
@@ -275,7 +275,7 @@ def _read_gguf(path: Path) -> dict[int, Tensor]:
                                   f"general.architecture is `{metadata[key]}`, not `{ARCHITECTURE}`)",
                                   "give a steering vector file (tfcli steer fit --output x.gguf writes one)")
         if metadata.get("general.architecture") is None:
-            raise usage_error(f"{path} is not a control vector: its metadata names no general.architecture")
+            raise file_error(f"{path} is not a control vector: its metadata names no general.architecture")
         entries = []
         for _ in range(tensor_count):
             name = reader.string()

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.errors import usage_error
+from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
     from tfcli.commands.circuit.core import Circuit, Graph
@@ -27,7 +27,7 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise usage_error(f"--edges {path}: {getattr(exc, 'strerror', None) or exc}", parameter="edges") from None
+        raise TfcliError(f"--edges {path}: {getattr(exc, 'strerror', None) or exc}", parameter="edges") from None
     lines: list[tuple[str, str]] = []
     if text.lstrip().startswith("{"):
         try:
@@ -39,7 +39,7 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
                     child = node_name(re.sub(r"<[qkv]>$", "", child)) + (f".{kind.group(1)}" if kind else "")
                     lines.append((f"edge {name}", f"{node_name(parent)}->{child}"))
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise usage_error(f"--edges {path}: not a graph in the EAP-IG reference's JSON (its `edges`, each "
+            raise TfcliError(f"--edges {path}: not a graph in the EAP-IG reference's JSON (its `edges`, each "
                               "`parent->child` with `in_graph`)", parameter="edges") from None
     else:
         for number, line in enumerate(text.splitlines(), 1):
@@ -53,7 +53,7 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
     for where, line in lines:
         parts = [part.strip() for part in line.replace("→", "->").split("->")]
         if len(parts) != 2 or not all(parts):
-            raise usage_error(f"--edges {path} {where}: `{line}` is not an edge SENDER -> RECEIVER",
+            raise TfcliError(f"--edges {path} {where}: `{line}` is not an edge SENDER -> RECEIVER",
                               "e.g. L5H1 -> L9H6.q, input -> L0.mlp, L11.mlp -> logits", parameter="edges")
         sender, receiver = parts
         for name, known in ((sender, senders), (receiver, receivers)):
@@ -61,16 +61,16 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
                 node = name.rsplit(".", 1)[0] if name.endswith((".q", ".k", ".v")) else name
                 what = "node" if node not in senders and node != "logits" else \
                     "sender" if known is senders else "receiver"
-                raise usage_error(f"--edges {path} {where}: the model has no {what} `{name}`",
+                raise TfcliError(f"--edges {path} {where}: the model has no {what} `{name}`",
                                   f"{has}; a sender is input, LnHm or Ln.mlp, a receiver LnHm.q, .k or .v, Ln.mlp or "
                                   "logits", parameter="edges")
         s, r = senders[sender], receivers[receiver]
         if s >= graph.reads(r):
-            raise usage_error(f"--edges {path} {where}: `{line}` is not an edge: {receiver} does not read {sender} "
+            raise TfcliError(f"--edges {path} {where}: `{line}` is not an edge: {receiver} does not read {sender} "
                               "(it comes later in the model)", parameter="edges")
         edges_read.append((s, r))
     if not edges_read:
-        raise usage_error(f"--edges {path}: no edge in it", parameter="edges")
+        raise TfcliError(f"--edges {path}: no edge in it", parameter="edges")
     return sorted(set(edges_read))
 
 
