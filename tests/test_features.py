@@ -408,18 +408,16 @@ def test_sparsify_equals_eai_sparsify(gpt2, tmp_path, case):
 # ------------------------------------------------------------------------------------------------- losses, batches
 
 
-def test_losses_equal_transformers_with_the_block_output_replaced(gpt2, tmp_path):
-    """The spliced, with-error and zeroed losses and the KL are transformers' own with block 1's output replaced by
-    sae-lens's reconstruction (by x itself, by zeros), the cross-entropy and KL computed by hand."""
-    path, hf, model, tokenizer = gpt2
-    reference = randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))).eval()
-    sae = read_sae(written(reference, tmp_path / "sae", "blocks.1.hook_resid_post"))
-    ids = ids_of(tokenizer, model, TEXT)
-    ((result,),) = core.run_batch(model, tokenizer, [sae], [core.Text(1, TEXT, ids)], core.FeaturesOptions())
+def hand_losses(hf, reference, ids: list[int], keep: torch.Tensor) -> dict:
+    """transformers' own losses with block 1's output replaced by sae-lens's reconstruction (by x itself, by zeros)
+    at the positions `keep` (T,) only: the cross-entropy means over the kept positions that predict a next token, the
+    KL per position and its mean over those, the clean logits; computed by hand."""
     x = reference_site(hf, "blocks.1.hook_resid_post", ids)
     tensor = torch.tensor([ids])
 
     def logits_with(value):
+        value = torch.where(keep[:, None], value, x)
+
         def swap(_, args, output):
             return (value[None], *output[1:]) if isinstance(output, tuple) else value[None]
         handle = gpt2_blocks(hf)[1].register_forward_hook(swap)
@@ -432,25 +430,105 @@ def test_losses_equal_transformers_with_the_block_output_replaced(gpt2, tmp_path
     with torch.no_grad():
         clean = hf(tensor).logits[0]
         spliced, zero = logits_with(reference(x)), logits_with(torch.zeros_like(x))
+    predicts = keep[:-1]
 
     def loss(logits):
-        return float(torch.nn.functional.cross_entropy(logits[:-1], tensor[0, 1:]))
+        return float(torch.nn.functional.cross_entropy(logits[:-1][predicts], tensor[0, 1:][predicts]))
 
-    losses = result.losses
-    for ours, theirs, what in ((losses.clean, loss(clean), "clean"), (losses.spliced, loss(spliced), "spliced"),
-                               (losses.with_error, loss(clean), "with the error term"),
-                               (losses.zero, loss(zero), "zeroed")):
-        assert abs(ours - theirs) <= 1e-4 * max(1, abs(theirs)), what
     kl = torch.nn.functional.kl_div(spliced.log_softmax(-1), clean.log_softmax(-1), log_target=True,
                                     reduction="none").sum(-1)
-    close(result.kl, kl, "KL per position", 1e-4)
+    return {"clean": loss(clean), "spliced": loss(spliced), "zero": loss(zero), "kl": kl,
+            "kl_mean": float(kl[:-1][predicts].mean()), "count": int(predicts.sum()), "x": x}
+
+
+@pytest.mark.parametrize("every_token", [False, True])
+def test_losses_equal_transformers_with_the_block_output_replaced(gpt2, tmp_path, every_token):
+    """The spliced, with-error and zeroed losses and the KL are transformers' own with block 1's output replaced by
+    sae-lens's reconstruction (by x itself, by zeros), the cross-entropy and KL computed by hand: at every position
+    but 0 (the [CLS] the text starts with), over the positions after it, as sae train measures; with every_token
+    (--all-tokens) at every position."""
+    path, hf, model, tokenizer = gpt2
+    reference = randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))).eval()
+    sae = read_sae(written(reference, tmp_path / "sae", "blocks.1.hook_resid_post"))
+    ids = ids_of(tokenizer, model, TEXT)
+    ((result,),) = core.run_batch(model, tokenizer, [sae], [core.Text(1, TEXT, ids)],
+                                  core.FeaturesOptions(every_token=every_token))
+    keep = torch.ones(len(ids), dtype=torch.bool)
+    keep[0] = every_token
+    hand = hand_losses(hf, reference, ids, keep)
+    losses = result.losses
+    for ours, theirs, what in ((losses.clean, hand["clean"], "clean"), (losses.spliced, hand["spliced"], "spliced"),
+                               (losses.with_error, hand["clean"], "with the error term"),
+                               (losses.zero, hand["zero"], "zeroed"), (losses.kl, hand["kl_mean"], "KL's mean")):
+        assert abs(ours - theirs) <= 1e-4 * max(1, abs(theirs)), what
+    assert losses.count == hand["count"] == len(ids) - 1 - (not every_token)
+    assert result.left_out == ({} if every_token else {0: "first"})
+    close(result.kl, hand["kl"], "KL per position", 1e-4)
     assert losses.spliced - losses.clean > 1e-3 and abs(losses.with_error - losses.clean) < 1e-4
     assert abs(losses.recovered - (losses.zero - losses.spliced) / (losses.zero - losses.clean)) < 1e-9
+    x = hand["x"]
     target, recon = x.double(), reference(x).double()
     close(result.mse, ((target - recon) ** 2).mean(-1), "MSE per token")
     close(result.cosine, torch.nn.functional.cosine_similarity(target, recon, dim=-1), "cosine per token")
-    spread = ((target - target.mean(0)) ** 2).sum(-1)
+    spread = ((target - target[keep].mean(0)) ** 2).sum(-1)  # against the mean of the tokens measured
     close(result.explained, 1 - ((target - recon) ** 2).sum(-1) / spread, "explained variance per token")
+    explained = 1 - float(((target - recon) ** 2).sum(-1)[keep].sum() / spread[keep].sum())
+    assert abs(result.explained_text - explained) <= 1e-5 * max(1, abs(explained))
+
+
+@pytest.fixture(scope="module")
+def outlier_gpt2(tmp_path_factory, save_hf_model):
+    """The 2-block GPT-2 with one token's embedding row 100 times longer: where the token stands, the residual
+    stream's norm is hundreds of times its text's median (a planted attention-sink-like outlier)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("outlier-gpt2")
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=30522, bos_token_id=101,
+                        eos_token_id=102, pad_token_id=0, initializer_range=0.2)
+    hf = save_hf_model(GPT2LMHeadModel, config, path, perturb=True)
+    model, tokenizer = load(path)
+    store = tokenizer.encode(["store"])[0].ids[1]
+    with torch.no_grad():
+        hf.transformer.wte.weight[store] *= 100
+    hf.save_pretrained(path)
+    return (path, hf, *load(path)), store
+
+
+def test_an_outlier_position_is_left_out_of_the_figures(outlier_gpt2, tmp_path, cli):
+    """A token whose norm at the site is over 10 times its text's median (planted) is left out as sae train leaves it
+    out: not spliced, not in the losses' means, the MSE, cosine, L0 or the explained variance; the losses equal
+    transformers' own with block 1's output replaced at the other positions (not 0, not the outlier); the record
+    and the view say what was left out; --all-tokens measures it, and its spliced loss is then far worse."""
+    (path, hf, model, tokenizer), store = outlier_gpt2
+    reference = randomized(lens.StandardSAE(lens.StandardSAEConfig(d_in=32, d_sae=64))).eval()
+    folder = written(reference, tmp_path / "sae", "blocks.1.hook_resid_post")
+    ids = ids_of(tokenizer, model, TEXT)
+    outlier = ids.index(store)
+    record = json.loads(cli("features", "-m", str(path), "--sae", str(folder), TEXT, "--json").stdout)
+    assert record["left_out"] == [{"position": 0, "why": "first"}, {"position": outlier, "why": "outlier"}]
+    keep = torch.ones(len(ids), dtype=torch.bool)
+    keep[[0, outlier]] = False
+    hand = hand_losses(hf, reference, ids, keep)
+    for name in ("clean", "spliced", "zero"):
+        assert abs(record["loss"][name] - hand[name]) <= 1e-4 * max(1, abs(hand[name])), name
+    assert abs(record["loss"]["kl"] - hand["kl_mean"]) <= 1e-4 * max(1, hand["kl_mean"])
+    assert record["loss"]["positions"] == hand["count"]
+    x = hand["x"].double()
+    error = ((x - reference(hand["x"]).double()) ** 2).sum(-1)
+    spread = ((x - x[keep].mean(0)) ** 2).sum(-1)
+    explained = 1 - float(error[keep].sum() / spread[keep].sum())
+    assert abs(record["explained_variance_text"] - explained) <= 1e-5 * max(1, abs(explained))
+    every = json.loads(cli("features", "-m", str(path), "--sae", str(folder), TEXT, "--json", "--all-tokens").stdout)
+    assert every["left_out"] == [] and every["loss"]["positions"] == len(ids) - 1
+    assert abs(every["loss"]["spliced"] - record["loss"]["spliced"]) > 0.1  # the outlier spliced too
+    shown = cli("features", "-m", str(path), "--sae", str(folder), TEXT, "--width", "80", "--no-color").stdout
+    flat = " ".join(shown.split())
+    assert "left out of the figures, as sae train leaves them out: position 0, outliers (norm over 10x the text's " \
+        f"median) (1) (position {outlier}); --all-tokens measures them" in flat, shown
+    assert re.search(rf"^\s*{outlier}\*\s", shown, re.M) and re.search(r"^\s*0\*\s", shown, re.M)
+    corpus = cli("features", "-m", str(path), "--sae", str(folder), TEXT, "a store", "--json").stdout.splitlines()
+    aggregate = json.loads(corpus[-1])
+    assert aggregate["left_out"] == {"first": 2, "outlier": 2} and aggregate["measured"] == aggregate["tokens"] - 4
 
 
 def test_a_batch_equals_its_texts_one_at_a_time(gpt2, tmp_path):
@@ -721,7 +799,7 @@ def saved_sae(gpt2, tmp_path_factory):
 
 def test_feature_over_a_file_gives_its_top_contexts(gpt2, saved_sae, cli, tmp_path):
     """--feature N --file: the top activating contexts over the corpus are sae-lens's on transformers' activations,
-    the largest first, and the density counts every token."""
+    the largest first, and the density counts every token measured (position 0, the [CLS], left out)."""
     path, hf, model, tokenizer = gpt2
     folder, reference = saved_sae
     corpus = tmp_path / "corpus.txt"
@@ -732,7 +810,7 @@ def test_feature_over_a_file_gives_its_top_contexts(gpt2, saved_sae, cli, tmp_pa
         ids = ids_of(tokenizer, model, text)
         with torch.no_grad():
             acts = reference.encode(reference_site(hf, "blocks.1.hook_resid_post", ids))[:, 7]
-        found += [(float(a), number, p) for p, a in enumerate(acts) if a > 0]
+        found += [(float(a), number, p) for p, a in enumerate(acts) if a > 0 and p > 0]  # position 0 left out
         tokens += len(ids)
     found.sort(key=lambda f: -f[0])
     result = cli("features", "-m", str(path), "--sae", str(folder), "--feature", "7", "--contexts", "4", "--file",
@@ -740,8 +818,10 @@ def test_feature_over_a_file_gives_its_top_contexts(gpt2, saved_sae, cli, tmp_pa
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(record) == {"texts", "tokens", "sae", "mse", "explained_variance", "cosine", "l0", "loss", "feature",
-                           "active", "max_activation", "mean_activation", "contexts", "interrupted"}
+                           "active", "max_activation", "mean_activation", "contexts", "measured", "left_out",
+                           "interrupted"}
     assert (record["texts"], record["tokens"], record["active"]) == (3, tokens, len(found))
+    assert record["measured"] == tokens - 3 and record["left_out"] == {"first": 3}
     assert [(c["text"], c["position"]) for c in record["contexts"]] == [(n, p) for _, n, p in found[:4]]
     close([c["activation"] for c in record["contexts"]], [a for a, _, _ in found[:4]], "top activations")
 
@@ -753,7 +833,7 @@ def test_json_record_and_views_keep_every_token_and_number(gpt2, saved_sae, cli)
     assert result.exit_code == 0, result.stderr
     (record,) = [json.loads(line) for line in result.stdout.splitlines()]
     assert set(record) == {"text", "ids", "tokens", "sae", "features", "mse", "explained_variance", "cosine", "l0",
-                           "explained_variance_text", "loss", "kl", "feature", "activations", "direct"}
+                           "explained_variance_text", "loss", "kl", "feature", "activations", "direct", "left_out"}
     assert set(record["loss"]) == {"clean", "spliced", "with_error", "zero", "recovered", "kl", "kl_with_error",
                                    "positions"}
     for width in (80, 120):

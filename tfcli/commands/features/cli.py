@@ -44,6 +44,10 @@ def features(
     top: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Features listed per token.")] = 5,
     contexts: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="With --feature: the top "
                                           "activating contexts kept over the texts.")] = 10,
+    all_tokens: Annotated[bool, typer.Option("--all-tokens", help="Measure every token: by default position 0, "
+                                             "special tokens and outliers (a norm over 10x the text's median) are "
+                                             "left out of the figures and not spliced, as sae train leaves them "
+                                             "out.")] = False,
     target: FEATURES_TARGET = None,
     foil: FEATURES_FOIL = None,
     file: FileOption = None,
@@ -96,7 +100,8 @@ def features(
     if target is not None:
         # the runner says its warnings
         target_token, foil_token = parse_metric(source.config, load_tokenizer_for(source), target, foil)
-    options = core.FeaturesOptions(top=top, feature=feature, contexts=contexts, target=target_token, foil=foil_token)
+    options = core.FeaturesOptions(top=top, feature=feature, contexts=contexts, target=target_token, foil=foil_token,
+                                   every_token=all_tokens)
     sites = set()
     for dictionary in dictionaries:
         core.check_options(dictionary, options)

@@ -11,6 +11,15 @@ by r + (t - r) (the error term kept: the clean loss again, up to rounding), and 
 compare with), with the KL divergence of the clean next-token distribution to the spliced one at every position,
 and the share of the loss recovered: (zero - spliced) / (zero - clean).
 
+What is measured, by default, is what `tfcli sae train` trains on and measures: every token but position 0, the
+model's special tokens (BOS, EOS, padding) and the outliers, tokens whose norm at the SAE's site is over OUTLIER (10)
+times the median of the text's other tokens (the attention sink: SmolLM2's position 0 has a norm of about 21,900
+where the others' are about 177; one such token sets a text's MSE and explained variance alone, and splicing its
+reconstruction wrecks the loss). The splices replace the kept positions only (the others keep their own values), the
+losses and KL are means over the kept positions that predict a next token, and the error's means, the feature's
+density and contexts are over the kept tokens; each text says which it left out and why. `every_token` (the CLI's
+`--all-tokens`) measures and splices every position.
+
 With a feature (`--feature N`) the analysis is one pass per batch: feature N's activation on every token, and over
 a corpus its top activating contexts, streamed (only the best contexts and sums are kept). Shapes: B texts, T
 tokens (padded), d_sae features.
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
     from tfcli.tokenizer import Tokenizer
 
 BATCH_SIZE = 16  # texts per forward pass
+OUTLIER = 10.0  # a token whose norm at the site is over this many times its text's median is left out (sae train's)
 BEFORE, AFTER = 10, 4  # tokens of a context shown before and after its token
 
 
@@ -53,6 +63,7 @@ class FeaturesOptions:
     contexts: int = 10
     target: Token | None = None  # with a target: each feature's direct effect on its logit (minus the foil's)
     foil: Token | None = None
+    every_token: bool = False  # measure position 0, special tokens and outliers too (--all-tokens)
 
 
 @dataclass
@@ -104,6 +115,13 @@ class TextFeatures:
     feature: int | None = None
     activations: list[float] | None = None
     direct: Direct | None = None  # with a target
+    left_out: dict[int, str] = field(default_factory=dict)  # position -> why (first, special, outlier): not measured
+    every_token: bool = False
+
+    @property
+    def measured(self) -> list[int]:
+        """The positions measured: the means, the losses and a feature's density are over these."""
+        return [p for p in range(len(self.ids)) if p not in self.left_out]
 
 
 @dataclass
@@ -151,6 +169,9 @@ class CorpusFeatures:
     max_activation: float = 0.0
     mean_activation: float = 0.0  # over every token
     contexts: list[Context] = field(default_factory=list)
+    left_out: dict[str, int] = field(default_factory=dict)  # why -> tokens left out (first, special, outlier)
+    every_token: bool = False
+    measured: int = 0  # tokens measured (tokens - those left out): the means' own
 
 
 FEATURES_LINE = LineSpec(("text",), ())
@@ -170,6 +191,35 @@ def check_text(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Text:
     ids = model_input(config, tokenizer.encode([text])[0])
     check_length(config, len(ids))
     return Text(line.number, text, ids)
+
+
+def kept_positions(x: Tensor, ids: Tensor, mask: Tensor, specials: set[int], every_token: bool
+                   ) -> tuple[Tensor, list[dict[int, str]]]:
+    """The positions measured (B, T) bool, and per text the positions left out with why: position 0 (`first`), a
+    special token (`special`), a norm of x (B, T, d) over OUTLIER times the median of the text's other tokens
+    (`outlier`); none with `every_token`. Padding is never measured."""
+    import torch
+
+    keep = mask.bool().clone()
+    why: list[dict[int, str]] = [{} for _ in range(ids.shape[0])]
+    if every_token:
+        return keep, why
+    special = torch.zeros_like(keep)
+    for token in specials:
+        special |= ids == token
+    norms = x.float().norm(dim=-1)
+    for b in range(ids.shape[0]):
+        for p in range(int(mask[b].sum())):
+            if p == 0 or special[b, p]:
+                why[b][p] = "first" if p == 0 else "special"
+        rest = keep[b] & ~special[b]
+        rest[0] = False
+        limit = OUTLIER * float(norms[b][rest].median()) if bool(rest.any()) else math.inf
+        for p in (rest & (norms[b] > limit)).nonzero().flatten().tolist():
+            why[b][p] = "outlier"
+        for p in why[b]:
+            keep[b, p] = False
+    return keep, why
 
 
 def next_token_losses(logits: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
@@ -193,15 +243,18 @@ def run_batch(model: TransformerModel, tokenizer: Tokenizer, saes: list[SAE], te
     if options.target is not None and model.has_final_norm:
         names.append("final_norm.scale")
     out: list[list[TextFeatures]] = [[] for _ in texts]
+    config = model.config
+    specials = {i for i in (config.bos_token_id, config.pad_token_id, *config.eos_token_ids) if i is not None}
     with torch.no_grad():
         logits, cache = model.run_with_cache(ids, names=names, attention_mask=mask)
         for sae in saes:
             fitted = fit(sae, cache)
+            keep, why = kept_positions(fitted.x, ids, mask, specials, options.every_token)
             losses = kl = None
             if decoder and options.feature is None:
-                losses, kl = spliced_losses(model, sae, (ids, mask), logits, fitted)
+                losses, kl = spliced_losses(model, sae, (ids, mask, keep), logits, fitted)
             for b, text in enumerate(texts):
-                out[b].append(text_features(tokenizer, sae, text, fitted, b, options))
+                out[b].append(text_features(tokenizer, sae, text, fitted, (b, keep[b], why[b]), options))
                 if losses is not None:
                     out[b][-1].losses, out[b][-1].kl = losses[b], kl[b][:len(text.ids)]
                 if options.target is not None:
@@ -228,43 +281,50 @@ def direct_of(model: TransformerModel, sae: SAE, fitted, run: tuple[Tensor, dict
                   found["error"], sorted(active, key=lambda f: -abs(f[2])))
 
 
-def text_features(tokenizer: Tokenizer, sae: SAE, text: Text, fitted, b: int,
+def text_features(tokenizer: Tokenizer, sae: SAE, text: Text, fitted, row: tuple[int, Tensor, dict[int, str]],
                   options: FeaturesOptions) -> TextFeatures:
-    """Text b of a batch's features and the SAE's error per token (its own tokens, not the padding)."""
+    """Text b of a batch's features and the SAE's error per token (its own tokens, not the padding); `row` is (b,
+    the positions kept (T,), those left out with why). The explained variance is against the mean of the kept
+    tokens, and over them together."""
     import torch
 
+    b, keep, why = row
     n = len(text.ids)
+    keep = keep[:n]
     features = fitted.features[b, :n]
     target, recon = fitted.target[b, :n].double(), fitted.reconstruction[b, :n].double()
     error = (target - recon).pow(2).sum(-1)
-    spread = (target - target.mean(0)).pow(2).sum(-1)
+    spread = (target - (target[keep].mean(0) if bool(keep.any()) else target.mean(0))).pow(2).sum(-1)
     explained = [None if float(s) < 1e-12 else 1 - float(e) / float(s) for e, s in zip(error, spread)]
     norms = target.norm(dim=-1) * recon.norm(dim=-1)
     cosine = [None if float(m) == 0 else float(c) for c, m in
               zip(torch.nn.functional.cosine_similarity(target, recon, dim=-1), norms)]
     values, indices = features.topk(min(options.top, features.shape[-1]), dim=-1)
     top = [[(int(i), float(v)) for v, i in zip(vs, ix) if float(v) > 0] for vs, ix in zip(values, indices)]
-    total = float(spread.sum())
+    total = float(spread[keep].sum())
     result = TextFeatures(text.text, text.ids, tokenizer.texts(text.ids), sae.described(), top,
                           (error / target.shape[-1]).tolist(), explained, cosine, (features > 0).sum(-1).tolist(),
-                          None if total < 1e-12 else 1 - float(error.sum()) / total, None, None)
+                          None if total < 1e-12 else 1 - float(error[keep].sum()) / total, None, None,
+                          left_out=dict(why), every_token=options.every_token)
     if options.feature is not None:
         result.feature, result.activations = options.feature, features[:, options.feature].tolist()
     return result
 
 
-def spliced_losses(model: TransformerModel, sae: SAE, inputs: tuple[Tensor, Tensor], logits: Tensor,
+def spliced_losses(model: TransformerModel, sae: SAE, inputs: tuple[Tensor, Tensor, Tensor], logits: Tensor,
                    fitted) -> tuple[list[Losses], list[list[float]]]:
     """Each text's Losses and its KL(clean || spliced) per position, from three passes with the SAE's output site
-    replaced: by the reconstruction, by reconstruction + error, by zeros."""
+    replaced at the kept positions (`inputs`: ids, mask, kept (B, T)): by the reconstruction, by reconstruction +
+    error, by zeros; the means over the kept positions that predict a next token."""
     import torch
 
-    ids, mask = inputs
+    ids, mask, keep = inputs
     site = sae.site_out or sae.site
     recon = fitted.reconstruction
     kept = recon + (fitted.target - recon)
     runs = {}
     for name, rows in (("spliced", recon), ("with_error", kept), ("zero", torch.zeros_like(recon))):
+        rows = torch.where(keep[..., None], rows, fitted.target)  # what the site holds elsewhere: its own value
         hook = (lambda value, rows=rows: put_rows(sae, value, rows)) if not sae.site_out \
             else (lambda value, rows=rows: rows.reshape(value.shape).to(value.dtype))
         runs[name] = model.run_with_hooks(ids, {site: hook}, attention_mask=mask)
@@ -273,17 +333,23 @@ def spliced_losses(model: TransformerModel, sae: SAE, inputs: tuple[Tensor, Tens
     def kl_of(other: Tensor) -> Tensor:  # (B, T)
         return (clean_logp.exp() * (clean_logp - torch.log_softmax(other.float(), dim=-1))).sum(-1) * mask
 
-    counts = mask[:, 1:].sum(-1)
-    loss = {name: next_token_losses(value, ids, mask).sum(-1) for name, value in
+    predicts = (keep & mask.bool()).to(mask.dtype)  # a kept position that has a next real token: the means' own
+    predicts[:, :-1] *= mask[:, 1:]
+    predicts[:, -1] = 0
+    counts = predicts.sum(-1)
+    shifted = torch.cat([torch.zeros_like(predicts[:, :1]), predicts[:, :-1]], 1)  # next_token_losses reads [:, 1:]
+    loss = {name: next_token_losses(value, ids, shifted).sum(-1) for name, value in
             (("clean", logits), *runs.items())}
     kl, kl_kept = kl_of(runs["spliced"]), kl_of(runs["with_error"])
-    positions = mask.sum(-1)
     out = []
     for b in range(ids.shape[0]):
         count = int(counts[b])
-        mean = (lambda name: float(loss[name][b]) / count if count else math.nan)  # noqa: E731
-        out.append(Losses(mean("clean"), mean("spliced"), mean("with_error"), mean("zero"),
-                          float(kl[b].sum()) / int(positions[b]), float(kl_kept[b].sum()) / int(positions[b]), count))
+
+        def mean(values: Tensor, b: int = b, count: int = count) -> float:
+            return float(values[b]) / count if count else math.nan
+
+        out.append(Losses(mean(loss["clean"]), mean(loss["spliced"]), mean(loss["with_error"]), mean(loss["zero"]),
+                          mean((kl * predicts).sum(-1)), mean((kl_kept * predicts).sum(-1)), count))
     return out, kl.tolist()
 
 
@@ -339,7 +405,8 @@ class Totals:
 
     def __init__(self, options: FeaturesOptions):
         self.options = options
-        self.n = self.tokens = self.predicted = self.positions = self.active = 0
+        self.n = self.tokens = self.measured = self.predicted = self.active = 0
+        self.left_out: dict[str, int] = {}
         self.sums: dict[str, float] = dict.fromkeys(("mse", "cosine", "l0", "clean", "spliced", "with_error", "zero",
                                                      "kl", "kl_with_error", "activation"), 0.0)
         self.explained: list[float] = []
@@ -352,9 +419,13 @@ class Totals:
     def add(self, item: Text, result: TextFeatures) -> None:
         self.n += 1
         self.tokens += len(result.ids)
-        self.sums["mse"] += sum(result.mse)
-        self.sums["l0"] += sum(result.l0)
-        cosines = [c for c in result.cosine if c is not None]
+        measured = result.measured
+        self.measured += len(measured)
+        for why in result.left_out.values():
+            self.left_out[why] = self.left_out.get(why, 0) + 1
+        self.sums["mse"] += sum(result.mse[p] for p in measured)
+        self.sums["l0"] += sum(result.l0[p] for p in measured)
+        cosines = [result.cosine[p] for p in measured if result.cosine[p] is not None]
         self.sums["cosine"] += sum(cosines)
         self.cosines += len(cosines)
         if result.explained_text is not None:
@@ -365,18 +436,17 @@ class Totals:
             for name in ("clean", "spliced", "with_error", "zero"):
                 self.sums[name] += getattr(losses, name) * losses.count
             self.predicted += losses.count
-            self.sums["kl"] += losses.kl * len(result.ids)
-            self.sums["kl_with_error"] += losses.kl_with_error * len(result.ids)
-            self.positions += len(result.ids)
+            self.sums["kl"] += losses.kl * losses.count
+            self.sums["kl_with_error"] += losses.kl_with_error * losses.count
         if result.activations is not None:
-            self.add_contexts(item, result)
+            self.add_contexts(item, result, measured)
 
-    def add_contexts(self, item: Text, result: TextFeatures) -> None:
+    def add_contexts(self, item: Text, result: TextFeatures, measured: list[int]) -> None:
         acts = result.activations
-        self.sums["activation"] += sum(acts)
-        self.active += sum(1 for a in acts if a > 0)
-        self.max_activation = max([self.max_activation, *acts])
-        best = sorted(range(len(acts)), key=lambda p: -acts[p])[:self.options.contexts]
+        self.sums["activation"] += sum(acts[p] for p in measured)
+        self.active += sum(1 for p in measured if acts[p] > 0)
+        self.max_activation = max([self.max_activation, *(acts[p] for p in measured)])
+        best = sorted(measured, key=lambda p: -acts[p])[:self.options.contexts]
         for p in best:
             if acts[p] <= 0 or (len(self.heap) == self.options.contexts and acts[p] <= self.heap[0][0]):
                 continue
@@ -390,16 +460,17 @@ class Totals:
                 heapq.heapreplace(self.heap, entry)
 
     def result(self, sae: dict) -> CorpusFeatures:
-        tokens = max(self.tokens, 1)
+        tokens = max(self.measured, 1)
         losses = None
         if self.losses:
-            mean = {name: self.sums[name] / self.predicted for name in ("clean", "spliced", "with_error", "zero")}
-            losses = Losses(mean["clean"], mean["spliced"], mean["with_error"], mean["zero"],
-                            self.sums["kl"] / self.positions, self.sums["kl_with_error"] / self.positions,
-                            self.predicted)
+            mean = {name: self.sums[name] / self.predicted for name in ("clean", "spliced", "with_error", "zero",
+                                                                         "kl", "kl_with_error")}
+            losses = Losses(mean["clean"], mean["spliced"], mean["with_error"], mean["zero"], mean["kl"],
+                            mean["kl_with_error"], self.predicted)
         contexts = [entry[3] for entry in sorted(self.heap, key=lambda e: (-e[0], -e[1]))]
         return CorpusFeatures(sae, self.tokens, self.sums["mse"] / tokens,
                               sum(self.explained) / len(self.explained) if self.explained else None,
                               self.sums["cosine"] / self.cosines if self.cosines else None, self.sums["l0"] / tokens,
                               losses, self.options.feature, self.active, self.max_activation,
-                              self.sums["activation"] / tokens, contexts)
+                              self.sums["activation"] / tokens, contexts, dict(self.left_out),
+                              self.options.every_token, self.measured)

@@ -45,6 +45,30 @@ def loss_words(losses: Losses) -> list[str]:
             f"with the error term {losses.kl_with_error:.2e}"]
 
 
+WHY = {"first": "position 0", "special": "special tokens", "outlier": "outliers (norm over 10x the text's median)"}
+
+
+def left_out_words(left_out: dict[str, int], every_token: bool, positions: list[int] | None = None) -> str:
+    """What the figures left out and how to have it measured: `left out of the figures: position 0, 1 special
+    token ...`."""
+    if every_token:
+        return "every token measured (--all-tokens): position 0, special tokens and outliers included"
+    if not left_out:
+        return "no token left out of the figures (position 0, special tokens and outliers would be)"
+    parts = [f"{WHY[why]} ({left_out[why]})" if why != "first" or left_out[why] > 1 else WHY[why]
+             for why in WHY if left_out.get(why)]
+    where = f" (position{'s' if len(positions) > 1 else ''} {', '.join(map(str, positions))})" if positions else ""
+    return (f"left out of the figures, as sae train leaves them out: {', '.join(parts)}{where}; --all-tokens "
+            "measures them")
+
+
+def counts(left_out: dict[int, str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for why in left_out.values():
+        found[why] = found.get(why, 0) + 1
+    return found
+
+
 def shade(value: float, largest: float) -> str:
     level = value / largest if largest > 0 else 0.0
     return next((style for lowest, style in SHADES if level >= lowest), "")
@@ -70,12 +94,15 @@ def features_lines(result: TextFeatures, number_shown: int, width: int, color: b
     lines += words(sae_words(result.sae), width)
     if result.feature is not None:
         return lines + [Text()] + feature_text_lines(result, width, color)
-    n = len(result.ids)
-    cosines = [c for c in result.cosine if c is not None]
-    lines += words(f"error at the site: MSE {sum(result.mse) / n:.4g} per value (mean over tokens); explained "
-                   f"variance {number(result.explained_text)} (the text's tokens together); cosine "
-                   f"{number(sum(cosines) / len(cosines) if cosines else None)}; L0 {sum(result.l0) / n:.1f} "
-                   "(means over tokens)", width)
+    n, measured = len(result.ids), result.measured
+    m = max(len(measured), 1)
+    cosines = [result.cosine[p] for p in measured if result.cosine[p] is not None]
+    lines += words(f"error at the site: MSE {sum(result.mse[p] for p in measured) / m:.4g} per value (mean over "
+                   f"tokens); explained variance {number(result.explained_text)} (the text's tokens together); cosine "
+                   f"{number(sum(cosines) / len(cosines) if cosines else None)}; L0 "
+                   f"{sum(result.l0[p] for p in measured) / m:.1f} (means over tokens)", width)
+    lines += words(left_out_words(counts(result.left_out), result.every_token, [p for p in sorted(result.left_out) if p]),
+                   width, "dim")
     if result.losses is not None:
         for sentence in loss_words(result.losses):
             lines += words(sentence, width)
@@ -83,7 +110,7 @@ def features_lines(result: TextFeatures, number_shown: int, width: int, color: b
         lines += words("no next-token loss: the model is not a decoder with an LM head", width, "dim")
     if result.direct is not None:
         lines += [Text()] + direct_lines(result.direct, result.tokens, width)
-    columns = [Column.of("position", [str(p) for p in range(n)], right=True),
+    columns = [Column.of("position", [f"{p}*" if p in result.left_out else str(p) for p in range(n)], right=True),
                Column.of("token", [token_label(t) for t in result.tokens]),
                Column.of("L0", [str(v) for v in result.l0], right=True),
                Column.of("MSE", [f"{v:.3g}" for v in result.mse], right=True),
@@ -95,8 +122,9 @@ def features_lines(result: TextFeatures, number_shown: int, width: int, color: b
                           [[Text(f"{i}:{v:.3g}") for i, v in top] or [Text("none active", style="dim")]
                            for top in result.top]))
     lines += [Text()] + table(columns, width, keys=2)
-    lines += words("EV: explained variance against the text's mean at the site; KL: the clean next-token "
-                   "distribution's divergence from the spliced one" +
+    lines += words(("*: left out of the figures above, neither measured nor spliced; " if result.left_out else "") +
+                   "EV: explained variance against the mean of the text's measured tokens at the site; KL: the clean "
+                   "next-token distribution's divergence from the spliced one" +
                    ("; " + SPACE_NOTE if has_space([token_label(t) for t in result.tokens]) else ""), width, "dim")
     return lines
 
@@ -124,10 +152,12 @@ def direct_lines(direct: Direct, tokens: list[str], width: int) -> list[Text]:
 
 
 def feature_text_lines(result: TextFeatures, width: int, color: bool) -> list[Text]:
-    acts = result.activations
+    acts = [result.activations[p] for p in result.measured]
     active = sum(1 for a in acts if a > 0)
-    lines = words(f"feature {result.feature}: active on {active} of {len(acts)} tokens, largest {max(acts):.4f}",
-                  width)
+    lines = words(f"feature {result.feature}: active on {active} of {len(acts)} tokens measured, largest "
+                  f"{max(acts, default=0.0):.4f}", width)
+    lines += words(left_out_words(counts(result.left_out), result.every_token, [p for p in sorted(result.left_out) if p]),
+                   width, "dim")
     lines += wrap(activation_items(result, color), width, sep=" " if color else "  ")
     note = "shade: the darker, the more active" if color else "the activation beside each token where active"
     return lines + words(note + ("; " + SPACE_NOTE if has_space([token_label(t) for t in result.tokens]) else ""),
@@ -143,10 +173,11 @@ def part_lines(result: CorpusFeatures, run: Envelope, width: int, color: bool, h
     """An SAE's aggregate over the run's texts: the error's means, the losses, and a feature's top activating
     contexts."""
     texts = f"{run.n} text{'' if run.n == 1 else 's'}"
-    lines = words(f"features over {texts} ({result.tokens} tokens)" +
+    lines = words(f"features over {texts} ({result.tokens} tokens, {result.measured} measured)" +
                   (" (interrupted: the texts finished)" if run.interrupted else ""), width, "bold") if heading \
         else []
     lines += words(sae_words(result.sae), width)
+    lines += words(left_out_words(result.left_out, result.every_token), width, "dim")
     if result.feature is None:
         lines += words(f"error at the site: MSE {result.mse:.4g} per value; explained variance "
                        f"{number(result.explained)} (the mean of the texts'); cosine {number(result.cosine)}; L0 "
@@ -155,9 +186,9 @@ def part_lines(result: CorpusFeatures, run: Envelope, width: int, color: bool, h
             for sentence in loss_words(result.losses):
                 lines += words(sentence, width)
         return lines
-    lines += words(f"feature {result.feature}: active on {result.active} of {result.tokens} tokens "
-                   f"({result.active / max(result.tokens, 1):.2%}); largest activation {result.max_activation:.4f}, "
-                   f"mean {result.mean_activation:.4g} over every token", width)
+    lines += words(f"feature {result.feature}: active on {result.active} of {result.measured} tokens measured "
+                   f"({result.active / max(result.measured, 1):.2%}); largest activation {result.max_activation:.4f}, "
+                   f"mean {result.mean_activation:.4g} over every token measured", width)
     if not result.contexts:
         return lines + words("no context: the feature is active on no token", width, "dim")
     context = []
@@ -211,7 +242,8 @@ def record(result: TextFeatures) -> dict[str, Any]:
             "features": [[[i, v] for i, v in top] for top in result.top], "mse": result.mse,
             "explained_variance": result.explained, "cosine": result.cosine, "l0": result.l0,
             "explained_variance_text": result.explained_text, "loss": losses_record(result.losses), "kl": result.kl,
-            "feature": result.feature, "activations": result.activations, "direct": direct_record(result.direct)}
+            "feature": result.feature, "activations": result.activations, "direct": direct_record(result.direct),
+            "left_out": [{"position": p, "why": why} for p, why in sorted(result.left_out.items())]}
 
 
 def direct_record(direct: Direct | None) -> dict[str, Any] | None:
@@ -238,7 +270,7 @@ def part_record(result: CorpusFeatures, run: Envelope) -> dict[str, Any]:
             "max_activation": result.max_activation, "mean_activation": result.mean_activation,
             "contexts": [{"activation": c.activation, "text": c.text, "position": c.position, "before": c.before,
                           "token": c.token, "after": c.after} for c in result.contexts],
-            "interrupted": run.interrupted}
+            "measured": result.measured, "left_out": result.left_out, "interrupted": run.interrupted}
 
 
 def several_record(result: Several) -> list[dict[str, Any]]:
