@@ -1057,3 +1057,24 @@ def test_an_sae_given_to_another_option_is_named_by_that_option(gpt2, tmp_path, 
     assert "no such file or folder" in refused_by(cli, "generate", "-m", path, TEXT, "--steer", "nonexistent#3:5",
                                                   code=1)
     assert "48 values per token" in refused_by(cli, "generate", "-m", path, TEXT, "--ablate", f"{wide}#3", code=1)
+
+
+def test_a_jumprelu_pre_activation_exactly_at_its_threshold_does_not_fire(tmp_path):
+    """JumpReLU fires where the pre-activation is above the threshold, not at it (sae-lens: `pre > threshold`).
+    Random SAEs never tie, so this one is built to: W_enc = W_dec = I, biases 0, every threshold 0.5, and inputs
+    that hit 0.5 exactly; sae-lens's own `encode` is the reference, and the rule by hand."""
+    reference = lens.JumpReLUSAE(lens.JumpReLUSAEConfig(d_in=8, d_sae=8))
+    with torch.no_grad():
+        reference.W_enc.copy_(torch.eye(8))
+        reference.W_dec.copy_(torch.eye(8))
+        reference.b_enc.zero_()
+        reference.b_dec.zero_()
+        reference.threshold.fill_(0.5)
+    sae = read_sae(written(reference, tmp_path / "tie", "blocks.0.hook_resid_post"))
+    x = torch.tensor([[0.5, 0.25, 1.0, 0.5, 0.75, 0.5, 0.0, 2.0], [0.5] * 8])
+    ours = sae.encode(x)
+    with torch.no_grad():
+        theirs = reference.encode(x)
+    assert torch.equal(ours, theirs)
+    assert torch.equal(ours, torch.where(x > 0.5, x, torch.zeros_like(x)))
+    assert int((ours[1] > 0).sum()) == 0  # every pre-activation at the threshold: none fires
