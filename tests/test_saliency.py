@@ -204,6 +204,28 @@ def test_a_llama_with_grouped_query_attention_as_captum_does(tmp_path, save_hf_m
     close(occluded.attributions, theirs[0, :, 0], "Llama's occlusion")
 
 
+def test_a_gemma_with_its_embedding_scale_as_captum_does(tmp_path, save_hf_model):
+    """Gemma multiplies its token embeddings by sqrt(hidden_size) (transformers' GemmaTextScaledWordEmbedding): input
+    x gradient is the `embed` site's value (the scaled embeddings) times the gradient there, and integrated gradients
+    from zero embeddings integrate along that value, both as Captum computes them on transformers' scaled
+    `inputs_embeds`; reading the embedding table's rows instead is off by sqrt(32)."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = GemmaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         intermediate_size=48, max_position_embeddings=64, vocab_size=30522, bos_token_id=101,
+                         eos_token_id=102, pad_token_id=0, initializer_range=0.1)
+    hf = save_hf_model(GemmaForCausalLM, config, tmp_path, perturb=True)
+    setup = (tmp_path, hf, tfcli.load_model(str(tmp_path)), load_tokenizer_for(resolve_source(str(tmp_path))))
+    product, read = run(setup, TEXT, method="input-x-gradient", target="mary", foil="john")
+    x, zero = zero_baseline(hf.model.embed_tokens, read.ids, read.special)  # scaled, as the model reads them
+    assert float(x[0, 1].norm()) > 2 * float(hf.model.embed_tokens.weight[read.ids[1]].norm())  # the scale is there
+    forward = logit_metric(hf, read.position, read.target.id, read.foil.id, embeds=True)
+    close(product.attributions, InputXGradient(forward).attribute(x).sum(-1)[0], "Gemma's input x gradient")
+    integrated, _ = run(setup, TEXT, baseline="zero", steps=8, target="mary", foil="john")
+    theirs = IntegratedGradients(forward).attribute(x, baselines=zero, n_steps=8, method="gausslegendre")
+    close(integrated.attributions, theirs.sum(-1)[0], "Gemma's integrated gradients from zero embeddings")
+
+
 def test_a_classifiers_label_is_attributed_as_captum_does(bert):
     _, hf, model, _ = bert
     result, read = run(bert, "a gripping , funny and moving film", baseline="pad", target="positive",
