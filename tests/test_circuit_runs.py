@@ -146,3 +146,27 @@ def test_ctrl_c_while_measuring_keeps_the_pairs_measured(cli, llama, dataset, tm
     assert record["circuit"]["edges"] == 5 and alone["circuit"]["pairs"] == 5
     assert record["circuit"]["faithfulness"] == pytest.approx(alone["circuit"]["faithfulness"], abs=1e-9)
     assert [p["faithfulness"] for p in record["curve"]] != [p["faithfulness"] for p in alone["curve"]]  # other scores
+
+
+def test_ctrl_c_in_a_faithful_bisection_step_does_not_decide_the_circuit(cli, llama, dataset, monkeypatch):
+    """--faithful: Ctrl-C in a bisection step (the second faithfulness run) leaves that step's few pairs out of the
+    decision: the circuit is the curve's smallest reaching F, with the faithfulness the curve measured over every
+    pair, not the cut step's (which would be labelled with the full pair count)."""
+    results, calls = circuit.CircuitFaithfulness.results, []
+
+    def interrupted(self, model, tokenizer, items, progress):
+        calls.append(0)
+        for result in results(self, model, tokenizer, items, progress):
+            calls[-1] += 1
+            if len(calls) == 2 and calls[-1] == 3:
+                raise KeyboardInterrupt
+            yield result
+    monkeypatch.setattr(circuit.CircuitFaithfulness, "results", interrupted)
+    result = cli("circuit", "-m", str(llama), "--dataset", str(dataset), "--faithful", "0.5", "--sizes", "1,200",
+                 "--json")
+    assert result.exit_code == 130 and len(calls) == 2, (calls, result.stderr)  # a step was under way
+    [record] = records(result)
+    found, curve = record["circuit"], {p["edges"]: p for p in record["curve"]}
+    assert record["interrupted"] and found["pairs"] == record["n"] == 12 and found["picked"] == "faithful"
+    assert found["edges"] in curve and found["faithfulness"] == curve[found["edges"]]["faithfulness"] >= 0.5
+    assert not any(line.startswith("--faithful 0.5: ") for line in result.stderr.splitlines())
