@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -469,7 +470,7 @@ def records(result) -> list[dict]:
 
 KEYS = {"text", "ids", "tokens", "token_texts", "spans", "special", "method", "site", "baseline", "steps",
         "integration", "metric", "target", "foil", "position", "value", "baseline_value", "attributions", "total",
-        "delta", "faithfulness"}
+        "delta", "delta_advice", "faithfulness"}
 
 
 def test_the_json_record_has_the_documented_keys(cli, gpt2):
@@ -715,3 +716,65 @@ def test_the_help_fits_80_columns_and_shows_examples(cli):
     result = cli("saliency", "--help", env={"COLUMNS": "80"})
     assert result.exit_code == 0 and "Examples:" in result.stdout and "--continuation" in result.stdout
     assert max(map(len, result.stdout.splitlines())) <= 80
+
+
+def test_the_aggregate_names_the_tokens_an_offset_holds_and_bars_keep_their_sign_without_colour(cli, gpt2, tmp_path):
+    """Over texts whose tokens differ at an offset, the table says which tokens stand there and in how many texts
+    (not "(varies)"), and `--json` gives them (`tokens`); without colour a bar's sign is still seen: ▒ for a share
+    that lowers the metric, █ for one that raises it, as attribute draws them."""
+    path = str(gpt2[0])
+    texts = ["the cat sat on the mat", "the dog sat on the rug", "a cat sat on a mat"]
+    *_, aggregate = records(cli("saliency", "-m", path, *texts, "--method", "input-x-gradient", "--json"))
+    by_offset = {c["offset"]: c for c in aggregate["columns"]}
+    assert by_offset[-1]["token"] is None and sorted(map(tuple, by_offset[-1]["tokens"])) == [("a", 1), ("the", 2)]
+    assert by_offset[-2]["token"] == "on" and by_offset[-2]["tokens"] == [["on", 3]]
+    shown = cli("saliency", "-m", path, *texts, "--method", "input-x-gradient", "--width", "120", "--no-color")
+    assert shown.exit_code == 0, shown.stderr
+    assert "(varies)" not in shown.stdout and re.search(r"^\s*-1\s+'the' 2, 'a' 1\s", shown.stdout, re.M), \
+        shown.stdout
+    table = shown.stdout[shown.stdout.index("each position, counted back"):]
+    rows = [line for line in table.splitlines() if re.match(r"^\s*-?\d+\s", line)]
+    for column, row in zip(aggregate["columns"], rows):
+        bar = row.split()[-1]
+        if "%" not in bar:  # a share too small for one glyph has no bar
+            assert set(bar) == ({"█"} if column["mean"] >= 0 else {"▒"}), (column, row)
+    assert any(c["mean"] < 0 for c in aggregate["columns"]) and any(c["mean"] > 0 for c in aggregate["columns"])
+    assert "█ raises, ▒ lowers the metric" in " ".join(shown.stdout.split())
+
+
+def test_the_faithfulness_table_gives_each_tokens_position(cli, gpt2):
+    """A text with a token twice (john): each row of the faithfulness table names the position replaced beside the
+    token, in the order of the record's `order`, so the two johns are told apart."""
+    path = str(gpt2[0])
+    args = ("saliency", "-m", path, TEXT, "--target", "mary", "--foil", "john", "--faithfulness", "--steps", "8")
+    [record] = records(cli(*args, "--json"))
+    shown = cli(*args, "--width", "120", "--no-color")
+    assert shown.exit_code == 0, shown.stderr
+    table = shown.stdout[shown.stdout.index("deleted/restored"):].splitlines()[2:]
+    rows = [line.split()[:3] for line in table if line.strip()][1:]  # the row of 0 tokens replaced has no position
+    order = record["faithfulness"]["order"]
+    assert [(int(k), int(p)) for k, p, _ in rows] == list(enumerate(order, 1))
+    assert [token for *_, token in rows] == [repr(record["token_texts"][p]) for p in order]
+    assert sum(record["token_texts"][p] == "john" for p in order) == 2
+
+
+def test_a_large_completeness_delta_says_why_and_what_converges(cli, tmp_path, save_hf_model, gpt2):
+    """Integrated gradients from zero embeddings on an RMSNorm model (scale invariant away from 0) leave a large
+    delta in a few steps: the view and `delta_advice` say why and name a baseline that converges (pad), and that
+    baseline's delta is small, with no advice; the delta itself is f's own, by transformers' Llama."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=48, max_position_embeddings=64, vocab_size=30522, bos_token_id=101,
+                         eos_token_id=102, pad_token_id=0, initializer_range=0.1)
+    save_hf_model(LlamaForCausalLM, config, tmp_path, perturb=True)
+    args = ("saliency", "-m", str(tmp_path), TEXT, "--target", "mary", "--foil", "john", "--steps", "4")
+    [zero] = records(cli(*args, "--baseline", "zero", "--json"))
+    assert abs(zero["delta"]) > 0.05 * abs(zero["value"] - zero["baseline_value"]), zero["delta"]
+    assert "scale invariant" in zero["delta_advice"] and "--baseline pad" in zero["delta_advice"]
+    shown = cli(*args, "--baseline", "zero", "--width", "80", "--no-color")
+    assert "the delta is large: |delta| is" in " ".join(shown.stdout.split()) and "(large)" in shown.stdout
+    [pad] = records(cli(*args[:-1], "64", "--baseline", "pad", "--json"))
+    assert abs(pad["delta"]) < 0.05 * abs(pad["value"] - pad["baseline_value"]) and pad["delta_advice"] is None
+    shown = cli(*args[:-1], "64", "--baseline", "pad", "--width", "80", "--no-color")
+    assert "(small: the attributions account for the change)" in " ".join(shown.stdout.split())

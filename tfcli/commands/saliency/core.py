@@ -27,6 +27,7 @@ Shapes: N texts, T tokens, d the site's width (its trailing dimensions, flattene
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -100,6 +101,7 @@ class Saliency:
     delta: float | None = None
     curves: Curves | None = None
     line: int | None = None
+    delta_advice: str | None = None  # when |delta| is large: why, and what converges (delta_advice)
 
     @property
     def total(self) -> float:
@@ -124,6 +126,7 @@ class PositionShare:
     std: float
     low: float | None
     high: float | None
+    tokens: list[tuple[str, int]] = field(default_factory=list)  # the tokens there, each with its texts, most first
 
 
 TOKEN_KINDS = ("target", "foil", "read", "special", "other")
@@ -389,8 +392,27 @@ def run_prompts(model: TransformerModel, tokenizer: Tokenizer, prompts: list[Pro
             prompt.position, metric, value, baseline_value, attributions[i].tolist(), delta,
             faithfulness(passes.one(i), x[i], baseline[i], attributions[i], options.seed) if options.faithfulness
             else None,
-            prompt.line))
+            prompt.line, delta_advice(delta, value - baseline_value, options)))
     return results
+
+
+DELTA_LARGE = 0.05  # a completeness delta over this share of |f(text) - f(baseline)| is said to be large
+
+
+def delta_advice(delta: float | None, gap: float, options: SaliencyOptions) -> str | None:
+    """Why a large completeness delta (|delta| over DELTA_LARGE of |f(x) - f(x')|), and what to do; None when it is
+    small (or not integrated gradients). From zero embeddings the path cannot converge in a few dozen steps: a model
+    that normalises its blocks' inputs (LayerNorm, RMSNorm) is scale invariant away from 0, so its output barely
+    moves along the path until the last steps near the baseline, where the whole gradient sits."""
+    if delta is None or abs(delta) <= DELTA_LARGE * max(abs(gap), 1e-9):
+        return None
+    share = f"|delta| is {abs(delta) / max(abs(gap), 1e-9):.0%} of f(text) - f(baseline)"
+    if options.baseline == "zero":
+        return (f"{share}: from zero embeddings the model, whose norms make it scale invariant away from 0, barely "
+                "moves along the path until its last steps near 0, where the gradient sits and few steps fall; a "
+                "baseline of tokens converges: --baseline pad (or mask, or a text of as many tokens)")
+    return (f"{share}: the gradient changes along the path faster than {options.steps} steps sample it; give more "
+            "--steps (Gauss-Legendre's converge fastest), or a baseline nearer the text (a text of as many tokens)")
 
 
 def generated(model: TransformerModel, tokenizer: Tokenizer, prompt: Prompt, options: SaliencyOptions) -> Prompt:
@@ -497,8 +519,9 @@ def aggregate(results: list[Saliency], options: SaliencyOptions, resamples: int)
     options = replace(options, baseline=baselines.pop() if len(baselines) == 1 else None)
     read = [r.position if r.position is not None else len(r.ids) - 1 for r in results]
     width = min(read) + 1
-    tokens = [{r.token_texts[at - width + 1 + j] for r, at in zip(results, read)} for j in range(width)]
-    columns = [PositionShare(j - width + 1, texts.pop() if len(texts) == 1 else None, *spread)
+    tokens = [Counter(r.token_texts[at - width + 1 + j] for r, at in zip(results, read)) for j in range(width)]
+    columns = [PositionShare(j - width + 1, next(iter(texts)) if len(texts) == 1 else None, *spread,
+                             tokens=sorted(texts.items(), key=lambda t: (-t[1], t[0])))
                for j, (texts, spread) in enumerate(zip(tokens, spreads([r.shares[at - width + 1:at + 1] for r, at
                                                                          in zip(results, read)], resamples)))]
     kinds = [token_kinds(r) for r in results]

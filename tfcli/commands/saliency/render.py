@@ -30,7 +30,24 @@ SHADES = ((0.8, "white on color(27)", "white on color(160)"), (0.6, "black on co
           (0.05, "black on color(195)", "black on color(224)"))
 NAMES = dict(zip(METHODS, ("integrated gradients", "gradient (L2 norm)", "input x gradient", "occlusion",
                            "attention rollout")))
-BAR = "█"
+BAR, LOWERS = "█", "▒"  # a bar that raises the metric, one that lowers it: told apart without colour too
+BARS_NOTE = f"{BAR} raises, {LOWERS} lowers the metric"
+
+
+def bar(value: float, largest: float) -> Text:
+    """A bar of up to 16 cells, its glyph and colour by its sign."""
+    return Text((BAR if value >= 0 else LOWERS) * (round(abs(value) / largest * 16) if largest else 0),
+                style="blue" if value >= 0 else "red")
+
+
+def offset_tokens(column: PositionShare) -> str:
+    """The token at an aligned offset: the one every text has there, else the two commonest with their counts and
+    how many others (`'the' 2, 'a' 1`)."""
+    if column.token is not None:
+        return quoted(column.token).replace(GLUE, " ")
+    shown = ", ".join(f"{quoted(token).replace(GLUE, ' ')} {count}" for token, count in column.tokens[:2])
+    rest = len(column.tokens) - 2
+    return shown + (f", {rest} other{'s' if rest > 1 else ''}" if rest > 0 else "")
 
 
 def method_words(options: SaliencyOptions) -> str:
@@ -99,8 +116,11 @@ def saliency_lines(result: Saliency, number: int, width: int, color: bool, top: 
                    "on the baseline", width)
     if result.delta is not None:
         lines += words(f"the attributions sum to {result.total:+.4f}; f(text) - f(baseline) = "
-                       f"{result.value - result.baseline_value:+.4f}; completeness delta {result.delta:+.2e} (more "
-                       "--steps make it smaller)", width)
+                       f"{result.value - result.baseline_value:+.4f}; completeness delta {result.delta:+.2e}" +
+                       (" (small: the attributions account for the change)" if result.delta_advice is None else
+                        " (large)"), width)
+        if result.delta_advice is not None:
+            lines += words(f"the delta is large: {result.delta_advice}", width, "yellow")
     lines.append(Text())
     lines += wrap(token_items(result, color), width, sep=" " if color else "  ")
     note = ("shade: blue raises, red lowers the metric; the darker, the larger the share" if color else
@@ -125,14 +145,14 @@ def top_lines(result: Saliency, width: int, top: int) -> list[Text]:
     shares = result.shares
     ranked = sorted(range(len(result.ids)), key=lambda p: -abs(result.attributions[p]))[:top]
     largest = max((abs(shares[p]) for p in ranked), default=0.0)
-    bars = [Text(BAR * (round(abs(shares[p]) / largest * 16) if largest else 0),
-                 style="blue" if result.attributions[p] >= 0 else "red") for p in ranked]
+    bars = [bar(shares[p], largest) for p in ranked]
     columns = [Column.of("position", [str(p) for p in ranked], right=True),
                Column.of("token", [quoted(result.token_texts[p]).replace(GLUE, " ") for p in ranked]),
                Column.of("attribution", [f"{result.attributions[p]:+.4f}" for p in ranked], right=True),
                Column.of("share", [f"{shares[p]:+.1%}" for p in ranked], right=True),
                Column.of("", bars)]
-    return table(columns, width, title=f"the {len(ranked)} largest |attributions| (share: of their absolute sum)")
+    return table(columns, width, title=f"the {len(ranked)} largest |attributions| (share: of their absolute sum; "
+                 f"{BARS_NOTE})")
 
 
 def curve_lines(result: Saliency, width: int) -> list[Text]:
@@ -146,6 +166,7 @@ def curve_lines(result: Saliency, width: int) -> list[Text]:
                    "higher is more faithful", width)
     order = [""] + [quoted(result.token_texts[p]).replace(GLUE, " ") for p in curves.order]
     columns = [Column.of("tokens", [str(k) for k in range(len(order))], right=True),
+               Column.of("position", [""] + [str(p) for p in curves.order], right=True),
                Column.of("deleted/restored", order)]
     columns += [Column.of(header, [f"{v:+.4f}" for v in getattr(curves, name)], right=True)
                 for header, name in (("deletion", "deletion"), ("random", "random_deletion"),
@@ -168,10 +189,10 @@ def dataset_lines(run: Envelope, width: int, color: bool, after_texts: bool = Fa
     interval = f"; [low, high]: the 95% bootstrap interval of the mean ({resamples} resamples)" \
         if resamples else ""
     lines += [Text()] + words("each position, counted back from the one read (0), as far as every text reaches: "
-                              f"the mean share of the attributions' absolute sum{interval}", width, "dim")
+                              f"the mean share of the attributions' absolute sum{interval}; token: the one there, "
+                              f"or the commonest with their texts; {BARS_NOTE}", width, "dim")
     lines += table([Column.of("offset", [str(c.offset) for c in result.columns], right=True),
-                    Column.of("token", ["(varies)" if c.token is None else quoted(c.token).replace(GLUE, " ")
-                                        for c in result.columns]),
+                    Column.of("token", [offset_tokens(c) for c in result.columns]),
                     *share_columns(result.columns, resamples)], width)
     lines += [Text()] + words("each kind of token: its tokens' shares summed in each text (0 where a text has none), "
                               "their mean over the texts; target and foil: the metric's tokens where the text has "
@@ -203,8 +224,7 @@ def share_columns(rows: list[PositionShare] | list[KindShare], resamples: int) -
                Column.of("std", [f"{r.std:.1%}" for r in rows], right=True)]
     if resamples:
         columns.append(Column.of("95% interval", [f"[{r.low:+.1%}, {r.high:+.1%}]" for r in rows], right=True))
-    return columns + [Column.of("", [Text(BAR * (round(abs(r.mean) / largest * 16) if largest else 0),
-                                          style="blue" if r.mean >= 0 else "red") for r in rows])]
+    return columns + [Column.of("", [bar(r.mean, largest) for r in rows])]
 
 
 def continuation_lines(result: ContinuationSaliency, number: int, width: int) -> list[Text]:
@@ -254,6 +274,7 @@ def record(result: Saliency) -> dict[str, Any]:
             "metric": result.metric, "target": token_record(result.target), "foil": token_record(result.foil),
             "position": result.position, "value": result.value, "baseline_value": result.baseline_value,
             "attributions": result.attributions, "total": result.total, "delta": result.delta,
+            "delta_advice": result.delta_advice,
             "faithfulness": None if curves is None else {
                 "order": curves.order, "deletion": curves.deletion, "insertion": curves.insertion,
                 "random_deletion": curves.random_deletion, "random_insertion": curves.random_insertion,
@@ -278,8 +299,8 @@ def dataset_record(run: Envelope) -> dict[str, Any]:
             "bootstrap": run.resamples, "interrupted": run.interrupted, **options_record(result.options),
             "metric": result.metric, "target": token_record(result.target), "foil": token_record(result.foil),
             "value": result.value,
-            "columns": [{"offset": c.offset, "token": c.token, "mean": c.mean, "std": c.std, "low": c.low,
-                         "high": c.high} for c in result.columns],
+            "columns": [{"offset": c.offset, "token": c.token, "tokens": [list(t) for t in c.tokens], "mean": c.mean,
+                         "std": c.std, "low": c.low, "high": c.high} for c in result.columns],
             "kinds": [{"kind": k.kind, "texts": k.texts, "mean": k.mean, "std": k.std, "low": k.low, "high": k.high}
                       for k in result.kinds],
             "delta_mean": result.delta_mean, "delta_worst": result.delta_worst,
@@ -296,6 +317,8 @@ def page_section(result: Saliency, tokenizer: Tokenizer | None) -> dict[str, Any
                     f"{result.baseline_value:+.4f} on the baseline")]
     if result.delta is not None:
         header.append(f"the attributions sum to {result.total:+.4f}; completeness delta {result.delta:+.2e}")
+        if result.delta_advice is not None:
+            header.append(f"the delta is large: {result.delta_advice}")
     return record(result) | {"shares": result.shares, "header": header, "quantity": plain(quantity(result))}
 
 
