@@ -1078,3 +1078,31 @@ def test_a_jumprelu_pre_activation_exactly_at_its_threshold_does_not_fire(tmp_pa
     assert torch.equal(ours, theirs)
     assert torch.equal(ours, torch.where(x > 0.5, x, torch.zeros_like(x)))
     assert int((ours[1] > 0).sum()) == 0  # every pre-activation at the threshold: none fires
+
+
+LONG_WORDS = ("extraordinary circumstances notwithstanding, the administration unquestionably acknowledged "
+              "responsibilities regarding environmental sustainability considerations internationally yesterday")
+
+
+@pytest.mark.parametrize("width", [80, 112, 120])
+def test_the_contexts_table_stays_one_table_at_any_width(gpt2, saved_sae, cli, tmp_path, width):
+    """--feature over a file: a context wider than the room beside its numbers wraps in its cell; the table is never
+    split into pages that put the text and position apart from the context (as at 112 columns it was)."""
+    path = str(gpt2[0])
+    folder, _ = saved_sae
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(LONG_WORDS + "\n" + LONG_WORDS.replace("the", "an") + "\n")
+    record = json.loads(cli("features", "-m", path, "--sae", str(folder), "--feature", "7", "--file", str(corpus),
+                            "--json").stdout.splitlines()[-1])
+    assert record["contexts"], "feature 7 is active somewhere"
+    shown = cli("features", "-m", path, "--sae", str(folder), "--feature", "7", "--file", str(corpus), "--width",
+                str(width), "--no-color")
+    assert shown.exit_code == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(map(len, lines)) <= width
+    headers = [line for line in lines if line.lstrip().startswith("activation")]
+    assert len(headers) == 1 and all(word in headers[0] for word in ("text", "position", "context")), shown.stdout
+    table = " ".join(shown.stdout[shown.stdout.index(headers[0]):].split())
+    for c in record["contexts"]:
+        assert " ".join(token_label(t) for t in c["before"]) in table
+        assert f"[{token_label(c['token'])}]" in table

@@ -55,8 +55,8 @@ def left_out_words(left_out: dict[str, int], every_token: bool, positions: list[
         return "every token measured (--all-tokens): position 0, special tokens and outliers included"
     if not left_out:
         return "no token left out of the figures (position 0, special tokens and outliers would be)"
-    parts = [f"{WHY[why]} ({left_out[why]})" if why != "first" or left_out[why] > 1 else WHY[why]
-             for why in WHY if left_out.get(why)]
+    parts = [WHY[why] if why == "first" and left_out[why] == 1 else
+             f"{WHY[why]} ({left_out[why]}{' texts' if why == 'first' else ''})" for why in WHY if left_out.get(why)]
     where = f" (position{'s' if len(positions) > 1 else ''} {', '.join(map(str, positions))})" if positions else ""
     return (f"left out of the figures, as sae train leaves them out: {', '.join(parts)}{where}; --all-tokens "
             "measures them")
@@ -204,7 +204,8 @@ def part_lines(result: CorpusFeatures, run: Envelope, width: int, color: bool, h
                Column.of("position", [str(c.position) for c in result.contexts], right=True),
                Column("context (the token " + ("highlighted)" if color else "in [ ])"), context, sep=" ")]
     tokens = [t for c in result.contexts for t in (*c.before, c.token, *c.after)]
-    return lines + [Text()] + table(columns, width, keys=1, title=f"the {len(result.contexts)} top activating "
+    # the numbers are the keys: a context wider than the room beside them wraps in its cell, never a page of its own
+    return lines + [Text()] + table(columns, width, keys=3, title=f"the {len(result.contexts)} top activating "
                                     "contexts") + \
         (words(SPACE_NOTE, width, "dim") if has_space([token_label(t) for t in tokens]) else [])
 
