@@ -1106,3 +1106,17 @@ def test_the_contexts_table_stays_one_table_at_any_width(gpt2, saved_sae, cli, t
     for c in record["contexts"]:
         assert " ".join(token_label(t) for t in c["before"]) in table
         assert f"[{token_label(c['token'])}]" in table
+
+
+def test_a_log_gets_a_first_line_at_once_and_a_last_line(gpt2, saved_sae, cli, tmp_path):
+    """Into a log (stderr not a terminal), a run over a --file says at once what runs over how many texts (the file's
+    lines are counted, not `?`) and, at its end, how many it did in how long; none of the minute's lines between."""
+    path = str(gpt2[0])
+    folder, _ = saved_sae
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n\n")  # a blank line is no text
+    result = cli("features", "-m", path, "--sae", str(folder), "--file", str(corpus), "--json")
+    assert result.exit_code == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("features: ")]
+    assert said[0] == "features: started, over 3 texts", result.stderr
+    assert re.fullmatch(r"features: done, 3 of 3 texts in \d+ s", said[-1]) and len(said) == 2, result.stderr

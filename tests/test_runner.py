@@ -315,23 +315,28 @@ def test_ray_gives_the_one_process_aggregate(gpt2, tmp_path):
 
 
 def test_a_log_gets_a_plain_progress_line_now_and_then(monkeypatch):
-    """Without a terminal (a batch job's log), progress is a line every PLAIN_EVERY seconds: items done, the rate,
-    the time left; none before the first interval; a rate under a fifth of the best seen says why that may be."""
+    """Without a terminal (a batch job's log), progress is a first line at once (over how many items), then a line
+    every PLAIN_EVERY seconds: items done, the rate, the time left; a rate under a fifth of the best seen says why
+    that may be; and a last line at the end, how many in how long."""
     from tfcli.cli import progress as common
 
     said = []
     monkeypatch.setattr(common, "say", said.append)
-    times = iter([0.0, 10.0, 60.0, 120.0, 150.0, 400.0])
+    times = iter([0.0, 0.0, 10.0, 60.0, 120.0, 150.0, 400.0, 430.0])
     progress = common.PlainProgress("patch", "pairs", clock=lambda: next(times))
+    progress(0, 100)  # at once
     progress(1, 100)  # 10 s: too soon
     progress(30, 100)  # 60 s: 30 in 60 s
     progress(60.5, 100)  # 120 s: 30.5 in 60 s
     progress(61, 100)  # 150 s: too soon after the last line
     progress(62, 100, "2 of 2 workers alive")  # 400 s: 1.5 in 280 s
-    assert said == ["patch: 30 of 100 pairs, 0.5 per s, about 2 min 20 s left",
+    progress.end()  # 430 s
+    assert said == ["patch: started, over 100 pairs",
+                    "patch: 30 of 100 pairs, 0.5 per s, about 2 min 20 s left",
                     "patch: 60 of 100 pairs, 0.508 per s, about 1 min 18 s left",
                     "patch: 62 of 100 pairs, 0.00536 per s, about 4 min 5 s left (slower than before: a busy machine? "
-                    "OMP_NUM_THREADS=1 helps under load); 2 of 2 workers alive"]
+                    "OMP_NUM_THREADS=1 helps under load); 2 of 2 workers alive",
+                    "patch: done, 62 of 100 pairs in 7 min 10 s"]
 
 
 def test_a_dataset_run_into_a_log_says_how_far_it_is(gpt2, tmp_path, monkeypatch):

@@ -134,6 +134,8 @@ def test_the_file_loads_in_sae_lens_with_the_same_features(gpt2, corpus, tmp_pat
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["tokens"] == 2048 and record["latents"] == 128 and record["hook"] == "blocks.1.hook_resid_post"
+    said = [line for line in result.stderr.splitlines() if line.startswith("sae train: ")]  # into a log: at once, at
+    assert said[0].startswith("sae train: started, over ") and said[-1].startswith("sae train: done, ")  # the end
     assert 0 <= record["dead"] <= 128 and record["l0"] <= 8
     theirs = sae_lens.SAE.load_from_disk(str(out))
     assert type(theirs).__name__ == "TopKSAE" and theirs.cfg.k == 8

@@ -237,6 +237,7 @@ class Session:
         `Envelope.dataset()`)."""
         model, pool = self.model, self.workers()
         with self.display.progress(stage or analysis.command, analysis.unit) as progress:
+            progress(0, dataset.total if dataset.total is not None else dataset.expected)  # a log's first line at once
             try:
                 done = aggregated(analysis, model, self.tokenizer, dataset, each, progress, pool)
             except KeyboardInterrupt:
@@ -267,7 +268,7 @@ def aggregated(analysis: Analysis, model: TransformerModel | None, tokenizer: To
     """The aggregate of the analysis over the dataset's items, run on `model` or, with `pool` (a started
     tfcli.cluster.Cluster), in blocks on its workers, in its Envelope."""
     if pool is None and dataset.batches is not None:
-        results = streamed(analysis, model, tokenizer, dataset.batches, progress)
+        results = streamed(analysis, model, tokenizer, dataset.batches, progress, dataset.expected)
     elif pool is None:
         items = dataset.items
         told = None if progress is None else (lambda done: progress(done, len(items)))
@@ -286,12 +287,12 @@ def aggregated(analysis: Analysis, model: TransformerModel | None, tokenizer: To
 
 
 def streamed(analysis: Analysis, model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list],
-             progress: Progress | None = None) -> Iterator[tuple[Any, Any]]:
+             progress: Progress | None = None, expected: int | None = None) -> Iterator[tuple[Any, Any]]:
     """(item, result) of each item of a stream, run a batch at a time as the batches come; `progress(items done,
-    None)`: the stream's length is not known."""
+    expected)`: the items a file's lines promise, None where the stream's length is not known (stdin)."""
     done = 0
     for batch in batches:
-        told = None if progress is None else (lambda part, start=done: progress(start + part, None))
+        told = None if progress is None else (lambda part, start=done: progress(start + part, expected))
         yield from ((item, result) for result, item in zip(analysis.results(model, tokenizer, batch, told), batch))
         done += len(batch)
 

@@ -137,6 +137,18 @@ class Inputs:
         """How many texts there are, when known before reading (arguments)."""
         return len(self.arguments) if self.arguments is not None else None
 
+    @property
+    def expected(self) -> int | None:
+        """How many texts there will be, as far as known before reading: the arguments, or a regular file's lines that
+        hold more than whitespace (counted once, for the progress; None for stdin or a pipe)."""
+        if self.arguments is not None:
+            return len(self.arguments)
+        path = Path(self.reader.name) if self.reader is not None and self.reader.name != "stdin" else None
+        if path is None or not path.is_file():
+            return None
+        with path.open("rb") as lines:
+            return sum(1 for line in lines if self.keep_blank or line.strip())
+
     def batches(self, size: int | None) -> Iterator[list[Input]]:
         """The texts in order, in batches of at most `size` (None: all in one); a stream's batch also ends
         where no further line is ready yet. No text at all (every line blank) is a usage error."""

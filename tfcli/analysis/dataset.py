@@ -56,6 +56,7 @@ class Dataset:
     skipped: int
     resamples: int
     batches: Iterator[list] | None = None
+    expected: int | None = None  # a stream's items, where known before it is read (a file's lines): for progress
 
     @property
     def total(self) -> int | None:

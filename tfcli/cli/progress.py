@@ -35,9 +35,9 @@ PLAIN_EVERY = 60.0  # seconds between two progress lines in a log
 
 
 class PlainProgress:
-    """Progress into a log, for a batch job: a line every PLAIN_EVERY seconds (none for a run that ends sooner)
-    with the items done, the rate and the time left; when the rate falls under a fifth of the best seen, a word on
-    why (a busy machine) and what helps."""
+    """Progress into a log, for a batch job: a first line at once (what runs, over how many items), then a line every
+    PLAIN_EVERY seconds with the items done, the rate and the time left (when the rate falls under a fifth of the best
+    seen, a word on why (a busy machine) and what helps), and a last line at the end (`end`): how many in how long."""
 
     def __init__(self, what: str, unit: str, clock: Callable[[], float] | None = None):
         import time
@@ -45,21 +45,38 @@ class PlainProgress:
         self.what, self.unit, self.clock = what, unit, clock or time.monotonic
         self.start = self.last = self.clock()
         self.last_done, self.best = 0.0, 0.0
+        self.done: float = 0.0
+        self.total: int | None = None
+        self.told = False  # the first line said
 
     def __call__(self, done: float, total: int | None, note: str = "") -> None:
         now = self.clock()
+        self.done, self.total = done, total if total is not None else self.total
+        of = f"{self.total:,}" if self.total is not None else "?"
+        if not self.told:
+            self.told = True
+            say(f"{self.what}: started, over {of} {self.unit}" + (f"; {note}" if note else ""))
+            return
         if now - self.last < PLAIN_EVERY:
             return
         rate = (done - self.last_done) / (now - self.last)
         self.best = max(self.best, rate)
         self.last, self.last_done = now, done
         overall = done / (now - self.start)
-        line = f"{self.what}: {int(done)} of {total if total is not None else '?'} {self.unit}, {rate:.3g} per s"
-        if total is not None and overall > 0:
-            line += f", about {duration((total - done) / overall)} left"
+        line = f"{self.what}: {int(done):,} of {of} {self.unit}, {rate:.3g} per s"
+        if self.total is not None and overall > 0:
+            line += f", about {duration((self.total - done) / overall)} left"
         if rate < self.best / 5:
             line += " (slower than before: a busy machine? OMP_NUM_THREADS=1 helps under load)"
         say(line + (f"; {note}" if note else ""))
+
+    def end(self, interrupted: bool = False) -> None:
+        """The last line: the items done (of how many) and the time taken; nothing where no first line was said."""
+        if self.told:
+            of = f" of {self.total:,}" if self.total is not None else ""
+            say(f"{self.what}: {'interrupted after' if interrupted else 'done,'} {int(self.done):,}{of} {self.unit} "
+                f"in {duration(self.clock() - self.start)}")
+
 
 def duration(seconds: float) -> str:
     """`45 s`, `3 min 20 s`, `1 h 5 min`."""
@@ -77,7 +94,13 @@ def count_bar(what: str, unit: str) -> Iterator[Callable[..., None]]:
     It yields the callback `progress(done, total, note="")` that advances it (`note`: said after it, e.g. the
     workers alive)."""
     if not STDERR.console.is_terminal:
-        yield PlainProgress(what, unit)
+        plain = PlainProgress(what, unit)
+        try:
+            yield plain
+        except BaseException:
+            plain.end(interrupted=True)
+            raise
+        plain.end()
         return
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)

@@ -128,6 +128,7 @@ def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions
             batches = ([(item.text, item.where) for item in batch]
                        for batch in given.texts.batches(CHUNK if analysis.streams else None))
             dataset = session.read(analysis, None, batches, bootstrap=given.bootstrap)
+            dataset.expected = given.texts.expected  # a file's lines: the progress counts against them
         else:
             dataset = session.read(analysis, given.path, skip_bad=given.skip_bad, bootstrap=given.bootstrap)
         analyse(session, analysis, dataset, source, run, views, given.per_item, after)
