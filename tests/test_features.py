@@ -1120,3 +1120,27 @@ def test_a_log_gets_a_first_line_at_once_and_a_last_line(gpt2, saved_sae, cli, t
     said = [line for line in result.stderr.splitlines() if line.startswith("features: ")]
     assert said[0] == "features: started, over 3 texts", result.stderr
     assert re.fullmatch(r"features: done, 3 of 3 texts in \d+ s", said[-1]) and len(said) == 2, result.stderr
+
+
+def test_a_feature_steering_strength_is_shown_against_the_prompts_numbers(gpt2, saved_sae, cli):
+    """--steer SAE#N:S: S is in the feature's activation units (S x W_dec[N] is added); the record's
+    steered.features and the view say, per prompt, the feature's largest activation there (position 0 left out) and
+    the median norm of block L's output (the same), with the vector's share of it, all from transformers' own block
+    output and sae-lens's encode."""
+    path, hf, model, tokenizer = gpt2
+    folder, reference = saved_sae
+    args = ("generate", "-m", str(path), TEXT, "--steer", f"{folder}#5:4", "--max-new-tokens", "2")
+    record = json.loads(cli(*args, "--json").stdout)
+    [scale] = record["steered"]["features"]
+    x = reference_site(hf, "blocks.1.hook_resid_post", ids_of(tokenizer, model, TEXT))
+    with torch.no_grad():
+        activation = float(reference.encode(x)[1:, 5].max())
+    norm = float(x[1:].norm(dim=-1).median())
+    share = 4 * float(reference.W_dec[5].norm()) / norm
+    assert (scale["spec"], scale["feature"], scale["block"], scale["strength"]) == (f"{folder}#5:4", 5, 1, 4.0)
+    for key, value in (("activation", activation), ("site_norm", norm), ("share", share)):
+        assert abs(scale[key] - value) <= 1e-4 * max(1.0, abs(value)), key
+    shown = " ".join(cli(*args, "--width", "80", "--no-color").stdout.split())
+    assert f"4 x feature 5's decoder row, the feature made 4 more active (its strength is in the feature's " \
+           f"activation units; on this prompt the feature reaches {activation:.4g}); block 1's output has a median " \
+           f"norm of {norm:.4g} here, so the vector added is {share:.0%} of it" in shown, shown

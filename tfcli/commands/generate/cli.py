@@ -50,6 +50,33 @@ def steering(specs: list[str] | None, layers: str | None, normalize: bool, confi
     return vectors, strengths, normalize, chosen, blocks
 
 
+def feature_scales(model, batches: Iterator[list], specs: list[str]) -> tuple[Iterator[list], dict[tuple, list]]:
+    """The prompts' batches, passed on as they come, and {prompt's ids: [{spec, feature, block, strength, activation,
+    site_norm, share}, ...]}, filled as each prompt passes: for each --steer SAE#N:S, what S means on that prompt
+    (core.feature_scale). Nothing without a feature among the specs."""
+    from tfcli.analysis.sae import read_sae
+    from tfcli.commands.generate import core
+
+    features = []
+    for spec in specs:
+        path, _, strength = spec.rpartition(":")
+        if not path or Path(spec).exists():
+            path, strength = spec, "1"
+        folder, _, number = path.rpartition("#")
+        if folder and not Path(path).exists():
+            features.append((spec, read_sae(folder), int(number), float(strength)))
+    scales: dict[tuple, list] = {}
+
+    def measured(batches: Iterator[list]) -> Iterator[list]:
+        for batch in batches:
+            for prompt in batch:
+                scales[tuple(prompt.ids)] = [{"spec": spec, "feature": n, "block": int(sae.site.split(".")[1])}
+                                      | core.feature_scale(model, prompt.ids, sae, n, strength)
+                                      for spec, sae, n, strength in features]
+            yield batch
+    return (measured(batches) if features else batches), scales
+
+
 @app.command()
 @shared_options(model="Model source with an LM head (default: the bundled `gpt2-small`, random weights).",
                 seed="Seed of the random weights (when the model has none) and of sampling.",
@@ -73,7 +100,9 @@ def generate(
                                                     "control-vector .gguf or .safetensors: tfcli steer fit, llama.cpp, "
                                                     "repeng; or SAE#N, an SAE's feature N) times STRENGTH (default 1) "
                                                     "to each of its blocks' output, at every position; several add "
-                                                    "up.")] = None,
+                                                    "up. A feature's STRENGTH is in its activation units (SAE#N:30: "
+                                                    "as if it were 30 more active); the view says how active it is on "
+                                                    "the prompt and what share of the block's norm that adds.")] = None,
     steer_layers: Annotated[str | None, typer.Option("--steer-layers", metavar="LAYERS", help="Steer only these "
                                                      "blocks of the vectors, e.g. 10-20 (default: all they have).")] = None,
     steer_normalize: Annotated[bool, typer.Option("--steer-normalize", help="Keep each position's norm as it was "
@@ -137,6 +166,9 @@ def generate(
                     show_text("\n")
                 yield generation
 
+        scales: dict[tuple, list] = {}
+        if vectors is not None:
+            batches, scales = feature_scales(loaded, batches, steer)
         hooks = ablations
         if vectors is not None:
             from tfcli.model.sites import merged
@@ -148,9 +180,9 @@ def generate(
         generations = core.run(loaded, tokenizer, batches, sampling, lens, show_text if live else None,
                                warn, hooks)
         emit(ended(generations),
-             View(out, lambda result: render.record(result, tokenizer) | changed,
+             View(out, lambda result: render.record(result, tokenizer) | render.scaled(changed, scales, result),
                   lambda result, number: render.generation_lines(result, tokenizer, number,
                                                                  run.seed if do_sample else None,
                                                                  out.width, with_text=live is not sys.stdout,
-                                                                 changed=changed)),
+                                                                 changed=render.scaled(changed, scales, result))),
              run.json_output, report=report_of(run.report, run.force, "generate", loaded, source, tokenizer))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from tfcli.analysis.inputs import GenerationPrompt, prompts
 
 if TYPE_CHECKING:
+    from tfcli.analysis.sae import SAE
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.model.decoding import Sampling, Step
@@ -80,3 +81,23 @@ def generate_one(model: TransformerModel, tokenizer: Tokenizer, prompt: Generati
     result.text = (result.full_text[len(prompt_text):] if context and result.full_text.startswith(prompt_text)
                    else tokenizer.decode(result.generated_ids))
     return result
+
+
+def feature_scale(model: TransformerModel, ids: list[int], sae: SAE, feature: int, strength: float
+                  ) -> dict[str, float]:
+    """What `--steer SAE#N:S` adds, on one prompt, in numbers a person can weigh S by: S is in feature N's activation
+    units (S x W_dec[N] is what the feature writes at activation S: the rows have unit norm for `sae train`'s, so
+    a vector of norm S |W_dec[N]|); against it, the feature's largest activation on the prompt and the median norm
+    of the site it is added to (block L's output; position 0, the attention sink, left out), the vector's norm as a
+    share of it. One pass of the prompt, unsteered."""
+    import torch
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([ids], device=model.device), names=[sae.site])
+    x = cache[sae.site][0].float()
+    norms = x.norm(dim=-1)
+    median = float((norms[1:] if len(norms) > 1 else norms).median())
+    acts = sae.encode(x.cpu())[:, feature]
+    added = abs(strength) * float(sae.weights["W_dec"][feature].norm())
+    return {"strength": strength, "activation": float((acts[1:] if len(acts) > 1 else acts).max()),
+            "site_norm": median, "share": added / median if median > 0 else float("inf")}

@@ -37,6 +37,8 @@ def generation_lines(result: Generation, tokenizer: Tokenizer, number: int, samp
         steered = changed["steered"]
         kept = " (each position's norm kept)" if steered["normalize"] else ""
         lines += words(f"steered: {', '.join(steered['vectors'])} at blocks {spans(steered['blocks'])}{kept}", width)
+        for scale in steered.get("features", []):
+            lines += words(feature_words(scale), width, "dim")
     if "ablated" in changed:
         lines += words(f"ablated: {ablated_label(changed['ablated'])}", width)
     ended = "stopped at end of sequence" if result.stopped_at_eos else f"{len(result.steps)} new tokens"
@@ -54,6 +56,23 @@ def changes_record(steered: tuple[list[str], list[int], bool] | None, ablated: l
     if ablated:
         out["ablated"] = ablated
     return out
+
+
+def scaled(changed: dict[str, Any], scales: dict[tuple, list], result: Generation) -> dict[str, Any]:
+    """`changed` with, for a prompt steered by SAE features, `steered.features`: per feature what its strength means
+    there ({spec, feature, block, strength, activation, site_norm, share}: generate.core.feature_scale)."""
+    found = scales.get(tuple(result.prompt_ids))
+    if not found or "steered" not in changed:
+        return changed
+    return changed | {"steered": changed["steered"] | {"features": found}}
+
+
+def feature_words(scale: dict[str, Any]) -> str:
+    """A feature's steering strength in the numbers a person weighs it by."""
+    return (f"{scale['spec']}: {scale['strength']:g} x feature {scale['feature']}'s decoder row, the feature made "
+            f"{scale['strength']:g} more active (its strength is in the feature's activation units; on this prompt "
+            f"the feature reaches {scale['activation']:.4g}); block {scale['block']}'s output has a median norm of "
+            f"{scale['site_norm']:.4g} here, so the vector added is {scale['share']:.0%} of it")
 
 
 def probability(p: float) -> str:
