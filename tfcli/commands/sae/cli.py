@@ -14,7 +14,7 @@ from tfcli.cli.console import output_console, warn
 from tfcli.cli.output import View, emit
 from tfcli.cli.session import inputs, session_of
 from tfcli.cli.options import AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, RunOptions, shared_options
-from tfcli.errors import usage_error
+from tfcli.errors import file_error, usage_error
 
 sae_app = command_group("sae", "Sparse autoencoders: train a top-k SAE on a model's activations, in SAELens's format "
                               "(read them with `tfcli features --sae`).")
@@ -109,8 +109,8 @@ def train(
         if out is None:
             raise usage_error("--out is required: the folder the SAE goes to", "--out my-sae")
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise usage_error(f"--out {out}: not an empty folder", "give a new folder (or --resume it, to continue "
-                              "its training)")
+            raise file_error(f"--out {out}: not an empty folder", "give a new folder (or --resume it, to continue "
+                             "its training)")  # nothing overwritten: exit 1, as an existing output file
         if expansion is not None and latents is not None:
             raise usage_error("give --expansion or --latents, not both")
     source = resolve_source(run.model, run.revision)

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from tfcli.analysis.inputs import model_input
 from tfcli.analysis.sae import TL_LEAVES
-from tfcli.errors import usage_error
+from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
     from tfcli.model import TransformerModel
@@ -512,14 +512,14 @@ def read_checkpoint(folder: Path) -> dict[str, Any]:
     """A run's checkpoint, refused with one error unless `folder` holds one."""
     path = folder / CHECKPOINT
     if not path.is_file():
-        raise usage_error(f"--resume {folder}: no checkpoint there ({CHECKPOINT})",
-                          "give the --out folder of an interrupted `tfcli sae train`", parameter="resume")
+        raise TfcliError(f"--resume {folder}: no checkpoint there ({CHECKPOINT})",
+                         "give the --out folder of an interrupted `tfcli sae train`", parameter="resume")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001  (a damaged file: pickle, zip or torch errors)
-        raise usage_error(f"--resume {folder}: {CHECKPOINT} is not readable: {error}", parameter="resume") from None
+        raise TfcliError(f"--resume {folder}: {CHECKPOINT} is not readable: {error}", parameter="resume") from None
     if not isinstance(data, dict) or data.get("format") != "tfcli sae train 1":
-        raise usage_error(f"--resume {folder}: {CHECKPOINT} is not a tfcli sae train checkpoint", parameter="resume")
+        raise TfcliError(f"--resume {folder}: {CHECKPOINT} is not a tfcli sae train checkpoint", parameter="resume")
     return data
 
 
