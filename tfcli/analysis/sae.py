@@ -171,7 +171,7 @@ def read_sae(path: str | Path, site: str | None = None) -> SAE:
         hint = f"give one of its layers' folders: {', '.join(layers[:6])}" if layers else "give an SAE's folder: " \
             + FORMATS
         raise file_error(f"--sae {path}: no SAE there (no cfg.json, params.npz, params.safetensors or "
-                          "hyperparams.json)", hint)
+                         "hyperparams.json)", hint)
     check_shapes(sae)
     if site is not None:
         sae.site, sae.site_out = site, (sae.site_out and site_out_of(site, sae))
@@ -228,7 +228,7 @@ def required(weights: dict, names: tuple[str, ...], path: Path) -> None:
     missing = [name for name in names if name not in weights]
     if missing:
         raise file_error(f"--sae: {path} lacks {', '.join(missing)}",
-                          f"it holds {', '.join(sorted(weights)) or 'no tensors'}")
+                         f"it holds {', '.join(sorted(weights)) or 'no tensors'}")
 
 
 def saelens(folder: Path, config: dict) -> SAE:
@@ -247,12 +247,12 @@ def saelens(folder: Path, config: dict) -> SAE:
         architecture, k = "topk", (config.get("activation_fn_kwargs") or {}).get("k")
     if architecture not in ARCHITECTURES:
         raise file_error(f"--sae {folder}: unknown architecture {architecture!r}",
-                          f"known: {', '.join(ARCHITECTURES)}")
+                         f"known: {', '.join(ARCHITECTURES)}")
     normalize = setting("normalize_activations", default="none")
     normalize = {True: "expected_average_only_in", False: "none"}.get(normalize, normalize)
     if normalize not in NORMALIZATIONS:
         raise file_error(f"--sae {folder}: normalize_activations {normalize!r} is not supported",
-                          f"supported: {', '.join(NORMALIZATIONS)}")
+                         f"supported: {', '.join(NORMALIZATIONS)}")
     weights = tensors(folder / "sae_weights.safetensors", "SAELens")
     if "log_threshold" in weights:
         weights["threshold"] = weights.pop("log_threshold").exp()
@@ -332,7 +332,7 @@ def gemma_scope_2(folder: Path) -> SAE:
                 folder / "config.json")
     if config.get("architecture", "jump_relu") != "jump_relu":
         raise file_error(f"--sae {folder}: unknown architecture {config.get('architecture')!r} in config.json",
-                          "Gemma Scope 2's SAEs are jump_relu")
+                         "Gemma Scope 2's SAEs are jump_relu")
     raw = tensors(folder / "params.safetensors", "Gemma Scope 2")
     required(raw, ("w_enc", "w_dec", "b_enc", "b_dec", "threshold"), folder / "params.safetensors")
     weights = {"W_enc": raw["w_enc"], "W_dec": raw["w_dec"], "b_enc": raw["b_enc"], "b_dec": raw["b_dec"],
@@ -455,9 +455,9 @@ def site_of(hook: str | None, sae: SAE, output: bool = False) -> str:
         return f"blocks.{found.group(1)}.{'mlp_norm.out' if into else 'mlp.out'}"
     if not hook:
         raise file_error(f"--sae {sae.path}: the file does not say which activation the SAE reads",
-                          "give the site: --site blocks.L.resid_post (tfcli config --sites lists them)")
+                         "give the site: --site blocks.L.resid_post (tfcli config --sites lists them)")
     raise file_error(f"--sae {sae.path}: the hook {hook} has no tfcli site",
-                      "give the site: --site SITE (tfcli config --sites lists them; docs/sites.md)")
+                     "give the site: --site SITE (tfcli config --sites lists them; docs/sites.md)")
 
 
 def site_out_of(site: str, sae: SAE) -> str:
@@ -477,18 +477,18 @@ def check_fit(sae: SAE, shapes: dict[str, tuple]) -> None:
         if site not in shapes:
             near = [name for name in shapes if name.endswith(site.split(".")[-1])][:4]
             raise file_error(f"--sae {sae.path}: the model has no site {site} (the SAE's hook {sae.hook})",
-                              f"sites such as {', '.join(near)}" if near else "tfcli config --sites lists them")
+                             f"sites such as {', '.join(near)}" if near else "tfcli config --sites lists them")
         trailing = [int(size) for size in shapes[site][2:]]
         if sae.head is not None and what == "reads":
             if not (len(trailing) == 2 and 0 <= sae.head < trailing[0]):
                 raise file_error(f"--sae {sae.path}: hook_head_index {sae.head} does not fit {site} "
-                                  f"{tuple(shapes[site])}")
+                                 f"{tuple(shapes[site])}")
             have = trailing[1]
         else:
             have = math.prod(trailing)
         if have != width:
             raise file_error(f"--sae {sae.path}: the SAE {what} {width} values per token, but {site} has {have}",
-                              "an SAE trained on another model, or another site (--site)")
+                             "an SAE trained on another model, or another site (--site)")
 
 
 def site_rows(sae: SAE, value: Tensor) -> Tensor:

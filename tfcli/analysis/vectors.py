@@ -171,10 +171,10 @@ def check_vector(path: Path, directions: dict[int, Tensor], config: ModelConfig)
     for layer, direction in directions.items():
         if direction.shape[0] != width:
             raise file_error(f"steering vector {path} is {direction.shape[0]} wide (direction.{layer}) and "
-                              f"{config.name} is {width} wide", "fit a vector on this model (tfcli steer fit)")
+                             f"{config.name} is {width} wide", "fit a vector on this model (tfcli steer fit)")
         if layer >= layers:
             raise file_error(f"steering vector {path} has direction.{layer}, and {config.name} has {layers} blocks "
-                              f"(0 to {layers - 1})", "fit a vector on this model (tfcli steer fit)")
+                             f"(0 to {layers - 1})", "fit a vector on this model (tfcli steer fit)")
 
 
 def _read_safetensors(path: Path) -> dict[int, Tensor]:
@@ -202,7 +202,7 @@ def _directions(path: Path, tensors: dict[str, Tensor]) -> dict[int, Tensor]:
         match = _DIRECTION.fullmatch(name)
         if match is None:
             raise file_error(f"{path}: tensor `{name}` is not a direction (a control vector holds direction.N "
-                              "tensors only)")
+                             "tensors only)")
         if tensor.dim() != 1:
             raise file_error(f"{path}: {name} has shape {list(tensor.shape)}: a direction is one vector")
         directions[int(match.group(1))] = tensor.to(torch.float32)

@@ -40,7 +40,7 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
                     lines.append((f"edge {name}", f"{node_name(parent)}->{child}"))
         except (ValueError, KeyError, TypeError, AttributeError):
             raise TfcliError(f"--edges {path}: not a graph in the EAP-IG reference's JSON (its `edges`, each "
-                              "`parent->child` with `in_graph`)", parameter="edges") from None
+                             "`parent->child` with `in_graph`)", parameter="edges") from None
     else:
         for number, line in enumerate(text.splitlines(), 1):
             line = line.split("#", 1)[0].strip()
@@ -54,7 +54,7 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
         parts = [part.strip() for part in line.replace("→", "->").split("->")]
         if len(parts) != 2 or not all(parts):
             raise TfcliError(f"--edges {path} {where}: `{line}` is not an edge SENDER -> RECEIVER",
-                              "e.g. L5H1 -> L9H6.q, input -> L0.mlp, L11.mlp -> logits", parameter="edges")
+                             "e.g. L5H1 -> L9H6.q, input -> L0.mlp, L11.mlp -> logits", parameter="edges")
         sender, receiver = parts
         for name, known in ((sender, senders), (receiver, receivers)):
             if name not in known:
@@ -62,12 +62,12 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
                 what = "node" if node not in senders and node != "logits" else \
                     "sender" if known is senders else "receiver"
                 raise TfcliError(f"--edges {path} {where}: the model has no {what} `{name}`",
-                                  f"{has}; a sender is input, LnHm or Ln.mlp, a receiver LnHm.q, .k or .v, Ln.mlp or "
-                                  "logits", parameter="edges")
+                                 f"{has}; a sender is input, LnHm or Ln.mlp, a receiver LnHm.q, .k or .v, Ln.mlp or "
+                                 "logits", parameter="edges")
         s, r = senders[sender], receivers[receiver]
         if s >= graph.reads(r):
             raise TfcliError(f"--edges {path} {where}: `{line}` is not an edge: {receiver} does not read {sender} "
-                              "(it comes later in the model)", parameter="edges")
+                             "(it comes later in the model)", parameter="edges")
         edges_read.append((s, r))
     if not edges_read:
         raise TfcliError(f"--edges {path}: no edge in it", parameter="edges")
