@@ -194,7 +194,7 @@ def metric(logits, b):
 def hand_counter(hand, b, kind="corrupt"):
     """(clean outputs (B, T, S, d), counterfactual outputs (B, T, S, d), the counterfactual parts `Hand.run` returns
     (sender -> output, ("z", layer's first head) -> z)): the corrupt run's, or the clean run's means over the
-    positions (as `--ablate SITE:mean`: every pair here has the batch's length)."""
+    positions but the first, which keeps its own output (every pair here has the batch's length)."""
     with torch.no_grad():
         _, clean, clean_parts = hand.run(b.clean, {})
         _, corrupt, corrupt_parts = hand.run(b.corrupt, {})
@@ -203,7 +203,7 @@ def hand_counter(hand, b, kind="corrupt"):
     assert (b.lengths == b.clean.shape[1]).all()
 
     def mean(x):
-        return x.mean(1, keepdim=True).expand_as(x)
+        return torch.cat([x[:, :1], x[:, 1:].mean(1, keepdim=True).expand_as(x[:, 1:])], 1)
     return clean, mean(clean), {key: mean(value) for key, value in clean_parts.items()}
 
 
@@ -394,8 +394,9 @@ def test_eap_ig_activations_is_the_hand_computation(name, checkpoints):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_the_mean_counterfactual_is_the_hand_computation(name, checkpoints):
-    """--counterfactual mean: each sender's counterfactual output is its clean output's mean over the positions (as
-    --ablate SITE:mean takes it): EAP, both EAP-IGs and exact patching against the same by hand."""
+    """--counterfactual mean: each sender's counterfactual output is its clean output's mean over the positions but
+    the first (the attention sink, which keeps its own): EAP, both EAP-IGs and exact patching against the same by
+    hand."""
     path, hf = checkpoints(name)
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     _, b = batch(model, tokenizer)
