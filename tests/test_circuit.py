@@ -527,7 +527,7 @@ def dataset(tmp_path_factory):
 
 
 KEYS = ["method", "ig_steps", "counterfactual", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
-        "interrupted", "graph", "circuit", "nodes", "curve", "edges"]
+        "interrupted", "graph", "circuit", "nodes", "connected", "curve", "edges"]
 
 
 def one_error(result):
@@ -751,3 +751,23 @@ def test_a_figures_log_axis_writes_plain_numbers_with_separators(tmp_path):
         figure.savefig(tmp_path / "axis.svg")
     text = (tmp_path / "axis.svg").read_text()
     assert all(f">{tick}<" in text for tick in ("100", "1,000", "10,000", "0.01", "1")), text[-2000:]
+
+
+def test_the_view_lists_the_nodes_and_warns_of_a_circuit_the_input_does_not_reach(cli, checkpoints, dataset, tmp_path):
+    """A circuit without a path from the input has faithfulness 0 by construction (every path from the tokens is
+    patched): the view says so, beside the circuit's nodes, and the JSON's `connected` is false; with one path from
+    the input to the logits, no warning and `connected` true."""
+    path, _ = checkpoints("gpt2")
+    edges = tmp_path / "edges.txt"
+    base = ["circuit", "-m", str(path), "--dataset", str(dataset), "--edges", str(edges), "--sizes", "5"]
+    for lines, connected in (("L0H1 -> L1H2.q\nL1H2 -> logits\n", False),
+                             ("input -> L0H1.v\nL0H1 -> L1.mlp\nL1.mlp -> logits\n", True)):
+        edges.write_text(lines)
+        record = json.loads(cli(*base, "--json").stdout)
+        assert record["connected"] is connected
+        assert record["nodes"] == (["input", "L0H1", "L1.mlp", "logits"] if connected else ["L0H1", "L1H2", "logits"])
+        if not connected:
+            assert record["circuit"]["faithfulness"] == pytest.approx(0.0, abs=1e-4)  # float32 rounding
+        view = cli(*base, "--width", "80").stdout
+        assert f"its nodes: {', '.join(record['nodes'])}" in " ".join(view.split())
+        assert ("no path from the input to the logits" in " ".join(view.split())) is not connected

@@ -122,6 +122,21 @@ class Graph:
         names = [self.senders[s] for s in senders.nonzero().flatten().tolist()]
         return names + (["logits"] if bool(circuit[:, -1].any()) else [])
 
+    def connects(self, circuit: Tensor) -> bool:
+        """Whether an (S, R) circuit has a path from the input to the logits: without one, every path from the
+        tokens is patched, and the circuit's faithfulness is 0 by construction whatever its edges."""
+        reached = [False] * len(self.senders)
+        reached[0] = True
+        for s in range(len(self.senders)):  # senders in graph order: a receiver's node comes after its senders
+            if not reached[s]:
+                continue
+            for r in circuit[s].nonzero().flatten().tolist():
+                node = self.node_of(r)
+                if node is None:
+                    return True
+                reached[node] = True
+        return False
+
     def groups(self) -> list[tuple[int, int, str]]:
         """(first sender, senders, the site their summed output is added at) of each group eap-ig-activations moves
         at once: the input, then per layer its heads (at the attention output) and its MLP."""
