@@ -247,3 +247,224 @@ def test_adjacency_equals_the_hand_computation(family, request):
     assert torch.allclose(graph.logit_probabilities, probabilities, atol=1e-6)
     assert graph.adjacency.shape == adjacency.shape
     assert scaled_difference(graph.adjacency, adjacency) <= 1e-4
+
+
+def hand_prune(adjacency, probabilities, n_features: int, n_tokens: int, node_threshold=0.8, edge_threshold=0.98):
+    """circuit-tracer's pruning, written out in float64 numpy with the closed form of the influence,
+    w ((I - Â)^-1 - I): (node influence, node mask, edge mask)."""
+    a = adjacency.double().numpy()
+    n_logits = len(probabilities)
+    w = np.zeros(len(a))
+    w[-n_logits:] = probabilities.double().numpy()
+
+    def normal(m):
+        m = np.abs(m)
+        return m / np.maximum(m.sum(1, keepdims=True), 1e-10)
+
+    def total(m):
+        return w @ (np.linalg.inv(np.eye(len(m)) - m) - np.eye(len(m)))
+
+    def cut(scores, fraction):
+        ordered = np.sort(scores)[::-1]
+        cumulative = np.cumsum(ordered) / ordered.sum()
+        return ordered[min(int(np.searchsorted(cumulative, fraction)), len(ordered) - 1)]
+
+    node = total(normal(a))
+    keep = node >= cut(node, node_threshold)
+    keep[-n_logits - n_tokens:] = True
+    pruned = a * keep[:, None] * keep[None, :]
+    edge_scores = normal(pruned) * (total(normal(pruned)) + w)[:, None]
+    edges = edge_scores >= cut(edge_scores.ravel(), edge_threshold)
+    inner = len(a) - n_logits - n_tokens
+    while True:
+        before = keep.copy()
+        edges &= keep[:, None] & keep[None, :]
+        keep[:inner] &= edges[:, :inner].any(0)
+        keep[:n_features] &= edges[:n_features].any(1)
+        if (keep == before).all():
+            return node, keep, edges & keep[:, None] & keep[None, :]
+
+
+def hand_scores(adjacency, probabilities, n_features, n_layers, n_tokens):
+    a = np.abs(adjacency.double().numpy())
+    a = a / np.maximum(a.sum(1, keepdims=True), 1e-10)
+    w = np.zeros(len(a))
+    w[-len(probabilities):] = probabilities.double().numpy()
+    node = w @ (np.linalg.inv(np.eye(len(a)) - a) - np.eye(len(a)))
+    errors = slice(n_features, n_features + n_layers * n_tokens)
+    tokens = slice(errors.stop, errors.stop + n_tokens)
+    replacement = node[tokens].sum() / (node[tokens].sum() + node[errors].sum())
+    out = node + w
+    return replacement, ((1 - a[:, errors].sum(1)) * out).sum() / out.sum()
+
+
+def test_pruning_and_scores_equal_circuit_tracers_definitions(llama):
+    path, _, transcoders = llama
+    graph = tfcli_graph(path, transcoders)
+    n, t = graph.n_features, graph.n_positions
+    node, keep, edges = hand_prune(graph.adjacency, graph.logit_probabilities, n, t)
+    assert np.abs(graph.pruned.node_influence.double().numpy() - node).max() <= 1e-5 * np.abs(node).max()
+    assert torch.equal(graph.pruned.node_mask, torch.from_numpy(keep))
+    kept_edges = graph.pruned.edge_mask & graph.pruned.node_mask[:, None] & graph.pruned.node_mask[None, :]
+    assert torch.equal(kept_edges, torch.from_numpy(edges))
+    assert 0 < int(keep[:n].sum()) < n  # pruning keeps some features and drops others
+    replacement, completeness = hand_scores(graph.adjacency, graph.logit_probabilities, n, graph.n_layers, t)
+    assert abs(graph.replacement - replacement) <= 1e-5 and abs(graph.completeness - completeness) <= 1e-5
+    assert 0 < graph.replacement < 1 and 0 < graph.completeness < 1
+
+
+def test_max_feature_nodes_keeps_the_most_influential_rows(llama):
+    """With --max-feature-nodes K the graph's features are K of the active ones, chosen by influence, and each kept
+    feature's row is its row in the full graph (its columns restricted to the kept features)."""
+    path, _, transcoders = llama
+    full = tfcli_graph(path, transcoders)
+    small = tfcli_graph(path, transcoders, core.GraphOptions(max_feature_nodes=30, batch_size=8))
+    assert small.n_features == 30 and len(small.active_features) == len(full.active_features)
+    n, rest = full.n_features, full.adjacency.shape[0] - full.n_features
+    columns = torch.cat([small.selected, torch.arange(n, n + rest)])
+    rows = torch.cat([small.selected, torch.arange(n + rest - len(full.logit_ids), n + rest)])
+    expected = full.adjacency[rows][:, columns]
+    keep = torch.cat([torch.arange(30), torch.arange(small.adjacency.shape[0] - len(full.logit_ids),
+                                                     small.adjacency.shape[0])])
+    assert scaled_difference(small.adjacency[keep], expected) <= 1e-5
+    influence_full = influence.influence(influence.normalized(full.adjacency),
+                                         influence.logit_weights(full.adjacency, full.logit_probabilities))[:n]
+    assert influence_full[small.selected].mean() > influence_full.mean()  # the chosen ones matter more than most
+
+
+RECORD_KEYS = {"text", "ids", "tokens", "targets", "replacement_score", "completeness_score", "active_features",
+               "feature_nodes", "node_threshold", "edge_threshold", "transcoders", "nodes", "edges"}
+NODE_KEYS = {"index", "kind", "layer", "position", "feature", "text", "activation", "probability", "influence"}
+
+
+def test_cli_json_graph_out_and_save(llama, cli, tmp_path):
+    """--json has the documented keys and is the pruned graph; --graph-out is circuit-tracer's frontend JSON of the
+    same nodes and edges (error ids that no feature id can be); --save holds the whole graph."""
+    from safetensors.torch import load_file
+
+    path, _, transcoders = llama
+    out, saved = tmp_path / "graph.json", tmp_path / "graph.safetensors"
+    result = cli("graph", "-m", str(path), "--transcoders", str(transcoders), "--json", "--graph-out", str(out),
+                 "--save", str(saved), PROMPT)
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert set(record) == RECORD_KEYS and all(set(node) == NODE_KEYS for node in record["nodes"])
+    graph = tfcli_graph(path, transcoders)
+    kept = graph.pruned.node_mask.nonzero()[:, 0].tolist()
+    assert [node["index"] for node in record["nodes"]] == kept
+    assert abs(record["replacement_score"] - graph.replacement) <= 1e-6
+    front = json.loads(out.read_text())
+    assert set(front) == {"metadata", "qParams", "nodes", "links"}
+    assert front["metadata"]["prompt_tokens"] == graph.tokens and front["metadata"]["scan"] == "tiny-llama"
+    ids = [node["node_id"] for node in front["nodes"]]
+    assert len(ids) == len(set(ids))  # no error id clashes with a feature's
+    assert {link["source"] for link in front["links"]} <= set(ids)
+    assert len(front["links"]) == len(record["edges"])
+    tensors = load_file(str(saved))
+    assert torch.equal(tensors["adjacency"], graph.adjacency)
+    assert torch.equal(tensors["active_features"], graph.active_features)
+    assert tensors["input_tokens"].tolist() == graph.ids and tensors["logit_tokens"].tolist() == graph.logit_ids
+    assert set(tensors) == {"adjacency", "active_features", "activation_values", "selected_features", "input_tokens",
+                            "logit_tokens", "logit_probabilities"}
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_view_keeps_every_token_and_number(llama, width):
+    from tfcli.commands.graph import render
+    from tfcli.render.layout import screen_text
+
+    path, _, transcoders = llama
+    graph = tfcli_graph(path, transcoders)
+    lines = render.graph_lines(graph, width)
+    assert all(line.cell_len <= width for line in lines)
+    screen = " ".join(screen_text(lines, width).split())
+    assert f"replacement score {graph.replacement:.3f}, completeness score {graph.completeness:.3f}" in screen
+    for node in core.kept_nodes(graph):
+        if node.kind == "feature":
+            assert f"L{node.layer} f{node.feature}@{node.position} '{node.text}' influence {node.influence:.3g} " \
+                   f"activation {node.activation:.3g}" in screen
+    layers = [int(line.plain.split()[1]) for line in lines if line.plain.startswith("layer ")]
+    headers = [line.plain for line in lines if line.plain in ("logits", "tokens") or line.plain.startswith("layer ")]
+    assert layers == sorted(layers, reverse=True) and headers[0] == "logits" and headers[-1] == "tokens"
+
+
+def test_target_and_foil_make_one_difference_node(llama):
+    path, hf, transcoders = llama
+    from tfcli.analysis.metric import Token
+
+    options = core.GraphOptions(target=Token("dog", 9, "dog"), foil=Token("cat", 4, "cat"))
+    graph = tfcli_graph(path, transcoders, options)
+    assert graph.logit_ids == [9] and graph.logit_probabilities.tolist() == [1.0]
+    full = tfcli_graph(path, transcoders, core.GraphOptions(target=Token("dog", 9, "dog")))
+    other = tfcli_graph(path, transcoders, core.GraphOptions(target=Token("cat", 4, "cat")))
+    difference = full.adjacency[-1] - other.adjacency[-1]  # demeaning cancels in a difference
+    assert scaled_difference(graph.adjacency[-1], difference) <= 1e-5
+
+
+def test_a_layer_of_the_set_reads_as_an_sae(llama):
+    """`--sae DIR/layer_1.safetensors` (features, attribute --sae) reads one layer of the set as a transcoder."""
+    from tfcli.analysis.sae import read_sae
+
+    _, _, transcoders = llama
+    sae = read_sae(transcoders / "layer_1.safetensors")
+    assert sae.transcoder and sae.site == "blocks.1.mlp_norm.out" and sae.site_out == "blocks.1.mlp.out"
+    x = torch.randn(5, sae.d_in)
+    assert torch.allclose(sae.encode(x), read_transcoders(transcoders).encode(1, x))
+
+
+def broken_sets(transcoders, tmp_path):
+    """(name, folder, the error's words) for each bad set, made from a good one."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    def copy(name):
+        folder = tmp_path / name
+        shutil.copytree(transcoders, folder)
+        return folder
+
+    missing = copy("missing")
+    (missing / "layer_1.safetensors").unlink()
+    garbage = copy("garbage")
+    (garbage / "config.yaml").write_text("model_kind: [transcoder_set\n  : :\n")
+    hook = copy("hook")
+    (hook / "config.yaml").write_text("model_kind: transcoder_set\nfeature_input_hook: hook_resid_pre\n"
+                                      "feature_output_hook: hook_mlp_out\n")
+    fewer = copy("fewer")
+    (fewer / "layer_2.safetensors").unlink()
+    narrow = copy("narrow")
+    for file in narrow.glob("layer_*.safetensors"):
+        narrowed = {"W_enc": lambda v: v[:, :16], "W_dec": lambda v: v[:, :16], "W_skip": lambda v: v[:16, :16],
+                    "b_dec": lambda v: v[:16]}
+        save_file({name: narrowed.get(name, lambda v: v)(value).contiguous()
+                   for name, value in load_file(str(file)).items()}, str(file))
+    return [("missing layer", missing, "layer_1.safetensors is missing"),
+            ("garbage config", garbage, "is not readable YAML"),
+            ("unmapped hook", hook, "hook_resid_pre maps to no tfcli site"),
+            ("layer count", fewer, "2 layers of transcoders, but"),
+            ("another width", narrow, "read 16 values per token, but llama is 32 wide"),
+            ("no folder", tmp_path / "nowhere", "no such folder")]
+
+
+def test_bad_input_is_one_error_line_before_any_model(llama, cli, tmp_path, no_model_built):
+    path, _, transcoders = llama
+    cases = [(name, ("--transcoders", str(folder), PROMPT), words)
+             for name, folder, words in broken_sets(transcoders, tmp_path)]
+    cases += [("empty prompt", ("--transcoders", str(transcoders), "  "), "the prompt is empty"),
+              ("no transcoders", (PROMPT,), "--transcoders is required"),
+              ("zero feature nodes", ("--transcoders", str(transcoders), "--max-feature-nodes", "0", PROMPT),
+               "--max-feature-nodes must be at least 1"),
+              ("threshold", ("--transcoders", str(transcoders), "--node-threshold", "1.5", PROMPT), "between 0 and 1"),
+              ("foil alone", ("--transcoders", str(transcoders), "--foil", "cat", PROMPT), "--foil goes with --target")]
+    for name, args, words in cases:
+        result = cli("graph", "-m", str(path), *args)
+        assert result.exit_code == 2, (name, result.stdout, result.stderr)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and words in " ".join(result.stderr.split()), (name, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_an_encoder_is_refused_by_name(cli, tmp_path, llama, no_model_built):
+    _, _, transcoders = llama
+    result = cli("graph", "-m", "bert-base", "--transcoders", str(transcoders), PROMPT)
+    assert result.exit_code == 2 and "attribution graphs are for decoders" in " ".join(result.stderr.split())

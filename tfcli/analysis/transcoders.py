@@ -231,11 +231,10 @@ def check_transcoders(transcoders: Transcoders, config: ModelConfig) -> None:
         setattr(transcoders, attribute, found)
 
 
-def layer_sae(file: Path):
-    """One layer of a set (`layer_{i}.safetensors` beside config.yaml) as an SAE that `features` and `attribute
-    --sae` read: a (jumprelu_, skip_)transcoder from the input hook's site to the output hook's."""
-    from tfcli.analysis.sae import SAE
-
+def layer_sae_fields(file: Path) -> dict:
+    """One layer of a set (`layer_{i}.safetensors` beside config.yaml) as the fields of an `analysis.sae.SAE`, which
+    `features` and `attribute --sae` read: a (jumprelu_, skip_)transcoder from the input hook's site to the MLP's
+    output."""
     found = re.fullmatch(r"layer_(\d+)\.safetensors", file.name)
     if not found:
         raise usage_error(f"--sae {file}: a circuit-tracer transcoder set; give one layer's file, layer_N.safetensors")
@@ -251,5 +250,6 @@ def layer_sae(file: Path):
     architecture = ("jumprelu_" if "threshold" in saes else "") + ("skip_" if "W_skip" in saes else "") + "transcoder"
     inputs = {"mlp.hook_in": "ln2.hook_normalized", "hook_resid_mid": "hook_resid_mid"}
     hook_in = inputs.get(str(config.get("feature_input_hook")), str(config.get("feature_input_hook")))
-    return SAE(path=str(file), format="circuit-tracer", architecture=architecture, hook=f"blocks.{layer}.{hook_in}",
-               weights=saes, hook_out=f"blocks.{layer}.hook_mlp_out", apply_b_dec_to_input=False)
+    return {"path": str(file), "format": "circuit-tracer", "architecture": architecture,
+            "hook": f"blocks.{layer}.{hook_in}", "weights": saes, "hook_out": f"blocks.{layer}.hook_mlp_out",
+            "apply_b_dec_to_input": False}

@@ -81,6 +81,9 @@ def check_options(config: ModelConfig, options: GraphOptions) -> None:
     """What can be refused before a model is built."""
     from tfcli.analysis.metric import check_head
 
+    if config.architecture != "decoder":
+        raise usage_error(f"{config.name} is an {config.architecture}: attribution graphs are for decoders (each "
+                          "position reads only the ones before it)", "use a decoder-only model")
     check_head(config, ("lm",), "an attribution graph reads an LM head's logits", "use a decoder with an LM head")
     if options.foil is not None and options.target is None:
         raise usage_error("--foil goes with --target: the graph's one target is the logit difference target - foil")
@@ -318,3 +321,63 @@ def attribute(model: Transformer, tokenizer: Tokenizer, transcoders: Transcoders
     graph.replacement, graph.completeness = influence.scores(adjacency, targets.probabilities, wanted, n_layers,
                                                              n_positions)
     return graph
+
+
+@dataclass
+class Node:
+    """One node of the graph as the views name it: kind (feature, error, token, logit), layer (None for tokens and
+    logits), position, feature (features only), its text (the token at its position, a logit's target), its
+    activation (features), its probability (logits) and its influence on the logits."""
+
+    index: int
+    kind: str
+    layer: int | None
+    position: int
+    feature: int | None
+    text: str
+    activation: float | None
+    probability: float | None
+    influence: float
+
+
+def node_of(graph: Graph, index: int) -> Node:
+    """Node `index` of the adjacency's order."""
+    n, positions = graph.n_features, graph.n_positions
+    errors_end = n + graph.n_layers * positions
+    influence = float(graph.pruned.node_influence[index])
+    if index < n:
+        active = int(graph.selected[index])
+        layer, position, feature = (int(v) for v in graph.active_features[active])
+        return Node(index, "feature", layer, position, feature, graph.tokens[position],
+                    float(graph.activation_values[active]), None, influence)
+    if index < errors_end:
+        layer, position = divmod(index - n, positions)
+        return Node(index, "error", layer, position, None, graph.tokens[position], None, None, influence)
+    if index < errors_end + positions:
+        position = index - errors_end
+        return Node(index, "token", None, position, None, graph.tokens[position], None, None, influence)
+    k = index - errors_end - positions
+    return Node(index, "logit", None, positions - 1, None, graph.logit_labels[k], None,
+                float(graph.logit_probabilities[k]), influence)
+
+
+def kept_nodes(graph: Graph) -> list[Node]:
+    """The pruned graph's nodes, in the adjacency's order."""
+    return [node_of(graph, int(i)) for i in graph.pruned.node_mask.nonzero()[:, 0]]
+
+
+def kept_edges(graph: Graph) -> list[tuple[int, int, float]]:
+    """The pruned graph's edges (source, target, weight) between kept nodes, largest |weight| first."""
+    mask = graph.pruned.edge_mask & graph.pruned.node_mask[:, None] & graph.pruned.node_mask[None, :]
+    targets, sources = mask.nonzero(as_tuple=True)
+    weights = graph.adjacency[targets, sources]
+    order = weights.abs().argsort(descending=True).tolist()
+    return [(int(sources[i]), int(targets[i]), float(weights[i])) for i in order]
+
+
+def fires_at(graph: Graph) -> dict[tuple[int, int], list[int]]:
+    """Each (layer, feature) active in the prompt -> the positions where it fires."""
+    where: dict[tuple[int, int], list[int]] = {}
+    for layer, position, feature in graph.active_features.tolist():
+        where.setdefault((layer, feature), []).append(position)
+    return where
