@@ -101,8 +101,8 @@ def check_model(config: ModelConfig, what: str) -> None:
     """A tuned lens reads a decoder's LM head: anything else is refused by name, before any model is built."""
     if config.architecture != "decoder" or config.head != "lm":
         kind = f"an {config.architecture}" if config.architecture[0] == "e" else f"a {config.architecture}"
-        head = "an LM head" if config.head == "lm" else "no LM head" if config.head == "none" else \
-            f"a {config.head} head"
+        head = {"lm": "an LM head", "mlm": "a masked-LM head", "none": "no head", "classifier": "a classifier head",
+                "discriminator": "a discriminator head"}.get(config.head, f"a {config.head} head")
         raise usage_error(f"{what}: {config.name} is {kind} with {head}; a tuned lens reads a decoder's "
                           "predictions of the next token through its LM head", "give a decoder with an LM head (-m)")
 
@@ -239,20 +239,31 @@ def chunks(rows: int, vocab: int) -> Iterator[slice]:
         yield slice(start, min(start + step, rows))
 
 
-def kl(final_logp: Tensor, logits: Tensor) -> Tensor:
-    """KL(final || lens) per row, in nats: sum p (log p - log q), q = softmax(logits)."""
-    return (final_logp.exp() * (final_logp - logits.float().log_softmax(-1))).sum(-1)
+class Final:
+    """The model's final distribution over some rows, what KL(final || lens) needs of it: log p (N, V), p, and
+    sum p log p (N,)."""
+
+    def __init__(self, logits: Tensor):
+        self.logp = logits.float().log_softmax(-1)
+        self.p = self.logp.exp()
+        self.negentropy = (self.p * self.logp).sum(-1)
+
+    def kl(self, part: slice, logits: Tensor) -> Tensor:
+        """KL(final || softmax(logits)) of the rows `part`, in nats: sum p log p - sum p z + logsumexp z (sum p
+        = 1), which needs neither log q nor q made whole (its gradient in z is q - p)."""
+        z = logits.float()
+        return self.negentropy[part] - (self.p[part] * z).sum(-1) + z.logsumexp(-1)
 
 
 def accumulate(model: TransformerModel, lens: Lens, hidden: Tensor, logits: Tensor, rows: int) -> list[float]:
     """The gradient of sum over layers of KL(final || lens) summed over this pass's rows and divided by `rows` (the
     step's), added to the translators' .grad; each layer's summed KL (without the division)."""
+    final = Final(logits)
     sums = []
     for layer in range(lens.layers):
         total = 0.0
         for part in chunks(hidden.shape[1], logits.shape[-1]):
-            final = logits[part].float().log_softmax(-1)
-            loss = kl(final, lens.logits(model, hidden[layer, part], layer)).sum()
+            loss = final.kl(part, lens.logits(model, hidden[layer, part], layer)).sum()
             (loss / rows).backward()
             total += float(loss.detach())
         sums.append(total)
@@ -322,13 +333,13 @@ def evaluate(model: TransformerModel, lens: Lens, windows: list[tuple[list[int],
         for start in range(0, len(windows), pass_windows):
             hidden, logits = passes_hidden(model, windows[start:start + pass_windows])
             count += hidden.shape[1]
+            final = Final(logits)
             for part in chunks(hidden.shape[1], logits.shape[-1]):
-                final = logits[part].float().log_softmax(-1)
-                top = final.argmax(-1)
+                top = final.logp[part].argmax(-1)
                 for layer in range(layers):
                     for column, lensed in ((0, model.unembed(hidden[layer, part])),
                                            (1, lens.logits(model, hidden[layer, part], layer))):
-                        sums[column, layer] += float(kl(final, lensed).double().sum())
+                        sums[column, layer] += float(final.kl(part, lensed).double().sum())
                         sums[2 + column, layer] += float((lensed.argmax(-1) == top).sum())
             if progress is not None:
                 progress(min(start + pass_windows, len(windows)))

@@ -114,7 +114,8 @@ def read_held_out(windows: Windows, options: FitOptions) -> list[tuple[list[int]
     """The corpus's first windows, `held_out` tokens; a corpus shorter than that is refused."""
     held = [w for w in (windows.next() for _ in range(options.held_windows)) if w is not None]
     if not held:
-        raise usage_error("the corpus gave no tokens", "give a longer --file")
+        raise usage_error(f"the corpus gave fewer than {options.context} tokens (one window of --context)",
+                          "give a longer --file, or a smaller --context")
     if len(held) < options.held_windows:
         raise usage_error(f"the corpus gave {len(held) * options.context:,} tokens, fewer than --held-out "
                           f"{options.held_out:,} and a step after them", "give a longer --file, or a smaller "
