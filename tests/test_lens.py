@@ -240,7 +240,8 @@ def test_the_corpus_streams_from_stdin_and_eval_repeats_the_fits_figures(tiny_de
     assert fitted.exit_code == 0
     result = fit_cli(cli, tiny_decoder, "-", from_stdin, input=corpus.read_text(encoding="utf-8"))
     assert result.exit_code == 0, result.stderr
-    a, b = torch.load(from_file / "params.pt", weights_only=True), torch.load(from_stdin / "params.pt", weights_only=True)
+    a = torch.load(from_file / "params.pt", weights_only=True)
+    b = torch.load(from_stdin / "params.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
     again = cli("lens", "eval", str(from_file), "-m", str(tiny_decoder), "--file", str(corpus), "--context", "32",
                 "--held-out", "256", "--json")
