@@ -96,6 +96,15 @@ class Lens:
         weight = model.lm_head.unembed.weight
         return model.unembed(self.translators(hidden, layer).to(weight.dtype))
 
+    def unembed(self, model: TransformerModel, hidden: Tensor, layers: list[int]) -> Tensor:
+        """The logit lens's `model.unembed` of stacked hidden states (n, ..., d), row i of layer `layers[i]`, each
+        translated first (layer L, the last block's output, as it is): one product with the unembedding, (n, ..., V).
+        What encode's and generate's lens tables read with `--lens tuned:DIR`."""
+        weight = model.lm_head.unembed.weight
+        rows = [self.translators(h, layer).to(weight.dtype) if layer < self.layers else h
+                for h, layer in zip(hidden, layers)]
+        return model.unembed(torch.stack(rows))
+
 
 def check_model(config: ModelConfig, what: str) -> None:
     """A tuned lens reads a decoder's LM head: anything else is refused by name, before any model is built."""
