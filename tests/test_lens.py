@@ -363,6 +363,63 @@ def test_a_corpus_too_short_is_one_error_line(tiny_decoder, tmp_path, cli, lines
     assert not (tmp_path / "out").exists()
 
 
+# ------------------------------------------------------------------------------------------ encode and generate
+
+
+def same_top(ours: dict, theirs: torch.Tensor, what: str) -> None:
+    """tfcli's top token of a position is tuned-lens's (its probability there the largest, to 1e-5: a tie in a tiny
+    random model may fall either way) with tuned-lens's probability."""
+    probs = theirs.float().softmax(-1)
+    assert float(probs.max() - probs[ours["id"]]) <= 1e-5, what
+    assert abs(ours["prob"] - float(probs[ours["id"]])) <= 1e-5, what
+
+
+def test_encode_and_generate_read_through_the_tuned_lens(family, corpus, tmp_path, cli, reference):
+    """`encode --lens tuned:DIR` (a row per block output: block l's output is layer l + 1's input) and `generate
+    --lens tuned:DIR` (a row per hidden state, 0 = the embeddings) show tuned-lens's own top tokens."""
+    path, hf = family
+    out = tmp_path / "lens"
+    assert fit_cli(cli, path, corpus, out).exit_code == 0
+    theirs = reference.TunedLens.from_model_and_pretrained(hf, str(out))
+    text = "the cat sat on a mat and dog ran to park"
+    encoded = cli("encode", "-m", str(path), "--lens", f"tuned:{out}", "--top-k", "1", "--json", text)
+    assert encoded.exit_code == 0, encoded.stderr
+    record = json.loads(encoded.stdout)
+    assert record["lens_from"] == str(out)
+    ids = torch.tensor([record["ids"]])
+    lensed = their_lens_logits(theirs, hf, ids) + [hf(ids).logits.detach()]  # hidden 0..L-1 translated, then L
+    for row in record["lens"]:
+        for position, top in enumerate(row["top"]):
+            same_top(top[0], lensed[row["layer"] + 1][0, position], f"encode: block {row['layer']}, {position}")
+    generated = cli("generate", "-m", str(path), "--lens", f"tuned:{out}", "-n", "3", "--json", text)
+    assert generated.exit_code == 0, generated.stderr
+    record = json.loads(generated.stdout)
+    assert record["lens_from"] == str(out) and record["prompt"] == text
+    for step in record["steps"]:
+        ids = torch.tensor([record["prompt_ids"] + record["generated_ids"][:step["step"]]])
+        lensed = their_lens_logits(theirs, hf, ids) + [hf(ids).logits.detach()]
+        for entry in step["lens"]:
+            same_top(entry, lensed[entry["layer"]][0, -1], f"generate: step {step['step']}, layer {entry['layer']}")
+
+
+@pytest.mark.parametrize("args, says", [
+    (("encode", "--lens", "tuned"), "--lens tuned: give `logit` or `tuned:DIR`"),
+    (("encode", "--lens", "tuned:MISSING"), "no such folder"),
+    (("encode", "-m", "bert-base", "--lens", "tuned:LENS"), "bert-base is an encoder with a masked-LM head"),
+    (("generate", "--lens", "tuned:MISSING"), "no such folder"),
+    (("generate", "-m", "gpt2-small", "--lens", "tuned:LENS"), "the lens is for a model of 32 wide; gpt2-small has"),
+])
+def test_a_lens_encode_or_generate_cannot_read_is_one_error_line(fitted, tiny_decoder, tmp_path, cli, no_model_built,
+                                                                 args, says):
+    args = tuple(a.replace("MISSING", str(tmp_path / "missing")).replace("LENS", str(fitted)) for a in args)
+    model = () if "-m" in args else ("-m", str(tiny_decoder))
+    result = cli(args[0], *model, *args[1:], "the cat sat")
+    assert result.exit_code in (1, 2), (result.stdout, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and says in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # ------------------------------------------------------------------------------------------ SmolLM2
 
 

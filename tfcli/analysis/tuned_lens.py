@@ -96,6 +96,12 @@ class Lens:
         weight = model.lm_head.unembed.weight
         return model.unembed(self.translators(hidden, layer).to(weight.dtype))
 
+    def translated(self, hidden: list[Tensor], row: int, length: int) -> list[Tensor]:
+        """Row `row`'s first `length` positions of each hidden state (hidden[l] (B, T, d), l = 0..L), translated
+        (hidden[L] as it is), each (1, length, d) in its dtype: what the logit lens then reads as the tuned lens."""
+        return [(self.translators(h[row:row + 1, :length], l).to(h.dtype) if l < self.layers else
+                 h[row:row + 1, :length]) for l, h in enumerate(hidden)]
+
     def unembed(self, model: TransformerModel, hidden: Tensor, layers: list[int]) -> Tensor:
         """The logit lens's `model.unembed` of stacked hidden states (n, ..., d), row i of layer `layers[i]`, each
         translated first (layer L, the last block's output, as it is): one product with the unembedding, (n, ..., V).
@@ -104,6 +110,22 @@ class Lens:
         rows = [self.translators(h, layer).to(weight.dtype) if layer < self.layers else h
                 for h, layer in zip(hidden, layers)]
         return model.unembed(torch.stack(rows))
+
+
+def lens_folder(value: str, option: str = "--lens") -> Path | None:
+    """--lens's value: `logit` (None: the logit lens) or `tuned:DIR` (the folder); anything else a usage error."""
+    if value == "logit":
+        return None
+    if value.startswith("tuned:") and value[len("tuned:"):]:
+        return Path(value[len("tuned:"):])
+    raise usage_error(f"{option} {value}: give `logit` or `tuned:DIR` (a tuned lens's folder)",
+                      "tfcli lens fit writes one; tuned-lens's folders are read too")
+
+
+def check_lens(folder: Path, config: ModelConfig, option: str = "--lens") -> None:
+    """Before the model is built: the model can take a lens, and the folder's config.json is a lens for it."""
+    check_model(config, f"{option} tuned:{folder}")
+    check_config(read_config(folder, option), config, folder, option)
 
 
 def check_model(config: ModelConfig, what: str) -> None:
