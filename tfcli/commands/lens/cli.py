@@ -83,9 +83,10 @@ def fit(
 
     \b
     Examples:
-      tfcli lens fit -m SmolLM2.gguf --file corpus.txt --tokens 200000 --out smollm2-lens
+      tfcli lens fit -m SmolLM2.gguf --file corpus.txt --tokens 200000 \\
+          --out smollm2-lens
       tfcli lens fit -m SmolLM2.gguf --file corpus.txt --resume smollm2-lens
-      tfcli generate -m SmolLM2.gguf --lens tuned:smollm2-lens "The capital of France is"
+      tfcli generate -m SmolLM2.gguf --lens tuned:smollm2-lens "Paris is in"
     """
     from tfcli.commands.lens import core, render
 
@@ -158,7 +159,8 @@ def evaluate(
     \b
     Examples:
       tfcli lens eval smollm2-lens -m SmolLM2.gguf --file corpus.txt
-      tfcli lens eval smollm2-lens -m SmolLM2.gguf --file corpus.txt --report lens.svg
+      tfcli lens eval smollm2-lens -m SmolLM2.gguf --file corpus.txt \\
+          --report lens.svg
     """
     from tfcli.analysis import tuned_lens as tl
     from tfcli.commands.lens import core, render

@@ -87,24 +87,27 @@ def page_section(result: Evaluated, tokenizer: Tokenizer | None) -> dict[str, An
 def figure(result: Evaluated | Fitted, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     """Two panels over the layers: each lens's KL from the final distribution (log scale), and its top-1
     agreement with the model."""
-    from tfcli.render.figure import blank_figure, caption
+    from matplotlib.ticker import MaxNLocator
+
+    from tfcli.render.figure import blank_figure, caption, log_axis
 
     evaluated = getattr(result, "evaluated", None) or result
     held = evaluated.held_out
     layers = list(range(evaluated.layers))
-    fig = blank_figure(7.0, 3.2)
-    caption(fig, f"tfcli lens: tuned lens {evaluated.lens} against the logit lens, {held.tokens:,} held-out tokens",
-            run)
+    fig = blank_figure(7.0, 3.4)
+    caption(fig, f"tfcli lens: tuned lens {evaluated.lens} against the logit lens, {held.tokens:,} held-out tokens; "
+            "layer l: the residual stream entering block l (0: the embeddings)", run)
     kl_axes, top_axes = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for axes, (logit, tuned), label in ((kl_axes, (held.kl_logit, held.kl_tuned), "KL from the final (nats)"),
                                         (top_axes, (held.top1_logit, held.top1_tuned), "top-1 agreement")):
         axes.plot(layers, logit, marker="o", markersize=3, label="logit lens", color="#999999")
         axes.plot(layers, tuned, marker="o", markersize=3, label="tuned lens", color="#1f77b4")
-        axes.set_xlabel("layer (the residual stream entering block l)")
+        axes.set_xlabel("layer")
         axes.set_ylabel(label)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(alpha=0.3)
     if min(held.kl_tuned + held.kl_logit) > 0:
-        kl_axes.set_yscale("log")
+        log_axis(kl_axes, "y")
     top_axes.set_ylim(0, 1)
     kl_axes.legend(fontsize=7)
     return fig
