@@ -36,9 +36,12 @@ import json, os, statistics, sys, time
 sys.path.insert(0, sys.argv[1])  # this script's folder: the other benchmarks' texts and builders
 import torch
 import tfcli
-from tfcli.commands.attribute import core as attribute
-from tfcli.commands.heads import core as heads
-from tfcli.commands.patch import core as patch
+try:  # a command's core, in either layout (tfcli/commands/<name>/core.py since 5b99a16; tfcli/<name>.py before)
+    from tfcli.commands.attribute import core as attribute
+    from tfcli.commands.heads import core as heads
+    from tfcli.commands.patch import core as patch
+except ImportError:
+    from tfcli import attribute, heads, patch
 from attribute import TEXT
 from heads import corpus
 from patch import CLEAN, CORRUPT, build

@@ -65,6 +65,7 @@ def main() -> None:
     import torch
 
     import tfcli
+    from tfcli.analysis.corpus import Windows
     from tfcli.commands.sae import core
 
     before = load_average()
@@ -79,7 +80,7 @@ def main() -> None:
     rows = {}
 
     def forward():
-        windows = core.Windows(iter(batches), tokenizer, model, options.context)
+        windows = Windows(iter(batches), tokenizer, model, options.context)
         for wanted in (options.held_out, options.tokens):  # as the run fills them: the held-out, one buffer
             core.fill(model, SITE, windows, wanted, options.pass_windows)
         rows["windows"] = windows.read

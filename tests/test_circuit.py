@@ -194,7 +194,7 @@ def metric(logits, b):
 def hand_counter(hand, b, kind="corrupt"):
     """(clean outputs (B, T, S, d), counterfactual outputs (B, T, S, d), the counterfactual parts `Hand.run` returns
     (sender -> output, ("z", layer's first head) -> z)): the corrupt run's, or the clean run's means over the
-    positions (as `--ablate SITE:mean`: every pair here has the batch's length)."""
+    positions but the first, which keeps its own output (every pair here has the batch's length)."""
     with torch.no_grad():
         _, clean, clean_parts = hand.run(b.clean, {})
         _, corrupt, corrupt_parts = hand.run(b.corrupt, {})
@@ -203,7 +203,7 @@ def hand_counter(hand, b, kind="corrupt"):
     assert (b.lengths == b.clean.shape[1]).all()
 
     def mean(x):
-        return x.mean(1, keepdim=True).expand_as(x)
+        return torch.cat([x[:, :1], x[:, 1:].mean(1, keepdim=True).expand_as(x[:, 1:])], 1)
     return clean, mean(clean), {key: mean(value) for key, value in clean_parts.items()}
 
 
@@ -394,8 +394,9 @@ def test_eap_ig_activations_is_the_hand_computation(name, checkpoints):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_the_mean_counterfactual_is_the_hand_computation(name, checkpoints):
-    """--counterfactual mean: each sender's counterfactual output is its clean output's mean over the positions (as
-    --ablate SITE:mean takes it): EAP, both EAP-IGs and exact patching against the same by hand."""
+    """--counterfactual mean: each sender's counterfactual output is its clean output's mean over the positions but
+    the first (the attention sink, which keeps its own): EAP, both EAP-IGs and exact patching against the same by
+    hand."""
     path, hf = checkpoints(name)
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     _, b = batch(model, tokenizer)
@@ -526,7 +527,7 @@ def dataset(tmp_path_factory):
 
 
 KEYS = ["method", "ig_steps", "counterfactual", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
-        "interrupted", "graph", "circuit", "nodes", "curve", "edges"]
+        "interrupted", "graph", "circuit", "nodes", "connected", "curve", "edges"]
 
 
 def one_error(result, code: int = 2):
@@ -752,3 +753,23 @@ def test_a_figures_log_axis_writes_plain_numbers_with_separators(tmp_path):
         figure.savefig(tmp_path / "axis.svg")
     text = (tmp_path / "axis.svg").read_text()
     assert all(f">{tick}<" in text for tick in ("100", "1,000", "10,000", "0.01", "1")), text[-2000:]
+
+
+def test_the_view_lists_the_nodes_and_warns_of_a_circuit_the_input_does_not_reach(cli, checkpoints, dataset, tmp_path):
+    """A circuit without a path from the input has faithfulness 0 by construction (every path from the tokens is
+    patched): the view says so, beside the circuit's nodes, and the JSON's `connected` is false; with one path from
+    the input to the logits, no warning and `connected` true."""
+    path, _ = checkpoints("gpt2")
+    edges = tmp_path / "edges.txt"
+    base = ["circuit", "-m", str(path), "--dataset", str(dataset), "--edges", str(edges), "--sizes", "5"]
+    for lines, connected in (("L0H1 -> L1H2.q\nL1H2 -> logits\n", False),
+                             ("input -> L0H1.v\nL0H1 -> L1.mlp\nL1.mlp -> logits\n", True)):
+        edges.write_text(lines)
+        record = json.loads(cli(*base, "--json").stdout)
+        assert record["connected"] is connected
+        assert record["nodes"] == (["input", "L0H1", "L1.mlp", "logits"] if connected else ["L0H1", "L1H2", "logits"])
+        if not connected:
+            assert record["circuit"]["faithfulness"] == pytest.approx(0.0, abs=1e-4)  # float32 rounding
+        view = cli(*base, "--width", "80").stdout
+        assert f"its nodes: {', '.join(record['nodes'])}" in " ".join(view.split())
+        assert ("no path from the input to the logits" in " ".join(view.split())) is not connected

@@ -154,7 +154,11 @@ def read_sae(path: str | Path, site: str | None = None) -> SAE:
         raise file_error(f"--sae {path}: no such file or folder", "give an SAE's folder: " + FORMATS)
     folder = given if given.is_dir() else given.parent
     files = {child.name for child in folder.iterdir()}
-    if "hyperparams.json" in files:
+    if "config.yaml" in files and any(name.startswith("layer_") for name in files):  # circuit-tracer's set
+        from tfcli.analysis.transcoders import layer_sae_fields
+
+        sae = SAE(**layer_sae_fields(given))
+    elif "hyperparams.json" in files:
         sae = llama_scope(folder)
     elif "params.npz" in files:
         sae = gemma_scope(folder)

@@ -184,29 +184,50 @@ SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF1
 def _read_safetensors(file: Path) -> dict[str, StoredTensor]:
     """The tensors a safetensors file holds, none read yet, as safetensors' own reader (`safe_open`) finds them: it
     checks the header (its size, the JSON, each tensor's dtype, shape and offsets, which must tile the data to the
-    file's end). Each tensor is read later on its own (see `_read_tensor`)."""
+    file's end). Each tensor is read later on its own (see `_read_tensor`), from where the header puts it."""
     import torch
 
     with _safe_open(file) as f:
-        tensors = {}
-        for name in f.keys():
-            stored = f.get_slice(name)
-            dtype = SAFETENSORS_DTYPES.get(stored.get_dtype())
-            if dtype is None:
-                raise TfcliError(f"{file}: tensor {name} is stored as {stored.get_dtype()}, which tfcli does not read",
-                                 f"tfcli reads the dtypes {', '.join(SAFETENSORS_DTYPES)}")
-            tensors[name] = StoredTensor(tuple(stored.get_shape()), getattr(torch, dtype),
-                                         functools.partial(_read_tensor, file, name))
+        names = list(f.keys())
+        slices = {name: f.get_slice(name) for name in names}
+    with open(file, "rb") as raw:  # the header safe_open checked: where each tensor's bytes begin
+        size = int.from_bytes(raw.read(8), "little")
+        header = json.loads(raw.read(size))
+    tensors = {}
+    for name in names:
+        stored = slices[name]
+        dtype = SAFETENSORS_DTYPES.get(stored.get_dtype())
+        if dtype is None:
+            raise TfcliError(f"{file}: tensor {name} is stored as {stored.get_dtype()}, which tfcli does not read",
+                             f"tfcli reads the dtypes {', '.join(SAFETENSORS_DTYPES)}")
+        start = 8 + size + header[name]["data_offsets"][0]
+        tensors[name] = StoredTensor(tuple(stored.get_shape()), getattr(torch, dtype),
+                                     functools.partial(_read_tensor, file, name, start))
     return tensors
 
 
-def _read_tensor(file: Path, name: str, out: Tensor | None = None) -> Tensor:
-    """Tensor `name` of a safetensors file, copied into `out` (or a view of the file's memory map). The file is
-    opened for this tensor alone and closed after, so that the pages of the map do not stay in the process's memory
-    (one open file for the whole load would hold the whole checkpoint there a second time)."""
-    with _safe_open(file) as f:
-        tensor = f.get_tensor(name)
-        return tensor if out is None else out.copy_(tensor.view(out.shape))
+def _read_tensor(file: Path, name: str, start: int, out: Tensor | None = None) -> Tensor:
+    """Tensor `name` of a safetensors file (its bytes from `start`), read into `out` (a contiguous CPU tensor of its
+    dtype and size) straight from the file; without `out`, a new tensor (safe_open's get_tensor). The file is opened
+    for this tensor alone and closed after, so that nothing of it stays in the process's memory. (Reading into `out`
+    through get_tensor made each weight a tensor of its own first, then copied it: 28 MB more at the peak of a
+    0.31 B bfloat16 load, benchmarks/sharded_load.py.)"""
+    import torch
+
+    if out is None:
+        with _safe_open(file) as f:
+            return f.get_tensor(name)
+    buffer = out.view(-1).view(torch.uint8).numpy()
+    try:
+        with open(file, "rb") as raw:
+            raw.seek(start)
+            read = raw.readinto(buffer)
+    except OSError as exc:
+        raise cannot_read(file, exc) from None
+    if read != buffer.nbytes:
+        raise TfcliError(f"{file}: cannot read tensor {name}: the file ends early",
+                         "the file is truncated or corrupted: download or save it again")
+    return out
 
 
 @contextlib.contextmanager
@@ -224,6 +245,12 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
+def cannot_read(file: Path, exc: OSError) -> TfcliError:
+    """The error of a file the system would not read (missing, a folder, no permission)."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return TfcliError(f"cannot read {file}: {reason}", "check the path and its permissions")
+
+
 @contextlib.contextmanager
 def _safe_open(file: Path):
     """`safe_open(file)` (framework pt), its errors one line: a corrupted or truncated file, or an unreadable one."""
@@ -237,8 +264,7 @@ def _safe_open(file: Path):
         raise TfcliError(f"{file}: cannot read the safetensors file ({detail})",
                          "the file is truncated or corrupted: download or save it again") from None
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise TfcliError(f"cannot read {file}: {reason}", "check the path and its permissions") from None
+        raise cannot_read(file, exc) from None
 
 
 def _read_bin(file: Path) -> dict[str, StoredTensor]:

@@ -32,6 +32,8 @@ import tfcli.commands.saliency.cli  # noqa: F401
 import tfcli.commands.circuit.cli  # noqa: F401
 import tfcli.commands.features.cli  # noqa: F401
 import tfcli.commands.sae.cli  # noqa: F401
+import tfcli.commands.graph.cli  # noqa: F401
+import tfcli.commands.lens.cli  # noqa: F401
 from tfcli.cli.app import app
 
 __all__ = ["app", "main"]

@@ -11,7 +11,7 @@ Shapes: B batch, T prompt length, V vocabulary, L layers (L + 1 hidden states, e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -132,7 +132,8 @@ def force(tokens: Tensor, config: ModelConfig, length: int, last: bool) -> Tenso
 @torch.inference_mode()
 def decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
            max_new_tokens: int = 20, sampling: Sampling | None = None, use_cache: bool = True,
-           lens: bool = False, hooks: dict[str, Hook] | None = None) -> Iterator[StepTensors]:
+           lens: bool | Callable[[Tensor], Tensor] = False, hooks: dict[str, Hook] | None = None
+           ) -> Iterator[StepTensors]:
     """Yield one StepTensors per new token until max_new_tokens or every row has hit end of sequence. `hooks` (by
     site name) run on every pass, the prompt's and each step's (steering).
 
@@ -191,7 +192,8 @@ def decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = 
             else:
                 out = model(step_input, attention_mask=mask, cache=cache, logits_to_keep=logits_kept, sites=sites)
             if lens:  # the last position's hidden states (L + 1, B, hidden), all before the final norm -> (L + 1, B, V)
-                lens_logits = model.unembed(torch.stack([sites.cache[name][:, -1] for name in hidden_names])).float()
+                unembed_all = lens if callable(lens) else model.unembed  # a function: a tuned lens's, then unembed
+                lens_logits = unembed_all(torch.stack([sites.cache[name][:, -1] for name in hidden_names])).float()
                 logits = lens_logits[-1]  # (B, V)
             else:
                 lens_logits, logits = None, out.logits[:, -1].float()
@@ -233,7 +235,7 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, do_sample
 
 @torch.no_grad()
 def stream(model: nn.Module, input_ids: Tensor, max_new_tokens: int = 20, sampling: Sampling | None = None,
-           use_cache: bool = True, lens: bool = False, top: int = 5,
+           use_cache: bool = True, lens: bool | Callable[[Tensor], Tensor] = False, top: int = 5,
            hooks: dict[str, Hook] | None = None) -> Iterator[Step]:
     """One prompt (1, T) -> a Step per new token, as soon as it is chosen (`hooks`: as decode runs them)."""
     if input_ids.dim() == 1:

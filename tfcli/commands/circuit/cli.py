@@ -42,7 +42,8 @@ def circuit(
                                           "the counterfactual and the clean values.")] = 5,
     counterfactual: Annotated[str, typer.Option(metavar="KIND", help="What an edge is patched to: corrupt (the "
                                                 "sender's output on the corrupt text) or mean (its mean over the "
-                                                "clean text's positions, as --ablate SITE:mean).")] = "corrupt",
+                                                "clean text's positions but the first, the attention sink, which "
+                                                "keeps its own).")] = "corrupt",
     top: Annotated[int | None, typer.Option(metavar="N", help="The circuit: the greedy top N edges (default "
                                             "100).")] = None,
     faithful: Annotated[float | None, typer.Option(metavar="F", help="The circuit: the smallest greedy one found "

@@ -11,7 +11,7 @@ and a receiver that reads it: `L5H1->L9H6.q`. The receivers' inputs are the mode
 of the residual stream of its own (tfcli/model/sites.py).
 
 A sender's counterfactual output (`counterfactuals`): its output on the pair's corrupt text (`corrupt`), or its mean
-over the positions of the clean text (`mean`, as `--ablate SITE:mean` takes a mean). Scores over pairs, the metric a
+over the positions of the clean text but the first (`mean`; position 0 keeps its own output: `position_means`). Scores over pairs, the metric a
 pair's target - foil logit difference (as `patch`):
 - `eap` (Syed et al. 2023): (sender's counterfactual - clean output) . d metric / d (receiver's input), the gradient
   on the clean run, summed over positions: the first-order estimate of patching the edge alone.
@@ -121,6 +121,21 @@ class Graph:
                 senders[node] = True
         names = [self.senders[s] for s in senders.nonzero().flatten().tolist()]
         return names + (["logits"] if bool(circuit[:, -1].any()) else [])
+
+    def connects(self, circuit: Tensor) -> bool:
+        """Whether an (S, R) circuit has a path from the input to the logits: without one, every path from the
+        tokens is patched, and the circuit's faithfulness is 0 by construction whatever its edges."""
+        reached = [False] * len(self.senders)
+        reached[0] = True
+        for s in range(len(self.senders)):  # senders in graph order: a receiver's node comes after its senders
+            if not reached[s]:
+                continue
+            for r in circuit[s].nonzero().flatten().tolist():
+                node = self.node_of(r)
+                if node is None:
+                    return True
+                reached[node] = True
+        return False
 
     def groups(self) -> list[tuple[int, int, str]]:
         """(first sender, senders, the site their summed output is added at) of each group eap-ig-activations moves
@@ -250,12 +265,22 @@ def run_senders(model: TransformerModel, ids: Tensor, batch: Batch) -> tuple[Ten
 
 
 def position_means(outputs: Tensor, lengths: Tensor) -> Tensor:
-    """(B, T, S, d) -> each pair's mean over its own positions (the first `lengths` (B,)), at every position."""
+    """(B, T, S, d) -> each pair's mean over its own positions but the first (1 .. `lengths` (B,) - 1), at every
+    position but the first, which keeps its own output. Position 0 is the attention sink: its outputs are orders of
+    magnitude larger than the others' (SmolLM2-135M's L11.mlp: norm 21,931 there, about 31 elsewhere), so a mean
+    over it is its output shrunk, not a typical one (every edge of L11.mlp then scored largest), and putting a mean
+    in its place moves the sink every later position attends to. A per-position mean over the dataset
+    (TransformerLens's mean ablation) would need texts whose positions play the same roles and a pass over the
+    dataset before the scores; this needs neither."""
     import torch
 
-    inside = (torch.arange(outputs.shape[1], device=outputs.device)[None] < lengths[:, None]).to(outputs.dtype)
-    means = (outputs * inside[:, :, None, None]).sum(1) / lengths[:, None, None].to(outputs.dtype)  # (B, S, d)
-    return means[:, None].expand_as(outputs)
+    positions = torch.arange(outputs.shape[1], device=outputs.device)[None]
+    inside = ((positions > 0) & (positions < lengths[:, None])).to(outputs.dtype)
+    counts = (lengths - 1).clamp(min=1)[:, None, None].to(outputs.dtype)
+    means = (outputs * inside[:, :, None, None]).sum(1) / counts  # (B, S, d)
+    counter = means[:, None].expand_as(outputs).clone()
+    counter[:, 0] = outputs[:, 0]
+    return counter
 
 
 def counterfactual_of(model: TransformerModel, batch: Batch, kind: str, clean: Tensor) -> tuple[Tensor, Tensor]:

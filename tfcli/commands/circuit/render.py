@@ -28,7 +28,8 @@ METHODS = {"eap": "edge attribution patching (EAP)", "eap-ig-inputs": "EAP with 
 
 
 def signed(value: float) -> str:
-    return f"{value:+.4g}"
+    """A metric value or a score, at one precision everywhere (the page's too)."""
+    return f"{value:+.4f}"
 
 
 def share(value: float | None) -> str:
@@ -80,10 +81,16 @@ def measured_lines(run: Envelope) -> list[str]:
         return ["circuit: not measured (interrupted)"]
     pairs = f" over {result.measured_pairs} pairs" if result.measured_pairs != run.n else ""
     spread = f", 95% interval {interval(point)}" if point.low is not None else ""
-    return [f"circuit: {point.edges:,} edges, {point.nodes:,} nodes ({picked_words(result)})",
-            f"faithfulness {share(point.faithfulness)}{spread}{pairs}: (m(C) - m(empty)) / (m(full) - m(empty)), "
-            f"every edge outside the circuit patched to its {'mean' if result.counterfactual == 'mean' else 'corrupt'}"
-            " value"]
+    lines = [f"circuit: {point.edges:,} edges, {point.nodes:,} nodes ({picked_words(result)})",
+             f"faithfulness {share(point.faithfulness)}{spread}{pairs}: (m(C) - m(empty)) / (m(full) - m(empty)), "
+             f"every edge outside the circuit patched to its {'mean' if result.counterfactual == 'mean' else 'corrupt'}"
+             " value",
+             f"its nodes: {', '.join(result.graph.nodes_of(result.circuit))}"]
+    if not result.graph.connects(result.circuit):
+        lines.append("warning: the circuit has no path from the input to the logits, so every path from the tokens "
+                     "is patched and its faithfulness is 0 by construction: give it edges from the input (a larger "
+                     "--top, or --faithful)")
+    return lines
 
 
 def circuit_lines(run: Envelope, width: int, color: bool, top: int = DEFAULT_TOP) -> list[Text]:
@@ -159,6 +166,7 @@ def record(run: Envelope) -> dict[str, Any]:
             "picked": result.picked, "wanted": result.wanted, **point_record(result.measured),
             "pairs": result.measured_pairs},
         "nodes": graph.nodes_of(circuit) if circuit is not None else [],
+        "connected": graph.connects(circuit) if circuit is not None else None,
         "curve": [point_record(p) for p in result.curve],
         "edges": [{"sender": graph.senders[s], "receiver": graph.receivers[r], "score": float(result.scores[s, r]),
                    "in_circuit": bool(circuit[s, r]) if circuit is not None else False}

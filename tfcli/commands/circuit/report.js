@@ -6,7 +6,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
   circuit: async function (section, s, number, LIB) {
     const {el} = LIB;
     const NS = "http://www.w3.org/2000/svg";
-    const signed = (v) => (v >= 0 ? "+" : "") + v.toPrecision(4);
+    const signed = (v) => (v >= 0 ? "+" : "") + v.toFixed(4);  // the terminal's precision
     function svgOf(width, height) {
       const svg = document.createElementNS(NS, "svg");
       svg.setAttribute("width", width);
@@ -35,7 +35,15 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
     const largest = Math.max(1e-12, ...s.edges.map((e) => Math.abs(e.score)));
     for (const e of [...s.edges].sort((a, b) => Math.abs(a.score) - Math.abs(b.score))) {
       const [x0, y0] = at(place(e.sender)), [x1, y1] = at(place(e.receiver));
-      add(graph, "line", {x1: x0, y1: y0, x2: x1, y2: y1, stroke: e.score >= 0 ? "#2166ac" : "#b2182b",
+      // an edge within one column (MLP -> MLP, a head to the same head index) bows out to the right, further the more
+      // layers it spans, and one within a row (a head into its layer's MLP) bows up, so that neither is drawn over
+      // the column's or the row's other edges
+      const column = x0 === x1, row = y0 === y1;
+      const bow = column ? Math.min(pad + dx, 14 + 0.3 * Math.abs(y1 - y0)) :
+        row ? Math.min(0.8 * dy, 8 + 0.15 * Math.abs(x1 - x0)) : 0;
+      const [cx, cy] = [(x0 + x1) / 2 + (column ? 2 * bow : 0), (y0 + y1) / 2 - (row ? 2 * bow : 0)];
+      add(graph, "path", {d: `M${x0},${y0} Q${cx},${cy} ${x1},${y1}`, fill: "none",
+                          stroke: e.score >= 0 ? "#2166ac" : "#b2182b",
                           "stroke-width": (0.5 + 5 * Math.abs(e.score) / largest).toFixed(2), "stroke-opacity": 0.7},
           e.sender + " -> " + e.receiver + ": " + signed(e.score));
     }

@@ -32,6 +32,9 @@ def encode(
                                               "lens table of the layers shown in full and in --json; 0 switches the "
                                               "lens off (default: 3 in --json, no lens table, the top token only in "
                                               "the line per position).")] = None,
+    lens: Annotated[str, typer.Option(metavar="logit|tuned:DIR", help="The lens each layer is read through: the "
+                                      "logit lens, or a tuned lens's folder (tfcli lens fit, tuned-lens), whose "
+                                      "table it shows.")] = "logit",
     attention_top: Annotated[int | None, typer.Option("--attn-top", metavar="N", callback=AT_LEAST_ONE,
                                                       help="Keys listed per query beside each attention map "
                                                       "(default: up to 3, as many as fit beside it).")] = None,
@@ -67,6 +70,7 @@ def encode(
           "The animal didn't cross the street because it was too tired"
       tfcli encode --layers all --heads 0-3 --top-k 5 "time flies like an arrow"
     """
+    from tfcli.analysis.tuned_lens import check_lens, lens_folder, read_lens
     from tfcli.commands.encode import core, render
     from tfcli.sources import resolve_source
 
@@ -79,6 +83,9 @@ def encode(
     if run.report is not None:
         check_report_path(run.report, run.force, texts_in.count or 1)
     source = resolve_source(run.model, run.revision)
+    tuned = lens_folder(lens)
+    if tuned is not None:
+        check_lens(tuned, source.config)
     options = core.check_options(source.config, layers, heads, core.DEFAULT_TOP_K if top_k is None else top_k, sites)
     options.keep_heads = run.report is not None  # the page's head selector shows every head behind a mean
     options.ablation = ablation_of(ablate, source.config)
@@ -91,10 +98,11 @@ def encode(
                   for batch in texts_in.batches(None if save is not None else core.MAX_BATCH))
         chunks = started(chunks)
         loaded = session.model
+        options.tuned = None if tuned is None else read_lens(tuned, loaded, "--lens")
         every_layer = list(range(max(source.config.num_hidden_layers, source.config.output_layers)))
         detail = None if layers is None else options.layers if options.layers is not None else every_layer
         view = render.View(detail, attention_top, out.color_system is not None, 1 if top_k is None else top_k,
-                           lens=top_k is not None)
+                           lens=top_k is not None or tuned is not None)
         save_to = None if save is None else core.SaveTo(save, run.force, {
             "tfcli_version": __version__, "model": source.description, "weights": loaded.weights_description})
         reports = core.run(loaded, tokenizer, session.counted(chunks, "encode", len), options, decoder_input,

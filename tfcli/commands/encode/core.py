@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from tfcli.analysis.ablation import Ablation
+    from tfcli.analysis.tuned_lens import Lens
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.model.transformer import Stack
@@ -40,6 +41,7 @@ class EncodeOptions:
     keep_heads: bool = False  # with the mean, also keep each head's map (for --report's head selector)
     sites: list[str] = field(default_factory=list)  # --sites: more sites to keep (names, `*` patterns)
     ablation: "Ablation | None" = None  # --ablate: components removed on the pass
+    tuned: "Lens | None" = None  # --lens tuned:DIR: each layer read through its translator first
 
 
 def check_options(config: "ModelConfig", layers: str | None, heads: str | None, top_k: int,
@@ -142,6 +144,7 @@ class TextReport:
     untruncated_length: int | None = None
     lens_through: str = ""  # what the lens reads each layer through: "the final norm and the LM head", ...
     lens_predicts: bool = True  # False: through the input token embeddings (no LM head), so not a prediction
+    lens_from: str | None = None  # --lens tuned:DIR: the tuned lens's folder (None: the logit lens)
     ablated: list[str] | None = None  # --ablate: what the pass ran without, as given (L23H3, L5.mlp:mean)
 
     @property
@@ -391,8 +394,14 @@ def text_report(model: "TransformerModel", captured: Captured, row: int, encodin
     if options.top_k and model.has_lens:  # no lens for narrower embeddings without an MLM head (ELECTRA, ALBERT)
         prefix, stack = model.stacks()[-1]
         hidden = [captured.values[name] for name in hidden_names(model, prefix, stack)]
-        report.lens = lens_rows(model, hidden, row, t_len, options.layers, options.top_k, tokenizer, captured.logits)
+        logits, at = captured.logits, row
+        if options.tuned is not None:  # the tuned lens: this text's hidden states translated, then the logit lens
+            hidden, at, report.lens_from = options.tuned.translated(hidden, row, t_len), 0, options.tuned.folder
+            logits = None if logits is None else logits[row:row + 1]
+        report.lens = lens_rows(model, hidden, at, t_len, options.layers, options.top_k, tokenizer, logits)
         report.lens_through, report.lens_predicts = lens_through(model)
+        if report.lens_from is not None:
+            report.lens_through = f"its translator, {report.lens_through}"
     report.sites = {name: text_value(name).clone() for name in captured.extra}
     return report
 

@@ -237,8 +237,9 @@ def lens_lines(report: TextReport, width: int, detail: list[int] | None, top: in
             column.sep = "\n"
     count = min(top, len(rows[0].top[0]))  # tokens per cell
     tokens = f"{count} tokens" if count > 1 else "token"
-    title = (f"logit lens: the top {tokens} each layer predicts, through {report.lens_through}" if report.lens_predicts
-             else f"logit lens: each layer's top {tokens} through {report.lens_through} (no LM head: not a "
+    name = "logit lens" if report.lens_from is None else f"tuned lens {report.lens_from}"
+    title = (f"{name}: the top {tokens} each layer predicts, through {report.lens_through}" if report.lens_predicts
+             else f"{name}: each layer's top {tokens} through {report.lens_through} (no LM head: not a "
                   "prediction)")
     layer_of = {id(column): row.layer for column, row in zip(columns[1:], rows)}
 
@@ -300,8 +301,9 @@ SUMMARY_EXAMPLES = {"attention": "`1-5: 0 [CLS]`: layers 1 to 5 attend most to k
 
 def lens_caption(report: TextReport) -> str:
     """What the summary's lens column reads each layer through."""
+    tuned = "" if report.lens_from is None else f" (tuned lens {report.lens_from})"
     if report.lens_predicts:
-        return f"predicts: each layer's output through {report.lens_through}"
+        return f"predicts{tuned}: each layer's output through {report.lens_through}"
     return (f"lens top token: each layer's output through {report.lens_through} (no LM head: mostly the input "
             "token, not a prediction)")
 
@@ -329,6 +331,8 @@ def record(report: TextReport, trained: bool, weights_from: str | Path | None = 
     record["lens"] = [{"layer": row.layer,
                        "top": [[{"token": t, "id": i, "prob": round(p, 6)} for t, i, p in top] for top in row.top]}
                       for row in report.lens]
+    if report.lens_from is not None:
+        record["lens_from"] = report.lens_from
     if report.ablated:
         record["ablated"] = report.ablated
     record["weights"] = "loaded" if trained else "random"

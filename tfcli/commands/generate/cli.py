@@ -77,6 +77,19 @@ def feature_scales(model, batches: Iterator[list], specs: list[str]) -> tuple[It
     return (measured(batches) if features else batches), scales
 
 
+def lens_value(lens: bool, prompts: list[str] | None) -> tuple[list[str] | None, Path | None]:
+    """`--lens` is a flag, so that `--lens "time flies"` stays a prompt; its value, `logit` or `tuned:DIR`, is the
+    first argument of that form, taken from the prompts: (the prompts left, the tuned lens's folder or None)."""
+    from tfcli.analysis.tuned_lens import lens_folder
+
+    given = [p for p in prompts or () if p == "logit" or p.startswith("tuned:")]
+    if not lens or not given:
+        return prompts, None
+    left = list(prompts)
+    left.remove(given[0])
+    return left or None, lens_folder(given[0])
+
+
 @app.command()
 @shared_options(model="Model source with an LM head (default: the bundled `gpt2-small`, random weights).",
                 seed="Seed of the random weights (when the model has none) and of sampling.",
@@ -95,7 +108,9 @@ def generate(
     top_p: Annotated[float | None, typer.Option("--top-p", metavar="P", callback=PROBABILITY,
                                                 help="Sample from the most probable tokens whose probabilities "
                                                 "add up to P, in (0, 1].")] = None,
-    lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step.")] = False,
+    lens: Annotated[bool, typer.Option("--lens", help="Show what each layer would have predicted at every step "
+                                       "(the logit lens; `--lens tuned:DIR`: a tuned lens's folder, tfcli lens fit "
+                                       "or tuned-lens).")] = False,
     steer: Annotated[list[str] | None, typer.Option(metavar="PATH[:STRENGTH]", help="Add a steering vector (a "
                                                     "control-vector .gguf or .safetensors: tfcli steer fit, llama.cpp, "
                                                     "repeng; or SAE#N, an SAE's feature N) times STRENGTH (default 1) "
@@ -126,6 +141,9 @@ def generate(
           --seed 1 "Once upon a time"
       tfcli generate --model path/to/model.gguf --steer happy.gguf:4 "I feel"
     """
+    import functools
+
+    from tfcli.analysis.tuned_lens import check_lens, read_lens
     from tfcli.commands.generate import core
     from tfcli.model.decoding import Sampling
     from tfcli.commands.generate import render
@@ -136,12 +154,15 @@ def generate(
         raise usage_error("--greedy cannot be combined with --temperature, --top-k or --top-p",
                           "leave out --greedy to sample")
     out = output_console(run.width, run.color)
+    prompts, tuned = lens_value(lens, prompts)
     prompts_in = inputs(prompts, file)
     if run.report is not None:
         check_report_path(run.report, run.force, prompts_in.count or 1)
     sampling = Sampling(do_sample, temperature if temperature is not None else 1.0, top_k, top_p, run.seed)
     source = resolve_source(run.model or core.DEFAULT_MODEL, run.revision)
     sampling.check(source.config.vocab_size)  # before the model is built
+    if tuned is not None:
+        check_lens(tuned, source.config)
     vectors = steering(steer, steer_layers, steer_normalize, source.config)
     ablation = ablation_of(ablate, source.config, generating=True)
     ablations = ablation and ablation.hooks
@@ -162,6 +183,7 @@ def generate(
         def ended(generations: Iterator[core.Generation]) -> Iterator[core.Generation]:
             """The same generations, each streamed text ended with its line."""
             for generation in generations:
+                generation.lens_from = None if tuned is None else str(tuned)
                 if live:
                     show_text("\n")
                 yield generation
@@ -177,6 +199,9 @@ def generate(
             hooks = merged(ablations, steering_hooks(loaded, *vectors[:4]))
         changed = render.changes_record(None if vectors is None else (steer, vectors[4], steer_normalize),
                                         ablation and ablation.specs)
+        if tuned is not None:  # the tuned lens's translators, then the logit lens's one product, every step
+            read = read_lens(tuned, loaded, "--lens")
+            lens = functools.partial(read.unembed, loaded, layers=list(range(read.layers + 1)))
         generations = core.run(loaded, tokenizer, batches, sampling, lens, show_text if live else None,
                                warn, hooks)
         emit(ended(generations),

@@ -34,10 +34,11 @@ class Generation:
     full_text: str = ""  # what reads on: prompt + new tokens (decoders), the new tokens (encoder-decoders)
     steps: list[Step] = field(default_factory=list)
     stopped_at_eos: bool = False
+    lens_from: str | None = None  # --lens tuned:DIR: the tuned lens's folder (None: the logit lens, or no lens)
 
 
 def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[GenerationPrompt]],
-        sampling: Sampling, lens: bool = False, on_text: Callable[[str], None] | None = None,
+        sampling: Sampling, lens: bool | Callable = False, on_text: Callable[[str], None] | None = None,
         warn: Callable[[str], None] | None = None, hooks: dict[str, Hook] | None = None) -> Iterator[Generation]:
     """Generate for each prompt of a stream of batches (`prompts`), yielding each prompt's generation in order;
     `warn` hears when fewer new tokens than asked fit after a prompt, and on_text receives each new piece of text
@@ -54,7 +55,7 @@ def run(model: TransformerModel, tokenizer: Tokenizer, batches: Iterable[list[Ge
 
 
 def generate_one(model: TransformerModel, tokenizer: Tokenizer, prompt: GenerationPrompt, sampling: Sampling,
-                 lens: bool = False, on_text: Callable[[str], None] | None = None,
+                 lens: bool | Callable = False, on_text: Callable[[str], None] | None = None,
                  hooks: dict[str, Hook] | None = None) -> Generation:
     """Generate for one prompt; on_text receives each new piece of text as soon as it is decoded; `hooks` run on
     every pass."""

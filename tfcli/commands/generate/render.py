@@ -92,10 +92,12 @@ def step_lines(result: Generation, tokenizer: Tokenizer, title: str, width: int)
                Column("top alternatives", [[Text(f"{_shown(tokenizer, i)} {probability(p)}") for i, p in s.top
                                             if i != s.token_id] for s in steps])]
     if _has_lens(result):
-        columns.append(Column("lens: top token by layer (emb = embeddings)",
+        name = "lens" if result.lens_from is None else f"tuned lens {result.lens_from}"
+        columns.append(Column(f"{name}: top token by layer (emb = embeddings)",
                               [lens_runs(s.lens, tokenizer) for s in steps], sep=" · "))
     caption = "probabilities are the model's (softmax of the logits, before temperature and filtering)" + (
-        "; lens: each layer's top token through the final norm and unembedding" if _has_lens(result) else "")
+        f"; lens: each layer's top token through {'' if result.lens_from is None else 'its translator, '}the final "
+        "norm and unembedding" if _has_lens(result) else "")
     return table(columns, width, keys=2, title=title) + words(caption, width, "dim")
 
 
@@ -126,8 +128,9 @@ def record(result: Generation, tokenizer: Tokenizer) -> dict[str, Any]:
         if step.lens is not None:
             record["lens"] = [{"layer": layer, **token(i, p)} for layer, (i, p) in enumerate(step.lens)]
         steps.append(record)
-    return {"prompt": result.prompt, "ids": result.prompt_ids, "prompt_ids": result.prompt_ids,
-            "generated_ids": result.generated_ids, "text": result.text, "steps": steps}
+    found = {"prompt": result.prompt, "ids": result.prompt_ids, "prompt_ids": result.prompt_ids,
+             "generated_ids": result.generated_ids, "text": result.text, "steps": steps}
+    return found if result.lens_from is None else found | {"lens_from": result.lens_from}
 
 
 # ---------------------------------------------------------------- the --report page and figure

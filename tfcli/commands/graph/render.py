@@ -1,0 +1,98 @@
+"""`tfcli graph`'s outputs: the terminal view (the scores, then the pruned graph from the logits back to the tokens,
+layer by layer) and the JSON record of the pruned graph (docs/commands.md#graph lists its keys)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+
+from tfcli.commands.graph.core import Graph, Node, fires_at, kept_edges, kept_nodes
+from tfcli.render.layout import quoted, words, wrap
+
+INPUTS_SHOWN = 4  # each node's strongest kept inputs in the view
+
+
+def name_of(node: Node) -> str:
+    """A node's short name: `L2 f13@5` (layer 2's feature 13 at position 5), `err L2@5`, `tok@5`, `logit` (its
+    text follows)."""
+    if node.kind == "feature":
+        return f"L{node.layer} f{node.feature}@{node.position}"
+    if node.kind == "error":
+        return f"err L{node.layer}@{node.position}"
+    if node.kind == "token":
+        return f"tok@{node.position}"
+    return "logit"
+
+
+def graph_lines(graph: Graph, width: int, color: bool = False) -> list[Text]:
+    """The scores, the targets, then each kept node from the logits back to the tokens, layer by layer: its
+    influence, a feature's activation and the tokens it fires at in this prompt, and its strongest kept inputs."""
+    nodes = kept_nodes(graph)
+    by_index = {node.index: node for node in nodes}
+    inputs: dict[int, list[tuple[int, float]]] = {}
+    for source, target, weight in kept_edges(graph):
+        inputs.setdefault(target, []).append((source, weight))
+    where = fires_at(graph)
+    features = sum(node.kind == "feature" for node in nodes)
+    n_edges = sum(len(edges) for edges in inputs.values())
+    lines = words(f"graph of {quoted(graph.text)}: {len(graph.ids)} tokens, a special one first", width, "bold")
+    lines += words(f"replacement score {graph.replacement:.3f}, completeness score {graph.completeness:.3f}", width)
+    lines += words(f"pruned (node threshold {graph.options.node_threshold:g}, edge threshold "
+                   f"{graph.options.edge_threshold:g}): {features} of {graph.n_features} feature nodes "
+                   f"({len(graph.active_features)} active), {len(nodes)} nodes, {n_edges} edges", width)
+    style = "bold" if color else ""
+
+    def section(title: str, members: list[Node]) -> None:
+        if not members:
+            return
+        lines.append(Text(""))
+        lines.append(Text(title, style=style))
+        for node in sorted(members, key=lambda n: (-n.influence if n.kind != "logit" else -(n.probability or 0))):
+            lines.extend(node_lines(graph, node, inputs.get(node.index, []), by_index, where, width))
+
+    section("logits", [n for n in nodes if n.kind == "logit"])
+    for layer in reversed(range(graph.n_layers)):
+        section(f"layer {layer}", [n for n in nodes if n.layer == layer])
+    section("tokens", [n for n in nodes if n.kind == "token"])
+    return lines
+
+
+def node_lines(graph: Graph, node: Node, inputs: list[tuple[int, float]], by_index: dict[int, Node],
+               where: dict[tuple[int, int], list[int]], width: int) -> list[Text]:
+    head = [f"{name_of(node)} {quoted(node.text)}"]
+    if node.kind == "logit":
+        head.append(f"p {node.probability:.3f}")
+    else:
+        head.append(f"influence {node.influence:.3g}")
+    if node.kind == "feature":
+        head.append(f"activation {node.activation:.3g}")
+        positions = where[node.layer, node.feature]
+        head.append("fires at " + ", ".join(f"{quoted(graph.tokens[p])}@{p}" for p in positions))
+    lines = wrap(["  " + head[0], *head[1:]], width, sep="  ", indent=4)
+    if inputs:
+        shown = [f"{name_of(by_index[source])} {weight:+.3g}" for source, weight in inputs[:INPUTS_SHOWN]]
+        more = [f"(+{len(inputs) - INPUTS_SHOWN} more)"] if len(inputs) > INPUTS_SHOWN else []
+        lines += wrap(["    <-", *shown, *more], width, sep="  ", indent=7)
+    return lines
+
+
+def node_record(node: Node) -> dict[str, Any]:
+    return {"index": node.index, "kind": node.kind, "layer": node.layer, "position": node.position,
+            "feature": node.feature, "text": node.text, "activation": node.activation,
+            "probability": node.probability, "influence": node.influence}
+
+
+def record(graph: Graph) -> dict[str, Any]:
+    """The JSON record: the prompt, the targets, the scores and the pruned graph (docs/commands.md#graph)."""
+    return {
+        "text": graph.text, "ids": graph.ids, "tokens": graph.tokens,
+        "targets": [{"id": i, "text": text, "probability": float(p)}
+                    for i, text, p in zip(graph.logit_ids, graph.logit_labels, graph.logit_probabilities)],
+        "replacement_score": graph.replacement, "completeness_score": graph.completeness,
+        "active_features": len(graph.active_features), "feature_nodes": graph.n_features,
+        "node_threshold": graph.options.node_threshold, "edge_threshold": graph.options.edge_threshold,
+        "transcoders": graph.transcoders,
+        "nodes": [node_record(node) for node in kept_nodes(graph)],
+        "edges": [{"source": s, "target": t, "weight": w} for s, t, w in kept_edges(graph)],
+    }
