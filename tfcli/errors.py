@@ -1,11 +1,15 @@
 """The one user-facing error type: a short message plus a hint, turned into an exit code by the CLI; and how a file
-that cannot be written is said (`check_writable_folder` before any work, `write_error` when a write fails)."""
+that cannot be written is said (`check_writable_folder` before any work, `write_error` when a write fails); a file
+that does not serve (`file_error`, `check_fields`: the types of a JSON file's fields), an error named for the option
+given (`named_for`)."""
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 class TfcliError(Exception):
@@ -49,6 +53,27 @@ def file_error(message: str, hint: str | None = None) -> TfcliError:
     """A file the command line names that is missing, unreadable, malformed or does not fit the model (exit code 1:
     docs/errors.md#errors-and-exit-codes)."""
     return TfcliError(message, hint, exit_code=1)
+
+
+KINDS = {str: "a string", int: "a whole number", bool: "true or false", float: "a number", dict: "an object"}
+
+
+def check_fields(data: dict, kinds: dict[str, Any], where: str, name: str) -> None:
+    """Each field of a JSON file's object `data` (and of its `metadata` object) of its kind (a type, or a tuple of
+    them; null counts as absent): `"d_in": "576"` is refused as a file error naming the field (`{where}: `d_in` in
+    {name} must be a whole number, not "576"`), never taken silently. A bool is no number, nor a number a bool."""
+    def fits(value: Any, kind: type) -> bool:
+        if kind is bool or isinstance(value, bool):
+            return kind is bool and isinstance(value, bool)
+        return isinstance(value, (int, float) if kind is float else kind)
+
+    metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    for source in (data, metadata):
+        for field, kind in kinds.items():
+            value, kind = source.get(field), kind if isinstance(kind, tuple) else (kind,)
+            if value is not None and not any(fits(value, k) for k in kind):
+                raise file_error(f"{where}: `{field}` in {name} must be {' or '.join(KINDS[k] for k in kind)}, "
+                                 f"not {json.dumps(value)}")
 
 
 # errno -> how a person says it; anything else: the system's own words (strerror), lower-cased

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.errors import file_error, usage_error
+from tfcli.errors import check_fields, file_error, usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -195,26 +195,6 @@ def read_json(path: Path) -> dict:
     return data
 
 
-KINDS = {str: "a string", int: "a whole number", bool: "true or false", float: "a number", dict: "an object"}
-
-
-def check_types(config: dict, kinds: dict[str, Any], path: Path) -> None:
-    """Each field read from an SAE's JSON file (and its `metadata`) of its kind (a type, or a tuple of them; null is
-    absent): `"d_in": "576"` is refused, naming the field, not taken silently."""
-    def fits(value: Any, kind: type) -> bool:
-        if kind is bool or isinstance(value, bool):
-            return kind is bool and isinstance(value, bool)
-        return isinstance(value, (int, float) if kind is float else kind)
-
-    metadata = config.get("metadata") if isinstance(config.get("metadata"), dict) else {}
-    for source in (config, metadata):
-        for name, kind in kinds.items():
-            value, kind = source.get(name), kind if isinstance(kind, tuple) else (kind,)
-            if value is not None and not any(fits(value, k) for k in kind):
-                raise file_error(f"--sae {path.parent}: `{name}` in {path.name} must be "
-                                 f"{' or '.join(KINDS[k] for k in kind)}, not {json.dumps(value)}")
-
-
 def tensors(path: Path, what: str) -> dict[str, Tensor]:
     """The tensors of a safetensors file (through the safetensors library), float32."""
     if not path.is_file():
@@ -237,11 +217,11 @@ def required(weights: dict, names: tuple[str, ...], path: Path) -> None:
 
 def saelens(folder: Path, config: dict) -> SAE:
     """SAELens's format (6.x, and the names of configs before 6.0)."""
-    check_types(config, {"architecture": str, "k": int, "activation_fn": str, "activation_fn_str": str,
+    check_fields(config, {"architecture": str, "k": int, "activation_fn": str, "activation_fn_str": str,
                          "activation_fn_kwargs": dict, "normalize_activations": (str, bool), "hook_name": str,
                          "hook_point": str, "hook_name_out": str, "hook_head_index": int, "hook_point_head_index": int,
                          "apply_b_dec_to_input": bool, "rescale_acts_by_decoder_norm": bool, "model_name": str,
-                         "d_in": int, "d_sae": int}, folder / "cfg.json")
+                         "d_in": int, "d_sae": int}, f"--sae {folder}", "cfg.json")
     metadata = config.get("metadata") if isinstance(config.get("metadata"), dict) else {}
     setting = lambda *names, default=None: next(  # noqa: E731
         (source[name] for name in names for source in (config, metadata) if source.get(name) is not None), default)
@@ -332,8 +312,8 @@ def gemma_scope_2(folder: Path) -> SAE:
     """Gemma Scope 2: params.safetensors (w_enc, w_dec, b_enc, b_dec, threshold, affine_skip_connection) and its
     config.json (architecture jump_relu, hf_hook_point_in, hf_hook_point_out for transcoders)."""
     config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-    check_types(config, {"architecture": str, "hf_hook_point_in": str, "hf_hook_point_out": str, "model_name": str},
-                folder / "config.json")
+    check_fields(config, {"architecture": str, "hf_hook_point_in": str, "hf_hook_point_out": str, "model_name": str},
+                f"--sae {folder}", "config.json")
     if config.get("architecture", "jump_relu") != "jump_relu":
         raise file_error(f"--sae {folder}: unknown architecture {config.get('architecture')!r} in config.json",
                          "Gemma Scope 2's SAEs are jump_relu")
@@ -356,11 +336,11 @@ def llama_scope(folder: Path) -> SAE:
     import torch
 
     config = read_json(folder / "hyperparams.json")
-    check_types(config, {"act_fn": str, "d_model": int, "top_k": int, "jump_relu_threshold": float,
+    check_fields(config, {"act_fn": str, "d_model": int, "top_k": int, "jump_relu_threshold": float,
                          "dataset_average_activation_norm": dict, "hook_point_in": str, "hook_point_out": str},
-                folder / "hyperparams.json")
-    check_types(config.get("dataset_average_activation_norm") or {}, {"in": float, "out": float},
-                folder / "hyperparams.json")
+                f"--sae {folder}", "hyperparams.json")
+    check_fields(config.get("dataset_average_activation_norm") or {}, {"in": float, "out": float},
+                f"--sae {folder}", "hyperparams.json")
     raw = tensors(folder / "checkpoints" / "final.safetensors", "Llama Scope")
     required(raw, ("encoder.weight", "encoder.bias", "decoder.weight", "decoder.bias"),
              folder / "checkpoints" / "final.safetensors")
@@ -386,7 +366,7 @@ def llama_scope(folder: Path) -> SAE:
 
 def sparsify(folder: Path, config: dict) -> SAE:
     """EleutherAI sparsify: a `layers.N` folder (or `h.N`, `layers.N.mlp`) with cfg.json and sae.safetensors."""
-    check_types(config, {"activation": str, "k": int, "transcode": bool}, folder / "cfg.json")
+    check_fields(config, {"activation": str, "k": int, "transcode": bool}, f"--sae {folder}", "cfg.json")
     activation = config.get("activation", "topk")
     if activation not in ("topk", "groupmax"):
         raise file_error(f"--sae {folder}: unknown activation {activation!r} in cfg.json", "known: topk, groupmax")
