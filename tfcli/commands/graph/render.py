@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from tfcli.commands.graph.core import Graph, Node, fires_at, kept_edges, kept_nodes
+from tfcli.commands.graph.core import Graph, Graphs, Node, fires_at, kept_edges, kept_nodes, node_of
 from tfcli.render.layout import quoted, words, wrap
 
 INPUTS_SHOWN = 4  # each node's strongest kept inputs in the view
@@ -55,7 +55,59 @@ def graph_lines(graph: Graph, width: int, color: bool = False) -> list[Text]:
     for layer in reversed(range(graph.n_layers)):
         section(f"layer {layer}", [n for n in nodes if n.layer == layer])
     section("tokens", [n for n in nodes if n.kind == "token"])
+    if graph.validation is not None:
+        lines.append(Text(""))
+        lines.extend(validation_lines(graph, width, style))
     return lines
+
+
+def validation_lines(graph: Graph, width: int, style: str = "") -> list[Text]:
+    """The validation: each feature node removed, the graph's predicted effect on the first target (through every
+    path, and by its direct edge) and the effect measured in the model; their correlation."""
+    found = graph.validation
+    correlation = "undefined" if found.correlation is None else f"{found.correlation:+.3f}"
+    lines = words(f"validation: the {len(found.nodes)} most influential features removed, the change of "
+                  f"{quoted(graph.logit_labels[0])} (the demeaned logit the graph reads), predicted by the graph "
+                  f"against measured in the model: correlation {correlation}", width, style)
+    for index, predicted, direct, measured in zip(found.nodes, found.predicted, found.direct, found.measured):
+        node = node_of(graph, index)
+        lines += wrap([f"  {name_of(node)} {quoted(node.text)}", f"predicted {predicted:+.4g}",
+                       f"(direct {direct:+.4g})", f"measured {measured:+.4g}"], width, sep="  ", indent=4)
+    return lines
+
+
+def validation_record(graph: Graph) -> dict[str, Any] | None:
+    found = graph.validation
+    if found is None:
+        return None
+    nodes = []
+    for index, predicted, direct, measured in zip(found.nodes, found.predicted, found.direct, found.measured):
+        node = node_of(graph, index)
+        nodes.append({"index": index, "layer": node.layer, "position": node.position, "feature": node.feature,
+                      "predicted": predicted, "direct": direct, "measured": measured})
+    return {"target": graph.logit_labels[0], "nodes": nodes, "correlation": found.correlation}
+
+
+def summary_lines(run: Graphs, width: int) -> list[Text]:
+    """Several prompts: a line per graph (its first target, its scores, what pruning kept, the validation's
+    correlation)."""
+    lines = [Text(""), *words(f"{len(run.graphs)} graphs", width, "bold")]  # after the last graph's view
+    for number, graph in enumerate(run.graphs, 1):
+        kept = kept_nodes(graph)
+        features = sum(node.kind == "feature" for node in kept)
+        found = graph.validation
+        parts = [f"{number}. {quoted(graph.text)}", f"-> {quoted(graph.logit_labels[0])} "
+                 f"p {float(graph.logit_probabilities[0]):.3f}", f"replacement {graph.replacement:.3f}",
+                 f"completeness {graph.completeness:.3f}", f"{features} of {graph.n_features} features kept"]
+        if found is not None and found.correlation is not None:
+            parts.append(f"validation r {found.correlation:+.3f}")
+        lines += wrap(parts, width, sep="  ", indent=3)
+    return lines
+
+
+def graphs_record(run: Graphs) -> list[dict[str, Any]]:
+    """Several prompts: a JSON line per graph, each its prompt's record."""
+    return [record(graph) for graph in run.graphs]
 
 
 def node_lines(graph: Graph, node: Node, inputs: list[tuple[int, float]], by_index: dict[int, Node],
@@ -95,4 +147,5 @@ def record(graph: Graph) -> dict[str, Any]:
         "transcoders": graph.transcoders,
         "nodes": [node_record(node) for node in kept_nodes(graph)],
         "edges": [{"source": s, "target": t, "weight": w} for s, t, w in kept_edges(graph)],
+        "validation": validation_record(graph),
     }
