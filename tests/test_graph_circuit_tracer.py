@@ -12,6 +12,8 @@ The families, the ones circuit-tracer's nnsight backend maps (utils/tl_nnsight_m
 - Gemma 2 (sandwich norms, soft-capping, a sliding window shorter than the prompt), JumpReLU transcoders,
   `hook_resid_mid` -> `hook_mlp_out` (circuit-tracer maps no `mlp.hook_in` for Gemma 2: its `ln2.hook_normalized` is
   the norm's output before its weight, which tfcli has no site for).
+- SmolLM2-135M (slow: the real GGUF file, loaded by transformers and saved as a folder both read), random JumpReLU
+  skip transcoders, "The capital of France is" (-> " Paris"), the 64 most influential features.
 Compared: the adjacency to 1e-4 of its largest |entry|, the active and selected features, the input tokens, the logit
 targets and their probabilities, prune_graph's node and edge masks and cumulative scores, compute_graph_scores.
 """
@@ -106,26 +108,41 @@ def circuit_tracer(tmp_path_factory, save_hf_model):
     jobs, graphs = [], {}
     for name, family, prompt, top, batch in CASES:
         path, layers = models[family]
-        options = core.GraphOptions(max_feature_nodes=top, batch_size=batch)
+        options = core.GraphOptions(max_feature_nodes=top, batch_size=batch, validate=0)
         graphs[name] = tfcli_graph(path, path / "transcoders", options)
         jobs.append({"model": str(path), "transcoders": str(path / "transcoders"), "layers": layers,
                      "prompt": graphs[name].ids if prompt == "ids" else PROMPT, "max_feature_nodes": top,
                      "batch_size": batch, "out": str(out / f"{name}.safetensors")})
+    theirs = run_circuit_tracer(jobs)
+    return {name: (graphs[name], theirs[i], job["out"]) for i, ((name, *_), job) in enumerate(zip(CASES, jobs))}
+
+
+def run_circuit_tracer(jobs: list[dict]) -> list[dict]:
+    """SCRIPT in a subprocess with .references/ct first on the path, offline: each job's scores (its graph in its
+    `out` file)."""
     env = {**os.environ, "PYTHONPATH": str(CT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     done = subprocess.run([sys.executable, "-c", SCRIPT], input=json.dumps(jobs), capture_output=True, text=True,
                           env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout.splitlines()[-1])
-    return {name: (graphs[name], theirs[i], job["out"]) for i, ((name, *_), job) in enumerate(zip(CASES, jobs))}
+    return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.skipif(not CT.is_dir(), reason=f"circuit-tracer 0.5.0 is not installed apart in {CT} (the README's test "
-                    "command: pip install --no-deps --target .references/ct -r tests/circuit-tracer.txt)")
+INSTALLED = pytest.mark.skipif(not CT.is_dir(), reason=f"circuit-tracer 0.5.0 is not installed apart in {CT} (the "
+                               "README's test command: pip install --no-deps --target .references/ct -r "
+                               "tests/circuit-tracer.txt)")
+
+
+@INSTALLED
 @pytest.mark.parametrize("case", [case[0] for case in CASES])
 def test_the_graph_is_circuit_tracers(circuit_tracer, case):
+    assert_same(*circuit_tracer[case])
+
+
+def assert_same(ours, scores: dict, file: str, features_kept: bool = True) -> None:
+    """ours (a core.Graph) against circuit-tracer's `file` and `scores`; `features_kept`: pruning keeps some feature
+    nodes and drops others (random transcoders on SmolLM2 leave its errors carrying nearly everything: none kept)."""
     from safetensors.torch import load_file
 
-    ours, scores, file = circuit_tracer[case]
     theirs = load_file(file)
     assert theirs["input_tokens"].tolist() == ours.ids  # the same token convention (a special token first)
     assert len(ours.active_features) >= 20 and torch.equal(ours.active_features, theirs["active_features"])
@@ -137,7 +154,48 @@ def test_the_graph_is_circuit_tracers(circuit_tracer, case):
     assert scaled_difference(ours.adjacency, theirs["adjacency"]) <= 1e-4
     assert torch.equal(ours.pruned.node_mask, theirs["node_mask"])
     assert torch.equal(ours.pruned.edge_mask, theirs["edge_mask"])
-    assert 0 < int(ours.pruned.node_mask[:ours.n_features].sum()) < ours.n_features  # pruning drops some, keeps some
+    kept = int(ours.pruned.node_mask[:ours.n_features].sum())
+    assert 0 < kept < ours.n_features if features_kept else kept < ours.n_features
     assert torch.allclose(ours.pruned.cumulative, theirs["cumulative"], atol=1e-5)
     assert abs(ours.replacement - scores["replacement"]) <= 1e-5
     assert abs(ours.completeness - scores["completeness"]) <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def smollm2_folder(tmp_path_factory, smollm2_gguf):
+    """SmolLM2-135M (transformers' float32 load of the GGUF file) saved as a transformers folder, which both read, with
+    random JumpReLU skip transcoders on every layer. transformers 5 writes `rope_parameters` and a tokenizer class of
+    its own; transformers 4.57 reads `rope_theta` (else 10,000, not SmolLM2's 100,000) and the fast tokenizer's class:
+    both written as 4.57 reads them."""
+    import transformers
+
+    _, hf, tokenizer = smollm2_gguf
+    path = tmp_path_factory.mktemp("ct-smollm2")
+    config = transformers.LlamaConfig.from_dict(hf.config.to_dict())
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # a GGUF load is marked quantized: not serializable
+    plain = transformers.LlamaForCausalLM(config).eval()
+    plain.load_state_dict(hf.state_dict())
+    plain.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    saved = json.loads((path / "config.json").read_text())
+    saved["rope_theta"] = saved["rope_parameters"]["rope_theta"]
+    (path / "config.json").write_text(json.dumps(saved))
+    tokens = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**tokens, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    write_transcoders(path / "transcoders", hf, "smollm2", True, True, ("mlp.hook_in", "mlp.hook_out"))
+    return path, config.num_hidden_layers
+
+
+@INSTALLED
+@pytest.mark.slow
+def test_smollm2s_graph_is_circuit_tracers(smollm2_folder, tmp_path):
+    """The trained SmolLM2-135M (30 layers) on "The capital of France is", the 64 most influential features."""
+    path, layers = smollm2_folder
+    text, options = "The capital of France is", core.GraphOptions(max_feature_nodes=64, batch_size=16, validate=0)
+    ours = tfcli_graph(path, path / "transcoders", options, text=text)
+    assert ours.logit_labels[0] == " Paris"
+    job = {"model": str(path), "transcoders": str(path / "transcoders"), "layers": layers, "prompt": text,
+           "max_feature_nodes": 64, "batch_size": 16, "out": str(tmp_path / "smollm2.safetensors")}
+    [scores] = run_circuit_tracer([job])
+    assert_same(ours, scores, job["out"], features_kept=False)
