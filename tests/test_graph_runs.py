@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from test_graph import PROMPT, gemma2, llama, load_layers, modules_of, tfcli_graph  # noqa: F401 (fixtures)
+from test_report_browser import browser  # noqa: F401 (a fixture)
 from tfcli.commands.graph import core
 
 PROMPTS = [PROMPT, "a big red bird flew over the house", "the dog saw a cat in the park"]
@@ -170,3 +171,41 @@ def test_progress_counts_the_backward_batches(llama):
     steps = 1 + -(-n_active // 16)  # the logit rows, then each batch of feature rows
     assert seen[:steps] == sorted(seen[:steps]) and 0 < seen[0] < 1 and seen[steps - 1] == 1.0
     assert len(seen) == steps + 1 + -(-len(graphs[1].active_features) // 16) and seen[-1] == 2.0
+
+
+def test_report_page_in_chromium(llama, cli, tmp_path, browser):  # noqa: F811 (browser: test_report_browser's)
+    """--report PAGE.html, opened offline in Chromium: a dot per kept node, its label on hover, a click lists its kept
+    inputs and outputs with their weights (the JSON's edges), the validation table; nothing fetched. Several prompts:
+    a graph each; a figure for several refused."""
+    from test_report_browser import open_page
+
+    path, _, transcoders = llama
+    args = ("graph", "-m", str(path), "--transcoders", str(transcoders), "--validate", "4")
+    page_path, figure = tmp_path / "graph.html", tmp_path / "graph.svg"
+    assert cli(*args, "--report", str(page_path), PROMPT).exit_code == 0
+    record = json.loads(cli(*args, "--json", PROMPT).stdout)
+    page = open_page(browser, page_path)
+    assert page.requests == [page_path.as_uri()] and not page.errors
+    dots = page.locator(".graph-node-dot")
+    assert dots.count() == len(record["nodes"])
+    feature = next(n for n in record["nodes"] if n["kind"] == "feature")
+    label = f"L{feature['layer']} f{feature['feature']}@{feature['position']} '{feature['text']}'"
+    dot = page.locator(f'.graph-node-dot[data-index="{feature["index"]}"]')
+    assert dot.locator("title").text_content().startswith(label + ": influence")
+    dot.click()
+    assert page.locator(".graph-node-name").text_content() == label
+    inputs = [e for e in record["edges"] if e["target"] == feature["index"]]
+    outputs = [e for e in record["edges"] if e["source"] == feature["index"]]
+    panel = page.locator(".graph-node").text_content()
+    assert f"inputs ({len(inputs)})" in panel and f"outputs ({len(outputs)})" in panel and inputs and outputs
+    assert page.locator(".graph-validation tbody tr").count() == 4
+    page.close()
+    several = tmp_path / "graphs.html"
+    assert cli(*args, "--report", str(several), *PROMPTS[:2]).exit_code == 0
+    page = open_page(browser, several)
+    assert page.locator("svg.graph-grid").count() == 2 and not page.errors
+    page.close()
+    assert cli(*args, "--report", str(figure), PROMPT).exit_code == 0
+    assert "<svg" in figure.read_text() and "replacement" in figure.read_text()
+    refused = cli(*args, "--report", str(tmp_path / "two.svg"), *PROMPTS[:2])
+    assert refused.exit_code == 2 and "several prompts go on a page" in " ".join(refused.stderr.split())

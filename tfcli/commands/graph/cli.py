@@ -16,6 +16,7 @@ from tfcli.cli.options import (AT_LEAST_ONE, DatasetOptions, FileOption, FoilOpt
 from tfcli.cli.output import View, write_text
 from tfcli.cli.session import inputs, run_dataset
 from tfcli.errors import check_output_file, usage_error
+from tfcli.render.report_file import check_report_path
 
 AT_LEAST_ZERO = requires(lambda value: value >= 0, "must be at least 0")
 FRACTION = requires(lambda value: 0.0 <= value <= 1.0, "must be between 0 and 1")
@@ -25,7 +26,7 @@ GRAPH_FOIL = with_help(FoilOption, "With --target: attribute the difference of t
 
 
 @app.command()
-@shared_options(without=("report",), model="Model source: a decoder with an LM head.",
+@shared_options(model="Model source: a decoder with an LM head.",
                 json_output="One JSON object per prompt on stdout: the targets, the scores, the pruned graph's nodes "
                             "and edges, the validation.")
 def graph(
@@ -87,6 +88,11 @@ def graph(
             check_output_file(numbered, run.force, f"give a file name ending in {path.suffix or '.json'}", option)
     if foil is not None and target is None:
         raise usage_error("--foil goes with --target: the graph's one target is the logit difference target - foil")
+    if run.report is not None:
+        if not single and run.report.suffix.lower() != ".html":
+            raise usage_error(f"--report {run.report}: several prompts go on a page, a section each",
+                              "end the file name in .html, or give one prompt")
+        check_report_path(run.report, run.force, 1)
     read = read_transcoders(transcoders)
     source = resolve_source(run.model, run.revision)
     core.check_options(source.config, core.GraphOptions())
@@ -100,7 +106,8 @@ def graph(
     graph_view = View(out, render.record, lambda shown, number: render.graph_lines(shown, out.width, color),
                       spaced=True)
     view = None if single else View(out, render.graphs_record, lambda run_, number: render.summary_lines(
-        run_, out.width))
+        run_, out.width), report=(render.graphs_page_section, lambda run_, info, tokens: render.figure(
+            run_.graphs[0], info, tokens)))  # a figure holds one prompt's graph: refused above for several
     run_dataset(core.GraphAnalysis(read, options, warn), source,
                 DatasetOptions(path=None, bootstrap=0, per_item=not single and not run.json_output, skip_bad=False,
                                ray=None, texts=texts_in),

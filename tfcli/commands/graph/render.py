@@ -1,5 +1,6 @@
 """`tfcli graph`'s outputs: the terminal view (the scores, then the pruned graph from the logits back to the tokens,
-layer by layer) and the JSON record of the pruned graph (docs/commands.md#graph lists its keys)."""
+layer by layer, then the validation), the JSON record of the pruned graph (docs/commands.md#graph lists its keys),
+several prompts' summary, and the --report page's data and figure (report.js draws the page)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,84 @@ def record(graph: Graph) -> dict[str, Any]:
         "edges": [{"source": s, "target": t, "weight": w} for s, t, w in kept_edges(graph)],
         "validation": validation_record(graph),
     }
+
+
+# ------------------------------------------------------------------------------------------ the --report page
+
+
+def place(graph: Graph, node: Node) -> tuple[int, int]:
+    """Where a node is drawn: (position, row), the row -1 for tokens, its layer for features and errors, the number of
+    layers for the logits."""
+    if node.kind == "token":
+        return node.position, -1
+    if node.kind == "logit":
+        return node.position, graph.n_layers
+    return node.position, node.layer
+
+
+def page_section(graph: Graph, tokenizer: Any = None) -> dict[str, Any]:
+    """The page's data of one graph: the header, the tokens and layers, the pruned graph's nodes (each with its place,
+    its label, its influence) and edges, the validation."""
+    nodes = kept_nodes(graph)
+    found = validation_record(graph)
+    return {
+        "header": [f"graph of {quoted(graph.text)}",
+                   f"replacement score {graph.replacement:.3f}, completeness score {graph.completeness:.3f}",
+                   "targets: " + ", ".join(f"{quoted(label)} p {float(p):.3f}" for label, p in
+                                           zip(graph.logit_labels, graph.logit_probabilities))],
+        "tokens": graph.tokens, "layers": graph.n_layers,
+        "nodes": [{"index": node.index, "kind": node.kind, "x": place(graph, node)[0], "row": place(graph, node)[1],
+                   "label": f"{name_of(node)} {quoted(node.text)}", "influence": node.influence,
+                   "activation": node.activation} for node in nodes],
+        "edges": [{"source": s, "target": t, "weight": w} for s, t, w in kept_edges(graph)],
+        "validation": found,
+    }
+
+
+def graphs_page_section(run: Graphs, tokenizer: Any = None) -> dict[str, Any]:
+    """Several prompts: a graph each."""
+    return {"graphs": [page_section(graph, tokenizer) for graph in run.graphs]}
+
+
+def figure(graph: Graph, run: Any, tokenizer: Any = None):
+    """The pruned graph: a column per position, a row per layer (tokens at the bottom, logits at the top), an edge's
+    width by its |weight| (blue positive, red negative), each node named."""
+    from tfcli.render.figure import blank_figure, caption
+
+    section = page_section(graph)
+    columns, rows = len(graph.tokens), graph.n_layers + 2
+    fig = blank_figure(max(6.0, 1.1 * columns), 1.2 + 0.5 * rows)
+    ax = fig.subplots()
+    spots = cells(section["nodes"])
+    largest = max([abs(e["weight"]) for e in section["edges"]], default=1.0) or 1.0
+    for edge in sorted(section["edges"], key=lambda e: abs(e["weight"])):
+        (x0, y0), (x1, y1) = spots[edge["source"]], spots[edge["target"]]
+        ax.plot([x0, x1], [y0, y1], color="#2166ac" if edge["weight"] >= 0 else "#b2182b",
+                linewidth=0.3 + 2.5 * abs(edge["weight"]) / largest, alpha=0.6)
+    for node in section["nodes"]:
+        x, y = spots[node["index"]]
+        ax.scatter([x], [y], s=18, color=NODE_COLORS[node["kind"]], zorder=3)
+        if node["kind"] != "token":
+            ax.annotate(name_of(node_of(graph, node["index"])), (x, y), fontsize=5, xytext=(2, 2),
+                        textcoords="offset points")
+    ax.set_xticks(range(columns), [quoted(token) for token in graph.tokens], rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(-1, graph.n_layers + 1), ["tokens", *[f"L{i}" for i in range(graph.n_layers)], "logits"],
+                  fontsize=7)
+    caption(fig, f"tfcli graph of {graph.text!r}: replacement {graph.replacement:.3f}, completeness "
+                 f"{graph.completeness:.3f}", run)
+    return fig
+
+
+NODE_COLORS = {"feature": "#333333", "error": "#999999", "token": "#2563eb", "logit": "#16a34a"}
+
+
+def cells(nodes: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
+    """Each node's (x, y): its position and row, the nodes of one cell spread across it (report.js does the same)."""
+    by_cell: dict[tuple[int, int], list[int]] = {}
+    for node in nodes:
+        by_cell.setdefault((node["x"], node["row"]), []).append(node["index"])
+    spots = {}
+    for (x, row), members in by_cell.items():
+        for k, index in enumerate(members):
+            spots[index] = (x + (k + 0.5) / len(members) * 0.8 - 0.4, float(row))
+    return spots
