@@ -59,16 +59,18 @@ def graph(
     *,
     run: RunOptions,
 ) -> None:
-    """The attribution graph of a prompt through per-layer transcoders, as circuit-tracer computes it: every active
+    """The attribution graph of each prompt through per-layer transcoders, as circuit-tracer computes it: every active
     feature, error, token and top logit a node, every edge a direct effect with attention patterns and norms
-    frozen; pruned by influence on the logits, with its replacement and completeness scores.
+    frozen; pruned by influence on the logits, with its replacement and completeness scores, and validated by
+    removing its most influential features in the model.
 
     \b
     Examples:
       tfcli graph -m path/to/smollm2 --transcoders path/to/transcoders \\
           "The capital of France is"
       tfcli graph -m path/to/llama --transcoders tc --target " Paris" \\
-          --graph-out paris.json "The capital of France is"
+          --graph-out paris.json --report paris.html "The capital of France is"
+      tfcli graph -m path/to/llama --transcoders tc --file prompts.txt --json
     """
     from tfcli.analysis.metric import parse_metric
     from tfcli.analysis.transcoders import check_transcoders, read_transcoders
