@@ -333,7 +333,7 @@ def test_max_feature_nodes_keeps_the_most_influential_rows(llama):
 
 
 RECORD_KEYS = {"text", "ids", "tokens", "targets", "replacement_score", "completeness_score", "active_features",
-               "feature_nodes", "node_threshold", "edge_threshold", "transcoders", "nodes", "edges"}
+               "feature_nodes", "node_threshold", "edge_threshold", "transcoders", "nodes", "edges", "validation"}
 NODE_KEYS = {"index", "kind", "layer", "position", "feature", "text", "activation", "probability", "influence"}
 
 
@@ -450,7 +450,9 @@ def test_bad_input_is_one_error_line_before_any_model(llama, cli, tmp_path, no_m
     path, _, transcoders = llama
     cases = [(name, ("--transcoders", str(folder), PROMPT), words)
              for name, folder, words in broken_sets(transcoders, tmp_path)]
-    cases += [("empty prompt", ("--transcoders", str(transcoders), "  "), "the prompt is empty"),
+    cases += [("empty prompt", ("--transcoders", str(transcoders), "  "), "text 1 is only whitespace"),
+              ("negative validate", ("--transcoders", str(transcoders), "--validate", "-1", PROMPT),
+               "--validate must be at least 0"),
               ("no transcoders", (PROMPT,), "--transcoders is required"),
               ("zero feature nodes", ("--transcoders", str(transcoders), "--max-feature-nodes", "0", PROMPT),
                "--max-feature-nodes must be at least 1"),
@@ -462,6 +464,22 @@ def test_bad_input_is_one_error_line_before_any_model(llama, cli, tmp_path, no_m
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and words in " ".join(result.stderr.split()), (name, result.stderr)
         assert "Traceback" not in result.stderr
+
+
+def test_blank_texts_and_taken_files_are_one_error_line(llama, cli, tmp_path):
+    """A --file of blank lines (exit 2), a numbered --graph-out file that exists (exit 1, as for one prompt's): one
+    error line, no model built (none said on stderr; the lines are read after the transcoders are checked against
+    the model's sites, a pass on the meta device that no_model_built would refuse)."""
+    path, _, transcoders = llama
+    blank, taken = tmp_path / "blank.txt", tmp_path / "g-2.json"
+    blank.write_text("\n  \n")
+    taken.write_text("{}")
+    for args, code, words in ((("--file", str(blank)), 2, "holds only blank lines"),
+                              (("--graph-out", str(tmp_path / "g.json"), PROMPT, PROMPT), 1, "g-2.json already exists")):
+        result = cli("graph", "-m", str(path), "--transcoders", str(transcoders), *args)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.exit_code == code and len(errors) == 1 and words in errors[0], result.stderr
+        assert "model:" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_an_encoder_is_refused_by_name(cli, tmp_path, llama, no_model_built):

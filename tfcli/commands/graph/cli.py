@@ -1,5 +1,6 @@
-"""`tfcli graph`: the command line. The transcoders are read and checked against the model's config, and every
-output path checked, before the model is built; then one prompt's graph, shown and written."""
+"""`tfcli graph`: the command line. The transcoders are read and checked against the model's config, every prompt
+read and checked and every output path checked before the model is built; then each prompt's graph through the
+runner (`run_dataset`: --file, stdin, progress, Ctrl-C keeping the graphs finished), shown and written."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import typer
 
 from tfcli.cli.app import app
 from tfcli.cli.console import output_console, warn
-from tfcli.cli.options import AT_LEAST_ONE, FoilOption, RunOptions, TargetOption, requires, shared_options, with_help
-from tfcli.cli.output import View, emit, write_text
-from tfcli.cli.session import session_of
+from tfcli.cli.options import (AT_LEAST_ONE, DatasetOptions, FileOption, FoilOption, RunOptions, TargetOption,
+                               TextsArgument, requires, shared_options, with_help)
+from tfcli.cli.output import View, write_text
+from tfcli.cli.session import inputs, run_dataset
 from tfcli.errors import check_output_file, usage_error
+from tfcli.render.report_file import check_report_path
 
+AT_LEAST_ZERO = requires(lambda value: value >= 0, "must be at least 0")
 FRACTION = requires(lambda value: 0.0 <= value <= 1.0, "must be between 0 and 1")
 GRAPH_TARGET = with_help(TargetOption, "Attribute this token's logit (\" Paris\" with its space, or #ID) instead of "
                                        "the top logits.")
@@ -22,12 +26,11 @@ GRAPH_FOIL = with_help(FoilOption, "With --target: attribute the difference of t
 
 
 @app.command()
-@shared_options(without=("report",), model="Model source: a decoder with an LM head.",
-                json_output="One JSON object on stdout: the targets, the scores and the pruned graph's nodes and "
-                            "edges.")
+@shared_options(model="Model source: a decoder with an LM head.",
+                json_output="One JSON object per prompt on stdout: the targets, the scores, the pruned graph's nodes "
+                            "and edges, the validation.")
 def graph(
-    text: Annotated[str, typer.Argument(metavar="TEXT", help="The prompt (a special token is put first).",
-                                        show_default=False)],
+    texts: TextsArgument = None,
     transcoders: Annotated[Path, typer.Option(metavar="DIR", help="circuit-tracer's per-layer transcoders: a folder "
                                               "with config.yaml and layer_0.safetensors, layer_1.safetensors, "
                                               "...")] = None,
@@ -42,42 +45,56 @@ def graph(
                                                   "that carry this share of the edge influence.")] = 0.98,
     batch_size: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="Targets per backward "
                                             "pass.")] = 64,
+    validate: Annotated[int, typer.Option(metavar="N", callback=AT_LEAST_ZERO, help="Validation: the N most "
+                                          "influential feature nodes removed in the model one at a time, the "
+                                          "measured change of the first target against the graph's prediction "
+                                          "(0: none).")] = 10,
     graph_out: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Also write the pruned graph in "
-                                                   "circuit-tracer's frontend JSON.")] = None,
+                                                   "circuit-tracer's frontend JSON (several prompts: FILE-1.json, "
+                                                   "FILE-2.json, ...).")] = None,
     save: Annotated[Path | None, typer.Option(metavar="FILE.safetensors", help="Also write the whole graph: "
-                                              "adjacency, active features, tokens, targets.")] = None,
+                                              "adjacency, active features, tokens, targets (several prompts: "
+                                              "numbered as --graph-out).")] = None,
+    file: FileOption = None,
     *,
     run: RunOptions,
 ) -> None:
-    """The attribution graph of a prompt through per-layer transcoders, as circuit-tracer computes it: every active
+    """The attribution graph of each prompt through per-layer transcoders, as circuit-tracer computes it: every active
     feature, error, token and top logit a node, every edge a direct effect with attention patterns and norms
-    frozen; pruned by influence on the logits, with its replacement and completeness scores.
+    frozen; pruned by influence on the logits, with its replacement and completeness scores, and validated by
+    removing its most influential features in the model.
 
     \b
     Examples:
       tfcli graph -m path/to/smollm2 --transcoders path/to/transcoders \\
           "The capital of France is"
       tfcli graph -m path/to/llama --transcoders tc --target " Paris" \\
-          --graph-out paris.json "The capital of France is"
+          --graph-out paris.json --report paris.html "The capital of France is"
+      tfcli graph -m path/to/llama --transcoders tc --file prompts.txt --json
     """
     from tfcli.analysis.metric import parse_metric
     from tfcli.analysis.transcoders import check_transcoders, read_transcoders
     from tfcli.api import load_tokenizer_for
-    from tfcli.commands.graph import core, graph_file, render
+    from tfcli.commands.graph import core, render
     from tfcli.sources import resolve_source
 
     out = output_console(run.width, run.color)
     if transcoders is None:
         raise usage_error("--transcoders is required: the transcoders the graph runs through",
                           "give circuit-tracer's transcoder folder: --transcoders DIR")
-    if not text.strip():
-        raise usage_error("the prompt is empty: there is nothing to attribute", "give a text")
-    if graph_out is not None:
-        check_output_file(graph_out, run.force, "give a file name ending in .json", "--graph-out")
-    if save is not None:
-        check_output_file(save, run.force, "give a file name ending in .safetensors", "--save")
+    texts_in = inputs(texts, file)
+    single = texts_in.count == 1
+    outputs = [(option, path) for option, path in (("--graph-out", graph_out), ("--save", save)) if path is not None]
+    for option, path in outputs:
+        for numbered in [path] if single else [numbered_path(path, i) for i in range(1, (texts_in.count or 1) + 1)]:
+            check_output_file(numbered, run.force, f"give a file name ending in {path.suffix or '.json'}", option)
     if foil is not None and target is None:
         raise usage_error("--foil goes with --target: the graph's one target is the logit difference target - foil")
+    if run.report is not None:
+        if not single and run.report.suffix.lower() != ".html":
+            raise usage_error(f"--report {run.report}: several prompts go on a page, a section each",
+                              "end the file name in .html, or give one prompt")
+        check_report_path(run.report, run.force, 1)
     read = read_transcoders(transcoders)
     source = resolve_source(run.model, run.revision)
     core.check_options(source.config, core.GraphOptions())
@@ -85,19 +102,43 @@ def graph(
     tokenizer = load_tokenizer_for(source)
     target_token, foil_token = parse_metric(source.config, tokenizer, target, foil)
     options = core.GraphOptions(target=target_token, foil=foil_token, max_feature_nodes=max_feature_nodes,
-                                batch_size=batch_size, node_threshold=node_threshold, edge_threshold=edge_threshold)
-    ids = core.prompt_ids(source.config, tokenizer, text, warn)
-    with session_of(source, run, None, "this graph says nothing about a trained model") as session:
-        with session.progress("graph", "rows") as progress:
-            result = core.attribute(session.model, tokenizer, read, text, ids, options, progress)
-    if graph_out is not None:
+                                batch_size=batch_size, node_threshold=node_threshold, edge_threshold=edge_threshold,
+                                validate=validate)
+    color = out.color_system is not None
+    graph_view = View(out, render.record, lambda shown, number: render.graph_lines(shown, out.width, color),
+                      spaced=True)
+    view = None if single else View(out, render.graphs_record, lambda run_, number: render.summary_lines(
+        run_, out.width), report=(render.graphs_page_section, lambda run_, info, tokens: render.figure(
+            run_.graphs[0], info, tokens)))  # a figure holds one prompt's graph: refused above for several
+    run_dataset(core.GraphAnalysis(read, options, warn), source,
+                DatasetOptions(path=None, bootstrap=0, per_item=not single and not run.json_output, skip_bad=False,
+                               ray=None, texts=texts_in),
+                run, (graph_view, view), "this graph says nothing about a trained model",
+                after=None if not outputs else written(graph_out, save, single, run.force))
+
+
+def numbered_path(path: Path, number: int) -> Path:
+    """Several prompts' files: FILE.json -> FILE-1.json, FILE-2.json, ..."""
+    return path.with_name(f"{path.stem}-{number}{path.suffix}")
+
+
+def written(graph_out: Path | None, save: Path | None, single: bool, force: bool):
+    """The runner's `after`: each finished graph's --graph-out and --save files (Ctrl-C: those of the graphs that
+    finished)."""
+    def after(session, envelope) -> None:
         import json
 
-        write_text(graph_out, json.dumps(graph_file.frontend_json(result, graph_out.stem)))
-    if save is not None:
+        from tfcli.commands.graph import graph_file
         from tfcli.errors import replace_atomically
 
-        replace_atomically(save, lambda temporary: graph_file.save_tensors(result, Path(temporary)))
-    color = out.color_system is not None
-    emit([result], View(out, render.record, lambda shown, number: render.graph_lines(shown, out.width, color)),
-         run.json_output)
+        for number, result in enumerate(envelope.value.graphs, 1):
+            if graph_out is not None:
+                path = graph_out if single else numbered_path(graph_out, number)
+                check_output_file(path, force, "give a file name ending in .json", "--graph-out")
+                write_text(path, json.dumps(graph_file.frontend_json(result, path.stem)))
+            if save is not None:
+                path = save if single else numbered_path(save, number)
+                check_output_file(path, force, "give a file name ending in .safetensors", "--save")
+                replace_atomically(path, lambda temporary, shown=result: graph_file.save_tensors(shown,
+                                                                                                   Path(temporary)))
+    return after

@@ -13,15 +13,17 @@ position, A[t, s] = v_s . d(w_t . x_t) / d(site_s). One backward pass gives a ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tfcli.analysis.dataset import LineSpec
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from tfcli.analysis.dataset import Dataset, Done, Line
     from tfcli.analysis.metric import Token
     from tfcli.analysis.transcoders import Transcoders
     from tfcli.config import ModelConfig
@@ -43,6 +45,7 @@ class GraphOptions:
     batch_size: int = 64
     node_threshold: float = 0.8
     edge_threshold: float = 0.98
+    validate: int = 10  # feature nodes whose removal is predicted and measured (validation.py); 0: none
 
 
 @dataclass
@@ -66,6 +69,7 @@ class Graph:
     pruned: object = None  # influence.Pruned
     replacement: float = 0.0
     completeness: float = 0.0
+    validation: object = None  # validation.Validation, with options.validate
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -265,7 +269,7 @@ def attribute(model: Transformer, tokenizer: Tokenizer, transcoders: Transcoders
     """The graph of one prompt (ids (T,), a special token first), pruned and scored; `progress(rows done, rows)`."""
     import torch
 
-    from tfcli.commands.graph import influence
+    from tfcli.commands.graph import influence, validation
     from tfcli.tokenizer import text_of
 
     device = model.device
@@ -320,6 +324,10 @@ def attribute(model: Transformer, tokenizer: Tokenizer, transcoders: Transcoders
                                    options.edge_threshold)
     graph.replacement, graph.completeness = influence.scores(adjacency, targets.probabilities, wanted, n_layers,
                                                              n_positions)
+    del replacement  # the backward passes' graph, before the interventions
+    if options.validate:
+        graph.validation = validation.validate(model, transcoders, graph, targets.vectors[0], readout_site(model),
+                                               options.validate)
     return graph
 
 
@@ -381,3 +389,55 @@ def fires_at(graph: Graph) -> dict[tuple[int, int], list[int]]:
     for layer, position, feature in graph.active_features.tolist():
         where.setdefault((layer, feature), []).append(position)
     return where
+
+
+GRAPH_LINE = LineSpec(("text",), ())
+
+
+@dataclass
+class Prompt:
+    """One prompt as the graph reads it: its text and ids (a special token first)."""
+
+    text: str
+    ids: list[int]
+
+
+@dataclass
+class Graphs:
+    """The graphs of the prompts that finished, in order (Ctrl-C: those finished before it)."""
+
+    graphs: list[Graph]
+
+
+@dataclass
+class GraphAnalysis:
+    """`graph` as the runner runs it (tfcli/runner.py): an item is a prompt, its result the prompt's Graph, the
+    aggregate the Graphs that finished. `warn` (a module-level function: the analysis stays picklable) is told when a
+    tokenizer has no special token to put first."""
+
+    transcoders: Transcoders
+    options: GraphOptions
+    warn: Callable[[str], None] | None = None
+    command, unit, line, block, streams = "graph", "prompts", GRAPH_LINE, None, False
+
+    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Prompt:
+        text = line.fields["text"]
+        return Prompt(text, prompt_ids(config, tokenizer, text, self.warn or (lambda message: None)))
+
+    def check_items(self, prompts: list[Prompt]) -> None:
+        pass
+
+    def results(self, model: Transformer, tokenizer: Tokenizer, prompts: list[Prompt],
+                progress: Callable[[float], None] | None) -> Iterator[Graph]:
+        """Each prompt's graph in turn; `progress` in fractions of a prompt, a step per batch of backward passes."""
+        for number, prompt in enumerate(prompts):
+            def told(done: int, total: int, start: int = number) -> None:
+                if progress is not None:
+                    progress(start + done / max(total, 1))
+            yield attribute(model, tokenizer, self.transcoders, prompt.text, prompt.ids, self.options, told)
+
+    def shown(self, result: Graph) -> Graph:
+        return result
+
+    def aggregate(self, done: Done, dataset: Dataset) -> Graphs:
+        return Graphs([graph for _, graph in done])

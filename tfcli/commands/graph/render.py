@@ -1,5 +1,6 @@
 """`tfcli graph`'s outputs: the terminal view (the scores, then the pruned graph from the logits back to the tokens,
-layer by layer) and the JSON record of the pruned graph (docs/commands.md#graph lists its keys)."""
+layer by layer, then the validation), the JSON record of the pruned graph (docs/commands.md#graph lists its keys),
+several prompts' summary, and the --report page's data and figure (report.js draws the page)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from rich.text import Text
 
-from tfcli.commands.graph.core import Graph, Node, fires_at, kept_edges, kept_nodes
+from tfcli.commands.graph.core import Graph, Graphs, Node, fires_at, kept_edges, kept_nodes, node_of
 from tfcli.render.layout import quoted, words, wrap
 
 INPUTS_SHOWN = 4  # each node's strongest kept inputs in the view
@@ -55,7 +56,59 @@ def graph_lines(graph: Graph, width: int, color: bool = False) -> list[Text]:
     for layer in reversed(range(graph.n_layers)):
         section(f"layer {layer}", [n for n in nodes if n.layer == layer])
     section("tokens", [n for n in nodes if n.kind == "token"])
+    if graph.validation is not None:
+        lines.append(Text(""))
+        lines.extend(validation_lines(graph, width, style))
     return lines
+
+
+def validation_lines(graph: Graph, width: int, style: str = "") -> list[Text]:
+    """The validation: each feature node removed, the graph's predicted effect on the first target (through every
+    path, and by its direct edge) and the effect measured in the model; their correlation."""
+    found = graph.validation
+    correlation = "undefined" if found.correlation is None else f"{found.correlation:+.3f}"
+    lines = words(f"validation: the {len(found.nodes)} most influential features removed, the change of "
+                  f"{quoted(graph.logit_labels[0])} (the demeaned logit the graph reads), predicted by the graph "
+                  f"against measured in the model: correlation {correlation}", width, style)
+    for index, predicted, direct, measured in zip(found.nodes, found.predicted, found.direct, found.measured):
+        node = node_of(graph, index)
+        lines += wrap([f"  {name_of(node)} {quoted(node.text)}", f"predicted {predicted:+.4g}",
+                       f"(direct {direct:+.4g})", f"measured {measured:+.4g}"], width, sep="  ", indent=4)
+    return lines
+
+
+def validation_record(graph: Graph) -> dict[str, Any] | None:
+    found = graph.validation
+    if found is None:
+        return None
+    nodes = []
+    for index, predicted, direct, measured in zip(found.nodes, found.predicted, found.direct, found.measured):
+        node = node_of(graph, index)
+        nodes.append({"index": index, "layer": node.layer, "position": node.position, "feature": node.feature,
+                      "predicted": predicted, "direct": direct, "measured": measured})
+    return {"target": graph.logit_labels[0], "nodes": nodes, "correlation": found.correlation}
+
+
+def summary_lines(run: Graphs, width: int) -> list[Text]:
+    """Several prompts: a line per graph (its first target, its scores, what pruning kept, the validation's
+    correlation)."""
+    lines = [Text(""), *words(f"{len(run.graphs)} graphs", width, "bold")]  # after the last graph's view
+    for number, graph in enumerate(run.graphs, 1):
+        kept = kept_nodes(graph)
+        features = sum(node.kind == "feature" for node in kept)
+        found = graph.validation
+        parts = [f"{number}. {quoted(graph.text)}", f"-> {quoted(graph.logit_labels[0])} "
+                 f"p {float(graph.logit_probabilities[0]):.3f}", f"replacement {graph.replacement:.3f}",
+                 f"completeness {graph.completeness:.3f}", f"{features} of {graph.n_features} features kept"]
+        if found is not None and found.correlation is not None:
+            parts.append(f"validation r {found.correlation:+.3f}")
+        lines += wrap(parts, width, sep="  ", indent=3)
+    return lines
+
+
+def graphs_record(run: Graphs) -> list[dict[str, Any]]:
+    """Several prompts: a JSON line per graph, each its prompt's record."""
+    return [record(graph) for graph in run.graphs]
 
 
 def node_lines(graph: Graph, node: Node, inputs: list[tuple[int, float]], by_index: dict[int, Node],
@@ -95,4 +148,86 @@ def record(graph: Graph) -> dict[str, Any]:
         "transcoders": graph.transcoders,
         "nodes": [node_record(node) for node in kept_nodes(graph)],
         "edges": [{"source": s, "target": t, "weight": w} for s, t, w in kept_edges(graph)],
+        "validation": validation_record(graph),
     }
+
+
+# ------------------------------------------------------------------------------------------ the --report page
+
+
+def place(graph: Graph, node: Node) -> tuple[int, int]:
+    """Where a node is drawn: (position, row), the row -1 for tokens, its layer for features and errors, the number of
+    layers for the logits."""
+    if node.kind == "token":
+        return node.position, -1
+    if node.kind == "logit":
+        return node.position, graph.n_layers
+    return node.position, node.layer
+
+
+def page_section(graph: Graph, tokenizer: Any = None) -> dict[str, Any]:
+    """The page's data of one graph: the header, the tokens and layers, the pruned graph's nodes (each with its place,
+    its label, its influence) and edges, the validation."""
+    nodes = kept_nodes(graph)
+    found = validation_record(graph)
+    return {
+        "header": [f"graph of {quoted(graph.text)}",
+                   f"replacement score {graph.replacement:.3f}, completeness score {graph.completeness:.3f}",
+                   "targets: " + ", ".join(f"{quoted(label)} p {float(p):.3f}" for label, p in
+                                           zip(graph.logit_labels, graph.logit_probabilities))],
+        "tokens": graph.tokens, "layers": graph.n_layers,
+        "nodes": [{"index": node.index, "kind": node.kind, "x": place(graph, node)[0], "row": place(graph, node)[1],
+                   "label": f"{name_of(node)} {quoted(node.text)}", "influence": node.influence,
+                   "activation": node.activation} for node in nodes],
+        "edges": [{"source": s, "target": t, "weight": w} for s, t, w in kept_edges(graph)],
+        "validation": found,
+    }
+
+
+def graphs_page_section(run: Graphs, tokenizer: Any = None) -> dict[str, Any]:
+    """Several prompts: a graph each."""
+    return {"graphs": [page_section(graph, tokenizer) for graph in run.graphs]}
+
+
+def figure(graph: Graph, run: Any, tokenizer: Any = None):
+    """The pruned graph: a column per position, a row per layer (tokens at the bottom, logits at the top), an edge's
+    width by its |weight| (blue positive, red negative), each node named."""
+    from tfcli.render.figure import blank_figure, caption
+
+    section = page_section(graph)
+    columns, rows = len(graph.tokens), graph.n_layers + 2
+    fig = blank_figure(max(6.0, 1.1 * columns), 1.2 + 0.5 * rows)
+    ax = fig.subplots()
+    spots = cells(section["nodes"])
+    largest = max([abs(e["weight"]) for e in section["edges"]], default=1.0) or 1.0
+    for edge in sorted(section["edges"], key=lambda e: abs(e["weight"])):
+        (x0, y0), (x1, y1) = spots[edge["source"]], spots[edge["target"]]
+        ax.plot([x0, x1], [y0, y1], color="#2166ac" if edge["weight"] >= 0 else "#b2182b",
+                linewidth=0.3 + 2.5 * abs(edge["weight"]) / largest, alpha=0.6)
+    for node in section["nodes"]:
+        x, y = spots[node["index"]]
+        ax.scatter([x], [y], s=18, color=NODE_COLORS[node["kind"]], zorder=3)
+        if node["kind"] != "token":
+            ax.annotate(name_of(node_of(graph, node["index"])), (x, y), fontsize=5, xytext=(2, 2),
+                        textcoords="offset points")
+    ax.set_xticks(range(columns), [quoted(token) for token in graph.tokens], rotation=45, ha="right", fontsize=7)
+    ax.set_yticks(range(-1, graph.n_layers + 1), ["tokens", *[f"L{i}" for i in range(graph.n_layers)], "logits"],
+                  fontsize=7)
+    caption(fig, f"tfcli graph of {graph.text!r}: replacement {graph.replacement:.3f}, completeness "
+                 f"{graph.completeness:.3f}", run)
+    return fig
+
+
+NODE_COLORS = {"feature": "#333333", "error": "#999999", "token": "#2563eb", "logit": "#16a34a"}
+
+
+def cells(nodes: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
+    """Each node's (x, y): its position and row, the nodes of one cell spread across it (report.js does the same)."""
+    by_cell: dict[tuple[int, int], list[int]] = {}
+    for node in nodes:
+        by_cell.setdefault((node["x"], node["row"]), []).append(node["index"])
+    spots = {}
+    for (x, row), members in by_cell.items():
+        for k, index in enumerate(members):
+            spots[index] = (x + (k + 0.5) / len(members) * 0.8 - 0.4, float(row))
+    return spots
