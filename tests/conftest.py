@@ -398,6 +398,22 @@ def byte_level_gpt2(tmp_path_factory):
     return path, clean, corrupt
 
 
+WORDS = ("the cat sat on a mat and dog ran to park while bird sang in tree when sun rose over hill near river "
+         "by old town with many people who walked past small shop that sold fresh bread each day").split()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A corpus file for `sae train` and `lens fit`: 400 lines of random words (a fixed seed), about 6,000 tokens."""
+    import random
+
+    generator = random.Random(0)
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("".join(" ".join(generator.choice(WORDS) for _ in range(generator.randint(4, 30))) + "\n"
+                            for _ in range(400)), encoding="utf-8")
+    return path
+
+
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 
 import pytest
 import torch
@@ -16,18 +15,6 @@ from safetensors.torch import load_file
 
 from tfcli.commands.sae import core
 
-WORDS = ("the cat sat on a mat and dog ran to park while bird sang in tree when sun rose over hill near river "
-         "by old town with many people who walked past small shop that sold fresh bread each day").split()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """Lines of random words (a fixed seed), about 6,000 tokens."""
-    generator = random.Random(0)
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("".join(" ".join(generator.choice(WORDS) for _ in range(generator.randint(4, 30))) + "\n"
-                            for _ in range(400)), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")
