@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tfcli.analysis.corpus import CHECKPOINT
 from tfcli.commands.sae import core
 
 
@@ -130,7 +131,7 @@ def test_the_file_loads_in_sae_lens_with_the_same_features(gpt2, corpus, tmp_pat
     from tfcli.analysis.sae import read_sae
 
     assert read_sae(out).site == "blocks.1.resid_post"
-    trained = torch.load(out / core.CHECKPOINT, weights_only=True)
+    trained = torch.load(out / CHECKPOINT, weights_only=True)
     assert abs(trained["scale"] - 1) > 0.1  # the folding of the scale below is seen
     text = "the cat sat on a mat while the sun rose"
     shown = cli("features", "-m", str(path), "--sae", str(out), "--top", "8", "--json", text)
@@ -200,7 +201,7 @@ def test_resume_after_ctrl_c_equals_a_run_never_interrupted(tiny_decoder, corpus
     result = train_cli(cli, tiny_decoder, corpus, broken)
     assert result.exit_code == 130, result.stderr
     assert f"--resume {broken}" in result.stderr
-    position = torch.load(broken / core.CHECKPOINT, weights_only=True)["current"]
+    position = torch.load(broken / CHECKPOINT, weights_only=True)["current"]
     assert position[3] > 0 if where == "in a step" else position is None  # inside a buffer; between two
     monkeypatch.setattr(core, name, original)
     resumed = cli("sae", "train", "-m", str(tiny_decoder), "--file", str(corpus), "--resume", str(broken), "--json")

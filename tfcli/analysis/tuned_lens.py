@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
 
-CONFIG, PARAMS, CHECKPOINT = "config.json", "params.pt", "training.pt"
+CONFIG, PARAMS = "config.json", "params.pt"
 LENS_TYPE = "linear_tuned_lens"
 MOMENTUM, WEIGHT_DECAY, LR_SCALE, CLIP = 0.9, 1e-3, 1.0, 1.0  # tuned-lens's Optimizer defaults, and its clip
 LENS_VALUES = 2 ** 23  # most scores (rows x vocabulary) one lens product makes: 32 MB in float32

@@ -88,6 +88,7 @@ def fit(
       tfcli lens fit -m SmolLM2.gguf --file corpus.txt --resume smollm2-lens
       tfcli generate -m SmolLM2.gguf --lens tuned:smollm2-lens "Paris is in"
     """
+    from tfcli.analysis.corpus import check_out, read_checkpoint
     from tfcli.commands.lens import core, render
 
     screen = output_console(run.width, run.color)
@@ -95,7 +96,7 @@ def fit(
     given = {"tokens": tokens, "batch": batch, "context": context, "held_out": held_out}
     checkpoint = None
     if resume is not None:
-        checkpoint = core.read_checkpoint(resume)
+        checkpoint = read_checkpoint(resume, core.FORMAT, "tfcli lens fit")
         options = core.options_of(checkpoint)
         conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
                      if value is not None and value != getattr(options, name)]
@@ -107,9 +108,7 @@ def fit(
     else:
         if out is None:
             raise usage_error("--out is required: the folder the lens goes to", "--out my-lens")
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise usage_error(f"--out {out}: not an empty folder", "give a new folder (or --resume it, to continue "
-                              "its fit)")
+        check_out(out, "its fit")
         options = core.FitOptions(**{name: value for name, value in given.items() if value is not None})
     core.check_options(options)
     check_figure(run)

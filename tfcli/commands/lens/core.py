@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tfcli.analysis import tuned_lens as tl
-from tfcli.analysis.corpus import Windows, skip
+from tfcli.analysis.corpus import Windows, skip, write_checkpoint
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def read_held_out(windows: Windows, options: FitOptions) -> list[tuple[list[int]
 def fit(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[str]], options: FitOptions, out: Path,
         resume: dict[str, Any] | None = None, progress: Callable[..., None] | None = None
         ) -> tuple[Fitted, tl.Lens, list[tuple[list[int], list[bool]]]]:
-    """Fit (or, with `resume`, a checkpoint read by `read_checkpoint`, continue) the tuned lens on the texts (batches
+    """Fit (or, with `resume`, a checkpoint read by `analysis.corpus.read_checkpoint`, continue) the tuned lens on the texts (batches
     of strings), and write it to `out` with its checkpoint. Returns the run, the lens and the held-out windows (for
     `evaluate`). Ctrl-C (KeyboardInterrupt) after the first step saves the lens so far."""
     name = model.config.name
@@ -237,26 +237,7 @@ def save_checkpoint(out: Path, state: State, options: FitOptions, model: Transfo
             "bias": translators.bias.detach().cpu() if translators.bias is not None else None,
             "config": state.lens.config, "optimizer": state.optimizer.state_dict(), "step": state.step,
             "digest": state.digest, "losses": state.losses}
-    partial = out / (tl.CHECKPOINT + ".partial")
-    torch.save(data, partial)
-    partial.replace(out / tl.CHECKPOINT)
-
-
-def read_checkpoint(folder: Path) -> dict[str, Any]:
-    """A run's checkpoint, refused with one error unless `folder` holds one."""
-    path = folder / tl.CHECKPOINT
-    if not path.is_file():
-        raise usage_error(f"--resume {folder}: no checkpoint there ({tl.CHECKPOINT})",
-                          "give the --out folder of an interrupted `tfcli lens fit`", parameter="resume")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001  (a damaged file: pickle, zip or torch errors)
-        raise usage_error(f"--resume {folder}: {tl.CHECKPOINT} is not readable: {str(error).splitlines()[0][:160]}",
-                          parameter="resume") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise usage_error(f"--resume {folder}: {tl.CHECKPOINT} is not a tfcli lens fit checkpoint",
-                          parameter="resume")
-    return data
+    write_checkpoint(out, data)
 
 
 def options_of(data: dict[str, Any]) -> FitOptions:

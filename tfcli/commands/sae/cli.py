@@ -14,7 +14,7 @@ from tfcli.cli.console import output_console, warn
 from tfcli.cli.output import View, emit
 from tfcli.cli.session import inputs, session_of
 from tfcli.cli.options import AT_LEAST_ONE, NOT_NEGATIVE, POSITIVE, RunOptions, shared_options
-from tfcli.errors import file_error, usage_error
+from tfcli.errors import usage_error
 
 sae_app = command_group("sae", "Sparse autoencoders: train a top-k SAE on a model's activations, in SAELens's format "
                               "(read them with `tfcli features --sae`).")
@@ -75,6 +75,7 @@ def train(
       tfcli sae train -m SmolLM2.gguf --file corpus.txt --resume smollm2-sae
       tfcli features -m SmolLM2.gguf --sae smollm2-sae --feature 7 --file corpus.txt
     """
+    from tfcli.analysis.corpus import check_out, read_checkpoint
     from tfcli.commands.sae import core, render
     from tfcli.model.transformer import site_shapes
     from tfcli.sources import resolve_source
@@ -89,7 +90,7 @@ def train(
     if resume is not None:
         if expansion is not None or latents is not None:
             raise usage_error("--resume keeps the run's latents: leave --expansion and --latents out")
-        checkpoint = core.read_checkpoint(resume)
+        checkpoint = read_checkpoint(resume, core.FORMAT, "tfcli sae train")
         options = core.options_of(checkpoint)
         conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
                      if value is not None and name != "tokens" and value != getattr(options, name)]
@@ -108,9 +109,7 @@ def train(
                               "config --sites lists them)")
         if out is None:
             raise usage_error("--out is required: the folder the SAE goes to", "--out my-sae")
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise file_error(f"--out {out}: not an empty folder", "give a new folder (or --resume it, to continue "
-                             "its training)")  # nothing overwritten: exit 1, as an existing output file
+        check_out(out, "its training")
         if expansion is not None and latents is not None:
             raise usage_error("give --expansion or --latents, not both")
     source = resolve_source(run.model, run.revision)

@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from tfcli.analysis.corpus import Windows, skip
+from tfcli.analysis.corpus import Windows, skip, write_checkpoint
 from tfcli.analysis.sae import TL_LEAVES
-from tfcli.errors import TfcliError, usage_error
+from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
     from tfcli.model import TransformerModel
     from tfcli.tokenizer import Tokenizer
 
-CHECKPOINT = "training.pt"
+FORMAT = "tfcli sae train 1"  # training.pt's format (analysis.corpus.read_checkpoint)
 AUXK_ALPHA = 1 / 32
 ADAM = {"betas": (0.9, 0.999), "eps": 6.25e-10}
 PAPER_DEAD_AFTER = 10_000_000  # tokens without firing before a latent is dead (Gao et al.), or a tenth of the run
@@ -319,7 +319,7 @@ class State:
 def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[str]], options: TrainOptions,
           out: Path, resume: dict[str, Any] | None = None,
           progress: Callable[..., None] | None = None) -> Trained:
-    """Train (or, with `resume`, a checkpoint read by `read_checkpoint`, continue) the SAE on the texts (batches of
+    """Train (or, with `resume`, a checkpoint read by `analysis.corpus.read_checkpoint`, continue) the SAE on the texts (batches of
     strings), write it to `out` in SAELens's format with its checkpoint, and say how it does on the held-out
     tokens. Ctrl-C (KeyboardInterrupt) after the first step saves the checkpoint and gives the run so far."""
     d = check_site(options.site, model.site_shapes())
@@ -452,30 +452,13 @@ def write_sae(out: Path, weights: dict[str, Tensor], options: TrainOptions, hook
 
 def save_checkpoint(out: Path, state: State, options: TrainOptions, d: int, model: str) -> None:
     """training.pt: everything `--resume` needs (tensors, numbers and strings only: read with weights_only)."""
-    data = {"format": "tfcli sae train 1", "options": asdict(options), "d_in": d, "model": model,
+    data = {"format": FORMAT, "options": asdict(options), "d_in": d, "model": model,
             "params": {name: value.detach().cpu() for name, value in state.params.items()},
             "optimizer": state.optimizer.state_dict(), "since": state.since.cpu(), "scale": state.scale,
             "steps": state.steps, "held_windows": state.held_windows, "next_window": state.next_window,
             "buffers": state.buffers, "current": state.current, "digest": state.digest, "history": state.history,
             "outliers": state.outliers, "pending": state.pending}
-    partial = out / (CHECKPOINT + ".partial")
-    torch.save(data, partial)
-    partial.replace(out / CHECKPOINT)
-
-
-def read_checkpoint(folder: Path) -> dict[str, Any]:
-    """A run's checkpoint, refused with one error unless `folder` holds one."""
-    path = folder / CHECKPOINT
-    if not path.is_file():
-        raise TfcliError(f"--resume {folder}: no checkpoint there ({CHECKPOINT})",
-                         "give the --out folder of an interrupted `tfcli sae train`", parameter="resume")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # noqa: BLE001  (a damaged file: pickle, zip or torch errors)
-        raise TfcliError(f"--resume {folder}: {CHECKPOINT} is not readable: {error}", parameter="resume") from None
-    if not isinstance(data, dict) or data.get("format") != "tfcli sae train 1":
-        raise TfcliError(f"--resume {folder}: {CHECKPOINT} is not a tfcli sae train checkpoint", parameter="resume")
-    return data
+    write_checkpoint(out, data)
 
 
 def restored(data: dict[str, Any], d: int, options: TrainOptions, model: TransformerModel) -> State:
