@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfcli.errors import usage_error
+from tfcli.errors import file_error, usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -113,20 +113,20 @@ def read_transcoders(path: str | Path) -> Transcoders:
     another model kind, a hook with no site, a missing layer file, tensors missing or of disagreeing shapes."""
     folder = Path(path)
     if not folder.is_dir():
-        raise usage_error(f"{OPTION} {path}: no such folder", "give circuit-tracer's transcoder folder (config.yaml "
+        raise file_error(f"{OPTION} {path}: no such folder", "give circuit-tracer's transcoder folder (config.yaml "
                           "and layer_0.safetensors, layer_1.safetensors, ...)")
     config = read_config(folder / "config.yaml")
     kind = config.get("model_kind")
     if kind != "transcoder_set":
         hint = "cross-layer transcoders are not read yet" if kind == "cross_layer_transcoder" else None
-        raise usage_error(f"{OPTION} {path}: config.yaml's model_kind is {kind!r}, not 'transcoder_set'", hint)
+        raise file_error(f"{OPTION} {path}: config.yaml's model_kind is {kind!r}, not 'transcoder_set'", hint)
     hooks = []
     for key, known in (("feature_input_hook", INPUT_HOOKS), ("feature_output_hook", OUTPUT_HOOKS)):
         hook = config.get(key)
         if not isinstance(hook, str) or not hook:
-            raise usage_error(f"{OPTION} {path}: config.yaml has no {key}")
+            raise file_error(f"{OPTION} {path}: config.yaml has no {key}")
         if hook not in known:
-            raise usage_error(f"{OPTION} {path}: the {key} {hook} maps to no tfcli site",
+            raise file_error(f"{OPTION} {path}: the {key} {hook} maps to no tfcli site",
                               f"hooks tfcli reads: {', '.join(known)}")
         hooks.append(hook)
     files = layer_files(folder, config)
@@ -139,15 +139,15 @@ def read_config(path: Path) -> dict:
     import yaml
 
     if not path.is_file():
-        raise usage_error(f"{OPTION} {path.parent}: no config.yaml there", "circuit-tracer's transcoder folders "
+        raise file_error(f"{OPTION} {path.parent}: no config.yaml there", "circuit-tracer's transcoder folders "
                           "hold config.yaml beside layer_{i}.safetensors")
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise usage_error(f"{OPTION}: {path} is not readable YAML: {first}") from None
+        raise file_error(f"{OPTION}: {path} is not readable YAML: {first}") from None
     if not isinstance(config, dict):
-        raise usage_error(f"{OPTION}: {path} holds no YAML mapping (model_kind, feature_input_hook, ...)")
+        raise file_error(f"{OPTION}: {path} holds no YAML mapping (model_kind, feature_input_hook, ...)")
     return config
 
 
@@ -157,20 +157,20 @@ def layer_files(folder: Path, config: dict) -> list[Path]:
     listed = config.get("transcoders")
     if listed is not None:
         if not isinstance(listed, list) or not all(isinstance(item, str) for item in listed):
-            raise usage_error(f"{OPTION} {folder}: config.yaml's transcoders is not a list of paths")
+            raise file_error(f"{OPTION} {folder}: config.yaml's transcoders is not a list of paths")
         if any(item.startswith("hf://") for item in listed):
-            raise usage_error(f"{OPTION} {folder}: config.yaml names hf:// files, which tfcli does not download",
+            raise file_error(f"{OPTION} {folder}: config.yaml names hf:// files, which tfcli does not download",
                               "download them and list local paths")
         files = [folder / item for item in listed]
     else:
         numbers = [int(found.group(1)) for child in folder.iterdir()
                    if (found := re.fullmatch(r"layer_(\d+)\.safetensors", child.name))]
         if not numbers:
-            raise usage_error(f"{OPTION} {folder}: no layer_0.safetensors there")
+            raise file_error(f"{OPTION} {folder}: no layer_0.safetensors there")
         files = [folder / f"layer_{i}.safetensors" for i in range(max(numbers) + 1)]
     for file in files:
         if not file.is_file():
-            raise usage_error(f"{OPTION} {folder}: the layer file {file.name} is missing",
+            raise file_error(f"{OPTION} {folder}: the layer file {file.name} is missing",
                               "a transcoder set has one file per layer, from layer_0")
     return files
 
@@ -182,10 +182,10 @@ def layer_tensors(file: Path) -> dict[str, Tensor]:
     try:
         weights = {name: value.float() for name, value in load_file(str(file)).items()}
     except (SafetensorError, OSError) as error:
-        raise usage_error(f"{OPTION}: {file} is not a readable safetensors file: {error}") from None
+        raise file_error(f"{OPTION}: {file} is not a readable safetensors file: {error}") from None
     missing = [name for name in ("W_enc", "b_enc", "W_dec", "b_dec") if name not in weights]
     if missing:
-        raise usage_error(f"{OPTION}: {file} lacks {', '.join(missing)}",
+        raise file_error(f"{OPTION}: {file} lacks {', '.join(missing)}",
                           f"it holds {', '.join(sorted(weights)) or 'no tensors'}")
     return weights
 
@@ -194,16 +194,16 @@ def check_layers(path: str, layers: list[dict[str, Tensor]]) -> None:
     """Every layer's tensors of the shapes layer 0's W_enc (F, d) implies."""
     features, width = (int(size) for size in layers[0]["W_enc"].shape) if layers[0]["W_enc"].dim() == 2 else (0, 0)
     if not features or not width:
-        raise usage_error(f"{OPTION} {path}: layer 0's W_enc is {tuple(layers[0]['W_enc'].shape)}, not (features, d)")
+        raise file_error(f"{OPTION} {path}: layer 0's W_enc is {tuple(layers[0]['W_enc'].shape)}, not (features, d)")
     shapes = {"W_enc": (features, width), "b_enc": (features,), "W_dec": (features, width), "b_dec": (width,),
               THRESHOLD: (features,), "W_skip": (width, width)}
     for layer, weights in enumerate(layers):
         wrong = [f"{name} {tuple(weights[name].shape)} (expected {shape})" for name, shape in shapes.items()
                  if name in weights and tuple(weights[name].shape) != shape]
         if wrong:
-            raise usage_error(f"{OPTION} {path}: layer {layer}'s tensors do not fit: {'; '.join(wrong)}")
+            raise file_error(f"{OPTION} {path}: layer {layer}'s tensors do not fit: {'; '.join(wrong)}")
         if (THRESHOLD in weights) != (THRESHOLD in layers[0]) or ("W_skip" in weights) != ("W_skip" in layers[0]):
-            raise usage_error(f"{OPTION} {path}: layer {layer} differs from layer 0 in its activation or skip")
+            raise file_error(f"{OPTION} {path}: layer {layer} differs from layer 0 in its activation or skip")
 
 
 def check_transcoders(transcoders: Transcoders, config: ModelConfig) -> None:
@@ -215,10 +215,10 @@ def check_transcoders(transcoders: Transcoders, config: ModelConfig) -> None:
         raise usage_error(f"{OPTION}: {config.name} is an {config.architecture}; attribution graphs are for decoders",
                           "use a decoder-only model")
     if transcoders.n_layers != config.num_hidden_layers:
-        raise usage_error(f"{OPTION} {transcoders.path}: {transcoders.n_layers} layers of transcoders, but "
+        raise file_error(f"{OPTION} {transcoders.path}: {transcoders.n_layers} layers of transcoders, but "
                           f"{config.name} has {config.num_hidden_layers} blocks", "transcoders trained on this model")
     if transcoders.d_model != config.hidden_size:
-        raise usage_error(f"{OPTION} {transcoders.path}: the transcoders read {transcoders.d_model} values per token, "
+        raise file_error(f"{OPTION} {transcoders.path}: the transcoders read {transcoders.d_model} values per token, "
                           f"but {config.name} is {config.hidden_size} wide", "transcoders trained on this model")
     shapes = site_shapes(config)
     for attribute, hook, leaves in (("input_leaf", transcoders.input_hook, INPUT_HOOKS[transcoders.input_hook]),
@@ -226,7 +226,7 @@ def check_transcoders(transcoders: Transcoders, config: ModelConfig) -> None:
         found = next((leaf for leaf in leaves if all(f"blocks.{layer}.{leaf}" in shapes
                                                        for layer in range(config.num_hidden_layers))), None)
         if found is None:
-            raise usage_error(f"{OPTION} {transcoders.path}: {hook} maps to {' or '.join(leaves)}, which "
+            raise file_error(f"{OPTION} {transcoders.path}: {hook} maps to {' or '.join(leaves)}, which "
                               f"{config.name}'s blocks do not have", "tfcli config --sites lists the model's sites")
         setattr(transcoders, attribute, found)
 
@@ -237,7 +237,7 @@ def layer_sae_fields(file: Path) -> dict:
     output."""
     found = re.fullmatch(r"layer_(\d+)\.safetensors", file.name)
     if not found:
-        raise usage_error(f"--sae {file}: a circuit-tracer transcoder set; give one layer's file, layer_N.safetensors")
+        raise file_error(f"--sae {file}: a circuit-tracer transcoder set; give one layer's file, layer_N.safetensors")
     config = read_config(file.parent / "config.yaml")
     weights = layer_tensors(file)
     layer = int(found.group(1))
