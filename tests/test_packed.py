@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import tfcli
-from tfcli.model.linear import PACKABLE, Linear, PackedWeight
+from tfcli.model import linear
+from tfcli.model.linear import PACKABLE, Linear, PackedWeight, float32_rows_pack
 
 from conftest import TINY_DECODER
 
@@ -141,6 +142,32 @@ def test_a_single_forward_and_float32_single_rows_stay_plain():
         for _ in range(3):
             plain(torch.randn(4, 32))
     assert type(plain.weight) is nn.Parameter
+
+
+def test_which_cpus_pack_float32_single_rows():
+    """Where MKL takes its generic path (AVX-512, not Intel: the module note of model/linear.py)."""
+    assert float32_rows_pack("processor\t: 0\nvendor_id\t: AuthenticAMD\n", "AVX512")
+    assert not float32_rows_pack("vendor_id\t: GenuineIntel\n", "AVX512")
+    assert not float32_rows_pack("vendor_id\t: AuthenticAMD\n", "AVX2")
+    assert not float32_rows_pack("", "AVX512")  # no vendor named: the rule measured on Intel and AVX2 CPUs
+
+
+@pytest.mark.skipif(torch.float32 not in PACKABLE, reason="this PyTorch has no oneDNN")
+@pytest.mark.parametrize("rows_pack", [False, True])
+def test_float32_single_rows_pack_from_a_million_weights_where_faster(monkeypatch, rows_pack):
+    """Where the rule holds, a layer of 2**20 weights or more packs float32 single rows (decoding steps), with the
+    plain product's results; a smaller one stays plain; elsewhere both stay plain."""
+    monkeypatch.setattr(linear, "FLOAT32_ROWS_PACK", rows_pack)
+    torch.manual_seed(0)
+    big, small = Linear(1024, 1024), Linear(1024, 1023)
+    for layer in (big, small):
+        x = torch.randn(1, 1, 1024)
+        with torch.no_grad():
+            expected = F.linear(x, layer.weight, layer.bias)
+            for _ in range(3):
+                assert torch.allclose(layer(x), expected, atol=1e-5)
+    assert type(big.weight) is (PackedWeight if rows_pack else nn.Parameter)
+    assert type(small.weight) is nn.Parameter
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

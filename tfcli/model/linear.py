@@ -4,13 +4,18 @@ On the CPU, PyTorch's kernels rearrange ("pack") the weight into the blocked lay
 every call. oneDNN can pack it once and reuse the packed weight: float32 products of several rows (a sentence, a
 batch) run about 1.2-1.5x faster, and bfloat16 products about 1.2-1.7x faster at any number of rows, a single
 row included (decoding steps), on a CPU with AVX-512 BF16 or AMX (measured on a 2-core Xeon with AVX-512 BF16;
-`benchmarks/generate.py --floor` times the packed products). float32 single rows are no faster packed, and with
-two threads on a busy machine much slower, so they stay plain. Packing costs one reordering, so it pays only
+`benchmarks/generate.py --floor` times the packed products). float32 single rows stay plain (`FLOAT32_ROWS_PACK`):
+on Intel CPUs and AVX2 ones they are no faster packed, and with two threads on a busy machine much slower. On a
+CPU with AVX-512 that is not Intel's they are 1.4-3.4x faster packed from a million weights up (a 2-core AMD
+EPYC), because there PyTorch's plain float32 product (MKL) takes MKL's generic code path (`MKL_VERBOSE=1` names
+it "Intel(R) Architecture processors") while oneDNN runs its AVX-512 kernels; so there those layers pack them
+too (smaller ones, slower packed, stay plain). Packing costs one reordering, so it pays only
 for a weight used again and again, and each layer decides that from its own use, unasked: it packs on its second
 product in a row that can run packed (no gradient wanted, on the CPU, input and weight of one dtype that oneDNN
 packs here, not a float32 single row). So a single forward pass, and the logit lens after it, stay plain; a model
 called in a loop, a sweep, a stream of batches, or bfloat16 generation (from its first step) runs packed; float32
-generation stays plain (its single rows break the run, and put back the plain weight of a layer packed before).
+generation stays plain (its single rows break the run, and put back the plain weight of a layer packed before),
+except for the layers that pack float32 single rows on a CPU where they are faster so.
 
 One copy of each weight: the packed weight replaces the plain one. The layer's `weight` Parameter becomes a
 `PackedWeight`, a tensor subclass that holds only the packed oneDNN tensor (which `.to_dense()` turns back into
@@ -30,7 +35,7 @@ that can run packed pack it again).
 An LM head packs from its third product (`packs_after`): a single pass makes one product with it and the logit
 lens after it a second, which stay plain. A head tied to the token embeddings (`tied`) cannot give its plain
 weight up, since the embedding lookup reads it: it packs a copy beside it for single-row products only (bfloat16
-decoding steps), the one place where two copies serve (decoding with a tied head, as GPT-2's, makes every step's
+decoding steps, and float32 ones where they pack: 154 MB for GPT-2's head), the one place where two copies serve (decoding with a tied head, as GPT-2's, makes every step's
 largest product with it); its products of several rows (a pass, the logit lens, a sweep) stay plain, so that a
 burst of them does not hold a second copy of the vocabulary matrix. Decoding with the logit lens is the exception:
 its one product a step has as many rows as hidden states (`copy_rows`, which the decoding loop sets while it runs),
@@ -61,6 +66,27 @@ def _packable_dtypes() -> set[torch.dtype]:
 
 
 PACKABLE: set[torch.dtype] = _packable_dtypes()
+
+
+def float32_rows_pack(cpuinfo: str, capability: str) -> bool:
+    """Whether float32 single rows run faster on packed weights on a CPU with this /proc/cpuinfo text and PyTorch
+    capability (see the module note): AVX-512, and a vendor other than Intel."""
+    vendors = {line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("vendor_id")}
+    return capability == "AVX512" and bool(vendors) and "GenuineIntel" not in vendors
+
+
+def _float32_rows_pack_here() -> bool:
+    if torch.float32 not in PACKABLE:
+        return False
+    try:
+        cpuinfo = open("/proc/cpuinfo").read()
+    except OSError:  # not Linux: keep the rule measured on Intel and AVX2 CPUs
+        return False
+    return float32_rows_pack(cpuinfo, torch.backends.cpu.get_cpu_capability())
+
+
+FLOAT32_ROWS_PACK: bool = _float32_rows_pack_here()
+ROWS_PACK_FROM = 1 << 20  # weights of fewer elements run single rows faster plain, even there
 
 
 def pack(weight: Tensor, rows: int) -> Tensor:
@@ -167,11 +193,15 @@ class Linear(nn.Linear):
     _uses: int = 0  # products in a row that could have run packed, while plain
     _copy: tuple[tuple[int, int], Tensor] | None = None  # tied: (the weight's storage and version, its packed copy)
 
+    def __init__(self, in_features: int, out_features: int, *args, **kwargs):
+        super().__init__(in_features, out_features, *args, **kwargs)
+        self.rows_plain = not (FLOAT32_ROWS_PACK and in_features * out_features >= ROWS_PACK_FROM)
+
     def forward(self, x: Tensor) -> Tensor:
         """(..., in_features) -> (..., out_features)."""
         # one call per layer and token in generation: each attribute of a module read here costs time
         weight, bias, dtype = self.weight, self.bias, x.dtype
-        row = dtype is torch.float32 and x.numel() == x.shape[-1]  # a float32 single row: plain (decoding)
+        row = dtype is torch.float32 and self.rows_plain and x.numel() == x.shape[-1]  # a float32 single row
         if type(weight) is PackedWeight:
             if not row and dtype is weight.dtype and x.is_cpu and not _needs_grad(x, weight, bias):
                 return torch.ops.mkldnn._linear_pointwise(x, weight.box[0], bias, "none", [], "")
