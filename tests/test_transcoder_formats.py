@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from test_graph import PROMPT, gemma2, hand_graph, llama, scaled_difference, tfcli_graph  # noqa: F401 (fixtures)
-from tfcli.analysis.transcoders import read_transcoders
+from tfcli.commands.graph.transcoder_sets import read_set
 from tfcli.commands.graph import core
 
 THRESHOLD = "activation_function.threshold"
@@ -109,7 +109,7 @@ def test_a_saelens_set_gives_the_circuit_tracer_sets_graph(llama, tmp_path):
     path, _, transcoders = llama
     layers = circuit_tracer_layers(transcoders)
     folder = write_saelens(layers, tmp_path / "saelens", ("mlp.hook_in", "hook_mlp_out"))
-    read = read_transcoders(folder)
+    read = read_set(folder)
     assert (read.format, read.activation, read.skip, read.n_layers) == ("saelens", "jumprelu", True, len(layers))
     options = core.GraphOptions(**OPTIONS)
     assert_same_graph(tfcli_graph(path, folder, options), tfcli_graph(path, transcoders, options))
@@ -123,7 +123,7 @@ def test_a_sparsify_set_gives_the_circuit_tracer_sets_graph(llama, tmp_path):
               for tensors in circuit_tracer_layers(transcoders)]
     relu = write_circuit_tracer(layers, tmp_path / "relu", ("mlp.hook_in", "mlp.hook_out"))
     folder = write_sparsify(layers, tmp_path / "sparsify", k=layers[0]["W_enc"].shape[0])
-    read = read_transcoders(folder)
+    read = read_set(folder)
     assert (read.format, read.input_hook, read.output_hook) == ("sparsify", "mlp.hook_in", "mlp.hook_out")
     options = core.GraphOptions(**OPTIONS)
     assert_same_graph(tfcli_graph(path, folder, options), tfcli_graph(path, relu, options))
@@ -184,7 +184,7 @@ def sparsify_forward(weights: dict, x: torch.Tensor, k: int) -> tuple[torch.Tens
 def test_the_formats_own_forwards_equal_tfclis_encode_and_decode(tmp_path):
     layer = random_layer()
     x = torch.randn(50, 16, generator=torch.Generator().manual_seed(4))
-    saelens = read_transcoders(write_saelens([layer], tmp_path / "saelens", ("mlp.hook_in", "hook_mlp_out")))
+    saelens = read_set(write_saelens([layer], tmp_path / "saelens", ("mlp.hook_in", "hook_mlp_out")))
     weights = load_file(str(tmp_path / "saelens" / "layer_0" / "sae_weights.safetensors"))
     acts, out = saelens_forward(weights, x)
     pre = x @ weights["W_enc"] + weights["b_enc"]
@@ -194,7 +194,7 @@ def test_the_formats_own_forwards_equal_tfclis_encode_and_decode(tmp_path):
     assert torch.allclose(saelens.decode(0, saelens.encode(0, x), x), out, atol=1e-5)
 
     k = 5
-    sparsify = read_transcoders(write_sparsify([layer], tmp_path / "sparsify", k=k))
+    sparsify = read_set(write_sparsify([layer], tmp_path / "sparsify", k=k))
     weights = load_file(str(tmp_path / "sparsify" / "layers.0.mlp" / "sae.safetensors"))
     acts, out = sparsify_forward(weights, x, k)
     assert int((acts > 0).sum(-1).max()) == k < int((x @ weights["encoder.weight"].T + weights["encoder.bias"] > 0)
