@@ -13,7 +13,9 @@ sublayer adds to the residual stream (`mlp_output_norm.out` where a sandwich blo
 `mlp.hook_out` the MLP's own output (`mlp.out`). Other hooks are refused by name (`ln2.hook_normalized` among them:
 circuit-tracer reads it as the norm's output before its weight, which tfcli has no site for).
 
-SAELens's and sparsify's sets (a folder per layer) are read by commands/graph/transcoder_sets.py into a
+A cross-layer transcoder (config.yaml's `model_kind: cross_layer_transcoder`, `W_enc_{i}` / `W_dec_{i}` files,
+cross_layer_tensors) is read into the same `Transcoders`, `cross_layer`, each layer's W_dec (F, L - i, d); the graph's
+commands/graph/cross_layer.py runs it. SAELens's and sparsify's sets (a folder per layer) are read by commands/graph/transcoder_sets.py into a
 `Transcoders` of circuit-tracer's tensors.
 """
 
@@ -52,6 +54,7 @@ class Transcoders:
     input_leaf: str = ""  # set by check_transcoders: the leaf under blocks.{l}. that the model has
     output_leaf: str = ""
     format: str = "circuit-tracer"  # circuit-tracer | saelens | sparsify
+    cross_layer: bool = False  # circuit-tracer's CLT: layer i's W_dec (F, L - i, d) writes layers i, i + 1, ...
     k: int | None = None  # sparsify: top-k of relu(pre) (or, with groupmax, the largest of each of k groups)
     groupmax: bool = False
 
@@ -87,8 +90,16 @@ class Transcoders:
             return f"{'groupmax' if self.groupmax else 'topk'} (k {self.k})"
         return "jumprelu" if self.jumprelu else "relu"
 
+    def reconstructions(self, acts: list[Tensor], xs: list[Tensor]) -> list[Tensor]:
+        """Every layer's reconstruction (T, d) from every layer's activations (T, F) and inputs (T, d): a per-layer
+        set's decode; a cross-layer transcoder's b_dec[j] + sum over i <= j of acts[i] @ W_dec_i[:, j - i]."""
+        if not self.cross_layer:
+            return [self.decode(layer, act, x) for layer, (act, x) in enumerate(zip(acts, xs))]
+        return [self.layers[j]["b_dec"] + sum(acts[i] @ self.layers[i]["W_dec"][:, j - i] for i in range(j + 1))
+                for j in range(self.n_layers)]
+
     def described(self) -> dict:
-        return {"path": self.path, "format": self.format, "scan": self.scan, "layers": self.n_layers,
+        return {"path": self.path, "format": self.format, "cross_layer": self.cross_layer, "scan": self.scan, "layers": self.n_layers,
                 "d_model": self.d_model, "d_transcoder": self.d_transcoder, "activation": self.activation,
                 "skip": self.skip, "feature_input_hook": self.input_hook, "feature_output_hook": self.output_hook,
                 "input_site": self.input_site(0).replace(".0.", ".L."),
@@ -141,9 +152,9 @@ def read_transcoders(path: str | Path) -> Transcoders:
         raise file_error(f"{OPTION} {path}: no such folder", f"give a transcoder set's folder: {SET_FORMATS}")
     config = read_config(folder / "config.yaml")
     kind = config.get("model_kind")
-    if kind != "transcoder_set":
-        hint = "cross-layer transcoders are not read yet" if kind == "cross_layer_transcoder" else None
-        raise file_error(f"{OPTION} {path}: config.yaml's model_kind is {kind!r}, not 'transcoder_set'", hint)
+    if kind not in ("transcoder_set", "cross_layer_transcoder"):
+        raise file_error(f"{OPTION} {path}: config.yaml's model_kind is {kind!r}, not 'transcoder_set' or "
+                         "'cross_layer_transcoder'")
     hooks = []
     for key, known in (("feature_input_hook", INPUT_HOOKS), ("feature_output_hook", OUTPUT_HOOKS)):
         hook = config.get(key)
@@ -153,10 +164,49 @@ def read_transcoders(path: str | Path) -> Transcoders:
             raise file_error(f"{OPTION} {path}: the {key} {hook} maps to no tfcli site",
                               f"hooks tfcli reads: {', '.join(known)}")
         hooks.append(hook)
+    if kind == "cross_layer_transcoder":
+        return Transcoders(str(folder), config.get("scan"), hooks[0], hooks[1], cross_layer_tensors(folder),
+                           cross_layer=True)
     files = layer_files(folder, config)
     layers = [layer_tensors(file) for file in files]
     check_layers(str(folder), layers)
     return Transcoders(str(folder), config.get("scan"), hooks[0], hooks[1], layers)
+
+
+def cross_layer_tensors(folder: Path) -> list[dict[str, Tensor]]:
+    """circuit-tracer's cross-layer transcoder (CrossLayerTranscoder.to_safetensors, load_clt): per layer i,
+    `W_enc_{i}.safetensors` (W_enc_{i} (F, d), b_enc_{i} (F,), b_dec_{i} (d,), optionally threshold_{i} (F,)) and
+    `W_dec_{i}.safetensors` (W_dec_{i} (F, L - i, d): layer i's features write every layer from i on) -> each
+    layer's W_enc, b_enc, b_dec, threshold and W_dec (F, L - i, d)."""
+    numbers = [int(found.group(1)) for child in folder.iterdir()
+               if (found := re.fullmatch(r"W_enc_(\d+)\.safetensors", child.name))]
+    if not numbers:
+        raise file_error(f"{OPTION} {folder}: a cross-layer transcoder with no W_enc_0.safetensors there")
+    count = max(numbers) + 1
+    layers = []
+    for i in range(count):
+        weights = {}
+        for stem in ("W_enc", "W_dec"):
+            file = folder / f"{stem}_{i}.safetensors"
+            if not file.is_file():
+                raise file_error(f"{OPTION} {folder}: the cross-layer transcoder's {file.name} is missing",
+                                 "it has W_enc_{i} and W_dec_{i} files for every layer, from 0")
+            weights |= layer_tensors(file, ())
+        names = {f"W_enc_{i}": "W_enc", f"b_enc_{i}": "b_enc", f"b_dec_{i}": "b_dec", f"W_dec_{i}": "W_dec",
+                 f"threshold_{i}": THRESHOLD}
+        missing = [name for name in names if name not in weights and not name.startswith("threshold")]
+        if missing:
+            raise file_error(f"{OPTION} {folder}: layer {i}'s files lack {', '.join(missing)}")
+        layers.append({names[name]: value for name, value in weights.items() if name in names})
+    features, width = (int(size) for size in layers[0]["W_enc"].shape) if layers[0]["W_enc"].dim() == 2 else (0, 0)
+    for i, weights in enumerate(layers):
+        shapes = {"W_enc": (features, width), "b_enc": (features,), "b_dec": (width,), THRESHOLD: (features,),
+                  "W_dec": (features, count - i, width)}
+        wrong = [f"{name} {tuple(weights[name].shape)} (expected {shape})" for name, shape in shapes.items()
+                 if name in weights and tuple(weights[name].shape) != shape]
+        if wrong or not features or (THRESHOLD in weights) != (THRESHOLD in layers[0]):
+            raise file_error(f"{OPTION} {folder}: layer {i}'s tensors do not fit: {'; '.join(wrong) or 'threshold'}")
+    return layers
 
 
 def read_config(path: Path) -> dict:
@@ -199,7 +249,7 @@ def layer_files(folder: Path, config: dict) -> list[Path]:
     return files
 
 
-def layer_tensors(file: Path) -> dict[str, Tensor]:
+def layer_tensors(file: Path, needed: tuple[str, ...] = ("W_enc", "b_enc", "W_dec", "b_dec")) -> dict[str, Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -207,7 +257,7 @@ def layer_tensors(file: Path) -> dict[str, Tensor]:
         weights = {name: value.float() for name, value in load_file(str(file)).items()}
     except (SafetensorError, OSError) as error:
         raise file_error(f"{OPTION}: {file} is not a readable safetensors file: {error}") from None
-    missing = [name for name in ("W_enc", "b_enc", "W_dec", "b_dec") if name not in weights]
+    missing = [name for name in needed if name not in weights]
     if missing:
         raise file_error(f"{OPTION}: {file} lacks {', '.join(missing)}",
                           f"it holds {', '.join(sorted(weights)) or 'no tensors'}")

@@ -34,7 +34,9 @@ def graph(
     transcoders: Annotated[Path, typer.Option(metavar="DIR", help="Per-layer transcoders: circuit-tracer's folder "
                                               "(config.yaml and layer_0.safetensors, layer_1.safetensors, ...), or "
                                               "a folder holding a folder per layer of SAELens's (cfg.json, "
-                                              "sae_weights.safetensors) or sparsify's (layers.L.mlp).")] = None,
+                                              "sae_weights.safetensors) or sparsify's (layers.L.mlp); or "
+                                              "circuit-tracer's cross-layer transcoder (config.yaml, "
+                                              "W_enc_0.safetensors, W_dec_0.safetensors, ...).")] = None,
     target: GRAPH_TARGET = None,
     foil: GRAPH_FOIL = None,
     max_feature_nodes: Annotated[int | None, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="At most N "
