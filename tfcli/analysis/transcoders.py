@@ -14,9 +14,9 @@ sublayer adds to the residual stream (`mlp_output_norm.out` where a sandwich blo
 circuit-tracer reads it as the norm's output before its weight, which tfcli has no site for).
 
 A cross-layer transcoder (config.yaml's `model_kind: cross_layer_transcoder`, `W_enc_{i}` / `W_dec_{i}` files,
-cross_layer_tensors) is read into the same `Transcoders`, `cross_layer`, each layer's W_dec (F, L - i, d); the graph's
-commands/graph/cross_layer.py runs it. SAELens's and sparsify's sets (a folder per layer) are read by commands/graph/transcoder_sets.py into a
-`Transcoders` of circuit-tracer's tensors.
+cross_layer_tensors) is read into the same `Transcoders`, `cross_layer`, each layer's W_dec (F, L - i, d); the
+graph's commands/graph/cross_layer.py runs it. SAELens's and sparsify's sets (a folder per layer) are read by
+commands/graph/transcoder_sets.py into a `Transcoders` of circuit-tracer's tensors.
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ class Transcoders:
                 for j in range(self.n_layers)]
 
     def described(self) -> dict:
-        return {"path": self.path, "format": self.format, "cross_layer": self.cross_layer, "scan": self.scan, "layers": self.n_layers,
-                "d_model": self.d_model, "d_transcoder": self.d_transcoder, "activation": self.activation,
+        return {"path": self.path, "format": self.format, "cross_layer": self.cross_layer, "scan": self.scan,
+                "layers": self.n_layers, "d_model": self.d_model, "d_transcoder": self.d_transcoder,
+                "activation": self.activation,
                 "skip": self.skip, "feature_input_hook": self.input_hook, "feature_output_hook": self.output_hook,
                 "input_site": self.input_site(0).replace(".0.", ".L."),
                 "output_site": self.output_site(0).replace(".0.", ".L.")}

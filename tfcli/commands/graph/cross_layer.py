@@ -53,8 +53,9 @@ def node_fields(model: Transformer, transcoders: Transcoders, ids: Tensor) -> di
 
 
 def feature_columns(grads: list[Tensor], b: int, nodes) -> Tensor:
-    """The feature columns (b, n) of a batch of targets' rows (nodes: core.Nodes): for each decoder vector, the gradient at the output
-    site of the layer it writes and the feature's position, dotted with it, summed per feature node."""
+    """The feature columns (b, n) of a batch of targets' rows (nodes: core.Nodes): for each decoder vector, the
+    gradient at the output site of the layer it writes and the feature's position, dotted with it, summed per feature
+    node."""
     import torch
 
     columns = torch.zeros(b, len(nodes.features))
