@@ -69,7 +69,7 @@ def write_saelens(layers: list[dict], folder, hooks: tuple[str, str]):
     return folder
 
 
-def write_sparsify(layers: list[dict], folder, k: int, hookpoint: str = "layers.{}.mlp"):
+def write_sparsify(layers: list[dict], folder, k: int, hookpoint: str = "layers.{}.mlp", activation: str = "topk"):
     """A folder per hookpoint as sparsify's SparseCoder.save_to_disk writes it: cfg.json (its SparseCoderConfig and
     d_in) and sae.safetensors (encoder.weight (F, d), encoder.bias, W_dec (F, d), b_dec, W_skip (d, d))."""
     folder.mkdir()
@@ -79,7 +79,7 @@ def write_sparsify(layers: list[dict], folder, k: int, hookpoint: str = "layers.
         layer = folder / hookpoint.format(i)
         layer.mkdir()
         (layer / "cfg.json").write_text(json.dumps({
-            "activation": "topk", "expansion_factor": 32, "normalize_decoder": True, "num_latents": features, "k": k,
+            "activation": activation, "expansion_factor": 32, "normalize_decoder": True, "num_latents": features, "k": k,
             "multi_topk": False, "skip_connection": skip, "transcode": True, "d_in": d}))
         weights = {"encoder.weight": tensors["W_enc"], "encoder.bias": tensors["b_enc"], "W_dec": tensors["W_dec"],
                    "b_dec": tensors["b_dec"]}
@@ -171,11 +171,17 @@ def saelens_forward(weights: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch
     return acts, acts @ weights["W_dec"] + weights["b_dec"] + x @ weights["W_skip"].T
 
 
-def sparsify_forward(weights: dict, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sparsify_forward(weights: dict, x: torch.Tensor, k: int, groupmax: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """sparsify's SparseCoder: encode (transcode: no b_dec subtracted) = fused_encoder's relu(linear(x)) and its
-    top k; decode = the k rows of W_dec by their activations + b_dec; forward adds x @ W_skip.mT."""
+    top k (groupmax: the largest of each of k groups, its index offset by the group's start); decode = the k rows of
+    W_dec by their activations + b_dec; forward adds x @ W_skip.mT."""
     pre = torch.relu(x @ weights["encoder.weight"].T + weights["encoder.bias"])
-    values, indices = pre.topk(k, dim=-1, sorted=False)
+    if groupmax:
+        values, indices = pre.unflatten(-1, (k, -1)).max(dim=-1)
+        indices = indices + torch.arange(0, pre.shape[-1], pre.shape[-1] // k)
+    else:
+        values, indices = pre.topk(k, dim=-1, sorted=False)
     out = (values[..., None] * weights["W_dec"][indices]).sum(-2) + weights["b_dec"]
     acts = torch.zeros_like(pre).scatter_(-1, indices, values)
     return acts, out + x @ weights["W_skip"].mT
@@ -201,6 +207,12 @@ def test_the_formats_own_forwards_equal_tfclis_encode_and_decode(tmp_path):
                                                    .sum(-1).min())  # the top-k drops positive pre-activations
     assert torch.allclose(sparsify.encode(0, x), acts, atol=1e-6)
     assert torch.allclose(sparsify.decode(0, sparsify.encode(0, x), x), out, atol=1e-5)
+
+    groupmax = read_set(write_sparsify([layer], tmp_path / "groupmax", k=6, activation="groupmax"))
+    acts, out = sparsify_forward(weights, x, 6, groupmax=True)
+    assert groupmax.activation == "groupmax (k 6)" and not torch.equal(acts, sparsify_forward(weights, x, 6)[0])
+    assert torch.allclose(groupmax.encode(0, x), acts, atol=1e-6)
+    assert torch.allclose(groupmax.decode(0, groupmax.encode(0, x), x), out, atol=1e-5)
 
 
 def test_the_libraries_read_these_files_as_written(tmp_path):
