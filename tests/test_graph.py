@@ -14,6 +14,7 @@ import tfcli
 from tfcli.analysis.transcoders import check_transcoders, read_transcoders
 from tfcli.api import load_tokenizer_for
 from tfcli.commands.graph import core, influence
+from tfcli.commands.graph.transcoder_sets import read_set
 from tfcli.sources import resolve_source
 
 WORDS = ("the cat sat on mat and dog ran to a big red house in park saw bird flew over tree is was of "
@@ -222,7 +223,7 @@ def tfcli_graph(path, transcoders, options=None, text=PROMPT):
     model = tfcli.load_model(str(path))
     source = resolve_source(str(path))
     tokenizer = load_tokenizer_for(source)
-    read = read_transcoders(transcoders)
+    read = read_set(transcoders)  # circuit-tracer's set, or SAELens's or sparsify's (test_transcoder_formats.py)
     check_transcoders(read, source.config)
     options = options or core.GraphOptions()
     ids = core.prompt_ids(source.config, tokenizer, text, lambda message: None)

@@ -411,7 +411,10 @@ TL_LEAVES = {  # TransformerLens hook names under blocks.L -> tfcli's leaf
     "attn.hook_z": "attn.z", "attn.hook_q": "attn.q", "attn.hook_k": "attn.k", "attn.hook_v": "attn.v",
     "mlp.hook_pre": "mlp.pre", "mlp.hook_post": "mlp.post",
     "ln1.hook_normalized": "attn_norm.out", "ln2.hook_normalized": "mlp_norm.out",
+    "mlp.hook_in": "mlp_norm.out", "mlp.hook_out": "mlp.out",  # circuit-tracer's: the MLP module's input and output
 }
+SUBLAYER_OUTPUTS = {"hook_mlp_out": ("mlp.out", "mlp_output_norm.out"),
+                    "hook_attn_out": ("attn.out", "attn_output_norm.out")}
 
 
 def site_of(hook: str | None, sae: SAE, output: bool = False) -> str:
@@ -454,7 +457,16 @@ def site_out_of(site: str, sae: SAE) -> str:
 
 def check_fit(sae: SAE, shapes: dict[str, tuple]) -> None:
     """The SAE's sites are the model's and as wide as it reads (`shapes`: model.site_shapes(), trailing sizes of
-    each site after B and T); refused by name otherwise, before any model is built."""
+    each site after B and T); refused by name otherwise, before any model is built. TransformerLens's `hook_mlp_out`
+    (`hook_attn_out`) is what the sublayer adds to the residual stream: in a block that normalises the sublayer's
+    output (Gemma 2's sandwich) the output norm's site, `mlp_output_norm.out`, which the SAE's site becomes."""
+    for attribute, hook in (("site", sae.hook), ("site_out", sae.hook_out)):
+        leaf = (hook or "").rpartition(".")[2]
+        site = getattr(sae, attribute)
+        if leaf in SUBLAYER_OUTPUTS and site.endswith("." + SUBLAYER_OUTPUTS[leaf][0]):
+            normed = site[:-len(SUBLAYER_OUTPUTS[leaf][0])] + SUBLAYER_OUTPUTS[leaf][1]
+            if normed in shapes:
+                setattr(sae, attribute, normed)
     for site, width, what in ((sae.site, sae.d_in, "reads"), (sae.site_out, sae.d_out, "writes")):
         if not site:
             continue

@@ -147,21 +147,27 @@ def load_vector(path: str | Path, config: ModelConfig | None = None) -> dict[int
 
 
 def feature_vector(spec: str, config: ModelConfig | None) -> dict[int, Tensor]:
-    """`SAE#N` -> {L: W_dec[N]} for an SAE on `blocks.L.resid_post` (tfcli/analysis/sae.py)."""
+    """`SAE#N` -> {L: W_dec[N]} for an SAE on `blocks.L.resid_post` (tfcli/analysis/sae.py), or for a transcoder
+    standing for what block L's MLP adds to the residual stream (its output `blocks.L.mlp.out` in a pre-norm block,
+    `blocks.L.mlp_output_norm.out` in a sandwich): the feature made S more active adds S W_dec[N] to the MLP's
+    output, its reconstruction and error otherwise kept, which is S W_dec[N] added to block L's output."""
     from tfcli.analysis.sae import check_fit, read_sae
 
     path, _, number = spec.rpartition("#")
     sae = read_sae(path)
-    match = re.fullmatch(r"blocks\.(\d+)\.resid_post", sae.site)
-    if match is None or sae.site_out:
-        raise usage_error(f"steering by {spec}: the SAE reads {sae.site}, and steering adds to a block's output "
-                          "(an SAE on blocks.L.resid_post)")
-    if not number.isdigit() or int(number) >= sae.d_sae:
-        raise usage_error(f"steering by {spec}: give SAE#N, N a feature from 0 to {sae.d_sae - 1}")
     if config is not None:
         from tfcli.model.transformer import site_shapes
 
         check_fit(sae, site_shapes(config))
+    match = re.fullmatch(r"blocks\.(\d+)\.resid_post", sae.site) if not sae.site_out else \
+        re.fullmatch(r"blocks\.(\d+)\.(?:mlp_output_norm\.out|mlp\.out)", sae.site_out)
+    added = config is not None and config.norm_position == "pre"  # the block adds mlp.out as it is
+    if match is None or (sae.site_out.endswith(".mlp.out") and not added):
+        raise usage_error(f"steering by {spec}: the SAE reads {sae.site}" + (f" and writes {sae.site_out}" if
+                          sae.site_out else "") + ", and steering adds to a block's output (an SAE on "
+                          "blocks.L.resid_post, or a transcoder of what block L's MLP adds to it)")
+    if not number.isdigit() or int(number) >= sae.d_sae:
+        raise usage_error(f"steering by {spec}: give SAE#N, N a feature from 0 to {sae.d_sae - 1}")
     return {int(match[1]): sae.weights["W_dec"][int(number)].clone()}
 
 

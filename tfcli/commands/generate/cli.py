@@ -113,7 +113,8 @@ def generate(
                                        "or tuned-lens).")] = False,
     steer: Annotated[list[str] | None, typer.Option(metavar="PATH[:STRENGTH]", help="Add a steering vector (a "
                                                     "control-vector .gguf or .safetensors: tfcli steer fit, llama.cpp, "
-                                                    "repeng; or SAE#N, an SAE's feature N) times STRENGTH (default 1) "
+                                                    "repeng; or SAE#N, an SAE's feature N, or a transcoder's) times "
+                                                    "STRENGTH (default 1) "
                                                     "to each of its blocks' output, at every position; several add "
                                                     "up. A feature's STRENGTH is in its activation units (SAE#N:30: "
                                                     "as if it were 30 more active); the view says how active it is on "

@@ -90,13 +90,15 @@ def feature_scale(model: TransformerModel, ids: list[int], sae: SAE, feature: in
     units (S x W_dec[N] is what the feature writes at activation S: the rows have unit norm for `sae train`'s, so
     a vector of norm S |W_dec[N]|); against it, the feature's largest activation on the prompt and the median norm
     of the site it is added to (block L's output; position 0, the attention sink, left out), the vector's norm as a
-    share of it. One pass of the prompt, unsteered."""
+    share of it (a transcoder: its features read its input site, and the vector goes to the output of its block).
+    One pass of the prompt, unsteered."""
     import torch
 
+    block = f"blocks.{sae.site.split('.')[1]}.resid_post"  # the block the vector is added to (vectors.feature_vector)
     with torch.no_grad():
-        _, cache = model.run_with_cache(torch.tensor([ids], device=model.device), names=[sae.site])
+        _, cache = model.run_with_cache(torch.tensor([ids], device=model.device), names=[sae.site, block])
     x = cache[sae.site][0].float()
-    norms = x.norm(dim=-1)
+    norms = cache[block][0].float().norm(dim=-1)
     median = float((norms[1:] if len(norms) > 1 else norms).median())
     acts = sae.encode(x.cpu())[:, feature]
     added = abs(strength) * float(sae.weights["W_dec"][feature].norm())

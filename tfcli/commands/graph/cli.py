@@ -31,9 +31,12 @@ GRAPH_FOIL = with_help(FoilOption, "With --target: attribute the difference of t
                             "and edges, the validation.")
 def graph(
     texts: TextsArgument = None,
-    transcoders: Annotated[Path, typer.Option(metavar="DIR", help="circuit-tracer's per-layer transcoders: a folder "
-                                              "with config.yaml and layer_0.safetensors, layer_1.safetensors, "
-                                              "...")] = None,
+    transcoders: Annotated[Path, typer.Option(metavar="DIR", help="Per-layer transcoders: circuit-tracer's folder "
+                                              "(config.yaml and layer_0.safetensors, layer_1.safetensors, ...), or "
+                                              "a folder holding a folder per layer of SAELens's (cfg.json, "
+                                              "sae_weights.safetensors) or sparsify's (layers.L.mlp); or "
+                                              "circuit-tracer's cross-layer transcoder (config.yaml, "
+                                              "W_enc_0.safetensors, W_dec_0.safetensors, ...).")] = None,
     target: GRAPH_TARGET = None,
     foil: GRAPH_FOIL = None,
     max_feature_nodes: Annotated[int | None, typer.Option(metavar="N", callback=AT_LEAST_ONE, help="At most N "
@@ -73,15 +76,16 @@ def graph(
       tfcli graph -m path/to/llama --transcoders tc --file prompts.txt --json
     """
     from tfcli.analysis.metric import parse_metric
-    from tfcli.analysis.transcoders import check_transcoders, read_transcoders
+    from tfcli.analysis.transcoders import check_transcoders
     from tfcli.api import load_tokenizer_for
     from tfcli.commands.graph import core, render
+    from tfcli.commands.graph.transcoder_sets import read_set
     from tfcli.sources import resolve_source
 
     out = output_console(run.width, run.color)
     if transcoders is None:
         raise usage_error("--transcoders is required: the transcoders the graph runs through",
-                          "give circuit-tracer's transcoder folder: --transcoders DIR")
+                          "give a transcoder set's folder: --transcoders DIR")
     texts_in = inputs(texts, file)
     single = texts_in.count == 1
     outputs = [(option, path) for option, path in (("--graph-out", graph_out), ("--save", save)) if path is not None]
@@ -95,7 +99,7 @@ def graph(
             raise usage_error(f"--report {run.report}: several prompts go on a page, a section each",
                               "end the file name in .html, or give one prompt")
         check_report_path(run.report, run.force, 1)
-    read = read_transcoders(transcoders)
+    read = read_set(transcoders)
     source = resolve_source(run.model, run.revision)
     core.check_options(source.config, core.GraphOptions())
     check_transcoders(read, source.config)

@@ -167,6 +167,7 @@ class Nodes:
     errors: Tensor
     tokens: Tensor
     logits: Tensor
+    writes: Tensor | None = None  # a cross-layer transcoder's (cross_layer.py): (m, 2) each decoders row's node, layer
 
 
 def readout_site(model: Transformer) -> str:
@@ -180,6 +181,10 @@ def find_nodes(model: Transformer, transcoders: Transcoders, ids: Tensor) -> Nod
     first block reads: the embeddings, scaled where the model scales them)."""
     import torch
 
+    if transcoders.cross_layer:
+        from tfcli.commands.graph import cross_layer
+
+        return Nodes(**cross_layer.node_fields(model, transcoders, ids))
     layers = range(transcoders.n_layers)
     names = ["blocks.0.resid_pre", *(transcoders.input_site(l) for l in layers),
              *(transcoders.output_site(l) for l in layers)]
@@ -254,7 +259,11 @@ class Replacement:
         grads = [torch.zeros_like(source) if g is None else g for g, source in zip(grads, self.sources)]
         b, nodes = len(sites), self.nodes
         features = torch.zeros(b, len(nodes.features))
-        for layer in self.layers:
+        if nodes.writes is not None:
+            from tfcli.commands.graph.cross_layer import feature_columns
+
+            features = feature_columns(grads, b, nodes)
+        for layer in self.layers if nodes.writes is None else ():
             at = (nodes.features[:, 0] == layer).nonzero()[:, 0]
             if len(at):
                 by_position = grads[layer][:b].float() @ nodes.decoders[at].T  # (b, T, n_layer)

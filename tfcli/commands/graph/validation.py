@@ -66,6 +66,25 @@ def measured_effects(model: Transformer, transcoders: Transcoders, ids: Tensor, 
     import torch
 
     rows = len(features)
+    if transcoders.cross_layer:  # a feature writes every layer from its own on
+        from tfcli.commands.graph.cross_layer import removal_hooks
+
+        hooks = removal_hooks(transcoders, features, values)
+    else:
+        hooks = removal_hooks_per_layer(transcoders, features, values)
+    with torch.no_grad():
+        _, clean = model.run_with_cache(ids, names=[readout])
+        _, ablated = model.run_with_cache(ids.expand(rows, -1), names=[readout], hooks=hooks)
+    vector = vector.float().to(ids.device)
+    base = clean[readout][0, -1].float() @ vector
+    return (ablated[readout][:, -1].float() @ vector - base).cpu().tolist()
+
+
+def removal_hooks_per_layer(transcoders: Transcoders, features: Tensor, values: Tensor) -> dict:
+    """Feature k (layer l, position p, activation a) removed in row k: layer l's output site lowered at p by
+    a * W_dec[feature]."""
+    import torch
+
     decoders = torch.stack([transcoders.layers[int(layer)]["W_dec"][int(feature)] for layer, _, feature in features])
     deltas = decoders * values[:, None]  # (k, d)
 
@@ -78,13 +97,7 @@ def measured_effects(model: Transformer, transcoders: Transcoders, ids: Tensor, 
             return value
         return hook
 
-    hooks = {transcoders.output_site(layer): removed(layer) for layer in features[:, 0].unique().tolist()}
-    with torch.no_grad():
-        _, clean = model.run_with_cache(ids, names=[readout])
-        _, ablated = model.run_with_cache(ids.expand(rows, -1), names=[readout], hooks=hooks)
-    vector = vector.float().to(ids.device)
-    base = clean[readout][0, -1].float() @ vector
-    return (ablated[readout][:, -1].float() @ vector - base).cpu().tolist()
+    return {transcoders.output_site(layer): removed(layer) for layer in features[:, 0].unique().tolist()}
 
 
 def pearson(xs: list[float], ys: list[float]) -> float | None:
