@@ -38,7 +38,7 @@ from tfcli.commands.circuit.edges import (SCORE_COLUMNS, Batch, Deltas, Graph, S
 from tfcli.commands.circuit.edges import counterfactual_of as blind_counterfactual
 from tfcli.commands.circuit.edges import greedy_order as blind_order
 from tfcli.analysis.names import block_site
-from tfcli.errors import usage_error
+from tfcli.errors import TfcliError, usage_error
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -418,12 +418,12 @@ def circuit_metrics(model: TransformerModel, batch: SpanBatch, graph: SpanGraph,
 
 def edge_spans(graph: SpanGraph, edges: list[tuple[int, int, str | None]], where: str) -> list[tuple[int, int]]:
     """(sender, model's receiver, span or None: every span) -> the SpanGraph's edges; a span the dataset does not
-    name: a usage error."""
+    name: an error (exit 1, as --edges' other faults)."""
     count, index = len(graph.spans), {name: k for k, name in enumerate(graph.spans)}
     found = []
     for s, r, span in edges:
         if span is not None and span not in index:
-            raise usage_error(f"{where}: the dataset has no span `{span}`; its spans are {', '.join(graph.spans)}",
-                              parameter="edges")
+            raise TfcliError(f"{where}: the dataset has no span `{span}`; its spans are {', '.join(graph.spans)}",
+                             parameter="edges")
         found += [(s, r * count + k) for k in ([index[span]] if span is not None else range(count))]
     return sorted(set(found))
