@@ -18,6 +18,7 @@ from tfcli.commands.circuit import edges as core
 from tfcli.commands.circuit import spans
 
 from test_circuit import PARTS, Hand, checkpoints, metric, receiver_grads, ungrouped  # noqa: F401 (a fixture)
+from test_report_browser import browser  # noqa: F401 (a fixture)
 
 NAMES = ("io", "s1", "s2", "end")  # the words of each role, by hand: word index in the text
 CLEAN = [("when mary and john went to the store john gave a drink to", "mary", "john"),
@@ -292,3 +293,22 @@ def test_bad_spans_are_one_error_line(cli, tmp_path, checkpoints):
     assert run.exit_code == 1 and "--positions spans" in run.stderr and "Traceback" not in run.stderr
     single = cli("circuit", "-m", str(path), "--positions", "spans", "--target", "mary", CLEAN[0][0], CORRUPT[0])
     assert single.exit_code == 2 and "--dataset" in single.stderr and "Traceback" not in single.stderr
+
+
+def test_the_page_draws_edges_at_spans(cli, tmp_path, checkpoints, browser):
+    """--report with --positions spans: the page draws the circuit's (edge, span) pairs, each saying its span on
+    hover, with no script error."""
+    from test_report_browser import open_page
+
+    path, _ = checkpoints("gpt2")
+    dataset = tmp_path / "pairs.jsonl"
+    dataset.write_text("\n".join(json.dumps(line) for line in lines() * 3) + "\n")
+    page_path = tmp_path / "circuit.html"
+    run = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--positions", "spans", "--sizes", "5",
+              "--top", "12", "--report", str(page_path))
+    assert run.exit_code == 0, run.stderr
+    page = open_page(browser, page_path)
+    assert page.errors == []
+    tips = page.eval_on_selector_all(".circuit-graph path title", "nodes => nodes.map(n => n.textContent)")
+    assert len(tips) == 12 and all(" at span " in tip for tip in tips), tips
+    assert "(edge, span) pairs" in page.text_content("body")
