@@ -22,8 +22,8 @@ from tfcli.errors import TfcliError
 from tfcli.sources import resolve_source
 
 KEYS = {"clean", "corrupt", "target", "foil", "spans"}
-SPANS = {"ioi": ("io", "s1", "s2", "end"), "greater-than": ("noun", "yy", "end"), "induction": ("first", "repeat", "end"),
-         "facts": ("subject", "end")}
+SPANS = {"ioi": ("io", "s1", "s2", "end"), "greater-than": ("noun", "yy", "end"),
+         "induction": ("first", "repeat", "end"), "facts": ("subject", "end")}
 
 
 @pytest.fixture(scope="module")

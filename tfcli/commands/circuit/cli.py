@@ -109,7 +109,8 @@ def circuit(
             raise usage_error("give --target: the token whose logit is the metric", parameter="target")
         if positions == "spans":
             raise usage_error("--positions spans reads the spans of a --dataset's lines",
-                              "write the pair as a line with its `spans` (docs/datasets.md#spans)", parameter="positions")
+                              "write the pair as a line with its `spans` (docs/datasets.md#spans)",
+                              parameter="positions")
     source = resolve_source(run.model, run.revision)
     core.check_options(source.config, options)  # before the model is built
     graph = core.graph_of(source.config)

@@ -276,8 +276,8 @@ def span_batch_of(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Spa
     rows = [pair.source if pair.source is not None else list(range(len(pair.labels))) for pair in pairs]
     source = torch.tensor([row + [0] * (width - len(row)) for row in rows], device=device)
     identity = all(row == list(range(len(row))) and len(pair.ids_corrupt) == len(row) for pair, row in zip(pairs, rows))
-    return SpanBatch(batch.clean, batch.corrupt, batch.targets, batch.foils, batch.positions, batch.lengths, spans, source,
-                     identity)
+    return SpanBatch(batch.clean, batch.corrupt, batch.targets, batch.foils, batch.positions, batch.lengths, spans,
+                     source, identity)
 
 
 def aligned_corrupt(model: TransformerModel, batch: SpanBatch) -> tuple[Tensor, Tensor]:
@@ -329,7 +329,8 @@ def span_edge_scores(graph: SpanGraph, differences: Tensor, grads: list[Tensor],
         first, last = sites[block[0]][1], sites[block[-1]][1] + sites[block[-1]][2]
         reads = max(base.reads(r) for r in range(first, last))
         columns = torch.cat([grads[i] for i in block], 2).to(differences.dtype)  # (B, T, n, d)
-        product = torch.bmm(by_position[:, :reads], columns.reshape(batch * length, last - first, width).transpose(1, 2))
+        columns = columns.reshape(batch * length, last - first, width).transpose(1, 2)  # (B x T, d, n)
+        product = torch.bmm(by_position[:, :reads], columns)  # (B x T, s, n)
         summed = torch.einsum("btsn,btk->bsnk", product.view(batch, length, reads, last - first), onehot)
         scores[:, :reads, first:last] = summed.double() * base.mask[:reads, first:last, None]
     return scores.flatten(2)
