@@ -16,7 +16,8 @@ import tfcli
 from tfcli.commands.circuit import edges as core
 from tfcli.commands.circuit import spans
 
-from test_circuit import PARTS, Hand, checkpoints, metric, receiver_grads, ungrouped  # noqa: F401 (a fixture)
+from test_circuit import (PARTS, Hand, checkpoints, hand_counter, metric, receiver_grads,  # noqa: F401 (a fixture)
+                          ungrouped)
 from test_report_browser import browser  # noqa: F401 (a fixture)
 
 NAMES = ("io", "s1", "s2", "end")  # the words of each role, by hand: word index in the text
@@ -78,11 +79,11 @@ def hand_aligned(hand, b):
     return clean, take(corrupt), {key: take(value) for key, value in parts.items()}
 
 
-def hand_span_eap(hand, b, graph, steps=None):
+def hand_span_eap(hand, b, graph, steps=None, kind="corrupt"):
     """(B, S, R, K): per position (counterfactual - clean) . the gradient at each receiver's own input, summed over
     each span's hand positions; with `steps`, the gradient averaged over the inputs counterfactual + k / steps (clean
-    - counterfactual)."""
-    clean, counter, _ = hand_aligned(hand, b)
+    - counterfactual). `kind` mean: test_circuit's hand means (each text's own, position 0 kept)."""
+    clean, counter, _ = hand_aligned(hand, b) if kind == "corrupt" else hand_counter(hand, b, kind)
     points = [None] if steps is None else \
         [counter[:, :, 0] + k / steps * (clean[:, :, 0] - counter[:, :, 0]) for k in range(1, steps + 1)]
     grads = {}
@@ -115,6 +116,9 @@ def test_span_scores_are_the_hand_computation(name, checkpoints):
     two = spans.scores_of(model, b, graph, "eap-ig-inputs", 2)[2].view(*expected.shape)
     assert (two - hand_span_eap(hand, b, graph, steps=2)).abs().max() <= 1e-5 * scale
     assert (two - scores).abs().max() > 1e-3 * scale
+    mean = spans.scores_of(model, b, graph, "eap", 1, "mean")[2].view(*expected.shape)
+    assert (mean - hand_span_eap(hand, b, graph, kind="mean")).abs().max() <= 1e-5 * scale
+    assert (mean - scores).abs().max() > 1e-3 * scale
     # the first pair reads its corrupt text position for position: its scores summed over the spans are EAP's
     first = core.batch_of(model, tokenizer, spans_pairs(model, tokenizer)[:1])
     blind = core.scores_of(model, first, "eap", 1)[2][0]
