@@ -21,7 +21,9 @@ from tfcli.api import load_tokenizer_for
 from tfcli.errors import TfcliError
 from tfcli.sources import resolve_source
 
-KEYS = {"clean", "corrupt", "target", "foil"}
+KEYS = {"clean", "corrupt", "target", "foil", "spans"}
+SPANS = {"ioi": ("io", "s1", "s2", "end"), "greater-than": ("noun", "yy", "end"),
+         "induction": ("first", "repeat", "end"), "facts": ("subject", "end")}
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +78,13 @@ def years_dir(tmp_path_factory) -> Path:
 
 
 def check_lines(lines: list[dict], tokenizer, config) -> None:
-    """What every line must be: exactly the four keys; target and foil different, each read back by parse_token as
-    the one token its text is, and that token what the clean prompt reads next; clean and corrupt as long."""
+    """What every line must be: exactly the five keys; target and foil different, each read back by parse_token as
+    the one token its text is, and that token what the clean prompt reads next; clean and corrupt as long; the
+    spans read as circuit --positions spans reads them (check_spans)."""
     assert lines
     for line in lines:
-        assert set(line) == KEYS and all(isinstance(value, str) for value in line.values()), line
+        assert set(line) == KEYS and all(isinstance(line[key], str) for key in KEYS - {"spans"}), line
+        check_spans(line, tokenizer, config)
         clean_ids = tokenizer.encode([line["clean"]], add_special_tokens=False)[0].ids
         ids = []
         for option in ("target", "foil"):
@@ -95,6 +99,28 @@ def check_lines(lines: list[dict], tokenizer, config) -> None:
         assert len(clean) == len(corrupt), line
         assert line["clean"] != line["corrupt"]
     assert len({line["clean"] for line in lines}) == len(lines)  # distinct prompts
+
+
+def span_texts(line: dict, side: str) -> dict[str, str]:
+    return {name: line[side][start:end] for name, (start, end) in line["spans"][side].items()}
+
+
+def check_spans(line: dict, tokenizer, config) -> None:
+    """A line's spans as `circuit --positions spans` reads them: one of the tasks' schemas, the same names in both
+    texts, `end` the last word and the last token; each span's tokens, decoded, are the span's text."""
+    from tfcli.analysis.dataset import line_of
+    from tfcli.analysis.pairs import PAIR_LINE
+    from tfcli.commands.circuit.spans import check_span_pair
+
+    names = tuple(line["spans"]["clean"])
+    assert set(names) in [set(schema) for schema in SPANS.values()] and set(line["spans"]["corrupt"]) == set(names)
+    for side in ("clean", "corrupt"):
+        assert span_texts(line, side)["end"] == line[side].split()[-1]
+    pair = check_span_pair(config, tokenizer, line_of(1, line, PAIR_LINE), True)
+    assert pair.labels[-1] == "end" and len(pair.source) == len(pair.ids_clean)
+    for name, text in span_texts(line, "clean").items():
+        ids = [i for i, label in zip(pair.ids_clean, pair.labels) if label == name]
+        assert tokenizer.decode(ids).strip().lower() == text.lower(), (name, line)
 
 
 def run_task(cli, *args: str) -> list[dict]:
@@ -141,6 +167,8 @@ def test_greater_than_on_a_tokenizer_that_reads_years_as_gpt2_does(cli, years_di
         assert 2 <= yy <= 98
         assert line["corrupt"] == line["clean"].replace(f"year 17{yy:02d}", "year 1701")
         assert (line["target"], line["foil"]) == (f"{yy + 1:02d}", f"{yy - 1:02d}")  # greater, and not
+        assert span_texts(line, "clean") == {"noun": found.group(1), "yy": f"{yy:02d}", "end": "17"}
+        assert span_texts(line, "corrupt") == {"noun": found.group(1), "yy": "01", "end": "17"}
 
 
 def test_greater_than_is_refused_on_smollm2_naming_why(cli, smollm2, no_model_built):
@@ -185,6 +213,10 @@ def test_ioi_alternates_both_orders_and_corrupts_with_three_other_names(request,
         assert [line["target"], line["foil"]] == expected, line
         others = names_in(line["corrupt"])
         assert len(set(others)) == 3 and not set(others) & {first, second}, line  # "C and D ... E gave"
+        roles = ("io", "s1") if number % 2 == 0 else ("s1", "io")
+        assert span_texts(line, "clean") == {roles[0]: first, roles[1]: second, "s2": subject, "end": "to"}
+        assert span_texts(line, "corrupt") == {roles[0]: others[0], roles[1]: others[1], "s2": others[2],
+                                               "end": "to"}
         assert skeleton(line["corrupt"]) == skeleton(line["clean"])
         assert any(re.fullmatch(prompt, skeleton(line["clean"])) for prompt in prompts), line  # the paper's
 
@@ -203,6 +235,10 @@ def test_induction_repeats_a_sequence_and_corrupts_its_first_half(request, sourc
         foil = parse_token(tokenizer, line["foil"], "--foil", config.vocab_size).id
         assert target == sequence[-1] and foil not in sequence + corrupt
         assert tokenizer.decode(clean).strip() == line["clean"].strip()  # the text is exactly those tokens
+        for side, ids in (("clean", clean), ("corrupt", corrupt)):
+            texts = span_texts(line, side)
+            assert [texts["first"], texts["repeat"], texts["end"]] == [
+                tokenizer.decode(part).strip() for part in (ids[:length], ids[length:-1], ids[-1:])]
 
 
 @pytest.mark.parametrize("source", ["smollm2", "default"])
@@ -214,6 +250,8 @@ def test_facts_corrupt_with_another_subject_of_the_relation(request, source):
         assert clean.relation == corrupt.relation and clean.object != corrupt.object
         assert line["target"].strip().lower() == clean.object.lower()
         assert line["foil"].strip().lower() == corrupt.object.lower()
+        for side, fact in (("clean", clean), ("corrupt", corrupt)):
+            assert span_texts(line, side)["subject"].lower() == fact.subject.lower()
 
 
 def test_the_facts_table_has_a_hundred_one_token_objects_on_smollm2(smollm2_reader):

@@ -39,10 +39,11 @@ class LineSpec:
     optional: tuple[str, ...]
     aliases: dict[str, str] = field(default_factory=dict)
     ignored: tuple[str, ...] = ()  # keys allowed and not read (a patch line's `corrupt`, read by attribute)
+    raw: tuple[str, ...] = ()  # keys kept as their JSON value (or None), checked by the command that reads them
 
     @property
     def known(self) -> tuple[str, ...]:
-        return self.required + self.optional + tuple(self.aliases) + self.ignored
+        return self.required + self.optional + tuple(self.aliases) + self.ignored + self.raw
 
 
 @dataclass
@@ -208,6 +209,7 @@ def line_of(number: int, value: Any, spec: LineSpec) -> Line:
         elif key in spec.required and not item.strip():
             raise BadLine(number, f"`{key}` is empty")
         fields[key] = item
+    fields.update({key: value.get(key) for key in spec.raw})
     return Line(number, fields, f"line {number}")
 
 

@@ -87,7 +87,8 @@ def align(clean: list[str], corrupt: list[str]) -> list[tuple[int | None, str | 
     return rows
 
 
-PAIR_LINE = LineSpec(("clean", "corrupt", "target"), ("foil", "position"))  # a line of a dataset of pairs
+# a line of a dataset of pairs; `spans` (tfcli task writes them) is read by `circuit --positions spans`
+PAIR_LINE = LineSpec(("clean", "corrupt", "target"), ("foil", "position"), raw=("spans",))
 
 
 @dataclass

@@ -258,7 +258,8 @@ def value_at(model: TransformerModel, logits: Tensor, cache: dict[str, Tensor], 
 
 # ---------------------------------------------------------------- over a dataset
 
-ATTRIBUTE_LINE = LineSpec(("text",), ("target", "foil", "position"), aliases={"clean": "text"}, ignored=("corrupt",))
+ATTRIBUTE_LINE = LineSpec(("text",), ("target", "foil", "position"), aliases={"clean": "text"},
+                          ignored=("corrupt", "spans"))
 
 
 def check_prompt(config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Prompt:

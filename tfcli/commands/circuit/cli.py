@@ -44,13 +44,17 @@ def circuit(
                                                 "sender's output on the corrupt text) or mean (its mean over the "
                                                 "clean text's positions but the first, the attention sink, which "
                                                 "keeps its own).")] = "corrupt",
+    positions: Annotated[str, typer.Option(metavar="KIND", help="all (an edge is one edge at every position) or "
+                                           "spans (every edge scored and kept per position span, the spans the "
+                                           "--dataset's lines name: an (edge, span) pair counts as one edge; eap or "
+                                           "eap-ig-inputs).")] = "all",
     top: Annotated[int | None, typer.Option(metavar="N", help="The circuit: the greedy top N edges (default "
                                             "100).")] = None,
     faithful: Annotated[float | None, typer.Option(metavar="F", help="The circuit: the smallest greedy one found "
                                                    "whose faithfulness reaches F (0 to 1).")] = None,
     edges: Annotated[Path | None, typer.Option(metavar="FILE", help="The circuit: the edges in FILE (a line each, "
-                                               "`L5H1 -> L9H6.q`; or a graph in the EAP-IG reference's "
-                                               "JSON).")] = None,
+                                               "`L5H1 -> L9H6.q`, with --positions spans `L5H1 -> L9H6.q@s2`; "
+                                               "or a graph in the EAP-IG reference's JSON).")] = None,
     sizes: Annotated[str | None, typer.Option(metavar="SIZES", help="The faithfulness curve's circuit sizes in edges "
                                               "(default 10,30,100,300,1000).")] = None,
     show: Annotated[int, typer.Option(metavar="N", help="Edges listed by |score|.")] = 20,
@@ -90,7 +94,7 @@ def circuit(
     cluster = data.cluster(data.dataset is not None, "a --dataset")
     options = core.CircuitOptions(method=method, steps=ig_steps, top=top, faithful=faithful, edges=None,
                                   edges_file=None if edges is None else str(edges), sizes=core.parse_sizes(sizes),
-                                  counterfactual=counterfactual)
+                                  counterfactual=counterfactual, positions=positions)
     if data.dataset is not None:
         if clean is not None:
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
@@ -103,10 +107,16 @@ def circuit(
             raise usage_error("give a CLEAN and a CORRUPT text (or --dataset FILE)")
         if target is None:
             raise usage_error("give --target: the token whose logit is the metric", parameter="target")
+        if positions == "spans":
+            raise usage_error("--positions spans reads the spans of a --dataset's lines",
+                              "write the pair as a line with its `spans` (docs/datasets.md#spans)",
+                              parameter="positions")
     source = resolve_source(run.model, run.revision)
     core.check_options(source.config, options)  # before the model is built
     graph = core.graph_of(source.config)
-    if edges is not None:
+    if edges is not None and positions == "spans":  # placed at the dataset's spans once it is read
+        options.span_edges = graph_file.read_edges(str(edges), graph, spans=True)
+    elif edges is not None:
         options.edges = graph_file.read_edges(str(edges), graph)
     analysis = core.CircuitScores(options, graph)
     random_means = "these edges say nothing about a trained model"
@@ -117,7 +127,7 @@ def circuit(
         result, pairs = scored.value, scored.dataset()
 
         def faithfulness(circuits, ends):
-            done = session.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends), pairs,
+            done = session.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends, result.graph), pairs,
                                stage="faithfulness")
             return done.value if done.value is not None else core.Measured([], None, None, 0, True)
         core.measure(result, options, faithfulness, say, scored.interrupted)

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tfcli.analysis.dataset import Dataset, Done
+from tfcli.commands.circuit import spans
 from tfcli.commands.circuit.edges import (COUNTERFACTUALS, METHODS, Graph, batch_of, circuit_metrics, circuit_of,
-                                          graph_of, greedy_order, scores_of)
+                                          graph_of, scores_of)
+from tfcli.commands.circuit.spans import greedy_order
 from tfcli.analysis.metric import Token, check_head, parse_metric
 from tfcli.analysis.pairs import OverPairs, Pair
 from tfcli.errors import TfcliError, usage_error
@@ -69,6 +71,8 @@ class CircuitOptions:
     edges_file: str | None = None
     sizes: tuple[int, ...] = SIZES
     counterfactual: str = "corrupt"  # what an edge is patched to: the corrupt run's outputs, or the clean ones' means
+    positions: str = "all"  # "spans": every edge scored and kept per position span (spans.py)
+    span_edges: list[tuple[int, int, str | None]] | None = None  # --edges with --positions spans, spans unchecked
 
 
 def check_options(config: ModelConfig, options: CircuitOptions) -> None:
@@ -79,6 +83,12 @@ def check_options(config: ModelConfig, options: CircuitOptions) -> None:
     if options.counterfactual not in COUNTERFACTUALS:
         raise usage_error(f"--counterfactual must be one of {', '.join(COUNTERFACTUALS)}, got "
                           f"`{options.counterfactual}`", parameter="counterfactual")
+    if options.positions not in spans.POSITIONS:
+        raise usage_error(f"--positions must be one of {', '.join(spans.POSITIONS)}, got `{options.positions}`",
+                          parameter="positions")
+    if options.positions == "spans" and options.method not in spans.SPAN_METHODS:
+        raise usage_error(f"--positions spans scores with {' or '.join(spans.SPAN_METHODS)}, not {options.method}",
+                          parameter="method")
     if options.steps < 1:
         raise usage_error(f"--ig-steps must be 1 or more, got {options.steps}", parameter="ig_steps")
     given = [name for name, value in (("--top", options.top), ("--faithful", options.faithful),
@@ -209,11 +219,32 @@ class CircuitScores(OverPairs):
     options: CircuitOptions
     command = "circuit"
 
+    def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Any) -> Pair:
+        if self.options.positions == "spans":
+            return spans.check_span_pair(config, tokenizer, line, self.options.counterfactual == "corrupt")
+        return super().check(config, tokenizer, line)
+
+    def check_items(self, pairs: list[Pair]) -> None:
+        """With --positions spans, the dataset's spans make the graph (a SpanGraph) and place --edges' spans."""
+        super().check_items(pairs)
+        if self.options.positions == "spans":
+            graph = self.graph
+            self.graph = spans.SpanGraph(graph.layers, graph.heads, graph.parallel, spans.schema_of(pairs))
+            if self.options.span_edges is not None:
+                self.options.edges = spans.edge_spans(self.graph, self.options.span_edges,
+                                                      f"--edges {self.options.edges_file}")
+
     def results(self, model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
                 progress: Callable[[float], None] | None) -> Iterator[PairScores]:
         def run(batch: list[Pair]) -> list[PairScores]:
-            clean, corrupt, scores = scores_of(model, batch_of(model, tokenizer, batch), self.options.method,
-                                               self.options.steps, self.options.counterfactual)
+            if isinstance(self.graph, spans.SpanGraph):
+                clean, corrupt, scores = spans.scores_of(model, spans.span_batch_of(model, tokenizer, batch,
+                                                                                    self.graph), self.graph,
+                                                         self.options.method, self.options.steps,
+                                                         self.options.counterfactual)
+            else:
+                clean, corrupt, scores = scores_of(model, batch_of(model, tokenizer, batch), self.options.method,
+                                                   self.options.steps, self.options.counterfactual)
             tokens = [parse_metric(model.config, tokenizer, p.target, p.foil, p.position, prefix="") for p in batch]
             return [PairScores(pair.line, float(a), float(b), s.float(), *metric, self.graph) for pair, a, b, s, metric
                     in zip(batch, clean.tolist(), corrupt.tolist(), scores, tokens)]
@@ -246,13 +277,19 @@ class CircuitFaithfulness(OverPairs):
     circuits: list[Tensor]
     counterfactual: str = "corrupt"
     ends: dict[int | None, tuple[float, float]] | None = None  # each pair's (m(full), m(empty)): not run again
+    graph: Graph | None = None  # a SpanGraph: circuits of (edge, span) pairs (--positions spans)
     command = "circuit"
 
     def results(self, model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair],
                 progress: Callable[[float], None] | None) -> Iterator[tuple[float, float, list[float]]]:
         def run(batch: list[Pair]) -> list[tuple[float, float, list[float]]]:
-            clean, corrupt, values = circuit_metrics(model, batch_of(model, tokenizer, batch), self.circuits,
-                                                     self.counterfactual, ends=self.ends is None)
+            if isinstance(self.graph, spans.SpanGraph):
+                clean, corrupt, values = spans.circuit_metrics(
+                    model, spans.span_batch_of(model, tokenizer, batch, self.graph), self.graph, self.circuits,
+                    self.counterfactual, ends=self.ends is None)
+            else:
+                clean, corrupt, values = circuit_metrics(model, batch_of(model, tokenizer, batch), self.circuits,
+                                                         self.counterfactual, ends=self.ends is None)
             if self.ends is not None:
                 clean, corrupt = zip(*(self.ends[pair.line] for pair in batch))
             else:

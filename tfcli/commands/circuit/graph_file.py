@@ -20,10 +20,12 @@ def node_name(reference: str) -> str:
     return re.sub(r"^m(\d+)$", r"L\1.mlp", re.sub(r"^a(\d+)\.h(\d+)$", r"L\1H\2", reference))
 
 
-def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
+def read_edges(path: str, graph: Graph, spans: bool = False) -> list[tuple[int, int]] | list[tuple[int, int, Any]]:
     """A circuit file: one edge a line (`L5H1 -> L9H6.q`, `input -> L0.mlp`; `#` starts a comment), or a graph in the
     EAP-IG reference's JSON (its edges with in_graph true). A node the model does not have, or an edge that is not one
-    (a receiver before its sender): a usage error naming the line."""
+    (a receiver before its sender): a usage error naming the line. With `spans` (--positions spans), an edge may end
+    in `@SPAN` (`L5H1 -> L9H6.q@s2`: the edge at that span; without: at every span) and each is (sender, receiver,
+    span or None), the span checked against the dataset's later (spans.edge_spans)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -35,9 +37,10 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
             for name, info in edges.items():
                 if info.get("in_graph"):
                     parent, child = name.split("->")
+                    child, at, span = child.partition("@")
                     kind = re.search(r"<([qkv])>$", child)
                     child = node_name(re.sub(r"<[qkv]>$", "", child)) + (f".{kind.group(1)}" if kind else "")
-                    lines.append((f"edge {name}", f"{node_name(parent)}->{child}"))
+                    lines.append((f"edge {name}", f"{node_name(parent)}->{child}{at}{span}"))
         except (ValueError, KeyError, TypeError, AttributeError):
             raise TfcliError(f"--edges {path}: not a graph in the EAP-IG reference's JSON (its `edges`, each "
                              "`parent->child` with `in_graph`)", parameter="edges") from None
@@ -49,8 +52,15 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
     senders = {name: i for i, name in enumerate(graph.senders)}
     receivers = {name: i for i, name in enumerate(graph.receivers)}
     has = f"it has layers 0-{graph.layers - 1} and heads 0-{graph.heads - 1}"
-    edges_read: list[tuple[int, int]] = []
+    edges_read: list[Any] = []
     for where, line in lines:
+        line, at, span = line.partition("@")
+        line, span = line.strip(), span.strip() or None
+        if at and not spans:
+            raise TfcliError(f"--edges {path} {where}: `{line}@{span}` names a span: edges at spans are measured with "
+                             "--positions spans", parameter="edges")
+        if at and span is None:
+            raise TfcliError(f"--edges {path} {where}: no span after `@`", "e.g. L5H1 -> L9H6.q@s2", parameter="edges")
         parts = [part.strip() for part in line.replace("→", "->").split("->")]
         if len(parts) != 2 or not all(parts):
             raise TfcliError(f"--edges {path} {where}: `{line}` is not an edge SENDER -> RECEIVER",
@@ -68,10 +78,10 @@ def read_edges(path: str, graph: Graph) -> list[tuple[int, int]]:
         if s >= graph.reads(r):
             raise TfcliError(f"--edges {path} {where}: `{line}` is not an edge: {receiver} does not read {sender} "
                              "(it comes later in the model)", parameter="edges")
-        edges_read.append((s, r))
+        edges_read.append((s, r, span) if spans else (s, r))
     if not edges_read:
         raise TfcliError(f"--edges {path}: no edge in it", parameter="edges")
-    return sorted(set(edges_read))
+    return sorted(set(edges_read), key=lambda edge: (*edge[:2], str(edge[2:])))
 
 
 def reference_name(node: str) -> str:
@@ -84,18 +94,23 @@ def reference_name(node: str) -> str:
 
 def reference_json(result: Circuit, d_model: int) -> dict[str, Any]:
     """The graph in the EAP-IG reference's JSON (its Graph.to_json, read back by Graph.from_json): cfg, every node
-    with in_graph, every edge `parent->child` (`<q>`, `<k>`, `<v>` into a head) with its score and in_graph."""
+    with in_graph, every edge `parent->child` (`<q>`, `<k>`, `<v>` into a head) with its score and in_graph. With
+    spans: an edge per (edge, span), `parent->child@span` with its `span`, and cfg's `spans` (the reference, which has
+    no spans, does not read it; --edges does)."""
     graph, circuit = result.graph, result.circuit
     touched = set(graph.nodes_of(circuit)) if circuit is not None else set()
     nodes = {reference_name(name): {"in_graph": name in touched} for name in graph.senders}
     nodes["logits"] = {"in_graph": True}
     edges = {}
+    spans = getattr(graph, "spans", None)  # a SpanGraph (--positions spans): an edge per (edge, span), `...@span`
     for s, r in graph.mask.nonzero().tolist():
-        receiver = graph.receivers[r]
+        receiver, span = graph.split(r) if spans else (graph.receivers[r], None)
         kind = receiver[-1] if receiver.endswith((".q", ".k", ".v")) else None
         child = reference_name(receiver[:-2] if kind else receiver)
-        name = f"{reference_name(graph.senders[s])}->{child}" + (f"<{kind}>" if kind else "")
+        name = f"{reference_name(graph.senders[s])}->{child}" + (f"<{kind}>" if kind else "") + \
+            (f"@{span}" if span else "")
         edges[name] = {"score": float(result.scores[s, r]),
-                       "in_graph": bool(circuit[s, r]) if circuit is not None else False}
-    return {"cfg": {"n_layers": graph.layers, "n_heads": graph.heads, "parallel_attn_mlp": graph.parallel,
-                    "d_model": d_model}, "nodes": nodes, "edges": edges}
+                       "in_graph": bool(circuit[s, r]) if circuit is not None else False} | \
+            ({"span": span} if span else {})
+    cfg = {"n_layers": graph.layers, "n_heads": graph.heads, "parallel_attn_mlp": graph.parallel, "d_model": d_model}
+    return {"cfg": cfg | ({"spans": list(spans)} if spans else {}), "nodes": nodes, "edges": edges}

@@ -63,13 +63,39 @@ def patched_to(result: Circuit) -> str:
     return "every edge patched to the means" if result.counterfactual == "mean" else "corrupt"
 
 
+def spans_of(graph: Any) -> tuple[str, ...] | None:
+    """The spans of a SpanGraph (--positions spans), None for the position-blind graph."""
+    return getattr(graph, "spans", None)
+
+
+def unit(graph: Any, count: int | None = None) -> str:
+    """What a circuit's size counts: edges, or (edge, span) pairs with --positions spans."""
+    plural = count is None or count != 1
+    return ("(edge, span) pairs" if plural else "(edge, span) pair") if spans_of(graph) else \
+        ("edges" if plural else "edge")
+
+
+def receiver_record(graph: Any, r: int) -> dict[str, Any]:
+    """{"receiver": the model's receiver, "span": its span (None without spans)} of receiver r."""
+    receiver, span = graph.split(r) if spans_of(graph) else (graph.receivers[r], None)
+    return {"receiver": receiver, "span": span}
+
+
+def graph_line(graph: Any) -> str:
+    spans = spans_of(graph)
+    if not spans:
+        return f"graph: {graph.edge_count:,} edges between {len(graph.senders) + 1:,} nodes"
+    return (f"graph: {graph.base.edge_count:,} edges between {len(graph.senders) + 1:,} nodes, each at {len(spans)} "
+            f"spans ({', '.join(spans)}): {graph.edge_count:,} (edge, span) pairs; sizes count (edge, span) pairs")
+
+
 def header_lines(run: Envelope) -> list[str]:
     result = run.value
     pairs = f"{run.n} pair{'s' if run.n != 1 else ''}" + (f" of {run.source}" if run.source else "")
     lines = [f"circuit of {quantity(result)} over {pairs}, by {method_words(result)}",
              f"clean {signed(result.clean_value)}, {patched_to(result)} {signed(result.corrupt_value)} (means over "
              "the pairs)",
-             f"graph: {result.graph.edge_count:,} edges between {len(result.graph.senders) + 1:,} nodes"]
+             graph_line(result.graph)]
     if run.skipped:
         lines.append(f"{run.skipped} bad lines skipped")
     return lines
@@ -81,7 +107,8 @@ def measured_lines(run: Envelope) -> list[str]:
         return ["circuit: not measured (interrupted)"]
     pairs = f" over {result.measured_pairs} pairs" if result.measured_pairs != run.n else ""
     spread = f", 95% interval {interval(point)}" if point.low is not None else ""
-    lines = [f"circuit: {point.edges:,} edges, {point.nodes:,} nodes ({picked_words(result)})",
+    lines = [f"circuit: {point.edges:,} {unit(result.graph, point.edges)}, {point.nodes:,} nodes "
+             f"({picked_words(result)})",
              f"faithfulness {share(point.faithfulness)}{spread}{pairs}: (m(C) - m(empty)) / (m(full) - m(empty)), "
              f"every edge outside the circuit patched to its {'mean' if result.counterfactual == 'mean' else 'corrupt'}"
              " value",
@@ -101,17 +128,20 @@ def circuit_lines(run: Envelope, width: int, color: bool, top: int = DEFAULT_TOP
         lines += words(line, width)
     if result.curve:
         lines.append(Text())
-        lines += table([Column.of("edges", [f"{p.edges:,}" for p in result.curve], right=True),
+        lines += table([Column.of("(edge, span) pairs" if spans_of(result.graph) else "edges",
+                                  [f"{p.edges:,}" for p in result.curve], right=True),
                         Column.of("nodes", [f"{p.nodes:,}" for p in result.curve], right=True),
                         Column.of("faithfulness", [share(p.faithfulness) for p in result.curve], right=True),
                         Column.of("95% interval", [interval(p) for p in result.curve])], width,
                        title="faithfulness of the greedy circuits by size")
     lines.append(Text())
-    lines += edges_table(result.top_edges(top), width, color, f"the {top} edges of largest |score|")
+    lines += edges_table(result.top_edges(top), width, color, f"the {top} {unit(result.graph)} of largest |score|"
+                         + (" (a receiver@span)" if spans_of(result.graph) else ""))
     return lines
 
 
 def edges_table(edges: list[tuple[str, str, float, bool]], width: int, color: bool, title: str) -> list[Text]:
+    """The edges as a table; with spans a receiver is `L9H6.q@s2`: the edge at span s2."""
     def score_cell(value: float) -> Text:
         return Text(signed(value), style=("blue" if value >= 0 else "red") if color else "")
     return table([Column.of("#", [str(i) for i in range(1, len(edges) + 1)], right=True),
@@ -140,6 +170,11 @@ def top_pair_edges(result: PairScores, top: int) -> list[tuple[str, str, float]]
             if flat[i] != 0]
 
 
+def pair_edge_record(graph: Any, sender: str, receiver: str, score: float) -> dict[str, Any]:
+    name, at, span = receiver.partition("@")
+    return {"sender": sender, "receiver": name, "score": score} | ({"span": span} if at else {})
+
+
 def point_record(point: CurvePoint) -> dict[str, Any]:
     return {"edges": point.edges, "nodes": point.nodes, "faithfulness": point.faithfulness,
             "interval": None if point.low is None else [point.low, point.high]}
@@ -160,15 +195,19 @@ def record(run: Envelope) -> dict[str, Any]:
         "clean_value": result.clean_value, "corrupt_value": result.corrupt_value,
         "dataset": run.source or None, "n": run.n, "pairs": run.total, "skipped": run.skipped,
         "interrupted": run.interrupted,
+        "positions": "spans" if spans_of(graph) else "all",
+        "spans": list(spans_of(graph)) if spans_of(graph) else None,
+        "size_unit": "edge-span" if spans_of(graph) else "edge",
         "graph": {"layers": graph.layers, "heads": graph.heads, "parallel": graph.parallel,
-                  "edges": graph.edge_count, "nodes": len(graph.senders) + 1},
+                  "edges": graph.edge_count, "nodes": len(graph.senders) + 1,
+                  "model_edges": graph.base.edge_count if spans_of(graph) else graph.edge_count},
         "circuit": None if result.measured is None else {
             "picked": result.picked, "wanted": result.wanted, **point_record(result.measured),
             "pairs": result.measured_pairs},
         "nodes": graph.nodes_of(circuit) if circuit is not None else [],
         "connected": graph.connects(circuit) if circuit is not None else None,
         "curve": [point_record(p) for p in result.curve],
-        "edges": [{"sender": graph.senders[s], "receiver": graph.receivers[r], "score": float(result.scores[s, r]),
+        "edges": [{"sender": graph.senders[s], **receiver_record(graph, r), "score": float(result.scores[s, r]),
                    "in_circuit": bool(circuit[s, r]) if circuit is not None else False}
                   for s, r in graph.mask.nonzero().tolist()],
     }
@@ -177,7 +216,7 @@ def record(run: Envelope) -> dict[str, Any]:
 def pair_record(result: PairScores) -> dict[str, Any]:
     """--per-item's record of a pair: its line, metric values and its 10 edges of largest |score|."""
     return {"line": result.line, "clean_value": result.clean_value, "corrupt_value": result.corrupt_value,
-            "top_edges": [{"sender": s, "receiver": r, "score": v} for s, r, v in top_pair_edges(result, 10)]}
+            "top_edges": [pair_edge_record(result.graph, s, r, v) for s, r, v in top_pair_edges(result, 10)]}
 
 
 def page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
@@ -185,7 +224,7 @@ def page_section(run: Envelope, tokenizer: Tokenizer | None) -> dict[str, Any]:
     curve and the top edges."""
     result = run.value
     graph, circuit = result.graph, result.circuit
-    edges = [] if circuit is None else [{"sender": graph.senders[s], "receiver": graph.receivers[r],
+    edges = [] if circuit is None else [{"sender": graph.senders[s], **receiver_record(graph, r),
                                          "score": float(result.scores[s, r])} for s, r in circuit.nonzero().tolist()]
     return {"header": header_lines(run) + measured_lines(run), "layers": graph.layers,
             "heads": graph.heads, "edges": edges, "nodes": graph.nodes_of(circuit) if circuit is not None else [],

@@ -1,6 +1,7 @@
 // tfcli circuit --report: the circuit as a layered graph (a row per layer, input at the bottom, logits at the top;
 // heads then the MLP across; an edge's width by its |score|, blue positive, red negative, its numbers on hover),
-// beside the faithfulness curve; then the edges of largest |score|. Drawn from the section's data only.
+// beside the faithfulness curve; then the edges of largest |score|. Drawn from the section's data only. With
+// --positions spans an edge has its `span` (its hover says it; an edge kept at several spans is drawn once per span).
 "use strict";
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
   circuit: async function (section, s, number, LIB) {
@@ -45,7 +46,7 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
       add(graph, "path", {d: `M${x0},${y0} Q${cx},${cy} ${x1},${y1}`, fill: "none",
                           stroke: e.score >= 0 ? "#2166ac" : "#b2182b",
                           "stroke-width": (0.5 + 5 * Math.abs(e.score) / largest).toFixed(2), "stroke-opacity": 0.7},
-          e.sender + " -> " + e.receiver + ": " + signed(e.score));
+          e.sender + " -> " + e.receiver + (e.span ? " at span " + e.span : "") + ": " + signed(e.score));
     }
     for (const name of [...s.nodes.filter((n) => n !== "logits"), "logits"]) {
       const [x, y] = at(place(name));

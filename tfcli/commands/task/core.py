@@ -10,6 +10,12 @@ lines `tfcli task` writes and `--dataset FILE` reads ({"clean", "corrupt", "targ
 relation;
   corrupt: another subject of the relation whose prompt has as many tokens (its object is the foil).
 
+Each line also names its position spans (`spans`: {"clean": {name: [start, end]}, "corrupt": {...}}, character
+ranges of each text, as `circuit --positions spans` reads them): ioi `io`, `s1`, `s2` (the three name slots) and
+`end` (the last word); greater-than `noun`, `yy` (the start year's last two digits) and `end`; induction `first` (the
+first sequence), `repeat` (its repetition but the last word) and `end`; facts `subject` and `end`. What no span names
+(the template's other words) is the `other` span of docs/datasets.md.
+
 Every line is checked before it is kept, on the tokenizer at hand: the target and foil are single tokens that the
 clean prompt reads as its next token (the prompt's ids with the token's text appended are the prompt's ids and that
 token's), each written as text that `analysis.metric.parse_token` reads back as exactly that token, and the clean and
@@ -144,6 +150,13 @@ class Fact:
         subject = self.subject[:1].upper() + self.subject[1:] if template.startswith("{}") else self.subject
         return template.format(subject)
 
+    @property
+    def spans(self) -> dict[str, list[int]]:
+        """The prompt's spans: the subject and the end."""
+        before, after = FACT_TEMPLATES[self.relation].split("{}")
+        subject = self.prompt[len(before):len(self.prompt) - len(after)]
+        return composed([(before, None), (subject, "subject"), (after, None)])[1]
+
 
 def read_facts(path: Path = FACTS_FILE) -> list[Fact]:
     """The table: a header line, then subject, relation and object separated by tabs."""
@@ -210,10 +223,11 @@ class Reader:
         except TfcliError:
             return False
 
-    def line(self, clean: str, corrupt: str, target: str, foil: str) -> dict[str, str] | None:
+    def line(self, clean: str, corrupt: str, target: str, foil: str, spans: dict | None = None) -> dict | None:
         """The dataset line of a clean and corrupt prompt whose next token is the text `target` (or `foil`), when
         every check passes: target and foil are one token each, different, what the clean prompt reads next (its ids
-        then the token's), written so that parse_token reads them back; and the two prompts are as long."""
+        then the token's), written so that parse_token reads them back; and the two prompts are as long. `spans`:
+        the line's {"clean": {name: [start, end]}, "corrupt": {...}}, written as given."""
         base, with_target, with_foil = self.ids([clean, clean + target, clean + foil])
         if with_target[:-1] != base or with_foil[:-1] != base or with_target[-1] == with_foil[-1]:
             return None
@@ -223,7 +237,24 @@ class Reader:
         clean_length, corrupt_length = self.lengths([clean, corrupt])
         if clean_length != corrupt_length:
             return None
-        return {"clean": clean, "corrupt": corrupt, "target": written[0], "foil": written[1]}
+        line = {"clean": clean, "corrupt": corrupt, "target": written[0], "foil": written[1]}
+        return line if spans is None else line | {"spans": spans}
+
+
+# ---------------------------------------------------------------- position spans
+
+
+def composed(pieces: list[tuple[str, str | None]]) -> tuple[str, dict[str, list[int]]]:
+    """A text made of pieces (text, the span it is, or None) and each named piece's [start, end) characters, with
+    `end` the text's last word (where the metric is read)."""
+    text, spans = "", {}
+    for piece, name in pieces:
+        if name is not None:
+            spans[name] = [len(text), len(text) + len(piece)]
+        text += piece
+    stripped = text.rstrip()
+    spans["end"] = [len(stripped) - len(stripped.split()[-1]), len(stripped)]
+    return text, spans
 
 
 # ---------------------------------------------------------------- the tasks
@@ -332,16 +363,34 @@ class IOI(Task):
                                  f"{self.reader.tokenizer.name}")
         return [drawn["ABBA" if i % 2 == 0 else "BABA"][i // 2] for i in range(n)]  # the orders alternate
 
-    def _line(self, rng: random.Random, order: str, index: int) -> dict[str, str] | None:
+    def _line(self, rng: random.Random, order: str, index: int) -> dict | None:
         template, a, b, nouns = self._prompt(order, index)
         prompt = template.removesuffix(" [A]")
         for slot, word in nouns.items():
             prompt = prompt.replace(slot, word)
-        clean = prompt.replace("[A]", a).replace("[B]", b)
-        others = rng.sample([name for name in self.names if name not in (a, b)], 3)
-        slots = iter(others)  # the three name slots in the order they come: C, D, E
-        corrupt = NAME_SLOT.sub(lambda match: next(slots), prompt)
-        return self.reader.line(clean, corrupt, " " + a, " " + b)
+        parts = NAME_SLOT.split(prompt)  # the text around the three name slots
+        slots = NAME_SLOT.findall(prompt)
+        roles = ["io" if slot == "[A]" else "s1" if slots[:k].count("[B]") == 0 else "s2" for k, slot in
+                 enumerate(slots)]  # the indirect object, the subject, the subject again
+        others = rng.sample([name for name in self.names if name not in (a, b)], 3)  # the corrupt slots' C, D, E
+
+        def text(names: list[str]) -> tuple[str, dict[str, list[int]]]:
+            pieces = [(parts[0], None)]
+            for name, role, after in zip(names, roles, parts[1:]):
+                pieces += [(name, role), (after, None)]
+            return composed(pieces)
+        clean, clean_spans = text([a if slot == "[A]" else b for slot in slots])
+        corrupt, corrupt_spans = text(others)
+        return self.reader.line(clean, corrupt, " " + a, " " + b, {"clean": clean_spans, "corrupt": corrupt_spans})
+
+
+def greater_than_prompt(noun: str, yy: str) -> tuple[str, dict[str, list[int]]]:
+    """GREATER_THAN_TEMPLATE on a noun and two digits, with its spans: the noun, the digits and the end."""
+    before, middle = GREATER_THAN_TEMPLATE.split("{noun}")
+    middle, after = middle.split("{yy}")
+    text, spans = composed([(before, None), (noun, "noun"), (middle, None), (yy, "yy"), (after, None)])
+    assert text == GREATER_THAN_TEMPLATE.format(noun=noun, yy=yy)
+    return text, spans
 
 
 class GreaterThan(Task):
@@ -353,9 +402,10 @@ class GreaterThan(Task):
         kept = []
         for noun in GREATER_THAN_NOUNS:
             for yy in YEARS:
-                clean = GREATER_THAN_TEMPLATE.format(noun=noun, yy=f"{yy:02d}")
-                corrupt = GREATER_THAN_TEMPLATE.format(noun=noun, yy=CORRUPT_YEAR)
-                line = self.reader.line(clean, corrupt, f"{yy + 1:02d}", f"{yy - 1:02d}")
+                clean, clean_spans = greater_than_prompt(noun, f"{yy:02d}")
+                corrupt, corrupt_spans = greater_than_prompt(noun, CORRUPT_YEAR)
+                line = self.reader.line(clean, corrupt, f"{yy + 1:02d}", f"{yy - 1:02d}",
+                                        {"clean": clean_spans, "corrupt": corrupt_spans})
                 if line is not None:
                     kept.append(line)
         if not kept:
@@ -415,6 +465,12 @@ class Induction(Task):
     def text(self, ids: list[int]) -> str:
         return "".join(" " + self.reader.tokenizer.decode([i], skip_special_tokens=False).strip() for i in ids)
 
+    def spans(self, ids: list[int]) -> dict[str, list[int]]:
+        """A prompt's spans: the first sequence, its repetition but the last word, and the last word."""
+        first, repeat = len(self.text(ids[:INDUCTION_LENGTH])), len(self.text(ids[INDUCTION_LENGTH:-1]))
+        whole = len(self.text(ids))  # each word's leading space is left out of its span
+        return {"first": [1, first], "repeat": [first + 1, first + repeat], "end": [first + repeat + 1, whole]}
+
     def draw(self, rng: random.Random, n: int) -> list[dict[str, str]]:
         lines, seen, tries = [], set(), 0
         while len(lines) < n:
@@ -431,7 +487,8 @@ class Induction(Task):
             clean, corrupt = self.text(clean_ids), self.text(corrupt_ids)
             if self.reader.ids([clean, corrupt]) != [clean_ids, corrupt_ids]:  # the text reads as exactly these
                 continue
-            line = self.reader.line(clean, corrupt, self.text([sequence[-1]]), self.text([foil]))
+            line = self.reader.line(clean, corrupt, self.text([sequence[-1]]), self.text([foil]),
+                                    {"clean": self.spans(clean_ids), "corrupt": self.spans(corrupt_ids)})
             if line is not None:
                 lines.append(line)
         return lines
@@ -453,8 +510,8 @@ class Facts(Task):
         self.reader.ids([fact.prompt + " " + other.object for fact in facts for other in [fact, *pairs[fact]]])
         kept = []
         for fact in facts:
-            lines = [self.reader.line(fact.prompt, other.prompt, " " + fact.object, " " + other.object)
-                     for other in pairs[fact]]
+            lines = [self.reader.line(fact.prompt, other.prompt, " " + fact.object, " " + other.object,
+                                      {"clean": fact.spans, "corrupt": other.spans}) for other in pairs[fact]]
             lines = [line for line in lines if line is not None]
             if lines:
                 kept.append((fact, lines))
