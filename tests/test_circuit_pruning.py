@@ -151,3 +151,176 @@ def test_ctrl_c_keeps_the_masks_so_far(checkpoints):
     pruned = pruning.train(model, tokenizer, pairs, "corrupt", pruning.PruningOptions(steps=50, batch=2), progress)
     assert pruned.interrupted and pruned.steps == 3 and len(pruned.kl) == 3
     assert (pruned.log_alpha != pruning.START).any()  # three steps taken
+
+
+# ---------------------------------------------------------------- several methods: the paired bootstrap
+
+
+def test_the_paired_interval_is_the_hand_bootstrap_of_the_same_draws():
+    """The difference of two circuits' faithfulness over the same pairs, and its interval: each of the seeded draws
+    (tfcli's seed, torch's generator) resamples the same pairs for both circuits; the ratio and its 2.5th and 97.5th
+    percentiles recomputed with numpy. The per-circuit values are those CircuitFaithfulness gives."""
+    from types import SimpleNamespace
+
+    from tfcli.analysis.dataset import SEED, Dataset, Done
+    from tfcli.commands.circuit import compare
+    from tfcli.commands.circuit.core import CircuitFaithfulness
+
+    rng = np.random.default_rng(3)
+    n, resamples = 17, 1000
+    clean, empty = rng.normal(4, 1, n), rng.normal(0.5, 0.5, n)
+    first = empty + rng.uniform(0, 1, n) * (clean - empty)
+    second = first + rng.normal(0.1, 0.1, n) * (clean - empty)  # two circuits' values go together, pair by pair
+    pairs = [SimpleNamespace(line=k + 1) for k in range(n)]
+    a, b = torch.zeros(2, 3, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.bool)
+    a[0, 0], b[1, 2] = True, True
+    table = {compare.Faithfulness.key(a): first, compare.Faithfulness.key(b): second}
+
+    def rows(circuits, ends, over):
+        values = torch.tensor(np.stack([table[compare.Faithfulness.key(c)] for c in circuits], 1))
+        return compare.Rows([p.line for p in pairs], torch.tensor(clean), torch.tensor(empty), values, False, over)
+    runs = compare.Faithfulness(rows, Dataset("", pairs, 0, resamples))
+    measured = runs([a, b])
+    value, low, high = runs.difference(b, a)
+
+    drawn = torch.randint(n, (resamples, n), generator=torch.Generator().manual_seed(SEED)).numpy()
+    gaps = clean - empty
+    ratios = np.array([(second[d] - first[d]).sum() / gaps[d].sum() for d in drawn])
+    assert value == pytest.approx((second - first).sum() / gaps.sum(), abs=1e-12)
+    assert [low, high] == pytest.approx(list(np.percentile(ratios, [2.5, 97.5])), abs=1e-12)
+    assert value == pytest.approx(measured.values[1] - measured.values[0], abs=1e-12)
+    # an interval from independent draws for each circuit is another, wider: the pairing matters
+    other = torch.randint(n, (resamples, n), generator=torch.Generator().manual_seed(SEED + 1)).numpy()
+    unpaired = np.array([(second[d].sum() - empty[d].sum()) / gaps[d].sum() - (first[e].sum() - empty[e].sum())
+                         / gaps[e].sum() for d, e in zip(drawn, other)])
+    assert np.percentile(unpaired, 97.5) - np.percentile(unpaired, 2.5) > 2 * (high - low)
+    single = CircuitFaithfulness([a, b]).aggregate(
+        Done(zip(pairs, [(c, e, [x, y]) for c, e, x, y in zip(clean, empty, first, second)])),
+        Dataset("", pairs, 0, resamples))
+    assert single.values == pytest.approx(measured.values, abs=1e-12)
+    assert single.lows == pytest.approx(measured.lows, abs=1e-12)
+    assert single.highs == pytest.approx(measured.highs, abs=1e-12)
+
+
+# ---------------------------------------------------------------- the command
+
+from test_circuit import KEYS, one_error  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def compared(checkpoints, dataset):
+    """The three-method run on the tiny GPT-2 (arguments and its JSON record), run once."""
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    path, _ = checkpoints("gpt2")
+    args = ["circuit", "-m", str(path), "--dataset", str(dataset), "--method", "eap,eap-ig-inputs,edge-pruning",
+            "--steps", "40", "--target-edges", "20", "--sizes", "5,20,1000"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return args, json.loads(result.stdout)
+
+
+def test_several_methods_json_has_each_methods_record_and_the_differences(compared, checkpoints, dataset):
+    args, record = compared
+    assert list(record) == ["methods", "differences", "measured_pairs"]
+    assert [m["method"] for m in record["methods"]] == ["eap", "eap-ig-inputs", "edge-pruning"]
+    for method in record["methods"]:
+        assert list(method) == KEYS and method["n"] == 12 and [p["edges"] for p in method["curve"]] == [5, 20, 110]
+    pruned = record["methods"][2]
+    assert list(pruned["pruning"]) == ["steps", "steps_run", "target_edges", "expected_edges", "kl", "interrupted"]
+    assert pruned["pruning"]["steps_run"] == 40 and pruned["circuit"]["picked"] == "pruned"
+    assert sum(e["in_circuit"] for e in pruned["edges"]) == pruned["circuit"]["edges"]
+    assert record["methods"][0]["pruning"] is None
+    assert list(record["differences"][0]) == ["method", "minus", "edges", "difference", "interval"]
+    assert [(d["method"], d["minus"]) for d in record["differences"][::3]] == [
+        ("eap-ig-inputs", "eap"), ("edge-pruning", "eap"), ("edge-pruning", "eap-ig-inputs")]
+    curves = {m["method"]: {p["edges"]: p["faithfulness"] for p in m["curve"]} for m in record["methods"]}
+    for d in record["differences"]:
+        assert d["difference"] == pytest.approx(curves[d["method"]][d["edges"]] - curves[d["minus"]][d["edges"]],
+                                                abs=1e-9)
+        if d["edges"] == 110:  # the whole graph for both
+            assert d["interval"] == pytest.approx([0, 0], abs=1e-9)
+        else:
+            assert d["interval"][0] <= d["difference"] <= d["interval"][1]
+    # the found circuit measured as any other: the same faithfulness as --edges with its edges
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("".join(f"{e['sender']} -> {e['receiver']}\n" for e in pruned["edges"] if e["in_circuit"]))
+    path, _ = checkpoints("gpt2")
+    from typer.testing import CliRunner
+
+    from tfcli.cli import app
+
+    again = json.loads(CliRunner().invoke(app, ["circuit", "-m", str(path), "--dataset", str(dataset), "--edges",
+                                                f.name, "--sizes", "5", "--json"]).stdout)
+    assert again["circuit"]["faithfulness"] == pytest.approx(pruned["circuit"]["faithfulness"], abs=1e-9)
+    assert again["circuit"]["interval"] == pytest.approx(pruned["circuit"]["interval"], abs=1e-9)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("colour", [True, False])
+def test_the_comparison_view_fits_the_width_and_keeps_every_number(cli, compared, width, colour):
+    import re
+
+    args, record = compared
+    result = cli(*args, "--width", str(width), "--color" if colour else "--no-color",
+                 env={"NO_COLOR": "1"} if not colour else None)
+    assert result.exit_code == 0, result.stderr
+    text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+    assert ("\x1b[" in result.stdout) == colour
+    assert max(len(line) for line in text.splitlines()) <= width
+    flat = " ".join(text.split())
+    for method in record["methods"]:
+        for p in method["curve"] + [method["circuit"]]:
+            assert f"{p['faithfulness']:.3f}" in flat
+            if p["interval"]:
+                assert f"[{p['interval'][0]:.3f}, {p['interval'][1]:.3f}]" in flat
+    for d in record["differences"]:
+        assert f"{d['difference']:+.3f} [{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]" in flat
+    assert "edge-pruning - eap-ig-inputs" in flat and "40 training steps towards 20 edges" in flat
+
+
+def test_the_comparison_report_page_and_figure(cli, compared, tmp_path):
+    args, record = compared
+    page, figure = tmp_path / "compare.html", tmp_path / "compare.svg"
+    for report in (page, figure):
+        result = cli(*args, "--report", str(report))
+        assert result.exit_code == 0, result.stderr
+    text = page.read_text()
+    assert '"compared":true' in text and '"differences":[' in text and "compared(section" in text
+    svg = figure.read_text()
+    assert "edge-pruning - eap-ig-inputs" in svg and "difference of faithfulness" in svg
+
+
+def test_edge_pruning_alone_is_one_methods_run(cli, checkpoints, dataset):
+    path, _ = checkpoints("gpt2")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--method", "edge-pruning", "--steps", "5",
+                 "--target-edges", "30", "--top", "12", "--sizes", "5,20", "--json")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert list(record) == KEYS and record["method"] == "edge-pruning" and record["circuit"]["picked"] == "top"
+    assert record["circuit"]["edges"] == 12 and record["pruning"]["steps"] == 5
+    scores = [e["score"] for e in record["edges"]]
+    assert all(0 < s < 1 for s in scores)  # each edge's probability of being kept
+    view = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--method", "edge-pruning", "--steps", "5",
+               "--target-edges", "30", "--sizes", "5")
+    assert view.exit_code == 0 and "the edges Edge Pruning's masks keep, trained towards 30" in " ".join(
+        view.stdout.split()), view.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "eap,magic"], "method must be one of eap, eap-ig-inputs, eap-ig-activations, exact, edge-pruning"),
+    (["--method", "eap,eap"], "names a method twice"),
+    (["--method", "edge-pruning", "--steps", "0"], "--steps must be 1 or more"),
+    (["--method", "edge-pruning", "--target-edges", "0"], "--target-edges must be 1 to the graph's 110 edges"),
+    (["--method", "edge-pruning", "--target-edges", "111"], "--target-edges must be 1 to the graph's 110 edges"),
+    (["--method", "edge-pruning", "--per-item"], "--per-item shows one method's scores"),
+    (["--method", "eap,exact", "--graph-out", "g.json"], "--graph-out writes one method's graph"),
+])
+def test_bad_options_are_one_error_line_before_any_model(cli, checkpoints, dataset, no_model_built, args, message):
+    path, _ = checkpoints("gpt2")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), *args)
+    assert one_error(result) and message in result.stderr, result.stderr
