@@ -205,6 +205,7 @@ def test_the_paired_interval_is_the_hand_bootstrap_of_the_same_draws():
 # ---------------------------------------------------------------- the command
 
 from test_circuit import KEYS, one_error  # noqa: E402
+from test_report_browser import browser  # noqa: E402, F401 (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -229,8 +230,10 @@ def test_several_methods_json_has_each_methods_record_and_the_differences(compar
     for method in record["methods"]:
         assert list(method) == KEYS and method["n"] == 12 and [p["edges"] for p in method["curve"]] == [5, 20, 110]
     pruned = record["methods"][2]
-    assert list(pruned["pruning"]) == ["steps", "steps_run", "target_edges", "expected_edges", "kl", "interrupted"]
+    assert list(pruned["pruning"]) == ["steps", "steps_run", "target_edges", "expected_edges", "kl", "interrupted",
+                                       "kl_by_step", "expected_edges_by_step"]
     assert pruned["pruning"]["steps_run"] == 40 and pruned["circuit"]["picked"] == "pruned"
+    assert len(pruned["pruning"]["kl_by_step"]) == len(pruned["pruning"]["expected_edges_by_step"]) == 40
     assert sum(e["in_circuit"] for e in pruned["edges"]) == pruned["circuit"]["edges"]
     assert record["methods"][0]["pruning"] is None
     assert list(record["differences"][0]) == ["method", "minus", "edges", "difference", "interval"]
@@ -283,16 +286,27 @@ def test_the_comparison_view_fits_the_width_and_keeps_every_number(cli, compared
     assert "edge-pruning - eap-ig-inputs" in flat and "40 training steps towards 20 edges" in flat
 
 
-def test_the_comparison_report_page_and_figure(cli, compared, tmp_path):
+def test_the_comparison_report_page_and_figure(cli, compared, tmp_path, browser):
+    """The page drawn in Chromium: a curve per method, the curves' and the differences' tables with every number;
+    the figure: both panels."""
+    from test_report_browser import open_page
+
     args, record = compared
-    page, figure = tmp_path / "compare.html", tmp_path / "compare.svg"
-    for report in (page, figure):
+    page_path, figure = tmp_path / "compare.html", tmp_path / "compare.svg"
+    for report in (page_path, figure):
         result = cli(*args, "--report", str(report))
         assert result.exit_code == 0, result.stderr
-    text = page.read_text()
-    assert '"compared":true' in text and '"differences":[' in text and "compared(section" in text
     svg = figure.read_text()
     assert "edge-pruning - eap-ig-inputs" in svg and "difference of faithfulness" in svg
+    page = open_page(browser, page_path)
+    assert page.errors == []
+    assert page.locator("polyline").count() == 3
+    text = " ".join(page.text_content("body").split())
+    for d in record["differences"]:
+        assert f"{d['difference']:+.3f} [{d['interval'][0]:+.3f}, {d['interval'][1]:+.3f}]" in text
+    for method in record["methods"]:
+        for p in method["curve"]:
+            assert f"{p['faithfulness']:.3f} [{p['interval'][0]:.3f}, {p['interval'][1]:.3f}]" in text
 
 
 def test_edge_pruning_alone_is_one_methods_run(cli, checkpoints, dataset):

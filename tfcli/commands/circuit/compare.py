@@ -145,8 +145,8 @@ class Faithfulness:
 
         values = torch.stack([self.kept[self.key(c)] for c in circuits], 1)
         score, low, high = ratio_of_means(values - self.empty[:, None], self.clean - self.empty, self.resamples)
-        return Measured(score.tolist(), None if low is None else low.tolist(), None if high is None else high.tolist(),
-                        len(self.clean), False, dict(self.ends))
+        score, low, high = (None if x is None else (x + 0.0).tolist() for x in (score, low, high))  # no -0.0
+        return Measured(score, low, high, len(self.clean), False, dict(self.ends))
 
     def difference(self, later: Tensor, earlier: Tensor) -> tuple[float, float | None, float | None]:
         """faithfulness(later) - faithfulness(earlier) over the same pairs, with the paired bootstrap interval (None
@@ -155,7 +155,8 @@ class Faithfulness:
 
         gained = (self.kept[self.key(later)] - self.kept[self.key(earlier)])[:, None]
         value, low, high = ratio_of_means(gained, self.clean - self.empty, self.resamples)
-        return float(value[0]), None if low is None else float(low[0]), None if high is None else float(high[0])
+        value, low, high = (None if x is None else float(x[0]) + 0.0 for x in (value, low, high))  # no -0.0
+        return value, low, high
 
 
 # ---------------------------------------------------------------- several methods

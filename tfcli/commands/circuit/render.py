@@ -193,7 +193,8 @@ def training_record(training: Any) -> dict[str, Any] | None:
         return None
     return {"steps": training.planned, "steps_run": training.steps, "target_edges": training.target_edges,
             "expected_edges": training.kept[-1] if training.kept else None,
-            "kl": training.kl[-1] if training.kl else None, "interrupted": training.interrupted}
+            "kl": training.kl[-1] if training.kl else None, "interrupted": training.interrupted,
+            "kl_by_step": training.kl, "expected_edges_by_step": training.kept}
 
 
 def pair_record(result: PairScores) -> dict[str, Any]:
