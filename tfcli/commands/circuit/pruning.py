@@ -246,7 +246,7 @@ def train(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], coun
                 loss.backward()
             masks.step()
             multipliers.step()
-            kl, kept = float(kl.detach()), float(kept.detach())
+            kl, kept = max(float(kl.detach()), 0.0), float(kept.detach())  # a KL of -1e-9 (rounding) is 0
             pruned.kl.append(kl)
             pruned.kept.append(kept)
             pruned.steps = step + 1
