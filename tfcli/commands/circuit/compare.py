@@ -192,7 +192,10 @@ def compared(circuits: list[Circuit], options: CircuitOptions, runs: Faithfulnes
         mine = dataclasses.replace(options, method=result.method)
         if result.training is not None:
             mine = pruned(result, result.training, mine)
-        measure(result, mine, runs, note, interrupted)
+        said = note
+        if note is not None and len(circuits) > 1:  # --faithful's steps, each method's named
+            said = (lambda text, method=result.method: note(f"{method}: {text}"))
+        measure(result, mine, runs, said, interrupted)
     differences = []
     graph = circuits[0].graph
     sizes = curve_sizes(graph, options.sizes)
