@@ -526,7 +526,7 @@ def dataset(tmp_path_factory):
     return path
 
 
-KEYS = ["method", "ig_steps", "counterfactual", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
+KEYS = ["method", "ig_steps", "pruning", "counterfactual", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
         "interrupted", "positions", "spans", "size_unit", "graph", "circuit", "nodes", "connected", "curve", "edges"]
 
 

@@ -291,6 +291,7 @@ def test_bad_spans_are_one_error_line(cli, tmp_path, checkpoints):
     edges.write_text("input -> logits@nowhere\n")
     assert "no span `nowhere`" in bad(cli, tmp_path, path, good, "--edges", str(edges), code=1)  # a file's fault
     assert "eap or eap-ig-inputs" in bad(cli, tmp_path, path, good, "--method", "exact")
+    assert "one method at a time" in bad(cli, tmp_path, path, good, "--method", "eap,eap-ig-inputs")
     run = cli("circuit", "-m", str(path), "--edges", str(edges), "--dataset", str(tmp_path / "bad.jsonl"))
     assert run.exit_code == 1 and "--positions spans" in run.stderr and "Traceback" not in run.stderr
     single = cli("circuit", "-m", str(path), "--positions", "spans", "--target", "mary", CLEAN[0][0], CORRUPT[0])

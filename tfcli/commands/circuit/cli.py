@@ -37,9 +37,18 @@ def circuit(
     position: PositionOption = None,
     method: Annotated[str, typer.Option(metavar="METHOD", help="eap (edge attribution patching), eap-ig-inputs "
                                         "(with integrated gradients on the inputs), eap-ig-activations (on each "
-                                        "layer's outputs) or exact (each edge patched: small models).")] = "eap",
+                                        "layer's outputs), exact (each edge patched: small models) or edge-pruning "
+                                        "(a mask per edge trained for faithfulness); several, comma-separated "
+                                        "(eap,eap-ig-inputs,edge-pruning): each one's curve over the same pairs and "
+                                        "the paired intervals of their differences.")] = "eap",
     ig_steps: Annotated[int, typer.Option(metavar="N", help="eap-ig-inputs, eap-ig-activations: the points between "
                                           "the counterfactual and the clean values.")] = 5,
+    steps: Annotated[int, typer.Option(metavar="N", help="edge-pruning: the masks' training steps (a batch of 8 "
+                                       "pairs each; Ctrl-C stops the training and keeps the masks so far).")] = 200,
+    target_edges: Annotated[int | None, typer.Option(metavar="N", help="edge-pruning: the edges the masks are "
+                                                     "trained to keep (the circuit picked without --top, --faithful "
+                                                     "or --edges; default 1,000, or the graph's edges if "
+                                                     "fewer).")] = None,
     counterfactual: Annotated[str, typer.Option(metavar="KIND", help="What an edge is patched to: corrupt (the "
                                                 "sender's output on the corrupt text) or mean (its mean over the "
                                                 "clean text's positions but the first, the attention sink, which "
@@ -77,7 +86,7 @@ def circuit(
       tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --method eap-ig-inputs \\
           --top 200 --graph-out circuit.json --report circuit.html
     """
-    from tfcli.commands.circuit import core, graph_file
+    from tfcli.commands.circuit import compare, core, graph_file
     from tfcli.analysis.dataset import Dataset, line_of
     from tfcli.analysis.pairs import PAIR_LINE, check_pair
     from tfcli.commands.circuit import render
@@ -94,7 +103,8 @@ def circuit(
     cluster = data.cluster(data.dataset is not None, "a --dataset")
     options = core.CircuitOptions(method=method, steps=ig_steps, top=top, faithful=faithful, edges=None,
                                   edges_file=None if edges is None else str(edges), sizes=core.parse_sizes(sizes),
-                                  counterfactual=counterfactual, positions=positions)
+                                  counterfactual=counterfactual, positions=positions,
+                                  train_steps=steps, target_edges=target_edges)
     if data.dataset is not None:
         if clean is not None:
             raise usage_error("give CLEAN CORRUPT or --dataset, not both")
@@ -118,7 +128,14 @@ def circuit(
         options.span_edges = graph_file.read_edges(str(edges), graph, spans=True)
     elif edges is not None:
         options.edges = graph_file.read_edges(str(edges), graph)
-    analysis = core.CircuitScores(options, graph)
+    several = len(options.methods) > 1
+    if compare.PRUNING in options.methods or several:
+        if data.per_item:
+            raise usage_error("--per-item shows one method's scores of each pair: give one --method other than "
+                              "edge-pruning (its masks are trained over all the pairs)", parameter="per_item")
+        if graph_out is not None and several:
+            raise usage_error("--graph-out writes one method's graph: give one --method", parameter="graph_out")
+    analysis = compare.first_stage(options, graph)
     random_means = "these edges say nothing about a trained model"
 
     def measure(session, scored) -> None:
@@ -130,13 +147,59 @@ def circuit(
             done = session.run(core.CircuitFaithfulness(circuits, options.counterfactual, ends, result.graph), pairs,
                                stage="faithfulness")
             return done.value if done.value is not None else core.Measured([], None, None, 0, True)
-        core.measure(result, options, faithfulness, say, scored.interrupted)
-        if graph_out is not None:
-            write_text(graph_out, json.dumps(graph_file.reference_json(result, session.model.config.hidden_size)))
+        if options.methods != [result.method] or result.method == compare.PRUNING:
+            scored.value = several_methods(session, scored)
+        else:
+            core.measure(result, options, faithfulness, say, scored.interrupted)
+        if graph_out is not None:  # one method's Circuit (several are refused above)
+            write_text(graph_out, json.dumps(graph_file.reference_json(scored.value,
+                                                                       session.model.config.hidden_size)))
 
-    views = (View(out, render.pair_record, lambda result, number: render.pair_lines(result, out.width, color)),
-             View(out, render.record, lambda run, number: render.circuit_lines(run, out.width, color, show),
-                  of_run=True))
+    def several_methods(session, scored):
+        """edge-pruning, or several methods: each method's scores over the first stage's pairs (edge-pruning: its
+        masks trained), then each one's circuit and curve and their paired differences (compare.py). One method:
+        its Circuit; several: their Comparison."""
+        import dataclasses
+
+        from tfcli.commands.circuit import pruning
+
+        first, pairs = scored.value, scored.dataset()
+        circuits = []
+        for method in options.methods:
+            if method == compare.PRUNING:
+                with session.progress("edge pruning", "steps") as progress:
+                    trained = pruning.train(session.model, session.tokenizer, pairs.items, options.counterfactual,
+                                            pruning.PruningOptions(steps=options.train_steps,
+                                                                   target_edges=options.target_edges or
+                                                                   pruning.TARGET_EDGES), progress)
+                session.interrupted |= trained.interrupted
+                circuits.append(dataclasses.replace(first, method=method, training=trained))
+            elif method == first.method:
+                circuits.append(first)
+            else:
+                done = session.run(core.CircuitScores(dataclasses.replace(options, method=method), graph), pairs,
+                                   stage=method)
+                if done.value is None:
+                    say(f"{method}: interrupted before any pair was scored; left out")
+                    continue
+                circuits.append(done.value)
+
+        def rows(circuits, ends, over):
+            done = session.run(compare.RowsOf(circuits, options.counterfactual, ends), over, stage="faithfulness")
+            return done.value
+        runs = compare.Faithfulness(rows, pairs)
+        comparison = compare.compared(circuits, options, runs, say, scored.interrupted or session.interrupted)
+        return comparison if several else circuits[0]
+
+    if several:
+        from tfcli.commands.circuit import render_compare
+
+        views = (None, View(out, render_compare.record, lambda run, number: render_compare.lines(run, out.width, color),
+                            of_run=True, report=(render_compare.page_section, render_compare.figure)))
+    else:
+        views = (View(out, render.pair_record, lambda result, number: render.pair_lines(result, out.width, color)),
+                 View(out, render.record, lambda run, number: render.circuit_lines(run, out.width, color, show),
+                      of_run=True))
     if data.dataset is not None:
         run_dataset(analysis, source, data.options(cluster), run, views, random_means, after=measure)
         return

@@ -22,6 +22,7 @@ from tfcli.commands.circuit import spans
 from tfcli.commands.circuit.edges import (COUNTERFACTUALS, METHODS, Graph, batch_of, circuit_metrics, circuit_of,
                                           graph_of, scores_of)
 from tfcli.commands.circuit.spans import greedy_order
+from tfcli.commands.circuit.pruning import METHOD as PRUNING
 from tfcli.analysis.metric import Token, check_head, parse_metric
 from tfcli.analysis.pairs import OverPairs, Pair
 from tfcli.errors import TfcliError, usage_error
@@ -73,19 +74,39 @@ class CircuitOptions:
     counterfactual: str = "corrupt"  # what an edge is patched to: the corrupt run's outputs, or the clean ones' means
     positions: str = "all"  # "spans": every edge scored and kept per position span (spans.py)
     span_edges: list[tuple[int, int, str | None]] | None = None  # --edges with --positions spans, spans unchecked
+    train_steps: int = 200  # edge-pruning: the masks' training steps (pruning.py) ...
+    target_edges: int | None = None  # ... and the edges they are trained to keep (None: 1,000, or the graph's)
+
+    @property
+    def methods(self) -> list[str]:
+        """--method's methods: one, or several compared on the same pairs (compare.py)."""
+        return [part.strip() for part in self.method.split(",")]
 
 
 def check_options(config: ModelConfig, options: CircuitOptions) -> None:
     """The model and the options, before any model is built."""
     check_model(config)
-    if options.method not in METHODS:
-        raise usage_error(f"method must be one of {', '.join(METHODS)}, got `{options.method}`", parameter="method")
+    names = METHODS + (PRUNING,)
+    for method in options.methods:
+        if method not in names:
+            raise usage_error(f"method must be one of {', '.join(names)} (or several, comma-separated), got "
+                              f"`{method}`", parameter="method")
+    if len(set(options.methods)) < len(options.methods):
+        raise usage_error(f"--method `{options.method}` names a method twice", parameter="method")
+    if options.train_steps < 1:
+        raise usage_error(f"--steps must be 1 or more, got {options.train_steps}", parameter="steps")
+    edge_count = graph_of(config).edge_count
+    if options.target_edges is not None and not 1 <= options.target_edges <= edge_count:
+        raise usage_error(f"--target-edges must be 1 to the graph's {edge_count:,} edges, got {options.target_edges:,}",
+                          parameter="target_edges")
     if options.counterfactual not in COUNTERFACTUALS:
         raise usage_error(f"--counterfactual must be one of {', '.join(COUNTERFACTUALS)}, got "
                           f"`{options.counterfactual}`", parameter="counterfactual")
     if options.positions not in spans.POSITIONS:
         raise usage_error(f"--positions must be one of {', '.join(spans.POSITIONS)}, got `{options.positions}`",
                           parameter="positions")
+    if options.positions == "spans" and len(options.methods) > 1:
+        raise usage_error("--positions spans takes one method at a time, not several", parameter="method")
     if options.positions == "spans" and options.method not in spans.SPAN_METHODS:
         raise usage_error(f"--positions spans scores with {' or '.join(spans.SPAN_METHODS)}, not {options.method}",
                           parameter="method")
@@ -171,6 +192,7 @@ class Circuit:
     curve: list[CurvePoint] = field(default_factory=list)
     measured_pairs: int = 0  # the pairs the faithfulness is over (fewer than the scores' after a Ctrl-C)
     counterfactual: str = "corrupt"  # corrupt_value is m(empty): with "mean", every edge patched to the means
+    training: Any = None  # edge-pruning: its training (pruning.Pruned)
 
     def top_edges(self, count: int | None = None) -> list[tuple[str, str, float, bool]]:
         """(sender, receiver, score, in the circuit) of the edges by |score|, largest first (ties in graph order)."""

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 DEFAULT_TOP = 20  # edges listed
 METHODS = {"eap": "edge attribution patching (EAP)", "eap-ig-inputs": "EAP with integrated gradients on the inputs",
            "eap-ig-activations": "EAP with integrated gradients on each layer's outputs",
-           "exact": "exact patching of each edge"}
+           "exact": "exact patching of each edge",
+           "edge-pruning": "Edge Pruning (a hard-concrete mask per edge trained for faithfulness)"}
 
 
 def signed(value: float) -> str:
@@ -48,12 +49,23 @@ def quantity(result: Circuit) -> str:
 
 
 def method_words(result: Circuit) -> str:
+    if result.training is not None:
+        return METHODS[result.method] + ", " + training_words(result.training)
     return METHODS[result.method] + (f", {result.steps} steps" if result.method.startswith("eap-ig") else "")
+
+
+def training_words(training: Any) -> str:
+    """edge-pruning's training in words: its steps, its target and where it ended."""
+    stopped = f" (stopped by Ctrl-C after {training.steps:,} of {training.planned:,})" if training.interrupted else ""
+    last = f", last KL {training.kl[-1]:.4f} with {training.kept[-1]:,.0f} edges expected kept" if training.kl else ""
+    return f"{training.steps:,} training steps{stopped} towards {training.target_edges:,} edges{last}"
 
 
 def picked_words(result: Circuit) -> str:
     if result.picked == "edges":
         return f"the edges of {result.wanted}"
+    if result.picked == "pruned":
+        return f"the edges Edge Pruning's masks keep, trained towards {result.wanted:,}"
     if result.picked == "faithful":
         return f"the smallest greedy circuit found reaching a faithfulness of {result.wanted:g}"
     return f"the greedy top {result.wanted:,} edges"
@@ -190,6 +202,7 @@ def record(run: Envelope) -> dict[str, Any]:
     graph, circuit = result.graph, result.circuit
     return {
         "method": result.method, "ig_steps": result.steps if result.method.startswith("eap-ig") else None,
+        "pruning": training_record(result.training),
         "counterfactual": result.counterfactual,
         "target": token_record(result.target), "foil": token_record(result.foil),
         "clean_value": result.clean_value, "corrupt_value": result.corrupt_value,
@@ -211,6 +224,16 @@ def record(run: Envelope) -> dict[str, Any]:
                    "in_circuit": bool(circuit[s, r]) if circuit is not None else False}
                   for s, r in graph.mask.nonzero().tolist()],
     }
+
+
+def training_record(training: Any) -> dict[str, Any] | None:
+    """edge-pruning's training (None for the other methods)."""
+    if training is None:
+        return None
+    return {"steps": training.planned, "steps_run": training.steps, "target_edges": training.target_edges,
+            "expected_edges": training.kept[-1] if training.kept else None,
+            "kl": training.kl[-1] if training.kl else None, "interrupted": training.interrupted,
+            "kl_by_step": training.kl, "expected_edges_by_step": training.kept}
 
 
 def pair_record(result: PairScores) -> dict[str, Any]:

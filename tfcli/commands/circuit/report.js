@@ -1,10 +1,78 @@
 // tfcli circuit --report: the circuit as a layered graph (a row per layer, input at the bottom, logits at the top;
 // heads then the MLP across; an edge's width by its |score|, blue positive, red negative, its numbers on hover),
-// beside the faithfulness curve; then the edges of largest |score|. Drawn from the section's data only. With
-// --positions spans an edge has its `span` (its hover says it; an edge kept at several spans is drawn once per span).
+// beside the faithfulness curve; then the edges of largest |score|. With --positions spans an edge has its `span`
+// (its hover says it; an edge kept at several spans is drawn once per span). Several methods (`s.compared`): each
+// method's curve on one chart, a table of the curves and one of the paired differences (`compared`). Drawn from the
+// section's data only.
 "use strict";
+const NS_SVG = "http://www.w3.org/2000/svg";
+function compared(section, s, LIB) {
+  const {el} = LIB;
+  const count = (n) => n.toLocaleString("en-US");
+  const share = (p) => p ? p.faithfulness.toFixed(3) + (p.interval ? " [" + p.interval[0].toFixed(3) + ", " +
+    p.interval[1].toFixed(3) + "]" : "") : "";
+  const signed = (v) => (v >= 0 ? "+" : "") + v.toFixed(3);
+  section.append(el("h2", {}, s.header[0]), ...s.header.slice(1).map((line) => el("p", {}, line)));
+  for (const m of s.methods) {
+    section.append(el("p", {}, el("b", {style: "color:" + m.colour}, m.method), ": " + m.words),
+                   ...m.lines.map((line) => el("p", {style: "margin-left:1.5em"}, line)));
+  }
+  const add = (svg, tag, attrs, tip) => {
+    const node = document.createElementNS(NS_SVG, tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+    if (tip) node.append(Object.assign(document.createElementNS(NS_SVG, "title"), {textContent: tip}));
+    svg.append(node);
+    return node;
+  };
+  const points = s.methods.flatMap((m) => m.curve);
+  if (points.length) {
+    const cw = 520, ch = 280, cp = 44, chart = document.createElementNS(NS_SVG, "svg");
+    chart.setAttribute("width", cw);
+    chart.setAttribute("height", ch);
+    const xs = points.map((p) => Math.log10(p.edges)), lo = Math.min(...xs), hi = Math.max(...xs, lo + 1);
+    const values = points.flatMap((p) => [p.faithfulness, ...(p.interval || [])]);
+    const ylo = Math.min(0, ...values), yhi = Math.max(1, ...values);
+    const X = (v) => cp + (Math.log10(v) - lo) / (hi - lo) * (cw - 2 * cp);
+    const Y = (v) => ch - cp - (v - ylo) / (yhi - ylo) * (ch - 2 * cp);
+    add(chart, "line", {x1: cp, y1: Y(1), x2: cw - cp, y2: Y(1), stroke: "#bbb", "stroke-dasharray": "3 3"});
+    s.methods.forEach((m, k) => {
+      const shift = (k - (s.methods.length - 1) / 2) * 4;  // side by side, so that the intervals do not overlap
+      add(chart, "polyline", {points: m.curve.map((p) => (X(p.edges) + shift) + "," + Y(p.faithfulness)).join(" "),
+                              fill: "none", stroke: m.colour});
+      for (const p of m.curve) {
+        if (p.interval) add(chart, "line", {x1: X(p.edges) + shift, x2: X(p.edges) + shift, y1: Y(p.interval[0]),
+                                            y2: Y(p.interval[1]), stroke: m.colour, "stroke-opacity": 0.6});
+        add(chart, "circle", {cx: X(p.edges) + shift, cy: Y(p.faithfulness), r: 4, fill: m.colour},
+            m.method + ", " + count(p.edges) + " edges: faithfulness " + share(p));
+      }
+      add(chart, "text", {x: cw - cp + 4, y: cp + 14 * k, "font-size": 10, fill: m.colour}).textContent = m.method;
+    });
+    const sizes = [...new Set(points.map((p) => p.edges))].sort((a, b) => a - b);
+    for (const size of sizes) {
+      add(chart, "text", {x: X(size), y: ch - cp + 14, "font-size": 10, "text-anchor": "middle"}).textContent = count(size);
+    }
+    for (const v of [ylo, yhi, 1, 0].filter((v, i, all) => all.indexOf(v) === i)) {
+      add(chart, "text", {x: cp - 4, y: Y(v) + 3, "font-size": 10, "text-anchor": "end"}).textContent = v.toFixed(2);
+    }
+    add(chart, "text", {x: cw / 2, y: ch - 6, "font-size": 11, "text-anchor": "middle"}).textContent = "edges";
+    add(chart, "text", {x: 4, y: cp - 14, "font-size": 11}).textContent = "faithfulness";
+    section.append(el("div", {}, chart));
+    const table = (title, heads, rows) => section.append(el("h3", {}, title), el("table", {class: "labels"},
+      el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))),
+      el("tbody", {}, ...rows.map((row) => el("tr", {}, ...row.map((cell) => el("td", {}, cell)))))));
+    table("faithfulness of each method's greedy circuits by size [95% interval]", ["edges", ...s.methods.map((m) => m.method)],
+          sizes.map((size) => [count(size), ...s.methods.map((m) => share(m.curve.find((p) => p.edges === size)))]));
+    const pairs = [...new Set(s.differences.map((d) => d.method + " - " + d.minus))];
+    table("paired differences of faithfulness (the same pairs resampled for both) [95% interval]", ["edges", ...pairs],
+          sizes.map((size) => [count(size), ...pairs.map((name) => {
+            const d = s.differences.find((d) => d.edges === size && d.method + " - " + d.minus === name);
+            return d ? signed(d.difference) + (d.interval ? " [" + signed(d.interval[0]) + ", " + signed(d.interval[1]) + "]" : "") : "";
+          })]));
+  }
+}
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
   circuit: async function (section, s, number, LIB) {
+    if (s.compared) return compared(section, s, LIB);
     const {el} = LIB;
     const NS = "http://www.w3.org/2000/svg";
     const signed = (v) => (v >= 0 ? "+" : "") + v.toFixed(4);  // the terminal's precision
