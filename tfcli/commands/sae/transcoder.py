@@ -6,7 +6,8 @@ normalises it: `hook_mlp_out`), written in circuit-tracer's transcoder-set forma
 Training is sae train's top-k (Gao et al. 2024; core.py) with the target the MLP's output: features f = TopK_k(ReLU(
 x W_enc + b_enc)), prediction y^ = f W_dec + b_dec (+ x W_skip^T with `skip`), loss per layer the fraction of the
 output's variance unexplained, |Y - Y^|^2 / |Y - mean(Y)|^2, plus 1/32 of AuxK over the dead latents; the decoder's
-rows kept at unit norm, Adam. x and y are divided by their layer's scale (the first buffer's mean norm over sqrt(d)).
+rows kept at unit norm, Adam (torch's fused kernel: 10 times faster
+on a CPU than its loop over the 46 M parameters of SmolLM2's 30 layers). x and y are divided by their layer's scale (the first buffer's mean norm over sqrt(d)).
 All layers train at once as stacked tensors (L, ...): the layers share no parameter, and Adam is elementwise, so this
 is L independent trainings.
 
@@ -232,14 +233,14 @@ def thresholds(pre: Tensor, k: int) -> Tensor:
     the two pre-activations it separates (no token sits on it), at least 0."""
     values, indices = pre.topk(k, dim=-1)
     chosen = torch.zeros_like(pre, dtype=torch.bool).scatter_(-1, indices, values > 0)
-    ordered, order = pre.sort(0)
-    chosen_sorted = chosen.gather(0, order).long()
+    ordered, order = pre.T.contiguous().sort(-1)  # (n, N): a feature's tokens in a row (sorting rows is faster)
+    chosen_sorted = chosen.T.contiguous().gather(-1, order).long()
     count = pre.shape[0]
-    below = torch.cat([chosen_sorted.new_zeros(1, pre.shape[1]), chosen_sorted.cumsum(0)])  # chosen among first j
-    above_unchosen = (count - torch.arange(count + 1, device=pre.device))[:, None] - (below[-1] - below)
-    first = (below + above_unchosen).argmin(0)  # fire on sorted positions >= first
-    under = ordered.gather(0, (first - 1).clamp(min=0)[None])[0]
-    over = ordered.gather(0, first.clamp(max=count - 1)[None])[0]
+    below = torch.cat([chosen_sorted.new_zeros(pre.shape[1], 1), chosen_sorted.cumsum(-1)], -1)  # chosen in first j
+    above_unchosen = (count - torch.arange(count + 1, device=pre.device))[None] - (below[:, -1:] - below)
+    first = (below + above_unchosen).argmin(-1)  # fire on sorted positions >= first
+    under = ordered.gather(-1, (first - 1).clamp(min=0)[:, None])[:, 0]
+    over = ordered.gather(-1, first.clamp(max=count - 1)[:, None])[:, 0]
     middle = torch.where(first == count, 2 * under, (under + over) / 2)  # none fires: twice the largest
     return torch.where(first > 0, middle, torch.zeros_like(middle)).clamp(min=0)
 
@@ -493,7 +494,7 @@ def begin(state: State, first: Tensor, d: int, n_layers: int, options: Transcode
     state.scale_in, state.scale_out = scales[:n_layers], scales[n_layers:]
     state.params = init_params(d, options.latents, n_layers, first[n_layers:] / state.scale_out[:, None, None],
                                options.seed, options.skip)
-    state.optimizer = torch.optim.Adam(list(state.params.values()), lr=options.learning_rate, **ADAM)
+    state.optimizer = torch.optim.Adam(list(state.params.values()), lr=options.learning_rate, fused=True, **ADAM)
     state.since = torch.zeros(n_layers, options.latents, dtype=torch.int64, device=first.device)
 
 
@@ -568,7 +569,7 @@ def restored(data: dict[str, Any], d: int, n_layers: int, options: TranscoderOpt
                           f"wide), not of {model.config.name}", "give the model the run trained", parameter="resume")
     device = model.device
     params = {name: value.to(device).requires_grad_() for name, value in data["params"].items()}
-    optimizer = torch.optim.Adam(list(params.values()), lr=options.learning_rate, **ADAM)
+    optimizer = torch.optim.Adam(list(params.values()), lr=options.learning_rate, fused=True, **ADAM)
     optimizer.load_state_dict(data["optimizer"])
     return State(params, optimizer, data["since"].to(device), data["scale_in"].to(device),
                  data["scale_out"].to(device), data["threshold"], data["steps"], data["held_windows"],
