@@ -102,7 +102,7 @@ def train(
                               "leave --site out", parameter="site")
         if skip and not transcoder and resume is None:
             raise usage_error("--skip is a transcoder's skip matrix: give --transcoder too", parameter="skip")
-        train_transcoders(screen, file, out, expansion, latents, given, resume, skip, run)
+        train_transcoders(screen, file, out, expansion, latents, {**given, "skip": skip or None}, resume, run)
         return
     checkpoint = None
     if resume is not None:
@@ -163,8 +163,9 @@ def train(
 
 
 def train_transcoders(screen, file: Path, out: Path | None, expansion: int | None, latents: int | None, given: dict,
-                      resume: Path | None, skip: bool, run: RunOptions) -> None:
-    """`sae train --transcoder`: the options read as sae train reads its own, then transcoder.train."""
+                      resume: Path | None, run: RunOptions) -> None:
+    """`sae train --transcoder`: the options read as sae train reads its own (`given`: those on the command line,
+    None where left out, `skip` among them), then transcoder.train."""
     from tfcli.analysis.corpus import check_out, read_checkpoint
     from tfcli.commands.sae import render, transcoder
     from tfcli.sources import resolve_source
@@ -176,7 +177,7 @@ def train_transcoders(screen, file: Path, out: Path | None, expansion: int | Non
             raise usage_error("--resume keeps the run's latents: leave --expansion and --latents out")
         checkpoint = read_checkpoint(resume, transcoder.FORMAT, "tfcli sae train --transcoder")
         options = transcoder.options_of(checkpoint)
-        conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in {**given, "skip": skip or None}.items()
+        conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
                      if value is not None and name != "tokens" and value != getattr(options, name)]
         if conflicts:
             raise usage_error(f"--resume {resume}: {', '.join(conflicts)} "
@@ -200,7 +201,7 @@ def train_transcoders(screen, file: Path, out: Path | None, expansion: int | Non
                           f"{source.config.architecture}", "give a decoder (-m)")
     if checkpoint is None:
         options = transcoder.TranscoderOptions(
-            latents=latents or (expansion or 8) * source.config.hidden_size, seed=run.seed, skip=skip,
+            latents=latents or (expansion or 8) * source.config.hidden_size, seed=run.seed,
             **{name: value for name, value in given.items() if value is not None and name != "seed"})
     from tfcli.commands.sae.core import check_options
 
