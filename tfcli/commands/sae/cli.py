@@ -62,6 +62,13 @@ def train(
                                                   "every token).")] = None,
     resume: Annotated[Path | None, typer.Option(metavar="DIR", help="Continue the run whose checkpoint is in DIR "
                                                 "(its options kept), on the same model and corpus.")] = None,
+    transcoder: Annotated[bool, typer.Option("--transcoder", help="Train a transcoder per layer instead, every "
+                                             "layer in one pass: the MLP's normalised input -> its output, written "
+                                             "in circuit-tracer's format (config.yaml, layer_L.safetensors; `tfcli "
+                                             "graph --transcoders` reads it) and SAELens's (saelens/layer_L/); no "
+                                             "--site. Defaults then: --buffer 8192, --held-out 4096.")] = False,
+    skip: Annotated[bool, typer.Option("--skip", help="With --transcoder: a skip matrix per layer too "
+                                       "(y^ += W_skip x).")] = False,
     *,
     run: RunOptions,
 ) -> None:
@@ -72,6 +79,9 @@ def train(
     Examples:
       tfcli sae train -m SmolLM2.gguf --site blocks.15.resid_post \\
           --file corpus.txt --tokens 500000 --out smollm2-sae
+      tfcli sae train -m SmolLM2.gguf --transcoder --latents 1024 \\
+          --file corpus.txt --tokens 200000 --out smollm2-transcoders
+      tfcli graph "The capital of France is" -m SmolLM2.gguf --transcoders smollm2-transcoders
       tfcli sae train -m SmolLM2.gguf --file corpus.txt --resume smollm2-sae
       tfcli features -m SmolLM2.gguf --sae smollm2-sae --feature 7 --file corpus.txt
     """
@@ -86,6 +96,14 @@ def train(
     given = {"site": site, "k": k, "tokens": tokens, "batch": batch, "lr": lr, "context": context,
              "buffer": buffer, "held_out": held_out, "dead_after": dead_after, "outlier": outlier,
              "seed": run.seed or None}
+    if transcoder or skip or (resume is not None and (resume / "config.yaml").is_file()):
+        if site is not None:
+            raise usage_error(f"--site {site}: --transcoder trains every layer's MLP (its input -> its output); "
+                              "leave --site out", parameter="site")
+        if skip and not transcoder and resume is None:
+            raise usage_error("--skip is a transcoder's skip matrix: give --transcoder too", parameter="skip")
+        train_transcoders(screen, file, out, expansion, latents, {**given, "skip": skip or None}, resume, run)
+        return
     checkpoint = None
     if resume is not None:
         if expansion is not None or latents is not None:
@@ -138,6 +156,71 @@ def train(
     from rich.text import Text
 
     emit([result], View(screen, render.record, lambda r, number: [Text(line) for line in render.summary(r)]),
+         run.json_output)
+    if result.interrupted:
+        warn(f"interrupted: the checkpoint is in {out}; continue with --resume {out} (the same -m and --file)")
+        raise typer.Exit(130)
+
+
+def train_transcoders(screen, file: Path, out: Path | None, expansion: int | None, latents: int | None, given: dict,
+                      resume: Path | None, run: RunOptions) -> None:
+    """`sae train --transcoder`: the options read as sae train reads its own (`given`: those on the command line,
+    None where left out, `skip` among them), then transcoder.train."""
+    from tfcli.analysis.corpus import check_out, read_checkpoint
+    from tfcli.commands.sae import render, transcoder
+    from tfcli.sources import resolve_source
+
+    given = {name: value for name, value in given.items() if name != "site"}
+    checkpoint = None
+    if resume is not None:
+        if expansion is not None or latents is not None:
+            raise usage_error("--resume keeps the run's latents: leave --expansion and --latents out")
+        checkpoint = read_checkpoint(resume, transcoder.FORMAT, "tfcli sae train --transcoder")
+        options = transcoder.options_of(checkpoint)
+        conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
+                     if value is not None and name != "tokens" and value != getattr(options, name)]
+        if conflicts:
+            raise usage_error(f"--resume {resume}: {', '.join(conflicts)} "
+                              f"{'differs' if len(conflicts) == 1 else 'differ'} from the run's options",
+                              "a resumed run keeps its options: leave them out (--tokens may be raised)")
+        tokens = given["tokens"]
+        if tokens is not None and tokens < options.tokens:
+            raise usage_error(f"--tokens {tokens}: the run trains on {options.tokens:,}; --resume may raise it only",
+                              parameter="tokens")
+        options.tokens = max(options.tokens, (tokens or 0) - (tokens or 0) % options.batch)
+        out = out or resume
+    else:
+        if out is None:
+            raise usage_error("--out is required: the folder the transcoders go to", "--out my-transcoders")
+        check_out(out, "its training")
+        if expansion is not None and latents is not None:
+            raise usage_error("give --expansion or --latents, not both")
+    source = resolve_source(run.model, run.revision)
+    if source.config.architecture != "decoder":
+        raise usage_error(f"sae train --transcoder reads a decoder's MLPs: {source.config.name} is "
+                          f"{source.config.architecture}", "give a decoder (-m)")
+    if checkpoint is None:
+        options = transcoder.TranscoderOptions(
+            latents=latents or (expansion or 8) * source.config.hidden_size, seed=run.seed,
+            **{name: value for name, value in given.items() if value is not None and name != "seed"})
+    from tfcli.commands.sae.core import check_options
+
+    check_options(options)
+    options.tokens -= options.tokens % options.batch
+    limit = source.config.max_position_embeddings
+    if limit and options.context > limit:
+        raise usage_error(f"--context {options.context}: the model has {limit} positions", parameter="context")
+    stdin = str(file) == "-"
+    texts = ([item.text for item in chunk] for chunk in inputs(["-"] if stdin else None, None if stdin else file)
+             .batches(64))
+    with session_of(source, run, None, "the transcoders learn a random model's MLPs",
+                    unfinished="before the first step: nothing saved") as session:
+        transcoder.transcoder_sites(session.model)
+        with session.progress("sae train --transcoder", "tokens") as progress:
+            result = transcoder.train(session.model, session.tokenizer, texts, options, out, checkpoint, progress)
+    if result.ran_out:
+        warn(f"the corpus ran out after {result.tokens:,} training tokens, before --tokens {options.tokens:,}")
+    emit([result], View(screen, render.transcoder_record, lambda r, number: render.transcoder_view(r, screen.width)),
          run.json_output)
     if result.interrupted:
         warn(f"interrupted: the checkpoint is in {out}; continue with --resume {out} (the same -m and --file)")
