@@ -221,15 +221,22 @@ def values_alone(model: Transformer, hooks: dict) -> list:
         attention = getattr(block, "attn", None)
         if type(attention) is not Attention or attention.cross:
             continue
+        size = attention.kv_heads * attention.head_dim
+        weight, bias = attention.qkv.weight, attention.qkv.bias
+        weight = weight.plain() if hasattr(weight, "plain") else weight  # a weight packed for oneDNN: its values
+        if weight.shape[0] != attention.heads * attention.head_dim + 2 * size:
+            continue  # not the layout this reads: the gradient goes through the whole projection, as it would
+        rows, bias = weight[-size:], None if bias is None else bias[-size:]
 
         def keep(module, args, layer=layer) -> None:
             inputs[layer] = args[0]
 
-        def live(v: Tensor, layer=layer, attention=attention) -> Tensor:
-            start = (attention.heads + attention.kv_heads) * attention.head_dim
-            bias = attention.qkv.bias
-            own = F.linear(inputs[layer], attention.qkv.weight[start:], None if bias is None else bias[start:])
-            own = own.view(*own.shape[:2], attention.kv_heads, attention.head_dim)
+        def live(v: Tensor, layer=layer, rows=rows, bias=bias, heads=(attention.kv_heads, attention.head_dim)
+                 ) -> Tensor:
+            own = F.linear(inputs[layer], rows, bias)
+            own = own.view(*own.shape[:2], *heads)
+            if own.shape != v.shape:
+                return None  # (not this layout: left as it is)
             return v.detach() + (own - own.detach())
 
         handles.append(attention.register_forward_pre_hook(keep))
