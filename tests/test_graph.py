@@ -335,7 +335,8 @@ def test_max_feature_nodes_keeps_the_most_influential_rows(llama):
 
 RECORD_KEYS = {"text", "ids", "tokens", "targets", "replacement_score", "completeness_score", "active_features",
                "feature_nodes", "node_threshold", "edge_threshold", "transcoders", "nodes", "edges", "validation"}
-NODE_KEYS = {"index", "kind", "layer", "position", "feature", "text", "activation", "probability", "influence"}
+NODE_KEYS = {"index", "kind", "layer", "position", "feature", "text", "activation", "probability", "influence",
+             "contexts"}
 
 
 def test_cli_json_graph_out_and_save(llama, cli, tmp_path):

@@ -534,11 +534,22 @@ class TransformerModel(nn.Module):
 
 
 SYMBOLS = {10_007: "B", 10_009: "T", 10_037: "S"}  # sizes no model has (primes): each stands for its letter
+_SHAPES: dict[str, dict[str, tuple[int | str, ...]]] = {}  # site_shapes by repr(config), a few configs at most
 
 
 def site_shapes(config: ModelConfig) -> dict[str, tuple[int | str, ...]]:
     """Every site of a model of `config` with its shape, found by a forward pass on the meta device (shapes only:
-    nothing is computed or allocated, whatever the model's size); sizes of batch and tokens are given as letters."""
+    nothing is computed or allocated, whatever the model's size); sizes of batch and tokens are given as letters.
+    Remembered per config: a check before the model is built and the model's `site_shapes()` make one pass."""
+    key = repr(config)
+    if key not in _SHAPES:
+        if len(_SHAPES) >= 8:
+            _SHAPES.clear()
+        _SHAPES[key] = _site_shapes(config)
+    return dict(_SHAPES[key])
+
+
+def _site_shapes(config: ModelConfig) -> dict[str, tuple[int | str, ...]]:
     batch, tokens, source = (size for size in SYMBOLS)
     with torch.device("meta"):
         model = TransformerModel(config).to("meta")  # the computed buffers (positions, rotary) too

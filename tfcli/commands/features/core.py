@@ -27,13 +27,12 @@ tokens (padded), d_sae features.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tfcli.analysis.contexts import Context, TopContexts
 from tfcli.analysis.dataset import Done, Line, LineSpec
 from tfcli.analysis.inputs import check_length, model_input, padded
 from tfcli.analysis.metric import Token
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 
 BATCH_SIZE = 16  # texts per forward pass
 OUTLIER = 10.0  # a token whose norm at the site is over this many times its text's median is left out (sae train's)
-BEFORE, AFTER = 10, 4  # tokens of a context shown before and after its token
 
 
 @dataclass(kw_only=True)
@@ -138,18 +136,6 @@ class Direct:
     rest: float
     error: float
     features: list[tuple[int, float, float]]
-
-
-@dataclass
-class Context:
-    """A token where the feature is active, with the tokens around it."""
-
-    activation: float
-    text: int  # the text's number (its line)
-    position: int
-    before: list[str]
-    token: str
-    after: list[str]
 
 
 @dataclass
@@ -413,8 +399,7 @@ class Totals:
         self.cosines = 0
         self.losses = False
         self.max_activation = 0.0
-        self.heap: list[tuple[float, int, int, Context]] = []
-        self.order = itertools.count()
+        self.top = TopContexts(options.contexts)
 
     def add(self, item: Text, result: TextFeatures) -> None:
         self.n += 1
@@ -446,18 +431,8 @@ class Totals:
         self.sums["activation"] += sum(acts[p] for p in measured)
         self.active += sum(1 for p in measured if acts[p] > 0)
         self.max_activation = max([self.max_activation, *(acts[p] for p in measured)])
-        best = sorted(measured, key=lambda p: -acts[p])[:self.options.contexts]
-        for p in best:
-            if acts[p] <= 0 or (len(self.heap) == self.options.contexts and acts[p] <= self.heap[0][0]):
-                continue
-            tokens = result.tokens
-            context = Context(acts[p], item.number, p, tokens[max(0, p - BEFORE):p], tokens[p],
-                              tokens[p + 1:p + 1 + AFTER])
-            entry = (acts[p], -next(self.order), p, context)
-            if len(self.heap) < self.options.contexts:
-                heapq.heappush(self.heap, entry)
-            else:
-                heapq.heapreplace(self.heap, entry)
+        for p in sorted(measured, key=lambda p: -acts[p])[:self.options.contexts]:
+            self.top.add(acts[p], item.number, p, result.tokens)
 
     def result(self, sae: dict) -> CorpusFeatures:
         tokens = max(self.measured, 1)
@@ -467,7 +442,7 @@ class Totals:
                                                                          "kl", "kl_with_error")}
             losses = Losses(mean["clean"], mean["spliced"], mean["with_error"], mean["zero"], mean["kl"],
                             mean["kl_with_error"], self.predicted)
-        contexts = [entry[3] for entry in sorted(self.heap, key=lambda e: (-e[0], -e[1]))]
+        contexts = self.top.best()
         return CorpusFeatures(sae, self.tokens, self.sums["mse"] / tokens,
                               sum(self.explained) / len(self.explained) if self.explained else None,
                               self.sums["cosine"] / self.cosines if self.cosines else None, self.sums["l0"] / tokens,

@@ -15,7 +15,7 @@ from tfcli.cli.options import (AT_LEAST_ONE, DatasetOptions, FileOption, FoilOpt
                                TextsArgument, requires, shared_options, with_help)
 from tfcli.cli.output import View, write_text
 from tfcli.cli.session import inputs, run_dataset
-from tfcli.errors import check_output_file, usage_error
+from tfcli.errors import check_output_file, file_error, usage_error
 from tfcli.render.report_file import check_report_path
 
 AT_LEAST_ZERO = requires(lambda value: value >= 0, "must be at least 0")
@@ -58,6 +58,9 @@ def graph(
     save: Annotated[Path | None, typer.Option(metavar="FILE.safetensors", help="Also write the whole graph: "
                                               "adjacency, active features, tokens, targets (several prompts: "
                                               "numbered as --graph-out).")] = None,
+    contexts: Annotated[Path | None, typer.Option(metavar="FILE", help="Also label each feature on the pruned graph "
+                                                  "by its 3 top activating contexts in this corpus (a text file, one "
+                                                  "text per line).")] = None,
     file: FileOption = None,
     *,
     run: RunOptions,
@@ -105,6 +108,7 @@ def graph(
     check_transcoders(read, source.config)
     tokenizer = load_tokenizer_for(source)
     target_token, foil_token = parse_metric(source.config, tokenizer, target, foil)
+    corpus = read_corpus(contexts, source.config, tokenizer) if contexts is not None else None
     options = core.GraphOptions(target=target_token, foil=foil_token, max_feature_nodes=max_feature_nodes,
                                 batch_size=batch_size, node_threshold=node_threshold, edge_threshold=edge_threshold,
                                 validate=validate)
@@ -114,11 +118,26 @@ def graph(
     view = None if single else View(out, render.graphs_record, lambda run_, number: render.summary_lines(
         run_, out.width), report=(render.graphs_page_section, lambda run_, info, tokens: render.figure(
             run_.graphs[0], info, tokens)))  # a figure holds one prompt's graph: refused above for several
-    run_dataset(core.GraphAnalysis(read, options, warn), source,
+    run_dataset(core.GraphAnalysis(read, options, warn, corpus), source,
                 DatasetOptions(path=None, bootstrap=0, per_item=not single and not run.json_output, skip_bad=False,
                                ray=None, texts=texts_in),
                 run, (graph_view, view), "this graph says nothing about a trained model",
                 after=None if not outputs else written(graph_out, save, single, run.force))
+
+
+def read_corpus(path: Path, config, tokenizer) -> list[tuple[int, list[int]]]:
+    """--contexts FILE: each text's line number and ids, read as the graph reads a prompt (a special token first);
+    blank lines skipped."""
+    from tfcli.commands.graph.core import prompt_ids
+    from tfcli.texts import LineReader
+
+    if not path.is_file():
+        raise file_error(f"--contexts {path}: no such file", "give a text file, one text per line")
+    corpus = [(number, prompt_ids(config, tokenizer, text, warn))
+              for number, text in LineReader(path.open("rb"), str(path), close=True) if text.strip()]
+    if not corpus:
+        raise file_error(f"--contexts {path} holds no text", "give a text file, one text per line")
+    return corpus
 
 
 def numbered_path(path: Path, number: int) -> Path:

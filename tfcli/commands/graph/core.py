@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tfcli.tokenizer import Tokenizer
 
 UPDATE_INTERVAL = 4  # circuit-tracer's: batches of feature rows between re-rankings (with --max-feature-nodes)
+PREFIX_POSITIONS = 16  # the prefixes' passes held at once: at most this many prompts' positions in all
 
 
 @dataclass(kw_only=True)
@@ -70,6 +71,7 @@ class Graph:
     replacement: float = 0.0
     completeness: float = 0.0
     validation: object = None  # validation.Validation, with options.validate
+    contexts: dict | None = None  # with --contexts: (layer, feature) -> its top contexts in the corpus (contexts.py)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -189,7 +191,7 @@ def find_nodes(model: Transformer, transcoders: Transcoders, ids: Tensor) -> Nod
     names = ["blocks.0.resid_pre", *(transcoders.input_site(l) for l in layers),
              *(transcoders.output_site(l) for l in layers)]
     with torch.no_grad():
-        logits, cache = model.run_with_cache(ids, names=names)
+        logits, cache = model.run_with_cache(ids, names=names, logits_to_keep=1)
         acts, errors = [], []
         for layer in layers:
             x = cache[transcoders.input_site(layer)][0].float()
@@ -212,65 +214,112 @@ def find_nodes(model: Transformer, transcoders: Transcoders, ids: Tensor) -> Nod
 
 
 class Replacement:
-    """The local replacement model's pass with autograd over `rows` copies of the prompt: every attention pattern and
-    norm divisor detached, each MLP's output site replaced by its value detached (plus the live skip term, where the
-    transcoders have one). `rows_of` then reads a batch of targets' rows from one backward pass."""
+    """The local replacement model's pass with autograd over the prompt (one row): every attention pattern and norm
+    divisor detached, each MLP's output site replaced by its value detached (plus the live skip term, where the
+    transcoders have one). The model is then linear from its sources to its targets, so `rows_of` reads a batch of
+    targets' rows from one backward pass of the one row, batched over the targets (autograd's is_grads_batched,
+    vmap): what circuit-tracer computes with a forward pass of `batch` copies, without the copies' forward pass,
+    their logits or their saved activations."""
 
-    def __init__(self, model: Transformer, transcoders: Transcoders, ids: Tensor, rows: int, nodes: Nodes):
+    def __init__(self, model: Transformer, transcoders: Transcoders, ids: Tensor, nodes: Nodes):
+        """ids (1, T') the prompt's first T' tokens; nodes: the whole prompt's."""
         self.transcoders, self.nodes = transcoders, nodes
         self.layers = range(transcoders.n_layers)
         self.readout = readout_site(model)
+        self.cache: dict[str, Tensor] = {}  # the targets' sites and the sources, from the pass with autograd
         inputs: dict[int, Tensor] = {}
 
         def detached(value: Tensor) -> Tensor:
             return value.detach()
 
-        def keep_input(layer: int):
-            def hook(value: Tensor) -> None:
-                inputs[layer] = value
+        def kept(name: str, layer: int | None = None, leaf: bool = False):
+            def hook(value: Tensor) -> Tensor | None:
+                if leaf:  # where the sources' gradients start (a leaf: no .grad kept anywhere else)
+                    value = value.detach().requires_grad_()
+                self.cache[name] = value
+                if layer is not None:
+                    inputs[layer] = value
+                return value if leaf else None
             return hook
 
         def frozen_output(layer: int):
             def hook(value: Tensor) -> Tensor:
                 skip = transcoders.skip_of(layer, inputs[layer])
-                return value.detach() if skip is None else skip + (value - skip).detach()
+                value = value.detach().requires_grad_() if skip is None else skip + (value - skip).detach()
+                self.cache[transcoders.output_site(layer)] = value
+                return value
             return hook
 
         hooks = {name: detached for name in model.site_shapes() if name.endswith((".attn.pattern", ".scale"))}
+        hooks["blocks.0.resid_pre"] = kept("blocks.0.resid_pre", leaf=True)
+        hooks[self.readout] = kept(self.readout)
         for layer in self.layers:
-            hooks[transcoders.input_site(layer)] = keep_input(layer)
+            hooks[transcoders.input_site(layer)] = kept(transcoders.input_site(layer), layer)
             hooks[transcoders.output_site(layer)] = frozen_output(layer)
-        names = ["blocks.0.resid_pre", *(transcoders.input_site(l) for l in self.layers),
-                 *(transcoders.output_site(l) for l in self.layers), self.readout]
-        _, self.cache = model.run_with_cache(ids.expand(rows, -1), names=names, hooks=hooks, grad=True)
-        self.sources = [self.cache[transcoders.output_site(l)] for l in self.layers] + [self.cache["blocks.0.resid_pre"]]
-
-    def rows_of(self, sites: list[str], positions: Tensor, vectors: Tensor, retain: bool = True) -> Tensor:
-        """Targets (b of them, b <= rows): each reads `vectors[i]` (d,) at site `sites[i]`, position `positions[i]`
-        -> their rows (b, n + L*T + T) over the sources (features, errors, tokens)."""
         import torch
 
-        total = 0
+        with torch.enable_grad():
+            model.run_with_hooks(ids, hooks, logits_to_keep=0)
+        outputs = [self.cache[transcoders.output_site(layer)] for layer in self.layers]
+        self.sources = [*outputs, self.cache["blocks.0.resid_pre"]]
+        self.length = ids.shape[1]  # a prefix of the prompt: the sources at later positions have no effect here
+        before = nodes.features[:, 1] < self.length
+        self.features_by_layer = [((nodes.features[:, 0] == layer) & before).nonzero()[:, 0] for layer in self.layers]
+
+    def rows_of(self, sites: list[str], positions: Tensor, vectors: Tensor) -> Tensor:
+        """Targets (b of them): each reads `vectors[i]` (d,) at site `sites[i]`, position `positions[i]` -> their rows
+        (b, n + L*T + T) over the sources (features, errors, tokens)."""
+        import torch
+
+        b, nodes = len(sites), self.nodes
+        outputs, seeds = [], []
         for site in dict.fromkeys(sites):
             at = torch.tensor([i for i, s in enumerate(sites) if s == site])
-            value = self.cache[site][at, positions[at]]  # (b_site, d)
-            total = total + (value.float() * vectors[at].to(value.device)).sum()
-        grads = torch.autograd.grad(total, self.sources, retain_graph=retain, allow_unused=True)
-        grads = [torch.zeros_like(source) if g is None else g for g, source in zip(grads, self.sources)]
-        b, nodes = len(sites), self.nodes
+            value = self.cache[site]  # (1, T, d)
+            seed = torch.zeros(b, *value.shape, dtype=value.dtype, device=value.device)
+            seed[at, 0, positions[at]] = vectors[at].to(value.device, value.dtype)
+            outputs.append(value)
+            seeds.append(seed)
+        grads = torch.autograd.grad(outputs, self.sources, seeds, retain_graph=True, allow_unused=True,
+                                    is_grads_batched=True)
+        grads = [torch.zeros(b, *source.shape[1:]) if g is None else g[:, 0].float()
+                 for g, source in zip(grads, self.sources)]  # each (b, T, d)
         features = torch.zeros(b, len(nodes.features))
         if nodes.writes is not None:
             from tfcli.commands.graph.cross_layer import feature_columns
 
-            features = feature_columns(grads, b, nodes)
-        for layer in self.layers if nodes.writes is None else ():
-            at = (nodes.features[:, 0] == layer).nonzero()[:, 0]
+            features = feature_columns(grads, b, nodes, self.length)
+        for layer, at in zip(self.layers, self.features_by_layer) if nodes.writes is None else ():
             if len(at):
-                by_position = grads[layer][:b].float() @ nodes.decoders[at].T  # (b, T, n_layer)
+                by_position = grads[layer] @ nodes.decoders[at].T  # (b, T, n_layer)
                 features[:, at] = by_position[:, nodes.features[at, 1], torch.arange(len(at))]
-        errors = torch.stack([(grads[l][:b].float() * nodes.errors[l]).sum(-1) for l in self.layers], dim=1)
-        tokens = (grads[-1][:b].float() * nodes.tokens).sum(-1)
-        return torch.cat([features, errors.flatten(1), tokens], dim=1).detach()
+        errors = torch.zeros(b, len(self.layers), len(nodes.tokens))
+        tokens = torch.zeros(b, len(nodes.tokens))
+        errors[:, :, :self.length] = torch.einsum("lbtd,ltd->blt", torch.stack(grads[:-1]),
+                                                   nodes.errors[:, :self.length])
+        tokens[:, :self.length] = (grads[-1] * nodes.tokens[:self.length]).sum(-1)
+        return torch.cat([features, errors.flatten(1), tokens], dim=1)
+
+
+class Prefixes:
+    """The replacement passes over the prompt's prefixes, made as the targets need them: a target at position p reads
+    only positions <= p, so its backward pass runs over the first p + 1 tokens alone (on a 6-token prompt a third of
+    the work less; on a long one nearly half). The least recently used are dropped past `limit` positions held."""
+
+    def __init__(self, model: Transformer, transcoders: Transcoders, prompt: Tensor, nodes: Nodes, limit: int):
+        self.model, self.transcoders, self.prompt, self.nodes, self.limit = model, transcoders, prompt, nodes, limit
+        self.made: dict[int, Replacement] = {}
+
+    def rows_of(self, sites: list[str], positions: Tensor, vectors: Tensor) -> Tensor:
+        """Replacement.rows_of on the shortest prefix that holds every position of the batch."""
+        length = int(positions.max()) + 1
+        made = self.made.pop(length, None)
+        if made is None:
+            while self.made and sum(self.made) + length > self.limit:
+                self.made.pop(next(iter(self.made)))
+            made = Replacement(self.model, self.transcoders, self.prompt[:, :length], self.nodes)
+        self.made[length] = made
+        return made.rows_of(sites, positions, vectors)
 
 
 def attribute(model: Transformer, tokenizer: Tokenizer, transcoders: Transcoders, text: str, ids: list[int],
@@ -291,17 +340,18 @@ def attribute(model: Transformer, tokenizer: Tokenizer, transcoders: Transcoders
     total_nodes = logit_offset + n_logits
     wanted = n_active if options.max_feature_nodes is None else min(options.max_feature_nodes, n_active)
     rows = max(1, min(options.batch_size, max(wanted, n_logits)))
-    replacement = Replacement(model, transcoders, prompt, rows, nodes)
+    replacement = Prefixes(model, transcoders, prompt, nodes, PREFIX_POSITIONS * n_positions)
+    readout = readout_site(model)
     edges = torch.zeros(wanted + n_logits, total_nodes)
     row_nodes = torch.zeros(wanted + n_logits, dtype=torch.long)
     for start in range(0, n_logits, rows):
         end = min(start + rows, n_logits)
         edges[start:end, :logit_offset] = replacement.rows_of(
-            [replacement.readout] * (end - start), torch.full((end - start,), n_positions - 1),
-            targets.vectors[start:end])
+            [readout] * (end - start), torch.full((end - start,), n_positions - 1), targets.vectors[start:end])
         row_nodes[start:end] = torch.arange(start, end) + logit_offset
     progress(n_logits, n_logits + wanted)
     filled, visited, done = n_logits, torch.zeros(n_active, dtype=torch.bool), 0
+    by_place = nodes.features[:, 1] * n_layers + nodes.features[:, 0]  # batches by position, then layer
     while done < wanted:
         if wanted == n_active:
             pending = torch.arange(n_active)
@@ -309,12 +359,13 @@ def attribute(model: Transformer, tokenizer: Tokenizer, transcoders: Transcoders
             influences = influence.partial_influences(edges[:filled], targets.probabilities, row_nodes[:filled])
             ranked = torch.argsort(influences[:n_active], descending=True)
             pending = ranked[~visited[ranked]][:min(UPDATE_INTERVAL * rows, wanted - done)]
+        pending = pending[torch.argsort(by_place[pending], stable=True)]  # the same rows, in other batches
         for start in range(0, len(pending), rows):
             batch = pending[start:start + rows]
             done += len(batch)
             layers, positions = nodes.features[batch, 0], nodes.features[batch, 1]
             edges[filled:filled + len(batch), :logit_offset] = replacement.rows_of(
-                [transcoders.input_site(int(l)) for l in layers], positions, nodes.encoders[batch], done < wanted)
+                [transcoders.input_site(int(l)) for l in layers], positions, nodes.encoders[batch])
             row_nodes[filled:filled + len(batch)] = batch
             visited[batch] = True
             filled += len(batch)
@@ -427,6 +478,7 @@ class GraphAnalysis:
     transcoders: Transcoders
     options: GraphOptions
     warn: Callable[[str], None] | None = None
+    corpus: list[tuple[int, list[int]]] | None = None  # --contexts: (line number, ids) per text
     command, unit, line, block, streams = "graph", "prompts", GRAPH_LINE, None, False
 
     def check(self, config: ModelConfig, tokenizer: Tokenizer, line: Line) -> Prompt:
@@ -443,7 +495,14 @@ class GraphAnalysis:
             def told(done: int, total: int, start: int = number) -> None:
                 if progress is not None:
                     progress(start + done / max(total, 1))
-            yield attribute(model, tokenizer, self.transcoders, prompt.text, prompt.ids, self.options, told)
+            graph = attribute(model, tokenizer, self.transcoders, prompt.text, prompt.ids, self.options, told)
+            if self.corpus is not None:
+                from tfcli.commands.graph.contexts import top_contexts
+
+                features = [(node.layer, node.feature) for node in kept_nodes(graph) if node.kind == "feature"]
+                graph.contexts = top_contexts(model, tokenizer, self.transcoders, features, self.corpus,
+                                              special_ids(tokenizer))
+            yield graph
 
     def shown(self, result: Graph) -> Graph:
         return result

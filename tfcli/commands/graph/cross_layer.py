@@ -52,19 +52,21 @@ def node_fields(model: Transformer, transcoders: Transcoders, ids: Tensor) -> di
             "writes": torch.cat(writes)}
 
 
-def feature_columns(grads: list[Tensor], b: int, nodes) -> Tensor:
-    """The feature columns (b, n) of a batch of targets' rows (nodes: core.Nodes): for each decoder vector, the
-    gradient at the output site of the layer it writes and the feature's position, dotted with it, summed per feature
-    node."""
+def feature_columns(grads: list[Tensor], b: int, nodes, length: int) -> Tensor:
+    """The feature columns (b, n) of a batch of targets' rows (nodes: core.Nodes) from the gradients over the
+    prompt's first `length` positions (later features have no effect on these targets: 0): for each decoder vector,
+    the gradient at the output site of the layer it writes and the feature's position, dotted with it, summed per
+    feature node."""
     import torch
 
     columns = torch.zeros(b, len(nodes.features))
-    node, written = nodes.writes[:, 0], nodes.writes[:, 1]
+    before = nodes.features[nodes.writes[:, 0], 1] < length
+    node, written, decoders = nodes.writes[before, 0], nodes.writes[before, 1], nodes.decoders[before]
     positions = nodes.features[node, 1]
     for layer in written.unique().tolist():
         at = (written == layer).nonzero()[:, 0]
         read = grads[layer][:b, positions[at]].float()  # (b, m_layer, d)
-        columns.index_add_(1, node[at], (read * nodes.decoders[at]).sum(-1))
+        columns.index_add_(1, node[at], (read * decoders[at]).sum(-1))
     return columns
 
 

@@ -8,8 +8,9 @@ from typing import Any
 
 from rich.text import Text
 
+from tfcli.analysis.contexts import Context
 from tfcli.commands.graph.core import Graph, Graphs, Node, fires_at, kept_edges, kept_nodes, node_of
-from tfcli.render.layout import quoted, words, wrap
+from tfcli.render.layout import SPACE_NOTE, has_space, quoted, token_label, words, wrap
 
 INPUTS_SHOWN = 4  # each node's strongest kept inputs in the view
 
@@ -50,12 +51,15 @@ def graph_lines(graph: Graph, width: int, color: bool = False) -> list[Text]:
         lines.append(Text(""))
         lines.append(Text(title, style=style))
         for node in sorted(members, key=lambda n: (-n.influence if n.kind != "logit" else -(n.probability or 0))):
-            lines.extend(node_lines(graph, node, inputs.get(node.index, []), by_index, where, width))
+            lines.extend(node_lines(graph, node, inputs.get(node.index, []), by_index, where, width, color))
 
     section("logits", [n for n in nodes if n.kind == "logit"])
     for layer in reversed(range(graph.n_layers)):
         section(f"layer {layer}", [n for n in nodes if n.layer == layer])
     section("tokens", [n for n in nodes if n.kind == "token"])
+    if graph.contexts and has_space([token_label(t) for found in graph.contexts.values() for c in found
+                                     for t in (*c.before, c.token, *c.after)]):
+        lines += [Text(""), *words(SPACE_NOTE, width, "dim")]
     if graph.validation is not None:
         lines.append(Text(""))
         lines.extend(validation_lines(graph, width, style))
@@ -112,7 +116,7 @@ def graphs_record(run: Graphs) -> list[dict[str, Any]]:
 
 
 def node_lines(graph: Graph, node: Node, inputs: list[tuple[int, float]], by_index: dict[int, Node],
-               where: dict[tuple[int, int], list[int]], width: int) -> list[Text]:
+               where: dict[tuple[int, int], list[int]], width: int, color: bool = False) -> list[Text]:
     head = [f"{name_of(node)} {quoted(node.text)}"]
     if node.kind == "logit":
         head.append(f"p {node.probability:.3f}")
@@ -123,6 +127,8 @@ def node_lines(graph: Graph, node: Node, inputs: list[tuple[int, float]], by_ind
         positions = where[node.layer, node.feature]
         head.append("fires at " + ", ".join(f"{quoted(graph.tokens[p])}@{p}" for p in positions))
     lines = wrap(["  " + head[0], *head[1:]], width, sep="  ", indent=4)
+    if node.kind == "feature" and graph.contexts is not None:
+        lines += context_lines(graph.contexts.get((node.layer, node.feature), []), width, color)
     if inputs:
         shown = [f"{name_of(by_index[source])} {weight:+.3g}" for source, weight in inputs[:INPUTS_SHOWN]]
         more = [f"(+{len(inputs) - INPUTS_SHOWN} more)"] if len(inputs) > INPUTS_SHOWN else []
@@ -130,10 +136,34 @@ def node_lines(graph: Graph, node: Node, inputs: list[tuple[int, float]], by_ind
     return lines
 
 
-def node_record(node: Node) -> dict[str, Any]:
+def context_lines(contexts: list, width: int, color: bool) -> list[Text]:
+    """--contexts: a feature's top contexts in the corpus, a line each: its line number, position and activation,
+    then its tokens, the one it fires at in [ ] (highlighted in colour)."""
+    if not contexts:
+        return wrap(["    in the corpus: active on no token"], width, indent=6)
+    lines = []
+    for c in contexts:
+        token = Text(token_label(c.token), style="bold reverse") if color else Text(f"[{token_label(c.token)}]")
+        items = [f"    line {c.text}@{c.position} {c.activation:.3g}:", *map(token_label, c.before), token,
+                 *map(token_label, c.after)]
+        lines += wrap(items, width, sep=" ", indent=8)
+    return lines
+
+
+def contexts_of(graph: Graph, node: Node) -> list[Context] | None:
+    """A feature node's top contexts with --contexts; None otherwise."""
+    if graph.contexts is None or node.kind != "feature":
+        return None
+    return graph.contexts.get((node.layer, node.feature), [])
+
+
+def node_record(node: Node, contexts: list[Context] | None = None) -> dict[str, Any]:
     return {"index": node.index, "kind": node.kind, "layer": node.layer, "position": node.position,
             "feature": node.feature, "text": node.text, "activation": node.activation,
-            "probability": node.probability, "influence": node.influence}
+            "probability": node.probability, "influence": node.influence,
+            "contexts": None if contexts is None else [
+                {"activation": c.activation, "line": c.text, "position": c.position, "before": c.before,
+                 "token": c.token, "after": c.after} for c in contexts]}
 
 
 def record(graph: Graph) -> dict[str, Any]:
@@ -146,7 +176,7 @@ def record(graph: Graph) -> dict[str, Any]:
         "active_features": len(graph.active_features), "feature_nodes": graph.n_features,
         "node_threshold": graph.options.node_threshold, "edge_threshold": graph.options.edge_threshold,
         "transcoders": graph.transcoders,
-        "nodes": [node_record(node) for node in kept_nodes(graph)],
+        "nodes": [node_record(node, contexts_of(graph, node)) for node in kept_nodes(graph)],
         "edges": [{"source": s, "target": t, "weight": w} for s, t, w in kept_edges(graph)],
         "validation": validation_record(graph),
     }
@@ -178,10 +208,19 @@ def page_section(graph: Graph, tokenizer: Any = None) -> dict[str, Any]:
         "tokens": graph.tokens, "layers": graph.n_layers,
         "nodes": [{"index": node.index, "kind": node.kind, "x": place(graph, node)[0], "row": place(graph, node)[1],
                    "label": f"{name_of(node)} {quoted(node.text)}", "influence": node.influence,
-                   "activation": node.activation} for node in nodes],
+                   "activation": node.activation, "contexts": context_texts(contexts_of(graph, node))}
+                  for node in nodes],
         "edges": [{"source": s, "target": t, "weight": w} for s, t, w in kept_edges(graph)],
         "validation": found,
     }
+
+
+def context_texts(contexts: list[Context] | None) -> list[str] | None:
+    """The page's hover label of a feature's contexts: `line 3@4 1.23: the cat [sat] on the mat` each."""
+    if contexts is None:
+        return None
+    return [f"line {c.text}@{c.position} {c.activation:.3g}: {''.join(c.before)}[{c.token}]{''.join(c.after)}"
+            for c in contexts] or ["in the corpus: active on no token"]
 
 
 def graphs_page_section(run: Graphs, tokenizer: Any = None) -> dict[str, Any]:

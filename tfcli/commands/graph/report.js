@@ -1,6 +1,7 @@
 // tfcli graph --report: each pruned attribution graph drawn as a grid, a column per position and a row per layer
 // (tokens at the bottom, logits at the top; the nodes of one cell spread across it, as render.cells places them); an
-// edge's width by its |weight|, blue positive, red negative. Hovering a node shows its label; clicking it lists its
+// edge's width by its |weight|, blue positive, red negative. Hovering a node shows its label (with --contexts, a
+// feature's top contexts in the corpus too); clicking it lists its
 // kept inputs and outputs beside the graph. Then the validation table. Drawn from the section's data only.
 "use strict";
 window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
@@ -65,6 +66,8 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         const facts = ["influence " + signed(n.influence)];
         if (n.activation !== null) facts.push("activation " + signed(n.activation));
         panel.replaceChildren(el("h3", {class: "graph-node-name"}, n.label), el("p", {}, facts.join(", ")),
+                              ...(n.contexts ? [el("h3", {}, "top contexts in the corpus"),
+                                               el("ul", {}, ...n.contexts.map((c) => el("li", {}, c)))] : []),
                               ...list("inputs", inputs, "source"), ...list("outputs", outputs, "target"));
         for (const [e, line] of lines) {
           const touches = e.source === n.index || e.target === n.index;
@@ -75,7 +78,8 @@ window.tfcliRenderers = Object.assign(window.tfcliRenderers || {}, {
         const [x, y] = spot[n.index];
         const circle = add(svg, "circle", {cx: x, cy: y, r: 6, fill: colors[n.kind], class: "graph-node-dot",
                                            "data-index": n.index, style: "cursor:pointer"},
-                           n.label + ": influence " + signed(n.influence));
+                           n.label + ": influence " + signed(n.influence) +
+                           (n.contexts ? "\ntop contexts:\n" + n.contexts.join("\n") : ""));
         circle.addEventListener("click", () => show(n));
       }
       section.append(el("div", {style: "display:flex;gap:24px;align-items:flex-start"},
