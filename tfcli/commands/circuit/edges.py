@@ -554,10 +554,10 @@ def circuit_metrics(model: TransformerModel, batch: Batch, circuits: list[Tensor
 # ---------------------------------------------------------------- picking circuits
 
 
-def greedy_order(graph: Graph, scores: Tensor) -> list[tuple[int, int]]:
+def greedy_order(graph: Graph, scores: Tensor, roots: int = 1) -> list[tuple[int, int]]:
     """Every edge, in the order the greedy search from the logits adds them (the reference's apply_greedy): the edge of
-    largest |score| among those into a node already in the circuit (at first the logits), its sender joining the
-    circuit and the edges into it joining the candidates. Ties: in graph order."""
+    largest |score| among those into a node already in the circuit (at first the logits: the last `roots`
+    receivers), its sender joining the circuit and the edges into it joining the candidates. Ties: in graph order."""
     magnitude = scores.abs().tolist()
     heap: list[tuple[float, int, int]] = []
 
@@ -566,7 +566,7 @@ def greedy_order(graph: Graph, scores: Tensor) -> list[tuple[int, int]]:
             for s in range(graph.reads(r)):
                 heapq.heappush(heap, (-magnitude[s][r], s, r))
 
-    candidates([len(graph.receivers) - 1])
+    candidates(list(range(len(graph.receivers) - roots, len(graph.receivers))))
     inside, order = {None}, []
     while heap:
         _, s, r = heapq.heappop(heap)

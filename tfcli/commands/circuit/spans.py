@@ -23,7 +23,6 @@ Shapes: B pairs, T tokens (the clean texts'), T' (the corrupt texts'), S senders
 
 from __future__ import annotations
 
-import heapq
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -103,26 +102,7 @@ class SpanGraph(Graph):
 def greedy_order(graph: Graph, scores: Tensor) -> list[tuple[int, int]]:
     """edges.greedy_order, from every span's logits receiver at once for a SpanGraph: the (edge, span) pair of
     largest |score| into a node already in the circuit joins it."""
-    if not isinstance(graph, SpanGraph):
-        return blind_order(graph, scores)
-    magnitude = scores.abs().tolist()
-    heap: list[tuple[float, int, int]] = []
-
-    def candidates(receivers: list[int]) -> None:
-        for r in receivers:
-            for s in range(graph.reads(r)):
-                heapq.heappush(heap, (-magnitude[s][r], s, r))
-
-    count = len(graph.spans)
-    candidates(list(range(len(graph.receivers) - count, len(graph.receivers))))
-    inside, order = {None}, []
-    while heap:
-        _, s, r = heapq.heappop(heap)
-        order.append((s, r))
-        if s not in inside:
-            inside.add(s)
-            candidates(graph.inputs_of(s))
-    return order
+    return blind_order(graph, scores, len(graph.spans) if isinstance(graph, SpanGraph) else 1)
 
 
 # ---------------------------------------------------------------- a line's spans
