@@ -132,7 +132,7 @@ def train(
             raise usage_error("give --expansion or --latents, not both")
     source = resolve_source(run.model, run.revision)
     if source.config.architecture != "decoder":
-        raise usage_error(f"sae train reads a decoder's activations: {source.config.name} is "
+        raise usage_error(f"sae train reads a decoder's activations: {source.config.name} is an "
                           f"{source.config.architecture}", "give a decoder (-m)")
     d = core.check_site(options.site if checkpoint is not None else site, site_shapes(source.config))
     if checkpoint is None:
@@ -197,7 +197,7 @@ def train_transcoders(screen, file: Path, out: Path | None, expansion: int | Non
             raise usage_error("give --expansion or --latents, not both")
     source = resolve_source(run.model, run.revision)
     if source.config.architecture != "decoder":
-        raise usage_error(f"sae train --transcoder reads a decoder's MLPs: {source.config.name} is "
+        raise usage_error(f"sae train --transcoder reads a decoder's MLPs: {source.config.name} is an "
                           f"{source.config.architecture}", "give a decoder (-m)")
     if checkpoint is None:
         options = transcoder.TranscoderOptions(
