@@ -349,11 +349,7 @@ def edge_scores(graph: Graph, differences: Tensor, grads: list[Tensor], sites: l
     low, high = senders or (0, count)
     by_sender = differences.permute(0, 2, 1, 3).reshape(batch, count, length * width)  # (B, S, T x d)
     scores = torch.zeros(batch, count, len(graph.receivers), dtype=torch.float64)
-    blocks: list[list[int]] = [[]]
-    for i, (_, _, n) in enumerate(sites):
-        if sum(sites[k][2] for k in blocks[-1]) + n > SCORE_COLUMNS and blocks[-1]:
-            blocks.append([])
-        blocks[-1].append(i)
+    blocks = site_blocks(sites)
     for block in blocks:
         first, last = sites[block[0]][1], sites[block[-1]][1] + sites[block[-1]][2]
         reads = min(max(graph.reads(r) for r in range(first, last)), high)
@@ -552,6 +548,17 @@ def circuit_metrics(model: TransformerModel, batch: Batch, circuits: list[Tensor
 
 
 # ---------------------------------------------------------------- picking circuits
+
+
+def site_blocks(sites: list[tuple]) -> list[list[int]]:
+    """The receiver sites (each (name, first receiver, receivers)) cut into runs of about SCORE_COLUMNS receivers: one
+    product of the edges' scores each."""
+    blocks: list[list[int]] = [[]]
+    for i, (_, _, n) in enumerate(sites):
+        if sum(sites[k][2] for k in blocks[-1]) + n > SCORE_COLUMNS and blocks[-1]:
+            blocks.append([])
+        blocks[-1].append(i)
+    return blocks
 
 
 def greedy_order(graph: Graph, scores: Tensor, roots: int = 1) -> list[tuple[int, int]]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tfcli.analysis.inputs import check_length, model_input
 from tfcli.analysis.metric import parse_metric, position_of
 from tfcli.analysis.pairs import Pair
-from tfcli.commands.circuit.edges import (SCORE_COLUMNS, Batch, Deltas, Graph, Senders, batch_of, gradients,
+from tfcli.commands.circuit.edges import (Batch, Deltas, Graph, Senders, batch_of, gradients, site_blocks,
                                           graph_of, input_hooks, patched_metrics, position_means, receiver_sites,
                                           run_senders)
 from tfcli.commands.circuit.edges import counterfactual_of as blind_counterfactual
@@ -300,11 +300,7 @@ def span_edge_scores(graph: SpanGraph, differences: Tensor, grads: list[Tensor],
     by_position = differences.reshape(batch * length, senders, width)
     onehot = torch.nn.functional.one_hot(spans, count).to(differences.dtype)  # (B, T, K)
     scores = torch.zeros(batch, senders, len(base.receivers), count, dtype=torch.float64)
-    blocks: list[list[int]] = [[]]
-    for i, (_, _, n) in enumerate(sites):
-        if sum(sites[k][2] for k in blocks[-1]) + n > SCORE_COLUMNS and blocks[-1]:
-            blocks.append([])
-        blocks[-1].append(i)
+    blocks = site_blocks(sites)
     for block in blocks:
         first, last = sites[block[0]][1], sites[block[-1]][1] + sites[block[-1]][2]
         reads = max(base.reads(r) for r in range(first, last))

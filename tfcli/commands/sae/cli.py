@@ -109,17 +109,7 @@ def train(
         if expansion is not None or latents is not None:
             raise usage_error("--resume keeps the run's latents: leave --expansion and --latents out")
         checkpoint = read_checkpoint(resume, core.FORMAT, "tfcli sae train")
-        options = core.options_of(checkpoint)
-        conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
-                     if value is not None and name != "tokens" and value != getattr(options, name)]
-        if conflicts:
-            raise usage_error(f"--resume {resume}: {', '.join(conflicts)} "
-                              f"{'differs' if len(conflicts) == 1 else 'differ'} from the run's options",
-                              "a resumed run keeps its options: leave them out (--tokens may be raised)")
-        if tokens is not None and tokens < options.tokens:
-            raise usage_error(f"--tokens {tokens}: the run trains on {options.tokens:,}; --resume may raise it only",
-                              parameter="tokens")
-        options.tokens = max(options.tokens, (tokens or 0) - (tokens or 0) % options.batch)
+        options = resumed_options(resume, core.options_of(checkpoint), given)
         out = out or resume
     else:
         if site is None:
@@ -176,18 +166,7 @@ def train_transcoders(screen, file: Path, out: Path | None, expansion: int | Non
         if expansion is not None or latents is not None:
             raise usage_error("--resume keeps the run's latents: leave --expansion and --latents out")
         checkpoint = read_checkpoint(resume, transcoder.FORMAT, "tfcli sae train --transcoder")
-        options = transcoder.options_of(checkpoint)
-        conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
-                     if value is not None and name != "tokens" and value != getattr(options, name)]
-        if conflicts:
-            raise usage_error(f"--resume {resume}: {', '.join(conflicts)} "
-                              f"{'differs' if len(conflicts) == 1 else 'differ'} from the run's options",
-                              "a resumed run keeps its options: leave them out (--tokens may be raised)")
-        tokens = given["tokens"]
-        if tokens is not None and tokens < options.tokens:
-            raise usage_error(f"--tokens {tokens}: the run trains on {options.tokens:,}; --resume may raise it only",
-                              parameter="tokens")
-        options.tokens = max(options.tokens, (tokens or 0) - (tokens or 0) % options.batch)
+        options = resumed_options(resume, transcoder.options_of(checkpoint), given)
         out = out or resume
     else:
         if out is None:
@@ -225,3 +204,20 @@ def train_transcoders(screen, file: Path, out: Path | None, expansion: int | Non
     if result.interrupted:
         warn(f"interrupted: the checkpoint is in {out}; continue with --resume {out} (the same -m and --file)")
         raise typer.Exit(130)
+
+
+def resumed_options(resume: Path, options, given: dict):
+    """A checkpoint's options (an SAE's or transcoders'), refusing any option given that differs from them;
+    `--tokens` may raise the run's tokens (to a whole number of batches)."""
+    conflicts = [f"--{name.replace('_', '-')} {value}" for name, value in given.items()
+                 if value is not None and name != "tokens" and value != getattr(options, name)]
+    if conflicts:
+        raise usage_error(f"--resume {resume}: {', '.join(conflicts)} "
+                          f"{'differs' if len(conflicts) == 1 else 'differ'} from the run's options",
+                          "a resumed run keeps its options: leave them out (--tokens may be raised)")
+    tokens = given["tokens"]
+    if tokens is not None and tokens < options.tokens:
+        raise usage_error(f"--tokens {tokens}: the run trains on {options.tokens:,}; --resume may raise it only",
+                          parameter="tokens")
+    options.tokens = max(options.tokens, (tokens or 0) - (tokens or 0) % options.batch)
+    return options
