@@ -9,7 +9,9 @@ on Intel CPUs and AVX2 ones they are no faster packed, and with two threads on a
 CPU with AVX-512 that is not Intel's they are 1.4-3.4x faster packed from a million weights up (a 2-core AMD
 EPYC), because there PyTorch's plain float32 product (MKL) takes MKL's generic code path (`MKL_VERBOSE=1` names
 it "Intel(R) Architecture processors") while oneDNN runs its AVX-512 kernels; so there those layers pack them
-too (smaller ones, slower packed, stay plain). Packing costs one reordering, so it pays only
+too (smaller ones, slower packed, stay plain), in the layout oneDNN picks for 16 rows (`FLOAT32_PACK_ROWS`): the one
+it picks for a single row runs slower. Where the CPU has no bfloat16 instructions, bfloat16 weights stay plain and
+products of several rows through layer-sized weights run in float32 (`BFLOAT16_CAST`). Packing costs one reordering, so it pays only
 for a weight used again and again, and each layer decides that from its own use, unasked: it packs on its second
 product in a row that can run packed (no gradient wanted, on the CPU, input and weight of one dtype that oneDNN
 packs here, not a float32 single row). So a single forward pass, and the logit lens after it, stay plain; a model
@@ -88,9 +90,27 @@ def _float32_rows_pack_here() -> bool:
 FLOAT32_ROWS_PACK: bool = _float32_rows_pack_here()
 ROWS_PACK_FROM = 1 << 20  # weights of fewer elements run single rows faster plain, even there
 
+# An x86 CPU without bfloat16 instructions (oneDNN has no bfloat16 products there): PyTorch's bfloat16 product
+# costs about 0.14 ms a row through a 2,304 x 768 weight, every row alike, while casting both operands to float32
+# first costs 0.4 ms for 4 rows and 0.8 ms for 16 (docs/benchmarks.md, measured by emulation on a CPU that has
+# them). So there products of BFLOAT16_CAST_ROWS rows or more run in float32 and round back, for weights under
+# BFLOAT16_CAST_BELOW elements: a vocabulary head's cast (tens of millions) costs more than it saves.
+BFLOAT16_CAST: bool = (torch.backends.mkldnn.is_available() and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+                       and torch.backends.cpu.get_cpu_capability().startswith("AVX"))
+BFLOAT16_CAST_ROWS = 4
+BFLOAT16_CAST_BELOW = 1 << 22
+
+
+FLOAT32_PACK_ROWS = 16  # where float32 single rows pack: the fewest rows a float32 weight's layout is chosen for
+
 
 def pack(weight: Tensor, rows: int) -> Tensor:
-    """weight (out, in) in oneDNN's blocked layout (a torch._mkldnn tensor) for products of about `rows` rows."""
+    """weight (out, in) in oneDNN's blocked layout (a torch._mkldnn tensor) for products of about `rows` rows.
+    Where float32 single rows pack, the layout oneDNN picks for one row runs every product slower than the one
+    for 16 rows, single rows included (GPT-2's head 1.7x, generate 1.3x: docs/benchmarks.md), so fewer rows ask
+    for that one."""
+    if FLOAT32_ROWS_PACK and weight.dtype is torch.float32:
+        rows = max(rows, FLOAT32_PACK_ROWS)
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
@@ -175,6 +195,12 @@ def _free(weight: Tensor) -> bool:
     return weight._use_count() == 1 and not weakref.getweakrefs(weight)
 
 
+def _cast_pays(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether this bfloat16 product runs faster in float32 on a CPU without bfloat16 instructions."""
+    return (x.is_cpu and weight.dtype is torch.bfloat16 and x.numel() >= BFLOAT16_CAST_ROWS * x.shape[-1]
+            and weight.numel() < BFLOAT16_CAST_BELOW and not _needs_grad(x, weight, bias))
+
+
 def _needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
                                         (bias is not None and bias.requires_grad))
@@ -212,6 +238,8 @@ class Linear(nn.Linear):
                 or _needs_grad(x, weight, bias):
             if self._uses and (row or _needs_grad(x, weight, bias)):  # a product that cannot run packed ends the run
                 self._uses = 0
+            if dtype is torch.bfloat16 and BFLOAT16_CAST and _cast_pays(x, weight, bias):
+                return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(dtype)
             return F.linear(x, weight, bias)
         rows = max(1, x.numel() // x.shape[-1])
         lens_step = self.tied and rows > 1  # with a tied head, only decoding with the lens (copy_rows) packs these
