@@ -356,3 +356,26 @@ def test_encode_lens_leaves_an_untied_head_plain_and_it_packs_when_used_again(ya
         for _ in range(3):
             model(ids)
     assert type(head.weight) is PackedWeight or torch.float32 not in PACKABLE
+
+
+def test_bfloat16_products_of_several_rows_run_in_float32_without_bfloat16_instructions(tiny_decoder, monkeypatch):
+    """On a CPU without bfloat16 instructions (emulated here: bfloat16 not packable, the cast on), products of 4 rows
+    or more through a layer-sized weight run in float32 and round back: the model's logits are PyTorch's own
+    bfloat16 products' exactly (the same float32 accumulation, rounded once); single rows stay bfloat16."""
+    monkeypatch.setattr(linear, "PACKABLE", PACKABLE - {torch.bfloat16})
+    model = tfcli.load_model(str(tiny_decoder), dtype="bfloat16")
+    prompt = torch.tensor([[101, 2023, 2003, 1037, 2742, 1012]])
+    monkeypatch.setattr(linear, "BFLOAT16_CAST", False)
+    with torch.no_grad():
+        expected = model(prompt).logits
+    cast = []
+    pays = linear._cast_pays
+    monkeypatch.setattr(linear, "_cast_pays", lambda x, w, b: cast.append(pays(x, w, b)) or cast[-1])
+    monkeypatch.setattr(linear, "BFLOAT16_CAST", True)
+    with torch.no_grad():
+        logits = model(prompt).logits
+        assert torch.equal(logits, expected)
+        assert any(cast)
+        cast.clear()
+        model(prompt[:, :1])  # a single row
+    assert cast and not any(cast)
