@@ -5,7 +5,11 @@ Two measures: the generation itself, in one process (tfcli.model.decoding.stream
 lens, runs in turns; per-run ratios), and the whole command (`python -m tfcli generate -n 32 [--lens]`,
 start to exit, which adds the same start-up and load to both). Target (issue 40): <= 1.1x.
 
-Run: python benchmarks/lens.py [--runs N] [--steps N] [--cpu-time]   (a minute or two on a quiet 2-core machine; on a busy
+`--floor` times what the lens adds to a step alone: the head's product of L + 1 rows against the plain step's one row
+(both on the packed copy a step uses), the softmax and argmax over L + 1 rows, and the rate of the 13-row product
+against this core's rate on a large product (the most its multiply-adds run at): the ratio the lens cannot go under.
+
+Run: python benchmarks/lens.py [--runs N] [--steps N] [--cpu-time] [--floor]   (a minute or two on a quiet 2-core machine; on a busy
 one, OMP_NUM_THREADS=1 ... --cpu-time gives steady figures: two threads wait for each other at every small
 operation)
 """
@@ -13,16 +17,17 @@ operation)
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
-from measure import compare, load_average, machine, ratios, spread
+from measure import compare, in_turns, load_average, machine, ratios, spread
 
 PROMPT = "time flies like an arrow and"
 TARGET = 1.1
 
 
-def in_process(runs: int, steps: int, clock) -> None:
+def in_process(runs: int, steps: int, clock) -> float:
     import torch
 
     import tfcli
@@ -48,6 +53,36 @@ def in_process(runs: int, steps: int, clock) -> None:
           f"{'CPU' if clock is time.process_time else 'wall'} time: plain {spread(per_token[False], ' ms')}"
           f" per token, with the lens {spread(per_token[True], ' ms')}; ratio lens / plain "
           f"{spread(ratios(seconds[True], seconds[False]))} (target <= {TARGET})")
+    return statistics.median(per_token[False])
+
+
+def floor(plain_ms: float, repeats: int) -> None:
+    """What the lens adds to a step of `plain_ms`, alone: the extra rows of the head's product and their softmax."""
+    import torch
+
+    import tfcli
+    from tfcli.model.linear import pack
+
+    head = tfcli.load_model("gpt2-small").lm_head.unembed.weight.detach()  # (V, hidden), tied to the embeddings
+    states = len(tfcli.load_model("gpt2-small").output_stack.blocks) + 1
+    packed = pack(head, states)  # the copy decoding with the lens packs (and the plain step's: 16 rows and fewer alike)
+    rows = {n: torch.randn(n, head.shape[1]) for n in (1, states, 256)}
+    scores = torch.randn(states, head.shape[0])
+    times = in_turns({n: lambda x=x: [torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+                                       for _ in range(10)] for n, x in rows.items()}
+                     | {"softmax": lambda: [scores.softmax(-1).max(-1) for _ in range(10)],
+                        "one softmax": lambda: [scores[-1:].softmax(-1).max(-1) for _ in range(10)]}, repeats)
+    ms = {name: min(values) * 100 for name, values in times.items()}  # per call (10 a timing), best run
+
+    def rate(n: int) -> float:  # GFLOP/s of an n-row product
+        return 2 * n * head.numel() / ms[n] / 1e6
+
+    added = ms[states] - ms[1] + ms["softmax"] - ms["one softmax"]
+    print(f"the lens's own work, {torch.get_num_threads()} threads, best of {repeats}: the head's product "
+          f"{ms[states]:.2f} ms for {states} rows ({rate(states):.0f} GFLOP/s) against {ms[1]:.2f} ms for one; "
+          f"256 rows {rate(256):.0f} GFLOP/s (this core's rate); softmax and argmax over {states} rows "
+          f"{ms['softmax']:.2f} ms against {ms['one softmax']:.2f} ms for one; added {added:.2f} ms to a "
+          f"{plain_ms:.2f} ms step: floor {1 + added / plain_ms:.2f}")
 
 
 def main() -> None:
@@ -57,10 +92,13 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the generation by this process's CPU time: with OMP_NUM_THREADS=1, what other "
                         "processes on a busy machine do not disturb")
+    parser.add_argument("--floor", action="store_true", help="also time what the lens adds to a step, alone")
     args = parser.parse_args()
     print(machine(in_process=True))
     print(f"{load_average()} before")
-    in_process(args.runs, args.steps, time.process_time if args.cpu_time else time.perf_counter)
+    plain_ms = in_process(args.runs, args.steps, time.process_time if args.cpu_time else time.perf_counter)
+    if args.floor:
+        floor(plain_ms, args.runs)
     command = [sys.executable, "-m", "tfcli", "generate", "-n", str(args.steps), PROMPT]
     print("whole command:", " ".join(command[1:]), "[--lens]")
     # both make the same tokens (the lens only watches), so both do the same work
