@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from tfcli.analysis.dataset import LineSpec
 from tfcli.errors import usage_error
@@ -172,6 +173,26 @@ class Nodes:
     writes: Tensor | None = None  # a cross-layer transcoder's (cross_layer.py): (m, 2) each decoders row's node, layer
 
 
+_SITE_NAMES: WeakKeyDictionary = WeakKeyDictionary()  # a model -> its site names (site_names)
+
+
+def site_names(model: Transformer) -> list[str]:
+    """Every site a pass of `model` reaches, its attention patterns and norms' scales among them (what
+    `model.site_shapes()` lists), from one pass of the model on one token, remembered per model: not site_shapes'
+    pass on the meta device, whose first run imports torch._dynamo (about a second)."""
+    import torch
+
+    from tfcli.model.sites import Sites
+
+    names = _SITE_NAMES.get(model)
+    if names is None:
+        sites = Sites(keep=lambda name: True)
+        with torch.no_grad():
+            model(torch.zeros(1, 1, dtype=torch.long, device=model.device), sites=sites)
+        names = _SITE_NAMES[model] = list(sites.cache)
+    return names
+
+
 def readout_site(model: Transformer) -> str:
     """Where a logit's vector is read: the final norm's output (the head's input)."""
     return "final_norm.out" if model.has_final_norm else f"blocks.{model.config.num_hidden_layers - 1}.resid_post"
@@ -250,7 +271,7 @@ class Replacement:
                 return value
             return hook
 
-        hooks = {name: detached for name in model.site_shapes() if name.endswith((".attn.pattern", ".scale"))}
+        hooks = {name: detached for name in site_names(model) if name.endswith((".attn.pattern", ".scale"))}
         hooks["blocks.0.resid_pre"] = kept("blocks.0.resid_pre", leaf=True)
         hooks[self.readout] = kept(self.readout)
         for layer in self.layers:
@@ -327,9 +348,11 @@ def attribute(model: Transformer, tokenizer: Tokenizer, transcoders: Transcoders
     """The graph of one prompt (ids (T,), a special token first), pruned and scored; `progress(rows done, rows)`."""
     import torch
 
+    from tfcli.analysis.transcoders import place_transcoders
     from tfcli.commands.graph import influence, validation
     from tfcli.tokenizer import text_of
 
+    place_transcoders(transcoders, model.config, site_names(model))
     device = model.device
     prompt = torch.tensor([ids], device=device)
     nodes = find_nodes(model, transcoders, prompt)
