@@ -234,6 +234,42 @@ def find_nodes(model: Transformer, transcoders: Transcoders, ids: Tensor) -> Nod
                  cache["blocks.0.resid_pre"][0].float(), logits[0, -1].float())
 
 
+def values_only(model: Transformer, hooks: dict) -> list:
+    """With every pattern frozen, a self-attention's queries and keys reach no target: each block's fused q, k, v
+    projection is taken out of the autograd graph (a forward hook on it, returned to be removed) and its values put
+    back in through their own rows of the weight (a hook on the `attn.v` site, added to `hooks`: the same values).
+    The backward passes then multiply by the values' rows alone (SmolLM2: 192 of 960) and build no zero gradients for
+    the queries and keys."""
+    import torch.nn.functional as F
+
+    from tfcli.model.attention import Attention
+
+    if model.config.architecture != "decoder":
+        return []
+    handles, inputs = [], []  # inputs: the projection's input, from its forward hook to the v site's (next in order)
+
+    def taken_out(module, args, output):
+        inputs.append(args[0])
+        return output.detach()
+
+    for layer, block in enumerate(model.output_stack.blocks):
+        attention, name = block._modules.get("attn"), f"blocks.{layer}.attn.v"
+        if type(attention) is not Attention or attention.cross or name in hooks:
+            continue
+        start = (attention.heads + attention.kv_heads) * attention.head_dim  # the values' rows: q, k, then v
+
+        def values(value: Tensor, projection=attention.qkv, start: int = start) -> Tensor:
+            """value (B, T, G, D): the same values, live through the values' rows of the projection alone."""
+            bias = projection.bias
+            live = F.linear(inputs.pop(), projection.weight[start:], None if bias is None else bias[start:])
+            live = live.view(value.shape)
+            return value.detach() + (live - live.detach())
+
+        hooks[name] = values
+        handles.append(attention.qkv.register_forward_hook(taken_out))
+    return handles
+
+
 class Replacement:
     """The local replacement model's pass with autograd over the prompt (one row): every attention pattern and norm
     divisor detached, each MLP's output site replaced by its value detached (plus the live skip term, where the
@@ -279,8 +315,13 @@ class Replacement:
             hooks[transcoders.output_site(layer)] = frozen_output(layer)
         import torch
 
-        with torch.enable_grad():
-            model.run_with_hooks(ids, hooks, logits_to_keep=0)
+        handles = values_only(model, hooks)
+        try:
+            with torch.enable_grad():
+                model.run_with_hooks(ids, hooks, logits_to_keep=0)
+        finally:
+            for handle in handles:
+                handle.remove()
         outputs = [self.cache[transcoders.output_site(layer)] for layer in self.layers]
         self.sources = [*outputs, self.cache["blocks.0.resid_pre"]]
         self.length = ids.shape[1]  # a prefix of the prompt: the sources at later positions have no effect here
