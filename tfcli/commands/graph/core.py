@@ -325,8 +325,14 @@ class Replacement:
         outputs = [self.cache[transcoders.output_site(layer)] for layer in self.layers]
         self.sources = [*outputs, self.cache["blocks.0.resid_pre"]]
         self.length = ids.shape[1]  # a prefix of the prompt: the sources at later positions have no effect here
-        before = nodes.features[:, 1] < self.length
-        self.features_by_layer = [((nodes.features[:, 0] == layer) & before).nonzero()[:, 0] for layer in self.layers]
+        self.groups: list[tuple[int, int, int, int]] = []  # layer, position, the features' first and last + 1
+        if nodes.writes is None:  # features in (layer, position, feature) order: each (layer, position) a run
+            places = nodes.features[:, 0] * len(nodes.tokens) + nodes.features[:, 1]
+            found, counts = torch.unique_consecutive(places, return_counts=True)
+            ends = torch.cumsum(counts, 0)
+            self.groups = [(place // len(nodes.tokens), place % len(nodes.tokens), end - count, end)
+                           for place, count, end in zip(found.tolist(), counts.tolist(), ends.tolist())
+                           if place % len(nodes.tokens) < self.length]
 
     def rows_of(self, sites: list[str], positions: Tensor, vectors: Tensor) -> Tensor:
         """Targets (b of them): each reads `vectors[i]` (d,) at site `sites[i]`, position `positions[i]` -> their rows
@@ -351,14 +357,12 @@ class Replacement:
             from tfcli.commands.graph.cross_layer import feature_columns
 
             features = feature_columns(grads, b, nodes, self.length)
-        for layer, at in zip(self.layers, self.features_by_layer) if nodes.writes is None else ():
-            if len(at):
-                by_position = grads[layer] @ nodes.decoders[at].T  # (b, T, n_layer)
-                features[:, at] = by_position[:, nodes.features[at, 1], torch.arange(len(at))]
+        for layer, position, start, end in self.groups:  # a product per (layer, position): its features alone
+            features[:, start:end] = grads[layer][:, position] @ nodes.decoders[start:end].T
         errors = torch.zeros(b, len(self.layers), len(nodes.tokens))
         tokens = torch.zeros(b, len(nodes.tokens))
-        errors[:, :, :self.length] = torch.einsum("lbtd,ltd->blt", torch.stack(grads[:-1]),
-                                                   nodes.errors[:, :self.length])
+        for layer in self.layers:  # (no stacked copy of the gradients)
+            errors[:, layer, :self.length] = (grads[layer] * nodes.errors[layer, :self.length]).sum(-1)
         tokens[:, :self.length] = (grads[-1] * nodes.tokens[:self.length]).sum(-1)
         return torch.cat([features, errors.flatten(1), tokens], dim=1)
 
