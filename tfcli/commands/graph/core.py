@@ -179,15 +179,18 @@ _SITE_NAMES: WeakKeyDictionary = WeakKeyDictionary()  # a model -> its site name
 def site_names(model: Transformer) -> list[str]:
     """Every site a pass of `model` reaches, its attention patterns and norms' scales among them (what
     `model.site_shapes()` lists), from one pass of the model on one token, remembered per model: not site_shapes'
-    pass on the meta device, whose first run imports torch._dynamo (about a second)."""
+    pass on the meta device, whose first run imports torch._dynamo (about a second). The pass runs with autograd, as
+    the replacement model's do: a pass without would count towards packing the weights for inference
+    (model/linear.py), the next plain pass would pack them (0.2 s on SmolLM2) and the passes with autograd unpack
+    them again."""
     import torch
 
     from tfcli.model.sites import Sites
 
     names = _SITE_NAMES.get(model)
     if names is None:
-        sites = Sites(keep=lambda name: True)
-        with torch.no_grad():
+        sites = Sites(keep=lambda name: True, hooks={"blocks.0.resid_pre": lambda value: value.requires_grad_()})
+        with torch.enable_grad():
             model(torch.zeros(1, 1, dtype=torch.long, device=model.device), sites=sites)
         names = _SITE_NAMES[model] = list(sites.cache)
     return names
