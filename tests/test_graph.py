@@ -521,3 +521,23 @@ def test_a_hook_the_blocks_lack_is_one_error_line(cli, tmp_path, save_hf_model):
     assert result.exit_code == 1 and len(errors) == 1, result.stderr
     assert "hook_resid_mid maps to resid_mid, which" in " ".join(result.stderr.split()), result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_values_only_gradient_equals_the_whole_projections(llama, monkeypatch, shared):
+    """core.values_only (attention's gradient through the values' rows of the fused projection alone) gives the rows
+    the whole projection's gradient gives (values_only off), also where two layers share one block (its projection
+    then hooked twice: each v site takes the input its own call put last)."""
+    path, _, transcoders = llama
+    model, source = tfcli.load_model(str(path)), resolve_source(str(path))
+    if shared:
+        model.output_stack.blocks[2] = model.output_stack.blocks[1]
+    tokenizer, read = load_tokenizer_for(source), read_set(transcoders)
+    check_transcoders(read, source.config)
+    ids = core.prompt_ids(source.config, tokenizer, PROMPT, lambda message: None)
+    options = core.GraphOptions(validate=0, batch_size=16)
+    ours = core.attribute(model, tokenizer, read, PROMPT, ids, options).adjacency
+    monkeypatch.setattr(core, "values_only", lambda model, hooks: [])
+    whole = core.attribute(model, tokenizer, read, PROMPT, ids, options).adjacency
+    assert ours.shape == whole.shape and ours.abs().max() > 0
+    assert scaled_difference(ours, whole) <= 1e-5
