@@ -157,9 +157,12 @@ def save_transcoders(model_folder: Path, folder: Path, prompt: str, active: int,
                   str(folder / f"layer_{layer}.safetensors"))
 
 
-def run_once(command: list[str], env: dict[str, str]) -> tuple[float, float, int]:
-    """measure.run_once, with an environment: wall seconds, CPU seconds, peak RSS bytes of the command alone."""
-    result = subprocess.run([sys.executable, "-c", LAUNCHER, *command], capture_output=True, text=True, env=env)
+def run_once(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int]:
+    """measure.run_once, with an environment and a working folder: wall seconds, CPU seconds, peak RSS bytes of the
+    command alone. The folder matters: `python -c` puts it first on the path, before PYTHONPATH, so that a tfcli tree
+    there is the one imported (run from this repository's root, `--before TREE` timed this tree again)."""
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, *command], capture_output=True, text=True, env=env,
+                            cwd=cwd)
     if result.returncode != 0 or not result.stdout:
         raise RuntimeError(f"the launcher failed:\n{result.stderr}")
     code, seconds, cpu_seconds, peak = json.loads(result.stdout)
@@ -205,13 +208,13 @@ def main() -> None:
         raise SystemExit(f"circuit-tracer 0.5.0 is not installed apart in {CT}: pip install --no-deps --target "
                          ".references/ct -r tests/circuit-tracer.txt")
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="graph-bench-"))
+    work = (args.work or Path(tempfile.mkdtemp(prefix="graph-bench-"))).resolve()  # the contenders run elsewhere
     model = work / "smollm2"
     if not (model / "config.json").is_file():
         model.mkdir(parents=True, exist_ok=True)
         save_model(model)
     layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
-    transcoders = args.transcoders or work / f"transcoders-{args.active}"
+    transcoders = (args.transcoders or work / f"transcoders-{args.active}").resolve()
     if not transcoders.is_dir():
         save_transcoders(model, transcoders, args.prompt, args.active)
 
@@ -232,10 +235,11 @@ def main() -> None:
             arguments += ["--max-feature-nodes", str(args.max_feature_nodes)]
         return [sys.executable, "-c", TFCLI, str(timings[name]), *arguments]
 
-    commands = {"tfcli": (tfcli("tfcli"), tfcli_env),
-                "circuit-tracer": ([sys.executable, "-c", CIRCUIT_TRACER, json.dumps(job)], ct_env)}
+    commands = {"tfcli": (tfcli("tfcli"), tfcli_env, ROOT),
+                "circuit-tracer": ([sys.executable, "-c", CIRCUIT_TRACER, json.dumps(job)], ct_env, work)}
     if args.before:
-        commands["tfcli-before"] = (tfcli("tfcli-before"), {**env, "PYTHONPATH": str(args.before.resolve())})
+        before = args.before.resolve()
+        commands["tfcli-before"] = (tfcli("tfcli-before"), {**env, "PYTHONPATH": str(before)}, before)
 
     print(machine())
     print(f"prompt {args.prompt!r}, transcoders {transcoders} ({WIDTH if args.transcoders is None else '?'} wide), "
@@ -244,8 +248,8 @@ def main() -> None:
     figures = {name: {"seconds": [], "cpu": [], "peak": [], "attribution": [], "attribution_cpu": []}
                for name in commands}
     for round_ in range(args.runs + 1):
-        for name, (command, environment) in commands.items():
-            seconds, cpu, peak = run_once(command, environment)
+        for name, (command, environment, folder) in commands.items():
+            seconds, cpu, peak = run_once(command, environment, folder)
             if round_:
                 figures[name]["seconds"].append(seconds)
                 figures[name]["cpu"].append(cpu)

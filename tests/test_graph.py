@@ -491,3 +491,53 @@ def test_an_encoder_is_refused_by_name(cli, tmp_path, llama, no_model_built):
     _, _, transcoders = llama
     result = cli("graph", "-m", "bert-base", "--transcoders", str(transcoders), PROMPT)
     assert result.exit_code == 2 and "attribution graphs are for decoders" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_site_names_are_the_sites_site_shapes_lists(family, request):
+    """core.site_names (one pass of the model on one token) lists the sites model.site_shapes() (a pass on the meta
+    device) lists, in the same order: the transcoders' hooks are placed and the replacement model's patterns and norm
+    scales frozen by these names."""
+    path, _, _ = request.getfixturevalue(family)
+    model = tfcli.load_model(str(path))
+    names = core.site_names(model)
+    assert names == list(model.site_shapes())
+    assert any(name.endswith(".attn.pattern") for name in names) and any(name.endswith(".scale") for name in names)
+
+
+def test_a_hook_the_blocks_lack_is_one_error_line(cli, tmp_path, save_hf_model):
+    """hook_resid_mid on GPT-NeoX's parallel blocks, which have no resid_mid: refused by name once the model is built
+    (the sites come from a pass of the model itself), one error line, exit 1 (the transcoders do not fit it)."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(vocab_size=len(WORDS) + 3, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, max_position_embeddings=64, use_parallel_residual=True,
+                           bos_token_id=1, eos_token_id=2)
+    hf = save_hf_model(GPTNeoXForCausalLM, config, tmp_path, perturb=True)
+    write_tokenizer(tmp_path)
+    transcoders = write_transcoders(tmp_path / "tc", hf, "neox", True, False, ("hook_resid_mid", "hook_mlp_out"))
+    result = cli("graph", "-m", str(tmp_path), "--transcoders", str(transcoders), PROMPT)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 1 and len(errors) == 1, result.stderr
+    assert "hook_resid_mid maps to resid_mid, which" in " ".join(result.stderr.split()), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_values_only_gradient_equals_the_whole_projections(llama, monkeypatch, shared):
+    """core.values_only (attention's gradient through the values' rows of the fused projection alone) gives the rows
+    the whole projection's gradient gives (values_only off), also where two layers share one block (its projection
+    then hooked twice: each v site takes the input its own call put last)."""
+    path, _, transcoders = llama
+    model, source = tfcli.load_model(str(path)), resolve_source(str(path))
+    if shared:
+        model.output_stack.blocks[2] = model.output_stack.blocks[1]
+    tokenizer, read = load_tokenizer_for(source), read_set(transcoders)
+    check_transcoders(read, source.config)
+    ids = core.prompt_ids(source.config, tokenizer, PROMPT, lambda message: None)
+    options = core.GraphOptions(validate=0, batch_size=16)
+    ours = core.attribute(model, tokenizer, read, PROMPT, ids, options).adjacency
+    monkeypatch.setattr(core, "values_only", lambda model, hooks: [])
+    whole = core.attribute(model, tokenizer, read, PROMPT, ids, options).adjacency
+    assert ours.shape == whole.shape and ours.abs().max() > 0
+    assert scaled_difference(ours, whole) <= 1e-5

@@ -199,3 +199,97 @@ def test_smollm2s_graph_is_circuit_tracers(smollm2_folder, tmp_path):
            "max_feature_nodes": 64, "batch_size": 16, "out": str(tmp_path / "smollm2.safetensors")}
     [scores] = run_circuit_tracer([job])
     assert_same(ours, scores, job["out"], features_kept=False)
+
+
+PRUNE_SCRIPT = r'''
+import json, sys, types
+import torch
+from safetensors.torch import load_file, save_file
+from circuit_tracer.graph import find_threshold, prune_graph
+
+job = json.loads(sys.argv[1])
+cases = load_file(job["in"])
+out = {}
+for name in job["thresholds"]:
+    for fraction in job["fractions"]:
+        out[f"{name}@{fraction}"] = find_threshold(cases[name], fraction).reshape(1)
+for graph in job["graphs"]:
+    adjacency = cases[graph["name"]]
+    shaped = types.SimpleNamespace(adjacency_matrix=adjacency, input_tokens=torch.zeros(graph["tokens"]),
+                                   logit_targets=[None] * graph["logits"],
+                                   selected_features=torch.zeros(graph["features"]),
+                                   logit_probabilities=cases[graph["name"] + ".p"])
+    pruned = prune_graph(shaped, 0.8, 0.98)
+    out[graph["name"] + ".node_mask"] = pruned.node_mask
+    out[graph["name"] + ".edge_mask"] = pruned.edge_mask
+    out[graph["name"] + ".cumulative"] = pruned.cumulative_scores.float()
+save_file(out, job["out"])
+'''
+
+
+def sparse_dag(generator, features: int, errors: int, tokens: int, logits: int, density: float):
+    """A random adjacency in circuit-tracer's node order (features, errors, tokens, logits; rows targets): each feature
+    and logit reads some earlier features and errors and any token (a DAG: a feature reads only features before it),
+    `density` of the possible edges nonzero, some of them equal (ties)."""
+    n = features + errors + tokens + logits
+    adjacency = torch.zeros(n, n)
+    readers = [*range(features), *range(n - logits, n)]
+    for row in readers:
+        sources = torch.cat([torch.arange(min(row, features)), torch.arange(features, n - logits)])
+        chosen = sources[torch.rand(len(sources), generator=generator) < density]
+        weights = torch.randn(len(chosen), generator=generator)
+        weights[::7] = 0.25  # ties
+        adjacency[row, chosen] = weights
+    probabilities = torch.softmax(torch.randn(logits, generator=generator), 0)
+    return adjacency, probabilities
+
+
+@INSTALLED
+def test_pruning_and_its_thresholds_are_circuit_tracers_on_sparse_graphs(tmp_path):
+    """influence.threshold_of (which sorts only the positive scores) against circuit-tracer's find_threshold (which
+    sorts them all) on scores mostly zero, with ties, negatives, -0.0, none zero or all zero, at fractions up to 1.0
+    (the threshold then a zero); and influence.prune against prune_graph on sparse random DAGs: the same masks."""
+    from safetensors.torch import load_file, save_file
+
+    from tfcli.commands.graph import influence
+
+    generator = torch.Generator().manual_seed(0)
+    mostly_zero = torch.zeros(20000)
+    mostly_zero[torch.randperm(20000, generator=generator)[:300]] = torch.rand(300, generator=generator)
+    tied = torch.zeros(5000)
+    tied[:400] = torch.tensor([0.5, 0.25, 0.125, 0.125]).repeat(100)
+    signed = torch.randn(3000, generator=generator) * (torch.rand(3000, generator=generator) < 0.1)
+    negative_zero = torch.zeros(1000)
+    negative_zero[:500] = -0.0
+    negative_zero[600:650] = torch.rand(50, generator=generator)
+    cases = {"mostly_zero": mostly_zero, "tied": tied, "signed": signed, "negative_zero": negative_zero,
+             "none_zero": torch.rand(2000, generator=generator) + 0.1, "all_zero": torch.zeros(100),
+             "one": torch.tensor([0.7])}
+    thresholds = list(cases)
+    graphs = []
+    for name, (features, errors, tokens, logits, density) in {"dense": (60, 20, 5, 3, 0.5),
+                                                               "sparse": (400, 90, 9, 6, 0.02)}.items():
+        adjacency, probabilities = sparse_dag(generator, features, errors, tokens, logits, density)
+        cases[name], cases[name + ".p"] = adjacency, probabilities
+        graphs.append({"name": name, "features": features, "tokens": tokens, "logits": logits})
+    fractions = [0.0, 0.5, 0.8, 0.98, 0.999999, 1.0]
+    save_file(cases, str(tmp_path / "in.safetensors"))
+    job = {"in": str(tmp_path / "in.safetensors"), "out": str(tmp_path / "out.safetensors"),
+           "thresholds": thresholds, "fractions": fractions, "graphs": graphs}
+    env = {**os.environ, "PYTHONPATH": str(CT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", PRUNE_SCRIPT, json.dumps(job)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = load_file(job["out"])
+    for name in thresholds:
+        for fraction in fractions:
+            ours = influence.threshold_of(cases[name], fraction)
+            assert ours.item() == theirs[f"{name}@{fraction}"].item(), (name, fraction)
+    for graph in graphs:
+        name = graph["name"]
+        ours = influence.prune(cases[name], cases[name + ".p"], graph["features"], graph["tokens"])
+        assert torch.equal(ours.node_mask, theirs[name + ".node_mask"]), name
+        assert torch.equal(ours.edge_mask, theirs[name + ".edge_mask"]), name
+        kept = int(ours.node_mask[:graph["features"]].sum())
+        assert 0 < kept < graph["features"], (name, kept)
+        assert torch.allclose(ours.cumulative, theirs[name + ".cumulative"], atol=1e-6), name

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 from tfcli.errors import file_error, usage_error
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from torch import Tensor
 
     from tfcli.config import ModelConfig
@@ -51,7 +53,7 @@ class Transcoders:
     input_hook: str
     output_hook: str
     layers: list[dict[str, Tensor]]  # W_enc (F, d), b_enc (F,), W_dec (F, d), b_dec (d,); threshold (F,), W_skip (d, d)
-    input_leaf: str = ""  # set by check_transcoders: the leaf under blocks.{l}. that the model has
+    input_leaf: str = ""  # set by place_transcoders: the leaf under blocks.{l}. that the model has
     output_leaf: str = ""
     format: str = "circuit-tracer"  # circuit-tracer | saelens | sparsify
     cross_layer: bool = False  # circuit-tracer's CLT: layer i's W_dec (F, L - i, d) writes layers i, i + 1, ...
@@ -282,10 +284,8 @@ def check_layers(path: str, layers: list[dict[str, Tensor]]) -> None:
 
 
 def check_transcoders(transcoders: Transcoders, config: ModelConfig) -> None:
-    """The set against the model, before it is built: a decoder, one transcoder per layer, as wide as the model,
-    its hooks on sites the model's blocks have (sets the sites' leaves)."""
-    from tfcli.model.transformer import site_shapes
-
+    """The set against the model's config, before the model is built: a decoder, one transcoder per layer, as wide as
+    the model. Where its hooks are in the model's blocks is `place_transcoders`' work, once the model is built."""
     if config.architecture != "decoder":
         raise usage_error(f"{OPTION}: {config.name} is an {config.architecture}; attribution graphs are for decoders",
                           "use a decoder-only model")
@@ -295,10 +295,16 @@ def check_transcoders(transcoders: Transcoders, config: ModelConfig) -> None:
     if transcoders.d_model != config.hidden_size:
         raise file_error(f"{OPTION} {transcoders.path}: the transcoders read {transcoders.d_model} values per token, "
                           f"but {config.name} is {config.hidden_size} wide", "transcoders trained on this model")
-    shapes = site_shapes(config)
+
+
+def place_transcoders(transcoders: Transcoders, config: ModelConfig, names: Iterable[str]) -> None:
+    """Sets the sites' leaves: each hook's first leaf that every block of the model has, `names` being the model's
+    site names (found by a pass of the model itself: a pass on the meta device before it is built costs a second of
+    imports)."""
+    names = set(names)
     for attribute, hook, leaves in (("input_leaf", transcoders.input_hook, INPUT_HOOKS[transcoders.input_hook]),
                                     ("output_leaf", transcoders.output_hook, OUTPUT_HOOKS[transcoders.output_hook])):
-        found = next((leaf for leaf in leaves if all(f"blocks.{layer}.{leaf}" in shapes
+        found = next((leaf for leaf in leaves if all(f"blocks.{layer}.{leaf}" in names
                                                        for layer in range(config.num_hidden_layers))), None)
         if found is None:
             raise file_error(f"{OPTION} {transcoders.path}: {hook} maps to {' or '.join(leaves)}, which "

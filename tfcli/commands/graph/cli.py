@@ -106,7 +106,8 @@ def graph(
     source = resolve_source(run.model, run.revision)
     core.check_options(source.config, core.GraphOptions())
     check_transcoders(read, source.config)
-    tokenizer = load_tokenizer_for(source)
+    # read here only for --target and --contexts (the session reads its own for the prompts: a second read costs 0.1 s)
+    tokenizer = load_tokenizer_for(source) if target is not None or contexts is not None else None
     target_token, foil_token = parse_metric(source.config, tokenizer, target, foil)
     corpus = read_corpus(contexts, source.config, tokenizer) if contexts is not None else None
     options = core.GraphOptions(target=target_token, foil=foil_token, max_feature_nodes=max_feature_nodes,

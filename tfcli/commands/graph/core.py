@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from tfcli.analysis.dataset import LineSpec
 from tfcli.errors import usage_error
@@ -172,6 +173,29 @@ class Nodes:
     writes: Tensor | None = None  # a cross-layer transcoder's (cross_layer.py): (m, 2) each decoders row's node, layer
 
 
+_SITE_NAMES: WeakKeyDictionary = WeakKeyDictionary()  # a model -> its site names (site_names)
+
+
+def site_names(model: Transformer) -> list[str]:
+    """Every site a pass of `model` reaches, its attention patterns and norms' scales among them (what
+    `model.site_shapes()` lists), from one pass of the model on one token, remembered per model: not site_shapes'
+    pass on the meta device, whose first run imports torch._dynamo (about a second). The pass runs with autograd, as
+    the replacement model's do: a pass without would count towards packing the weights for inference
+    (model/linear.py), the next plain pass would pack them (0.2 s on SmolLM2) and the passes with autograd unpack
+    them again."""
+    import torch
+
+    from tfcli.model.sites import Sites
+
+    names = _SITE_NAMES.get(model)
+    if names is None:
+        sites = Sites(keep=lambda name: True, hooks={"blocks.0.resid_pre": lambda value: value.requires_grad_()})
+        with torch.enable_grad():
+            model(torch.zeros(1, 1, dtype=torch.long, device=model.device), sites=sites)
+        names = _SITE_NAMES[model] = list(sites.cache)
+    return names
+
+
 def readout_site(model: Transformer) -> str:
     """Where a logit's vector is read: the final norm's output (the head's input)."""
     return "final_norm.out" if model.has_final_norm else f"blocks.{model.config.num_hidden_layers - 1}.resid_post"
@@ -213,6 +237,42 @@ def find_nodes(model: Transformer, transcoders: Transcoders, ids: Tensor) -> Nod
                  cache["blocks.0.resid_pre"][0].float(), logits[0, -1].float())
 
 
+def values_only(model: Transformer, hooks: dict) -> list:
+    """With every pattern frozen, a self-attention's queries and keys reach no target: each block's fused q, k, v
+    projection is taken out of the autograd graph (a forward hook on it, returned to be removed) and its values put
+    back in through their own rows of the weight (a hook on the `attn.v` site, added to `hooks`: the same values).
+    The backward passes then multiply by the values' rows alone (SmolLM2: 192 of 960) and build no zero gradients for
+    the queries and keys."""
+    import torch.nn.functional as F
+
+    from tfcli.model.attention import Attention
+
+    if model.config.architecture != "decoder":
+        return []
+    handles, inputs = [], []  # inputs: the projection's input, from its forward hook to the v site's (next in order)
+
+    def taken_out(module, args, output):
+        inputs.append(args[0])
+        return output.detach()
+
+    for layer, block in enumerate(model.output_stack.blocks):
+        attention, name = block._modules.get("attn"), f"blocks.{layer}.attn.v"
+        if type(attention) is not Attention or attention.cross or name in hooks:
+            continue
+        start = (attention.heads + attention.kv_heads) * attention.head_dim  # the values' rows: q, k, then v
+
+        def values(value: Tensor, projection=attention.qkv, start: int = start) -> Tensor:
+            """value (B, T, G, D): the same values, live through the values' rows of the projection alone."""
+            bias = projection.bias
+            live = F.linear(inputs.pop(), projection.weight[start:], None if bias is None else bias[start:])
+            live = live.view(value.shape)
+            return value.detach() + (live - live.detach())
+
+        hooks[name] = values
+        handles.append(attention.qkv.register_forward_hook(taken_out))
+    return handles
+
+
 class Replacement:
     """The local replacement model's pass with autograd over the prompt (one row): every attention pattern and norm
     divisor detached, each MLP's output site replaced by its value detached (plus the live skip term, where the
@@ -250,7 +310,7 @@ class Replacement:
                 return value
             return hook
 
-        hooks = {name: detached for name in model.site_shapes() if name.endswith((".attn.pattern", ".scale"))}
+        hooks = {name: detached for name in site_names(model) if name.endswith((".attn.pattern", ".scale"))}
         hooks["blocks.0.resid_pre"] = kept("blocks.0.resid_pre", leaf=True)
         hooks[self.readout] = kept(self.readout)
         for layer in self.layers:
@@ -258,13 +318,24 @@ class Replacement:
             hooks[transcoders.output_site(layer)] = frozen_output(layer)
         import torch
 
-        with torch.enable_grad():
-            model.run_with_hooks(ids, hooks, logits_to_keep=0)
+        handles = values_only(model, hooks)
+        try:
+            with torch.enable_grad():
+                model.run_with_hooks(ids, hooks, logits_to_keep=0)
+        finally:
+            for handle in handles:
+                handle.remove()
         outputs = [self.cache[transcoders.output_site(layer)] for layer in self.layers]
         self.sources = [*outputs, self.cache["blocks.0.resid_pre"]]
         self.length = ids.shape[1]  # a prefix of the prompt: the sources at later positions have no effect here
-        before = nodes.features[:, 1] < self.length
-        self.features_by_layer = [((nodes.features[:, 0] == layer) & before).nonzero()[:, 0] for layer in self.layers]
+        self.groups: list[tuple[int, int, int, int]] = []  # layer, position, the features' first and last + 1
+        if nodes.writes is None:  # features in (layer, position, feature) order: each (layer, position) a run
+            places = nodes.features[:, 0] * len(nodes.tokens) + nodes.features[:, 1]
+            found, counts = torch.unique_consecutive(places, return_counts=True)
+            ends = torch.cumsum(counts, 0)
+            self.groups = [(place // len(nodes.tokens), place % len(nodes.tokens), end - count, end)
+                           for place, count, end in zip(found.tolist(), counts.tolist(), ends.tolist())
+                           if place % len(nodes.tokens) < self.length]
 
     def rows_of(self, sites: list[str], positions: Tensor, vectors: Tensor) -> Tensor:
         """Targets (b of them): each reads `vectors[i]` (d,) at site `sites[i]`, position `positions[i]` -> their rows
@@ -289,14 +360,12 @@ class Replacement:
             from tfcli.commands.graph.cross_layer import feature_columns
 
             features = feature_columns(grads, b, nodes, self.length)
-        for layer, at in zip(self.layers, self.features_by_layer) if nodes.writes is None else ():
-            if len(at):
-                by_position = grads[layer] @ nodes.decoders[at].T  # (b, T, n_layer)
-                features[:, at] = by_position[:, nodes.features[at, 1], torch.arange(len(at))]
+        for layer, position, start, end in self.groups:  # a product per (layer, position): its features alone
+            features[:, start:end] = grads[layer][:, position] @ nodes.decoders[start:end].T
         errors = torch.zeros(b, len(self.layers), len(nodes.tokens))
         tokens = torch.zeros(b, len(nodes.tokens))
-        errors[:, :, :self.length] = torch.einsum("lbtd,ltd->blt", torch.stack(grads[:-1]),
-                                                   nodes.errors[:, :self.length])
+        for layer in self.layers:  # (no stacked copy of the gradients)
+            errors[:, layer, :self.length] = (grads[layer] * nodes.errors[layer, :self.length]).sum(-1)
         tokens[:, :self.length] = (grads[-1] * nodes.tokens[:self.length]).sum(-1)
         return torch.cat([features, errors.flatten(1), tokens], dim=1)
 
@@ -327,9 +396,11 @@ def attribute(model: Transformer, tokenizer: Tokenizer, transcoders: Transcoders
     """The graph of one prompt (ids (T,), a special token first), pruned and scored; `progress(rows done, rows)`."""
     import torch
 
+    from tfcli.analysis.transcoders import place_transcoders
     from tfcli.commands.graph import influence, validation
     from tfcli.tokenizer import text_of
 
+    place_transcoders(transcoders, model.config, site_names(model))
     device = model.device
     prompt = torch.tensor([ids], device=device)
     nodes = find_nodes(model, transcoders, prompt)

@@ -46,10 +46,18 @@ def logit_weights(adjacency: Tensor, probabilities: Tensor) -> Tensor:
 
 
 def threshold_of(scores: Tensor, fraction: float) -> Tensor:
-    """The score above which the largest scores keep `fraction` of their total (circuit-tracer's find_threshold)."""
+    """The score above which the largest scores keep `fraction` of their total (circuit-tracer's find_threshold: the
+    scores sorted from the largest, the first whose cumulative share reaches `fraction`). Only the positive scores
+    are sorted, the zeros put after them: the same sorted values, for a fraction of the work where most are zeros
+    (a pruned graph's edges: 2 % of 9.3 M scores)."""
     import torch
 
-    ordered = torch.sort(scores, descending=True).values
+    if scores.numel() and bool(scores.min() >= 0):  # (a NaN fails it too: the whole sort)
+        positive = scores[scores > 0]
+        ordered = torch.cat([torch.sort(positive, descending=True).values,
+                             scores.new_zeros(scores.numel() - positive.numel())])
+    else:
+        ordered = torch.sort(scores, descending=True).values
     cumulative = torch.cumsum(ordered, dim=0) / torch.sum(ordered)
     index = min(int(torch.searchsorted(cumulative, fraction).item()), len(cumulative) - 1)
     return ordered[index]

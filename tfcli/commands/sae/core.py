@@ -56,8 +56,21 @@ PAPER_DEAD_AFTER = 10_000_000  # tokens without firing before a latent is dead (
 LEAF_HOOKS = {leaf: tl for tl, leaf in reversed(TL_LEAVES.items())}  # tfcli's leaf -> SAELens's (first name wins)
 
 
+class Schedule:
+    """The learning rate and the dead latents' count of sae train's options and sae train --transcoder's (their `lr`,
+    `latents`, `dead_after`, `tokens`)."""
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.latents / 2 ** 14)
+
+    @property
+    def dead_tokens(self) -> int:
+        return self.dead_after if self.dead_after is not None else max(1, min(PAPER_DEAD_AFTER, self.tokens // 10))
+
+
 @dataclass(kw_only=True)
-class TrainOptions:
+class TrainOptions(Schedule):
     """What a run is (saved in its checkpoint; a resumed run keeps them, but may raise `tokens`)."""
 
     site: str
@@ -73,14 +86,6 @@ class TrainOptions:
     outlier: float = 10.0  # tokens of norm over this many times the held-out's median are left out (0: none)
     seed: int = 0
     pass_windows: int = 8  # windows per forward pass
-
-    @property
-    def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.latents / 2 ** 14)
-
-    @property
-    def dead_tokens(self) -> int:
-        return self.dead_after if self.dead_after is not None else max(1, min(PAPER_DEAD_AFTER, self.tokens // 10))
 
 
 @dataclass
@@ -341,53 +346,19 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     limit = float(norms.median()) * options.outlier if options.outlier else math.inf
     held, held_outliers = held[norms <= limit], int((norms > limit).sum())
     started, start_steps = time.monotonic(), state.steps
-    buffer = None
-    ran_out = interrupted = False
-    fvus = state.pending
-    try:
-        if state.current is not None:  # resumed inside a buffer: read the corpus up to it, and run it again
-            skip(windows, state.current[0] - windows.read)
-            buffer = windows_rows(model, options, windows, state.current[1], limit)
-        elif resume is not None:
-            skip(windows, state.next_window - windows.read)
-        if resume is not None and windows.digest.hexdigest() != state.digest:
-            raise usage_error("--resume: the corpus differs from the one the run trained on",
-                              "give the same --file as the interrupted run")
-        while state.steps < total_steps:
-            if state.current is None:
-                wanted = min(options.buffer, (total_steps - state.steps) * options.batch)
-                first = windows.read
-                base = options.held_out + state.steps * options.batch
-                buffer, taken, dropped = fill(model, options.site, windows, wanted, options.pass_windows, limit,
-                                              lambda rows: tell(base + rows))
-                if buffer is None or buffer.shape[0] < options.batch:
-                    ran_out = True
-                    break
-                state.current = [first, taken, state.buffers, 0]
-                state.outliers += dropped
-                state.buffers += 1
-                state.digest = windows.digest.hexdigest()  # of every window read up to the buffer's end
-                if state.params is None:
-                    begin(state, buffer, d, options)
-            first, taken, number, done = state.current
-            order = torch.randperm(buffer.shape[0], generator=torch.Generator().manual_seed(
-                options.seed * 1_000_003 + number)).to(buffer.device)
-            steps = min(buffer.shape[0] // options.batch, total_steps - state.steps + done)
-            for step in range(done, steps):
-                rows = buffer[order[step * options.batch:(step + 1) * options.batch]] / state.scale
-                fvus.append(train_step(state.params, state.optimizer, state.since, rows, options.k,
-                                       options.dead_tokens))
-                state.steps += 1
-                state.current[3] = step + 1
-                if len(fvus) == 20:
-                    state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
-                    fvus.clear()
-                tell(options.held_out + (state.steps - state.current[3]) * options.batch + buffer.shape[0])
-            state.current, state.next_window = None, first + taken
-    except KeyboardInterrupt:
+
+    def step(buffer: Tensor, taken: Tensor) -> float:
         if state.params is None:
-            raise
-        interrupted = True
+            begin(state, buffer, d, options)
+        return train_step(state.params, state.optimizer, state.since, buffer[taken] / state.scale, options.k,
+                          options.dead_tokens)
+
+    _, ran_out, interrupted = train_buffers(
+        state, options, windows, resume is not None,
+        fill=lambda rows, told: fill(model, options.site, windows, rows, options.pass_windows, limit, told),
+        again=lambda count: windows_rows(model, options, windows, count, limit),
+        step=step, tell=tell)
+    fvus = state.pending
     if state.params is None:
         raise usage_error(f"the corpus gave {int(held.shape[0])} held-out tokens and too few after them for one "
                           f"batch ({options.batch})", "give a longer --file, or a smaller --held-out or --batch")
@@ -408,6 +379,65 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
                    (state.history[-1][1] if state.history else math.nan) if not fvus else sum(fvus) / len(fvus),
                    state.outliers, held_outliers, before,
                    ran_out, interrupted, list(state.history))
+
+
+def train_buffers(state, options, windows: Windows, resumed: bool,
+                  fill: Callable[[int, Callable[[int], None]], tuple[Tensor | None, int, int]],
+                  again: Callable[[int], Tensor], step: Callable[[Tensor, Tensor], float],
+                  tell: Callable[[int], None]) -> tuple[Tensor | None, bool, bool]:
+    """The training loop of `sae train` and of `sae train --transcoder` (their `State`, `options` and `windows`):
+    buffers of activations, each shuffled by a permutation seeded by the seed and its number and cut into batches,
+    until `options.tokens` (a resumed run first reads the corpus again up to where `state` is, and makes the buffer it
+    was in again). `fill(rows, progress)`: the next buffer (..., N, d), the windows taken and the tokens left out
+    (None at the corpus's end); `again(windows)`: the buffer begun, made again; `step(buffer, token indices)`: one
+    step on a batch (the first makes the parameters from the buffer), its FVU; `tell(tokens through the model)`.
+    Returns the last buffer trained on, whether the corpus ran out, and whether Ctrl-C stopped the run (after a
+    step; before one it passes on)."""
+    total_steps = options.tokens // options.batch
+    buffer = last = None
+    ran_out = interrupted = False
+    fvus = state.pending
+    try:
+        if state.current is not None:  # resumed inside a buffer: read the corpus up to it, and run it again
+            skip(windows, state.current[0] - windows.read)
+            buffer = again(state.current[1])
+        elif resumed:
+            skip(windows, state.next_window - windows.read)
+        if resumed and windows.digest.hexdigest() != state.digest:
+            raise usage_error("--resume: the corpus differs from the one the run trained on",
+                              "give the same --file as the interrupted run")
+        while state.steps < total_steps:
+            if state.current is None:
+                wanted = min(options.buffer, (total_steps - state.steps) * options.batch)
+                first = windows.read
+                base = options.held_out + state.steps * options.batch
+                buffer, taken, dropped = fill(wanted, lambda rows: tell(base + rows))
+                if buffer is None or buffer.shape[-2] < options.batch:
+                    ran_out = True
+                    break
+                state.current = [first, taken, state.buffers, 0]
+                state.outliers += dropped
+                state.buffers += 1
+                state.digest = windows.digest.hexdigest()  # of every window read up to the buffer's end
+            first, taken, number, done = state.current
+            last = buffer
+            order = torch.randperm(buffer.shape[-2], generator=torch.Generator().manual_seed(
+                options.seed * 1_000_003 + number)).to(buffer.device)
+            steps = min(buffer.shape[-2] // options.batch, total_steps - state.steps + done)
+            for index in range(done, steps):
+                fvus.append(step(buffer, order[index * options.batch:(index + 1) * options.batch]))
+                state.steps += 1
+                state.current[3] = index + 1
+                if len(fvus) == 20:
+                    state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
+                    fvus.clear()
+                tell(options.held_out + (state.steps - state.current[3]) * options.batch + buffer.shape[-2])
+            state.current, state.next_window = None, first + taken
+    except KeyboardInterrupt:
+        if state.params is None:
+            raise
+        interrupted = True
+    return last, ran_out, interrupted
 
 
 def windows_rows(model: TransformerModel, options: TrainOptions, windows: Windows, count: int, limit: float

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from tfcli.analysis.corpus import Windows, skip, write_checkpoint
+from tfcli.analysis.corpus import Windows, write_checkpoint
 from tfcli.analysis.transcoders import INPUT_HOOKS, OUTPUT_HOOKS, THRESHOLD
-from tfcli.commands.sae.core import ADAM, AUXK_ALPHA, PAPER_DEAD_AFTER, hook_name
+from tfcli.commands.sae.core import ADAM, AUXK_ALPHA, Schedule, hook_name, train_buffers
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "hook_mlp_out"
 
 
 @dataclass(kw_only=True)
-class TranscoderOptions:
+class TranscoderOptions(Schedule):
     """What a run is (saved in its checkpoint; a resumed run keeps them, but may raise `tokens`)."""
 
     latents: int  # features per layer
@@ -66,14 +66,6 @@ class TranscoderOptions:
     seed: int = 0
     pass_windows: int = 8
     skip: bool = False
-
-    @property
-    def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.latents / 2 ** 14)
-
-    @property
-    def dead_tokens(self) -> int:
-        return self.dead_after if self.dead_after is not None else max(1, min(PAPER_DEAD_AFTER, self.tokens // 10))
 
 
 @dataclass
@@ -407,55 +399,19 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     limits = norms.median(dim=1).values * options.outlier if options.outlier else no_limit
     del held, norms
     started, start_steps = time.monotonic(), state.steps
-    buffer, last = None, None
-    ran_out = interrupted = False
-    fvus = state.pending
-    try:
-        if state.current is not None:
-            skip(stream.windows, state.current[0] - stream.windows.read)
-            buffer = stream.again(state.current[1], limits)
-        elif resume is not None:
-            skip(stream.windows, state.next_window - stream.windows.read)
-        if resume is not None and stream.windows.digest.hexdigest() != state.digest:
-            raise usage_error("--resume: the corpus differs from the one the run trained on",
-                              "give the same --file as the interrupted run")
-        while state.steps < total_steps:
-            if state.current is None:
-                wanted = min(options.buffer, (total_steps - state.steps) * options.batch)
-                first = stream.windows.read
-                base = options.held_out + state.steps * options.batch
-                buffer, taken, dropped = stream.fill(wanted, limits, lambda rows: tell(base + rows))
-                if buffer is None or buffer.shape[1] < options.batch:
-                    ran_out = True
-                    break
-                state.current = [first, taken, state.buffers, 0]
-                state.outliers += dropped
-                state.buffers += 1
-                state.digest = stream.windows.digest.hexdigest()
-                if state.params is None:
-                    begin(state, buffer, d, n_layers, options)
-            first, taken, number, done = state.current
-            last = buffer
-            order = torch.randperm(buffer.shape[1], generator=torch.Generator().manual_seed(
-                options.seed * 1_000_003 + number)).to(buffer.device)
-            steps = min(buffer.shape[1] // options.batch, total_steps - state.steps + done)
-            for step in range(done, steps):
-                rows = buffer[:, order[step * options.batch:(step + 1) * options.batch]]
-                x = rows[:n_layers] / state.scale_in[:, None, None]
-                y = rows[n_layers:] / state.scale_out[:, None, None]
-                fvus.append(train_step(state.params, state.optimizer, state.since, x, y, options.k,
-                                       options.dead_tokens))
-                state.steps += 1
-                state.current[3] = step + 1
-                if len(fvus) == 20:
-                    state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
-                    fvus.clear()
-                tell(options.held_out + (state.steps - state.current[3]) * options.batch + buffer.shape[1])
-            state.current, state.next_window = None, first + taken
-    except KeyboardInterrupt:
+
+    def step(buffer: Tensor, taken: Tensor) -> float:
         if state.params is None:
-            raise
-        interrupted = True
+            begin(state, buffer, d, n_layers, options)
+        rows = buffer[:, taken]
+        x, y = rows[:n_layers] / state.scale_in[:, None, None], rows[n_layers:] / state.scale_out[:, None, None]
+        return train_step(state.params, state.optimizer, state.since, x, y, options.k, options.dead_tokens)
+
+    last, ran_out, interrupted = train_buffers(
+        state, options, stream.windows, resume is not None,
+        fill=lambda rows, told: stream.fill(rows, limits, told), again=lambda count: stream.again(count, limits),
+        step=step, tell=tell)
+    fvus = state.pending
     if state.params is None:
         raise usage_error(f"the corpus gave {options.held_out} held-out tokens and too few after them for one "
                           f"batch ({options.batch})", "give a longer --file, or a smaller --held-out or --batch")
@@ -470,7 +426,7 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
                                        for i, layer in enumerate(layers)])
     for i, layer in enumerate(layers):
         layer[THRESHOLD] = state.threshold[i].contiguous()
-    del buffer, last
+    del last
     write_transcoders(out, layers, options, input_leaf, model.config.name)
     save_checkpoint(out, state, options, d, n_layers, model.config.name)
     figures, held_count, held_outliers = evaluate(stream, held_windows, options.held_out, layers, options.k, limits,
