@@ -527,7 +527,7 @@ def dataset(tmp_path_factory):
 
 
 KEYS = ["method", "ig_steps", "pruning", "counterfactual", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
-        "interrupted", "positions", "spans", "size_unit", "graph", "circuit", "nodes", "connected", "curve", "edges"]
+        "interrupted", "positions", "spans", "size_unit", "graph", "circuit", "nodes", "connected", "curve", "pair_ends", "edges"]
 
 
 def one_error(result, code: int = 2):
@@ -547,9 +547,11 @@ def test_json_record_has_exactly_the_documented_keys(cli, checkpoints, dataset):
     assert list(record) == KEYS
     assert list(record["graph"]) == ["layers", "heads", "parallel", "edges", "nodes", "model_edges"]
     assert (record["positions"], record["spans"], record["size_unit"]) == ("all", None, "edge")
-    assert list(record["circuit"]) == ["picked", "wanted", "edges", "nodes", "faithfulness", "interval", "pairs"]
+    assert list(record["circuit"]) == ["picked", "wanted", "edges", "nodes", "faithfulness", "interval", "pairs",
+                                       "metrics"]
     assert list(record["edges"][0]) == ["sender", "receiver", "span", "score", "in_circuit"]
-    assert list(record["curve"][0]) == ["edges", "nodes", "faithfulness", "interval"]
+    assert list(record["curve"][0]) == ["edges", "nodes", "faithfulness", "interval", "metrics"]
+    assert list(record["pair_ends"]) == ["lines", "clean", "empty"]
     graph = core.Graph(2, 4)
     assert record["graph"]["edges"] == len(record["edges"]) == graph.edge_count == 110
     assert sum(e["in_circuit"] for e in record["edges"]) == record["circuit"]["edges"] == 15

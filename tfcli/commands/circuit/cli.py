@@ -69,6 +69,12 @@ def circuit(
     show: Annotated[int, typer.Option(metavar="N", help="Edges listed by |score|.")] = 20,
     graph_out: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Also write the graph (every edge's "
                                                    "score, the circuit) in the EAP-IG reference's JSON.")] = None,
+    compare_runs: Annotated[list[str] | None, typer.Option("--compare", metavar="FILE", help="Instead of a run: "
+                                                           "the curves of --dataset --json records made apart over "
+                                                           "the same pairs (give it twice or more, e.g. one "
+                                                           "with --positions spans), side by side, with the paired "
+                                                           "intervals of their differences; no model is built.")
+                            ] = None,
     *,
     run: RunOptions,
     data: DatasetFlags,
@@ -94,6 +100,22 @@ def circuit(
 
     out = output_console(run.width, run.color)
     color = out.color_system is not None
+    if compare_runs:
+        if clean is not None or data.dataset is not None:
+            raise usage_error("--compare reads stored runs: give no CLEAN text or --dataset", parameter="compare_runs")
+        from tfcli.analysis.dataset import BOOTSTRAP
+        from tfcli.cli.output import emit
+        from tfcli.commands.circuit import render_compare
+
+        records = [(path, compare.read_record(path)) for path in compare_runs]
+        if sum(len(record.get("methods", [record])) for _, record in records) < 2:
+            raise usage_error("--compare needs two curves or more: give two files (or one of several methods)",
+                              parameter="compare_runs")
+        compared = compare.compare_stored(records, BOOTSTRAP if data.bootstrap is None else data.bootstrap)
+        emit([compared], View(out, render_compare.stored_record,
+                              lambda value, number: render_compare.stored_lines(value, out.width, color)),
+             run.json_output)
+        return
     if run.report is not None:
         check_report_path(run.report, run.force, 1)
     if graph_out is not None:
