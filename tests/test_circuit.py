@@ -539,8 +539,8 @@ def one_error(result, code: int = 2):
 
 def test_json_record_has_exactly_the_documented_keys(cli, checkpoints, dataset):
     path, _ = checkpoints("gpt2")
-    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--top", "15", "--sizes", "5,20,1000",
-                 "--json")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--method", "eap", "--top", "15", "--sizes",
+                 "5,20,1000", "--json")
     assert result.exit_code == 0, result.stderr
     (line,) = result.stdout.splitlines()
     record = json.loads(line)
@@ -612,7 +612,8 @@ def test_faithful_finds_the_smallest_greedy_circuit_reaching_it(cli, checkpoints
     """--faithful's bisection reuses the first run's m(full) and m(empty) (no clean pass, no run with every edge
     patched): the circuit it finds measures the same in a run of its own (--top N), and one edge fewer falls short."""
     path, _ = checkpoints("llama")
-    base = ["circuit", "-m", str(path), "--dataset", str(dataset), "--counterfactual", counterfactual, "--json"]
+    base = ["circuit", "-m", str(path), "--dataset", str(dataset), "--method", "eap", "--counterfactual",
+            counterfactual, "--json"]
     run = cli(*base, "--faithful", "0.7", "--sizes", "3")
     found = json.loads(run.stdout)["circuit"]
     assert found["picked"] == "faithful" and 3 < found["edges"] < 100  # found by bisection, not on the curve
@@ -635,6 +636,25 @@ def test_a_single_pair_and_per_item_records(cli, checkpoints, dataset):
     lines = [json.loads(line) for line in each.stdout.splitlines()]
     assert len(lines) == 13 and list(lines[0]) == ["line", "clean_value", "corrupt_value", "top_edges"]
     assert [x["line"] for x in lines[:12]] == list(range(1, 13)) and list(lines[-1]) == KEYS
+
+
+def test_the_default_method_is_eap_ig_inputs(cli, checkpoints, dataset):
+    """Without --method: EAP-IG on the inputs with 5 steps, its scores the core's (checked by hand above) averaged
+    over the pairs."""
+    path, _ = checkpoints("gpt2")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--sizes", "5", "--json")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["method"] == "eap-ig-inputs" and record["ig_steps"] == 5
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    lines = [json.loads(text) for text in dataset.read_text().splitlines()]
+    _, b = batch(model, tokenizer, [(x["clean"], x["corrupt"], x["target"], x["foil"]) for x in lines])
+    mean = core.scores_of(model, b, "eap-ig-inputs", 5)[2].mean(0)
+    graph = core.Graph(2, 4)
+    got = torch.zeros_like(mean)
+    for e in record["edges"]:
+        got[graph.senders.index(e["sender"]), graph.receivers.index(e["receiver"])] = e["score"]
+    assert (got - mean).abs().max() <= 1e-5 * mean.abs().max()
 
 
 @pytest.mark.parametrize("args,message", [

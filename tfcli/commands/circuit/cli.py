@@ -35,12 +35,13 @@ def circuit(
     target: TargetOption = None,
     foil: FoilOption = None,
     position: PositionOption = None,
-    method: Annotated[str, typer.Option(metavar="METHOD", help="eap (edge attribution patching), eap-ig-inputs "
-                                        "(with integrated gradients on the inputs), eap-ig-activations (on each "
+    method: Annotated[str, typer.Option(metavar="METHOD", help="eap-ig-inputs (edge attribution patching with "
+                                        "integrated gradients on the inputs: the default), eap (one gradient: faster), "
+                                        "eap-ig-activations (on each "
                                         "layer's outputs), exact (each edge patched: small models) or edge-pruning "
                                         "(a mask per edge trained for faithfulness); several, comma-separated "
                                         "(eap,eap-ig-inputs,edge-pruning): each one's curve over the same pairs and "
-                                        "the paired intervals of their differences.")] = "eap",
+                                        "the paired intervals of their differences.")] = "eap-ig-inputs",
     ig_steps: Annotated[int, typer.Option(metavar="N", help="eap-ig-inputs, eap-ig-activations: the points between "
                                           "the counterfactual and the clean values.")] = 5,
     steps: Annotated[int, typer.Option(metavar="N", help="edge-pruning: the masks' training steps (a batch of 8 "

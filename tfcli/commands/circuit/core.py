@@ -64,7 +64,7 @@ def check_model(config: ModelConfig) -> None:
 
 @dataclass(kw_only=True)
 class CircuitOptions:
-    method: str = "eap"
+    method: str = "eap-ig-inputs"  # the default: EAP's small circuits recover nothing on SmolLM2's IOI (issue 62)
     steps: int = 5  # eap-ig-inputs, eap-ig-activations
     top: int | None = None  # the circuit: the greedy top N edges ...
     faithful: float | None = None  # ... or the smallest reaching this faithfulness ...
