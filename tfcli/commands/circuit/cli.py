@@ -80,8 +80,8 @@ def circuit(
     run: RunOptions,
     data: DatasetFlags,
 ) -> None:
-    """Score every edge between the input, the heads, the MLPs and the logits (EAP, EAP-IG or exact patching), pick
-    a circuit and measure its faithfulness with every other edge patched.
+    """Score every edge between the input, the heads, the MLPs and the logits (EAP-IG, EAP, exact patching or Edge
+    Pruning), pick a circuit and measure its faithfulness with every other edge patched; or compare stored runs.
 
     \b
     Examples:
@@ -90,8 +90,13 @@ def circuit(
           "When John and Mary went to the store, Mary gave a drink to"
       tfcli task ioi -m path/to/gpt2 --n 100 > ioi.jsonl
       tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --faithful 0.8
-      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --method eap-ig-inputs \\
-          --top 200 --graph-out circuit.json --report circuit.html
+      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --top 200 \\
+          --graph-out circuit.json --report circuit.html
+      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl \\
+          --method eap-ig-inputs,eap --json > both.json
+      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl \\
+          --positions spans --json > spans.json
+      tfcli circuit --compare both.json --compare spans.json
     """
     from tfcli.commands.circuit import compare, core, graph_file
     from tfcli.analysis.dataset import Dataset, line_of
