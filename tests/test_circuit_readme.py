@@ -215,3 +215,29 @@ def test_the_methods_runs_are_over_the_stored_pairs(compared, stored):
     earlier = {p["edges"]: p["faithfulness"] for p in stored[1]["curve"]}
     eap = {p["edges"]: p["faithfulness"] for p in methods[1]["curve"]}
     assert {size: eap[size] for size in earlier} == pytest.approx(earlier, abs=1e-5)
+
+
+PRUNED = "circuit-pruning-ioi100.json"
+
+
+def test_the_edge_pruning_table_is_the_stored_run():
+    """The 150-step Edge Pruning run over the same pairs (circuit-pruning-ioi100.json): its curve and the circuit its
+    masks keep beside eap-ig-inputs' curve and --faithful 0.8 circuit, with the paired differences, as --compare
+    computes them from the stored records and docs/results/circuit.md shows them."""
+    from tfcli.commands.circuit import compare
+
+    records = [(name, compare.read_record(str(RESULTS / name))) for name in (METHODS, PRUNED)]
+    comparison = compare.compare_stored(records, 1000)
+    ig, pruned = comparison.curves[0], comparison.curves[2]
+    assert (ig.label, pruned.label) == ("eap-ig-inputs", "edge-pruning")
+    record = records[1][1]
+    assert record["pruning"]["steps_run"] == 150 and record["pruning"]["target_edges"] == 7000
+    assert record["circuit"]["picked"] == "pruned" and record["n"] == 100 and not record["interrupted"]
+    found = {(d.method, d.minus, d.edges): d for d in comparison.differences}
+    page = (RESULTS / "circuit.md").read_text(encoding="utf-8")
+    for size in SIZES:
+        cells = [curve_cell(ig.points[size]), curve_cell(pruned.points[size]),
+                 difference_cell(found[("edge-pruning", "eap-ig-inputs", size)])]
+        assert table_row(f"{size:,}", cells) in page, size
+    cells = [f"{c.circuit[0]:,}: {curve_cell(c.circuit[1:])}" for c in (ig, pruned)]
+    assert table_row("circuit", cells + [difference_cell(found[("edge-pruning", "eap-ig-inputs", None)])]) in page
