@@ -180,6 +180,11 @@ def test_bad_compare_inputs_are_one_error_line(cli, runs, tmp_path, span_dataset
     moved["pair_ends"]["empty"] = [x + 0.5 for x in moved["pair_ends"]["empty"]]
     shifted.write_text(json.dumps(moved))
     assert one_error(cli("circuit", "--compare", str(shifted), "--compare", str(alone)), 1)
+    nameless = tmp_path / "nameless.json"  # JSON, but not a whole record
+    broken = json.loads(alone.read_text())
+    broken.pop("method")
+    nameless.write_text(json.dumps(broken))
+    assert one_error(cli("circuit", "--compare", str(nameless), "--compare", str(alone)), 1)
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{not json\n")
     assert one_error(cli("circuit", "--compare", str(garbage), "--compare", str(alone)), 1)

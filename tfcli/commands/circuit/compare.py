@@ -268,22 +268,27 @@ def read_record(path: str) -> dict[str, Any]:
 
 def stored_curves(record: dict[str, Any], file: str) -> list[StoredCurve]:
     """The curves of one --json record: a single method's, or each of several methods' (`methods`)."""
-    methods = record["methods"] if "methods" in record else [record]
-    curves = []
-    for method in methods:
-        if not method.get("pair_ends") or any(p.get("metrics") is None for p in method.get("curve", [])):
-            raise TfcliError(f"{file} has no per-pair metrics (`pair_ends`, each point's `metrics`)",
-                             "rerun it with this version of tfcli with --dataset and --json")
-        spans = method.get("positions") == "spans"
-        label = method["method"] + (" (spans)" if spans else "")
-        interval = (lambda p: (p["interval"] or [None, None]))
-        points = {p["edges"]: (p["faithfulness"], *interval(p), p["metrics"]) for p in method["curve"]}
-        picked = method.get("circuit")
-        circuit = None if not picked or picked.get("metrics") is None else (
-            picked["edges"], picked["faithfulness"], *interval(picked), picked["metrics"])
-        curves.append(StoredCurve(label, file, method["method"], method.get("positions") or "all",
-                                  method.get("size_unit") or "edge", points, circuit, method["pair_ends"]))
-    return curves
+    try:
+        return [curve_of(method, file) for method in (record["methods"] if "methods" in record else [record])]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TfcliError(f"--compare {file}: not a circuit --json record ({type(exc).__name__}: {exc})",
+                         "give the output of `tfcli circuit --dataset FILE --json`") from None
+
+
+def curve_of(method: dict[str, Any], file: str) -> StoredCurve:
+    """One method's StoredCurve from its record."""
+    if not method.get("pair_ends") or any(p.get("metrics") is None for p in method["curve"]):
+        raise TfcliError(f"--compare {file}: no per-pair metrics (`pair_ends`, each point's `metrics`)",
+                         "rerun it with this version of tfcli with --dataset and --json")
+    spans = method.get("positions") == "spans"
+    label = method["method"] + (" (spans)" if spans else "")
+    interval = (lambda p: (p["interval"] or [None, None]))
+    points = {p["edges"]: (p["faithfulness"], *interval(p), p["metrics"]) for p in method["curve"]}
+    picked = method.get("circuit")
+    circuit = None if not picked or picked.get("metrics") is None else (
+        picked["edges"], picked["faithfulness"], *interval(picked), picked["metrics"])
+    return StoredCurve(label, file, method["method"], method.get("positions") or "all",
+                       method.get("size_unit") or "edge", points, circuit, method["pair_ends"])
 
 
 def compare_stored(records: list[tuple[str, dict[str, Any]]], resamples: int) -> StoredComparison:
