@@ -168,7 +168,8 @@ def test_bad_compare_inputs_are_one_error_line(cli, runs, tmp_path, span_dataset
     first = dict(record["methods"][0])
     first.pop("pair_ends")
     old.write_text(json.dumps(first))
-    assert one_error(cli("circuit", "--compare", str(old), "--compare", str(alone)), 1)
+    result = cli("circuit", "--compare", str(old), "--compare", str(alone))
+    assert one_error(result, 1) and "no per-pair metrics" in result.stderr
     other = tmp_path / "other.json"  # over other pairs
     moved = json.loads(alone.read_text())
     moved["pair_ends"]["lines"] = moved["pair_ends"]["lines"][::-1]
@@ -179,15 +180,18 @@ def test_bad_compare_inputs_are_one_error_line(cli, runs, tmp_path, span_dataset
     moved = json.loads(alone.read_text())
     moved["pair_ends"]["empty"] = [x + 0.5 for x in moved["pair_ends"]["empty"]]
     shifted.write_text(json.dumps(moved))
-    assert one_error(cli("circuit", "--compare", str(shifted), "--compare", str(alone)), 1)
+    result = cli("circuit", "--compare", str(shifted), "--compare", str(alone))
+    assert one_error(result, 1) and "clean or corrupt metrics differ" in result.stderr
     nameless = tmp_path / "nameless.json"  # JSON, but not a whole record
     broken = json.loads(alone.read_text())
     broken.pop("method")
     nameless.write_text(json.dumps(broken))
-    assert one_error(cli("circuit", "--compare", str(nameless), "--compare", str(alone)), 1)
+    result = cli("circuit", "--compare", str(nameless), "--compare", str(alone))
+    assert one_error(result, 1) and "not a circuit --json record" in result.stderr  # said, not an unexpected error
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{not json\n")
-    assert one_error(cli("circuit", "--compare", str(garbage), "--compare", str(alone)), 1)
+    result = cli("circuit", "--compare", str(garbage), "--compare", str(alone))
+    assert one_error(result, 1) and "cannot read it as a circuit --json record" in result.stderr
     assert one_error(cli("circuit", "--compare", str(alone)), 2)  # one curve
     assert one_error(cli("circuit", "--compare", str(alone), "--compare", str(both), "--dataset", str(span_dataset)),
                      2)
