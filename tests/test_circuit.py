@@ -527,7 +527,7 @@ def dataset(tmp_path_factory):
 
 
 KEYS = ["method", "ig_steps", "pruning", "counterfactual", "target", "foil", "clean_value", "corrupt_value", "dataset", "n", "pairs", "skipped",
-        "interrupted", "positions", "spans", "size_unit", "graph", "circuit", "nodes", "connected", "curve", "edges"]
+        "interrupted", "positions", "spans", "size_unit", "graph", "circuit", "nodes", "connected", "curve", "pair_ends", "edges"]
 
 
 def one_error(result, code: int = 2):
@@ -539,17 +539,19 @@ def one_error(result, code: int = 2):
 
 def test_json_record_has_exactly_the_documented_keys(cli, checkpoints, dataset):
     path, _ = checkpoints("gpt2")
-    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--top", "15", "--sizes", "5,20,1000",
-                 "--json")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--method", "eap", "--top", "15", "--sizes",
+                 "5,20,1000", "--json")
     assert result.exit_code == 0, result.stderr
     (line,) = result.stdout.splitlines()
     record = json.loads(line)
     assert list(record) == KEYS
     assert list(record["graph"]) == ["layers", "heads", "parallel", "edges", "nodes", "model_edges"]
     assert (record["positions"], record["spans"], record["size_unit"]) == ("all", None, "edge")
-    assert list(record["circuit"]) == ["picked", "wanted", "edges", "nodes", "faithfulness", "interval", "pairs"]
+    assert list(record["circuit"]) == ["picked", "wanted", "edges", "nodes", "faithfulness", "interval", "pairs",
+                                       "metrics"]
     assert list(record["edges"][0]) == ["sender", "receiver", "span", "score", "in_circuit"]
-    assert list(record["curve"][0]) == ["edges", "nodes", "faithfulness", "interval"]
+    assert list(record["curve"][0]) == ["edges", "nodes", "faithfulness", "interval", "metrics"]
+    assert list(record["pair_ends"]) == ["lines", "clean", "empty"]
     graph = core.Graph(2, 4)
     assert record["graph"]["edges"] == len(record["edges"]) == graph.edge_count == 110
     assert sum(e["in_circuit"] for e in record["edges"]) == record["circuit"]["edges"] == 15
@@ -610,7 +612,8 @@ def test_faithful_finds_the_smallest_greedy_circuit_reaching_it(cli, checkpoints
     """--faithful's bisection reuses the first run's m(full) and m(empty) (no clean pass, no run with every edge
     patched): the circuit it finds measures the same in a run of its own (--top N), and one edge fewer falls short."""
     path, _ = checkpoints("llama")
-    base = ["circuit", "-m", str(path), "--dataset", str(dataset), "--counterfactual", counterfactual, "--json"]
+    base = ["circuit", "-m", str(path), "--dataset", str(dataset), "--method", "eap", "--counterfactual",
+            counterfactual, "--json"]
     run = cli(*base, "--faithful", "0.7", "--sizes", "3")
     found = json.loads(run.stdout)["circuit"]
     assert found["picked"] == "faithful" and 3 < found["edges"] < 100  # found by bisection, not on the curve
@@ -633,6 +636,25 @@ def test_a_single_pair_and_per_item_records(cli, checkpoints, dataset):
     lines = [json.loads(line) for line in each.stdout.splitlines()]
     assert len(lines) == 13 and list(lines[0]) == ["line", "clean_value", "corrupt_value", "top_edges"]
     assert [x["line"] for x in lines[:12]] == list(range(1, 13)) and list(lines[-1]) == KEYS
+
+
+def test_the_default_method_is_eap_ig_inputs(cli, checkpoints, dataset):
+    """Without --method: EAP-IG on the inputs with 5 steps, its scores the core's (checked by hand above) averaged
+    over the pairs."""
+    path, _ = checkpoints("gpt2")
+    result = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--sizes", "5", "--json")
+    assert result.exit_code == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["method"] == "eap-ig-inputs" and record["ig_steps"] == 5
+    model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
+    lines = [json.loads(text) for text in dataset.read_text().splitlines()]
+    _, b = batch(model, tokenizer, [(x["clean"], x["corrupt"], x["target"], x["foil"]) for x in lines])
+    mean = core.scores_of(model, b, "eap-ig-inputs", 5)[2].mean(0)
+    graph = core.Graph(2, 4)
+    got = torch.zeros_like(mean)
+    for e in record["edges"]:
+        got[graph.senders.index(e["sender"]), graph.receivers.index(e["receiver"])] = e["score"]
+    assert (got - mean).abs().max() <= 1e-5 * mean.abs().max()
 
 
 @pytest.mark.parametrize("args,message", [

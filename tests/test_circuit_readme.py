@@ -1,8 +1,10 @@
-"""The README's circuit example is real output: its numbers are those of the stored run
-(docs/results/circuit-ioi100.jsonl.gz, `tfcli circuit --dataset docs/results/ioi100.jsonl --per-item --json` on
-SmolLM2-135M-Instruct, which CI cannot rerun: 100 pairs are minutes), the stored pairs are what `tfcli task ioi --n
-100 --seed 0` writes on SmolLM2's tokenizer, and the first two pairs' scores, recomputed with the current code, are
-the stored ones (each pair's ten edges of largest |score|, its clean and corrupt values)."""
+"""The README's circuit example and docs/results/circuit.md are real output: their numbers are those of the stored
+runs on SmolLM2-135M-Instruct over docs/results/ioi100.jsonl, which CI cannot rerun (100 pairs are minutes):
+eap-ig-inputs and eap side by side (circuit-methods-ioi100.json, the README's), eap-ig-inputs with --positions spans
+(circuit-spans-ioi100.json), their paired differences as `circuit --compare` computes them, and the earlier eap run
+(circuit-ioi100.jsonl.gz with --per-item, circuit-faithful-ioi100.json). The stored pairs are what `tfcli task ioi
+--n 100 --seed 0` writes on SmolLM2's tokenizer, and the first two pairs' eap scores, recomputed with the current
+code, are the stored ones (each pair's ten edges of largest |score|, its clean and corrupt values)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,26 +46,43 @@ def three(value: float) -> str:
     return f"{value:.3f}"
 
 
-def test_the_readme_shows_the_stored_run(stored):
+def test_the_readme_shows_the_stored_methods_run():
+    """The README's numbers and command are those of circuit-methods-ioi100.json (eap-ig-inputs, the default, and
+    eap over the same pairs)."""
+    record = json.loads((RESULTS / "circuit-methods-ioi100.json").read_text(encoding="utf-8"))
+    ig, eap = record["methods"]
+    assert ig["method"] == "eap-ig-inputs" and eap["method"] == "eap" and ig["ig_steps"] == 5
+    flat = " ".join(SECTION.replace("\\\n", " ").split())
+    assert "--method eap-ig-inputs,eap --sizes 10,30,100,300,1000,3000,7000,10000 --faithful 0.8" in flat
+    assert f"100 IOI pairs, {ig['graph']['edges']:,} edges" in flat
+    curve = [{p["edges"]: p for p in m["curve"]} for m in (ig, eap)]
+
+    def spread(p):
+        return f"{three(p['faithfulness'])} [{three(p['interval'][0])}, {three(p['interval'][1])}]"
+    assert f"1,000 edges recover {spread(curve[0][1000])} against {three(curve[1][1000]['faithfulness'])}, " \
+           f"10,000 {spread(curve[0][10000])} against {three(curve[1][10000]['faithfulness'])};" in flat
+    assert f"`--faithful 0.8` takes {ig['circuit']['edges']:,} edges (EAP {eap['circuit']['edges']:,})" in flat
+    from tfcli.commands.circuit.core import CircuitOptions
+
+    assert CircuitOptions().method == "eap-ig-inputs"  # the README's "by default"
+
+
+def test_the_eap_run_on_the_page_is_the_stored_one(stored):
+    """The eap run of docs/results/circuit.md (the README's before eap-ig-inputs became the default): its table and
+    its top 100's nodes are the stored record's."""
     items, record = stored
-    flat = " ".join(SECTION.split())
+    page = (RESULTS / "circuit.md").read_text(encoding="utf-8")
+    flat = " ".join(page.split())
     assert len(items) == record["n"] == record["pairs"] == 100 and not record["interrupted"]
     assert record["method"] == "eap" and record["counterfactual"] == "corrupt"
-    assert f"{record['graph']['edges']:,} edges" in flat
     circuit = record["circuit"]
     assert circuit["picked"] == "top" and circuit["wanted"] == circuit["edges"] == 100
-    low, high = circuit["interval"]
-    assert f"top 100 ({circuit['nodes']} nodes," in flat
-    assert f"recover {three(circuit['faithfulness'])} [{three(low)}, {three(high)}]" in flat
-    curve = {point["edges"]: point for point in record["curve"]}
-    assert sorted(curve) == [10, 30, 100, 300, 1000, 3000, 10000]
-    assert "--sizes 10,30,100,300,1000,3000,10000" in SECTION
-    assert f"1,000 edges {three(curve[1000]['faithfulness'])}," in flat
-    for size in (3000, 10000):
-        point = curve[size]
-        assert f"{size:,} {three(point['faithfulness'])} [{three(point['interval'][0])}, " \
-               f"{three(point['interval'][1])}]" in flat
-    named = re.search(r"holding ((?:L\d+H\d+(?:, | and )?)+)", flat).group(1)
+    assert f"The top 100 edges' circuit has {circuit['nodes']} nodes" in flat
+    assert sorted(p["edges"] for p in record["curve"]) == [10, 30, 100, 300, 1000, 3000, 10000]
+    for p in record["curve"]:
+        low, high = p["interval"]
+        assert f"| {p['edges']:,} | {p['nodes']} | {three(p['faithfulness'])} | [{three(low)}, {three(high)}] |" in page
+    named = re.search(r"holds all five heads of .*?: ((?:L\d+H\d+(?:, )?)+)\)", flat).group(1)
     heads = re.findall(r"L\d+H\d+", named)
     assert heads == ["L23H3", "L24H4", "L23H0", "L29H1", "L29H0"]
     assert set(heads) <= set(record["nodes"])
@@ -72,19 +92,19 @@ def test_the_readme_shows_the_stored_run(stored):
     assert len(in_circuit) == 100 and len(record["edges"]) == record["graph"]["edges"]
 
 
-def test_the_readme_shows_the_stored_faithful_run(stored):
-    """`--faithful 0.8` over the same pairs (docs/results/circuit-faithful-ioi100.json, its record less the edges):
-    the README's numbers are its, and its clean, corrupt and curve values are the stored run's."""
+def test_the_eap_faithful_run_on_the_page_is_the_stored_one(stored):
+    """eap's `--faithful 0.8` over the same pairs (docs/results/circuit-faithful-ioi100.json, its record less the
+    edges): the page's numbers are its, and its clean, corrupt and curve values are the stored run's."""
     found = json.loads((RESULTS / "circuit-faithful-ioi100.json").read_text(encoding="utf-8"))
     record = stored[1]
     circuit = found["circuit"]
     assert circuit["picked"] == "faithful" and circuit["wanted"] == 0.8 and circuit["faithfulness"] >= 0.8
     assert found["n"] == 100 and not found["interrupted"] and found["in_circuit"] == circuit["edges"]
     assert circuit["nodes"] == len(found["nodes"]) and circuit["edges"] > max(p["edges"] for p in found["curve"])
-    flat = " ".join(SECTION.split())
+    flat = " ".join((RESULTS / "circuit.md").read_text(encoding="utf-8").split())
     low, high = circuit["interval"]
-    assert f"`--faithful 0.8` takes {circuit['edges']:,} edges ({circuit['nodes']} nodes) for " \
-           f"{three(circuit['faithfulness'])} [{three(low)}, {three(high)}]" in flat
+    assert f"**{circuit['edges']:,} edges** (23% of the graph) and **{circuit['nodes']} of the 302 nodes**, " \
+           f"faithfulness **{three(circuit['faithfulness'])} [{three(low)}, {three(high)}]**" in flat
     for key in ("clean_value", "corrupt_value"):
         assert found[key] == pytest.approx(record[key], abs=1e-6)
     assert [p["edges"] for p in found["curve"]] == [p["edges"] for p in record["curve"]]
@@ -119,3 +139,105 @@ def test_the_first_pairs_scores_are_the_current_codes(stored, gguf):
         for edge in item["top_edges"]:
             s, r = graph.senders.index(edge["sender"]), graph.receivers.index(edge["receiver"])
             assert abs(scores[i, s, r].item() - edge["score"]) <= 1e-5 * scale, edge
+
+
+# ---------------------------------------------------------------- the methods side by side (issue 62)
+
+METHODS, SPANS = "circuit-methods-ioi100.json", "circuit-spans-ioi100.json"
+SIZES = [10, 30, 100, 300, 1000, 3000, 7000, 10000]
+LABELS = ["eap-ig-inputs", "eap", "eap-ig-inputs (spans)"]
+
+
+@pytest.fixture(scope="module")
+def compared():
+    """The two stored runs (eap-ig-inputs and eap in one run, eap-ig-inputs with --positions spans) and what
+    `circuit --compare` makes of them."""
+    from tfcli.commands.circuit import compare
+
+    records = [(name, compare.read_record(str(RESULTS / name))) for name in (METHODS, SPANS)]
+    return dict(records), compare.compare_stored(records, 1000)
+
+
+def table_row(first: str, cells: list[str]) -> str:
+    return "| " + " | ".join([first, *cells]) + " |"
+
+
+def curve_cell(values) -> str:
+    return f"{values[0]:.3f} [{values[1]:.3f}, {values[2]:.3f}]"
+
+
+def difference_cell(d) -> str:
+    return f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+
+
+def test_the_methods_tables_are_the_stored_runs(compared):
+    """docs/results/circuit.md's curves, --faithful 0.8 circuits and paired differences are those of the stored
+    records (the differences as --compare computes them from the records' per-pair metrics)."""
+    records, comparison = compared
+    page = (RESULTS / "circuit.md").read_text(encoding="utf-8")
+    curves = comparison.curves
+    assert [c.label for c in curves] == LABELS and [c.size_unit for c in curves] == ["edge", "edge", "edge-span"]
+    for size in SIZES:
+        assert table_row(f"{size:,}", [curve_cell(c.points[size]) for c in curves]) in page, size
+    assert table_row("`--faithful 0.8`", [f"{c.circuit[0]:,}: {curve_cell(c.circuit[1:])}" for c in curves]) in page
+    names = [(LABELS[1], LABELS[0]), (LABELS[2], LABELS[0]), (LABELS[2], LABELS[1])]
+    found = {(d.method, d.minus, d.edges): d for d in comparison.differences}
+    for size in SIZES:
+        assert table_row(f"{size:,}", [difference_cell(found[(a, b, size)]) for a, b in names]) in page, size
+    assert table_row("`--faithful 0.8`", [difference_cell(found[(a, b, None)]) for a, b in names]) in page
+    # the run of two methods computed its own paired differences: --compare's are the same
+    both = records[METHODS]
+    for d in both["differences"]:
+        again = found[(d["method"], d["minus"], d["edges"])]
+        assert [again.value, again.low, again.high] == pytest.approx([d["difference"], *d["interval"]], abs=1e-9)
+
+
+def test_the_methods_runs_are_over_the_stored_pairs(compared, stored):
+    """Both runs over the 100 pairs of ioi100.jsonl, not interrupted, each --faithful circuit reaching 0.8; their
+    per-pair metrics give back each stated faithfulness; eap's curve is the earlier stored eap run's where both
+    measured a size (another run of the same code over the same pairs)."""
+    records, comparison = compared
+    methods = records[METHODS]["methods"] + [records[SPANS]]
+    assert [m["method"] for m in methods] == ["eap-ig-inputs", "eap", "eap-ig-inputs"]
+    for method in methods:
+        assert method["n"] == 100 and not method["interrupted"] and method["counterfactual"] == "corrupt"
+        assert method["pair_ends"]["lines"] == list(range(1, 101))
+        clean, empty = (np.array(method["pair_ends"][key]) for key in ("clean", "empty"))
+        assert clean.mean() == pytest.approx(method["clean_value"], abs=1e-6)
+        assert [p["edges"] for p in method["curve"]] == SIZES
+        circuit = method["circuit"]
+        assert circuit["picked"] == "faithful" and circuit["faithfulness"] >= 0.8 and circuit["pairs"] == 100
+        assert method["in_circuit"] == circuit["edges"]
+        for p in method["curve"] + [circuit]:
+            assert (np.array(p["metrics"]) - empty).sum() / (clean - empty).sum() == pytest.approx(p["faithfulness"],
+                                                                                                     abs=1e-9)
+    assert records[SPANS]["positions"] == "spans" and records[SPANS]["size_unit"] == "edge-span"
+    earlier = {p["edges"]: p["faithfulness"] for p in stored[1]["curve"]}
+    eap = {p["edges"]: p["faithfulness"] for p in methods[1]["curve"]}
+    assert {size: eap[size] for size in earlier} == pytest.approx(earlier, abs=1e-5)
+
+
+PRUNED = "circuit-pruning-ioi100.json"
+
+
+def test_the_edge_pruning_table_is_the_stored_run():
+    """The 150-step Edge Pruning run over the same pairs (circuit-pruning-ioi100.json): its curve and the circuit its
+    masks keep beside eap-ig-inputs' curve and --faithful 0.8 circuit, with the paired differences, as --compare
+    computes them from the stored records and docs/results/circuit.md shows them."""
+    from tfcli.commands.circuit import compare
+
+    records = [(name, compare.read_record(str(RESULTS / name))) for name in (METHODS, PRUNED)]
+    comparison = compare.compare_stored(records, 1000)
+    ig, pruned = comparison.curves[0], comparison.curves[2]
+    assert (ig.label, pruned.label) == ("eap-ig-inputs", "edge-pruning")
+    record = records[1][1]
+    assert record["pruning"]["steps_run"] == 150 and record["pruning"]["target_edges"] == 7000
+    assert record["circuit"]["picked"] == "pruned" and record["n"] == 100 and not record["interrupted"]
+    found = {(d.method, d.minus, d.edges): d for d in comparison.differences}
+    page = (RESULTS / "circuit.md").read_text(encoding="utf-8")
+    for size in SIZES:
+        cells = [curve_cell(ig.points[size]), curve_cell(pruned.points[size]),
+                 difference_cell(found[("edge-pruning", "eap-ig-inputs", size)])]
+        assert table_row(f"{size:,}", cells) in page, size
+    cells = [f"{c.circuit[0]:,}: {curve_cell(c.circuit[1:])}" for c in (ig, pruned)]
+    assert table_row("circuit", cells + [difference_cell(found[("edge-pruning", "eap-ig-inputs", None)])]) in page

@@ -105,7 +105,7 @@ def test_scores_and_faithfulness_are_transformerlens_4_3s(cli, gpt2, tmp_path):
     lines = [{"clean": c, "corrupt": k, "target": t, "foil": f} for c, k, t, f in PAIRS]
     dataset = tmp_path / "pairs.jsonl"
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    result = cli("circuit", "-m", str(gpt2), "--dataset", str(dataset), "--top", "30", "--json")
+    result = cli("circuit", "-m", str(gpt2), "--dataset", str(dataset), "--method", "eap", "--top", "30", "--json")
     assert result.exit_code == 0, result.stderr
     record = json.loads(result.stdout)
     circuit = [f"{e['sender']}->{e['receiver']}" for e in record["edges"] if e["in_circuit"]]

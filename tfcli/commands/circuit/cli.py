@@ -35,12 +35,13 @@ def circuit(
     target: TargetOption = None,
     foil: FoilOption = None,
     position: PositionOption = None,
-    method: Annotated[str, typer.Option(metavar="METHOD", help="eap (edge attribution patching), eap-ig-inputs "
-                                        "(with integrated gradients on the inputs), eap-ig-activations (on each "
+    method: Annotated[str, typer.Option(metavar="METHOD", help="eap-ig-inputs (edge attribution patching with "
+                                        "integrated gradients on the inputs: the default), eap (one gradient: faster), "
+                                        "eap-ig-activations (on each "
                                         "layer's outputs), exact (each edge patched: small models) or edge-pruning "
                                         "(a mask per edge trained for faithfulness); several, comma-separated "
                                         "(eap,eap-ig-inputs,edge-pruning): each one's curve over the same pairs and "
-                                        "the paired intervals of their differences.")] = "eap",
+                                        "the paired intervals of their differences.")] = "eap-ig-inputs",
     ig_steps: Annotated[int, typer.Option(metavar="N", help="eap-ig-inputs, eap-ig-activations: the points between "
                                           "the counterfactual and the clean values.")] = 5,
     steps: Annotated[int, typer.Option(metavar="N", help="edge-pruning: the masks' training steps (a batch of 8 "
@@ -69,12 +70,18 @@ def circuit(
     show: Annotated[int, typer.Option(metavar="N", help="Edges listed by |score|.")] = 20,
     graph_out: Annotated[Path | None, typer.Option(metavar="FILE.json", help="Also write the graph (every edge's "
                                                    "score, the circuit) in the EAP-IG reference's JSON.")] = None,
+    compare_runs: Annotated[list[str] | None, typer.Option("--compare", metavar="FILE", help="Instead of a run: "
+                                                           "the curves of --dataset --json records made apart over "
+                                                           "the same pairs (give it twice or more, e.g. one "
+                                                           "with --positions spans), side by side, with the paired "
+                                                           "intervals of their differences; no model is built.")
+                            ] = None,
     *,
     run: RunOptions,
     data: DatasetFlags,
 ) -> None:
-    """Score every edge between the input, the heads, the MLPs and the logits (EAP, EAP-IG or exact patching), pick
-    a circuit and measure its faithfulness with every other edge patched.
+    """Score every edge between the input, the heads, the MLPs and the logits (EAP-IG, EAP, exact patching or Edge
+    Pruning), pick a circuit and measure its faithfulness with every other edge patched; or compare stored runs.
 
     \b
     Examples:
@@ -83,8 +90,13 @@ def circuit(
           "When John and Mary went to the store, Mary gave a drink to"
       tfcli task ioi -m path/to/gpt2 --n 100 > ioi.jsonl
       tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --faithful 0.8
-      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --method eap-ig-inputs \\
-          --top 200 --graph-out circuit.json --report circuit.html
+      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl --top 200 \\
+          --graph-out circuit.json --report circuit.html
+      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl \\
+          --method eap-ig-inputs,eap --json > both.json
+      tfcli circuit -m path/to/gpt2 --dataset ioi.jsonl \\
+          --positions spans --json > spans.json
+      tfcli circuit --compare both.json --compare spans.json
     """
     from tfcli.commands.circuit import compare, core, graph_file
     from tfcli.analysis.dataset import Dataset, line_of
@@ -94,6 +106,22 @@ def circuit(
 
     out = output_console(run.width, run.color)
     color = out.color_system is not None
+    if compare_runs:
+        if clean is not None or data.dataset is not None:
+            raise usage_error("--compare reads stored runs: give no CLEAN text or --dataset", parameter="compare_runs")
+        from tfcli.analysis.dataset import BOOTSTRAP
+        from tfcli.cli.output import emit
+        from tfcli.commands.circuit import render_compare
+
+        records = [(path, compare.read_record(path)) for path in compare_runs]
+        if sum(len(record.get("methods", [record])) for _, record in records) < 2:
+            raise usage_error("--compare needs two curves or more: give two files (or one of several methods)",
+                              parameter="compare_runs")
+        compared = compare.compare_stored(records, BOOTSTRAP if data.bootstrap is None else data.bootstrap)
+        emit([compared], View(out, render_compare.stored_record,
+                              lambda value, number: render_compare.stored_lines(value, out.width, color)),
+             run.json_output)
+        return
     if run.report is not None:
         check_report_path(run.report, run.force, 1)
     if graph_out is not None:

@@ -146,7 +146,7 @@ class Faithfulness:
         values = torch.stack([self.kept[self.key(c)] for c in circuits], 1)
         score, low, high = ratio_of_means(values - self.empty[:, None], self.clean - self.empty, self.resamples)
         score, low, high = (None if x is None else (x + 0.0).tolist() for x in (score, low, high))  # no -0.0
-        return Measured(score, low, high, len(self.clean), False, dict(self.ends))
+        return Measured(score, low, high, len(self.clean), False, dict(self.ends), values.tolist())
 
     def difference(self, later: Tensor, earlier: Tensor) -> tuple[float, float | None, float | None]:
         """faithfulness(later) - faithfulness(earlier) over the same pairs, with the paired bootstrap interval (None
@@ -164,11 +164,12 @@ class Faithfulness:
 
 @dataclass
 class Difference:
-    """At a curve size: faithfulness(`method`) - faithfulness(`minus`), with its paired 95% interval."""
+    """At a curve size (`edges`; None: each one's picked circuit, --compare): faithfulness(`method`) -
+    faithfulness(`minus`), with its paired 95% interval."""
 
     method: str
     minus: str
-    edges: int
+    edges: int | None
     value: float
     low: float | None
     high: float | None
@@ -209,3 +210,130 @@ def compared(circuits: list[Circuit], options: CircuitOptions, runs: Faithfulnes
                 differences.append(Difference(later.method, earlier.method, size, value, low, high))
     pairs = runs.clean
     return Comparison(circuits, differences, 0 if pairs is None else len(pairs))
+
+
+# ---------------------------------------------------------------- runs stored apart: --compare A.json B.json
+
+
+@dataclass
+class StoredCurve:
+    """One method's curve read back from a --json record (`file`): its label (the method, `(spans)` with --positions
+    spans), size unit, points {edges: (faithfulness, low, high, m(C) per pair)}, its picked circuit (edges,
+    faithfulness, low, high, m(C) per pair; None if none) and its pairs' `ends` (the record's `pair_ends`)."""
+
+    label: str
+    file: str
+    method: str
+    positions: str
+    size_unit: str
+    points: dict[int, tuple[float, float | None, float | None, list[float]]]
+    circuit: tuple[int, float, float | None, float | None, list[float]] | None
+    ends: dict[str, list[Any]]
+
+
+@dataclass
+class StoredComparison:
+    """Curves of runs made apart over the same pairs (in the pairs' order `lines`, with m(full) and m(empty) of the
+    first run), the paired differences of every later curve minus every earlier one at their common sizes, and of
+    their picked circuits (`edges` None)."""
+
+    curves: list[StoredCurve]
+    lines: list[Any]
+    differences: list[Difference]
+
+
+GAP_TOLERANCE = 1e-3  # the runs' m(full) and m(empty) per pair must agree to this share of the mean |gap|
+
+
+def read_record(path: str) -> dict[str, Any]:
+    """A circuit --json record from `path` (gzipped if it ends .gz; with --per-item, its last line, the aggregate)."""
+    import gzip
+    import json
+
+    from tfcli.errors import file_error
+
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
+        record = json.loads(lines[-1]) if lines else None
+    except (OSError, UnicodeDecodeError, EOFError, json.JSONDecodeError) as exc:
+        raise file_error(f"--compare {path}: cannot read it as a circuit --json record ({exc})",
+                         "give the output of `tfcli circuit --dataset FILE --json`") from None
+    if not isinstance(record, dict) or not ("methods" in record or "curve" in record):
+        raise file_error(f"--compare {path}: not a circuit --json record (no `curve` or `methods`)",
+                         "give the output of `tfcli circuit --dataset FILE --json`")
+    return record
+
+
+def stored_curves(record: dict[str, Any], file: str) -> list[StoredCurve]:
+    """The curves of one --json record: a single method's, or each of several methods' (`methods`)."""
+    try:
+        return [curve_of(method, file) for method in (record["methods"] if "methods" in record else [record])]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TfcliError(f"--compare {file}: not a circuit --json record ({type(exc).__name__}: {exc})",
+                         "give the output of `tfcli circuit --dataset FILE --json`") from None
+
+
+def curve_of(method: dict[str, Any], file: str) -> StoredCurve:
+    """One method's StoredCurve from its record."""
+    if not method.get("pair_ends") or any(p.get("metrics") is None for p in method["curve"]):
+        raise TfcliError(f"--compare {file}: no per-pair metrics (`pair_ends`, each point's `metrics`)",
+                         "rerun it with this version of tfcli with --dataset and --json")
+    spans = method.get("positions") == "spans"
+    label = method["method"] + (" (spans)" if spans else "")
+    interval = (lambda p: (p["interval"] or [None, None]))
+    points = {p["edges"]: (p["faithfulness"], *interval(p), p["metrics"]) for p in method["curve"]}
+    picked = method.get("circuit")
+    circuit = None if not picked or picked.get("metrics") is None else (
+        picked["edges"], picked["faithfulness"], *interval(picked), picked["metrics"])
+    return StoredCurve(label, file, method["method"], method.get("positions") or "all",
+                       method.get("size_unit") or "edge", points, circuit, method["pair_ends"])
+
+
+def compare_stored(records: list[tuple[str, dict[str, Any]]], resamples: int) -> StoredComparison:
+    """The curves of several stored runs (file name, record) over the same pairs, and their paired differences:
+    sum(m_later(C) - m_earlier(C)) / sum(m(full) - m(empty)) over each seeded resample of the pairs (the same draws
+    as a run with several methods makes). Refused where the runs are over other pairs or their ends differ."""
+    import torch
+
+    from tfcli.analysis.dataset import LEAST_FOR_BOOTSTRAP, ratio_of_means
+
+    curves = [curve for file, record in records for curve in stored_curves(record, file)]
+    first = curves[0].ends
+    clean, empty = (torch.tensor(first[key], dtype=torch.float64) for key in ("clean", "empty"))
+    scale = float((clean - empty).abs().mean())
+    if len(clean) < LEAST_FOR_BOOTSTRAP:  # as a run: no interval over so few pairs
+        resamples = 0
+    for curve in curves[1:]:
+        ends = curve.ends
+        if ends["lines"] != first["lines"]:
+            raise TfcliError(f"{curve.file} is over other pairs than {curves[0].file} (its lines differ)",
+                             "compare runs over the same --dataset")
+        apart = max(float((torch.tensor(ends[key], dtype=torch.float64) - value).abs().max())
+                    for key, value in (("clean", clean), ("empty", empty)))
+        if apart > GAP_TOLERANCE * scale:
+            raise TfcliError(f"{curve.file}'s clean or corrupt metrics differ from {curves[0].file}'s by {apart:.3g}: "
+                             "another model, dataset or --counterfactual", "compare runs of the same model and pairs")
+    seen: dict[str, int] = {}
+    for curve in curves:  # the same method in two files: each named by its file too
+        seen[curve.label] = seen.get(curve.label, 0) + 1
+    for curve in curves:
+        if seen[curve.label] > 1:
+            curve.label += f" [{curve.file}]"
+
+    def difference(later: list[float], earlier: list[float]) -> tuple[float, float | None, float | None]:
+        gained = (torch.tensor(later, dtype=torch.float64) - torch.tensor(earlier, dtype=torch.float64))[:, None]
+        value, low, high = ratio_of_means(gained, clean - empty, resamples)
+        return tuple(None if x is None else float(x[0]) + 0.0 for x in (value, low, high))  # type: ignore
+
+    differences = []
+    for j, later in enumerate(curves):
+        for earlier in curves[:j]:
+            for size in sorted(set(later.points) & set(earlier.points)):
+                differences.append(Difference(later.label, earlier.label, size,
+                                              *difference(later.points[size][3], earlier.points[size][3])))
+            if later.circuit is not None and earlier.circuit is not None:
+                differences.append(Difference(later.label, earlier.label, None,
+                                              *difference(later.circuit[4], earlier.circuit[4])))
+    return StoredComparison(curves, list(first["lines"]), differences)

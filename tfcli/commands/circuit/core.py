@@ -64,7 +64,7 @@ def check_model(config: ModelConfig) -> None:
 
 @dataclass(kw_only=True)
 class CircuitOptions:
-    method: str = "eap"
+    method: str = "eap-ig-inputs"  # the default: EAP's small circuits recover nothing on SmolLM2's IOI (issue 62)
     steps: int = 5  # eap-ig-inputs, eap-ig-activations
     top: int | None = None  # the circuit: the greedy top N edges ...
     faithful: float | None = None  # ... or the smallest reaching this faithfulness ...
@@ -169,6 +169,7 @@ class CurvePoint:
     faithfulness: float
     low: float | None = None
     high: float | None = None
+    metrics: list[float] | None = None  # m(C) per pair, in the pairs' order (a later paired comparison: compare.py)
 
 
 @dataclass
@@ -193,6 +194,7 @@ class Circuit:
     measured_pairs: int = 0  # the pairs the faithfulness is over (fewer than the scores' after a Ctrl-C)
     counterfactual: str = "corrupt"  # corrupt_value is m(empty): with "mean", every edge patched to the means
     training: Any = None  # edge-pruning: its training (pruning.Pruned)
+    ends: dict[int | None, tuple[float, float]] = field(default_factory=dict)  # each pair's (m(full), m(empty))
 
     def top_edges(self, count: int | None = None) -> list[tuple[str, str, float, bool]]:
         """(sender, receiver, score, in the circuit) of the edges by |score|, largest first (ties in graph order)."""
@@ -206,7 +208,8 @@ class Circuit:
 @dataclass
 class Measured:
     """Faithfulness of K circuits over `n` pairs: (K,) values with their intervals (None without a bootstrap), and
-    `ends`, each pair's (m(full), m(empty)) by its line (what a later run need not run again)."""
+    `ends`, each pair's (m(full), m(empty)) by its line (what a later run need not run again), and `metrics` (N, K)
+    each pair's m(C) of each circuit, in the order of `ends`."""
 
     values: list[float]
     lows: list[float] | None
@@ -214,6 +217,7 @@ class Measured:
     n: int
     interrupted: bool
     ends: dict[int | None, tuple[float, float]] = field(default_factory=dict)
+    metrics: list[list[float]] | None = None
 
 
 def windows(pairs: list[Pair]) -> Iterator[list[Pair]]:
@@ -333,7 +337,8 @@ class CircuitFaithfulness(OverPairs):
                              "over the pairs", "choose corrupt texts on which the model behaves differently")
         score, low, high = ratio_of_means(values - corrupt[:, None], clean - corrupt, dataset.resamples)
         return Measured(score.tolist(), None if low is None else low.tolist(), None if high is None else high.tolist(),
-                        len(rows), done.interrupted, {pair.line: row[:2] for pair, row in zip(pairs, rows)})
+                        len(rows), done.interrupted, {pair.line: row[:2] for pair, row in zip(pairs, rows)},
+                        values.tolist())
 
 
 def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measured],
@@ -359,7 +364,7 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measure
     if not measured.n:  # interrupted before any pair finished
         return
     points = [point(graph, circuit, measured, k) for k, circuit in enumerate(circuits)]
-    result.curve, result.measured_pairs = points, measured.n
+    result.curve, result.measured_pairs, result.ends = points, measured.n, dict(measured.ends)
     interrupted |= measured.interrupted
     if chosen is not None:
         result.circuit, result.measured = chosen, point(graph, chosen, measured,
@@ -389,10 +394,12 @@ def measure(result: Circuit, options: CircuitOptions, run: Callable[..., Measure
             note(f"--faithful {wanted:g}: {middle:,} edges {found.faithfulness:.3f}; the circuit has "
                  f"{low + 1:,}-{high:,} edges")
     if best is None:  # no circuit measured reached it: the whole graph's faithfulness is 1
-        best = CurvePoint(high, len(graph.nodes_of(graph.mask)), 1.0, None, None)
+        best = CurvePoint(high, len(graph.nodes_of(graph.mask)), 1.0, None, None,
+                          [full for full, _ in measured.ends.values()])
     result.circuit, result.measured = circuit_of(graph, order[:best.edges]), best
 
 
 def point(graph: Graph, circuit: Tensor, measured: Measured, k: int) -> CurvePoint:
     return CurvePoint(int(circuit.sum()), len(graph.nodes_of(circuit)), measured.values[k],
-                      measured.lows[k] if measured.lows else None, measured.highs[k] if measured.highs else None)
+                      measured.lows[k] if measured.lows else None, measured.highs[k] if measured.highs else None,
+                      None if measured.metrics is None else [row[k] for row in measured.metrics])

@@ -216,14 +216,25 @@ def record(run: Envelope) -> dict[str, Any]:
                   "model_edges": graph.base.edge_count if spans_of(graph) else graph.edge_count},
         "circuit": None if result.measured is None else {
             "picked": result.picked, "wanted": result.wanted, **point_record(result.measured),
-            "pairs": result.measured_pairs},
+            "pairs": result.measured_pairs, "metrics": result.measured.metrics},
         "nodes": graph.nodes_of(circuit) if circuit is not None else [],
         "connected": graph.connects(circuit) if circuit is not None else None,
-        "curve": [point_record(p) for p in result.curve],
+        "curve": [{**point_record(p), "metrics": p.metrics} for p in result.curve],
+        "pair_ends": pair_ends(result),
         "edges": [{"sender": graph.senders[s], **receiver_record(graph, r), "score": float(result.scores[s, r]),
                    "in_circuit": bool(circuit[s, r]) if circuit is not None else False}
                   for s, r in graph.mask.nonzero().tolist()],
     }
+
+
+def pair_ends(result: Circuit) -> dict[str, list[Any]] | None:
+    """The pairs the faithfulness is over, in order: their lines, m(full) and m(empty) (with each curve point's and
+    the circuit's `metrics`, m(C) per pair: what `--compare` pairs two runs' curves by)."""
+    if not result.ends:
+        return None
+    lines = list(result.ends)
+    return {"lines": lines, "clean": [result.ends[line][0] for line in lines],
+            "empty": [result.ends[line][1] for line in lines]}
 
 
 def training_record(training: Any) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from tfcli.commands.circuit import render
-from tfcli.commands.circuit.compare import Comparison, Difference
+from tfcli.commands.circuit.compare import Comparison, Difference, StoredComparison
 from tfcli.commands.circuit.core import Circuit, CurvePoint
 from tfcli.render.layout import Column, table, words
 
@@ -174,3 +174,64 @@ def figure(done: Envelope, run: RunInfo, tokenizer: Tokenizer | None) -> Figure:
     fig.suptitle(f"tfcli circuit: {run.model}, {len(comparison.circuits)} methods on the same pairs", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- --compare: runs stored apart
+
+
+def stored_record(comparison: StoredComparison) -> dict[str, Any]:
+    """--compare's JSON record (docs/commands.md#circuit): each curve read, and the paired differences."""
+    def point(values: tuple) -> dict[str, Any]:
+        return {"faithfulness": values[0], "interval": None if values[1] is None else [values[1], values[2]]}
+    return {"pairs": len(comparison.lines),
+            "curves": [{"label": c.label, "file": c.file, "method": c.method, "positions": c.positions,
+                        "size_unit": c.size_unit,
+                        "curve": [{"edges": size, **point(values)} for size, values in sorted(c.points.items())],
+                        "circuit": None if c.circuit is None else {"edges": c.circuit[0], **point(c.circuit[1:])}}
+                       for c in comparison.curves],
+            "differences": [{**difference_record(d), "circuit": d.edges is None} for d in comparison.differences]}
+
+
+def stored_lines(comparison: StoredComparison, width: int, color: bool) -> list[Text]:
+    """--compare's view: the runs read, their curves side by side, each picked circuit, the paired differences."""
+    curves = comparison.curves
+    shown: list[Text] = []
+    head = [f"{len(curves)} curves over the same {len(comparison.lines)} pairs, read from "
+            f"{', '.join(dict.fromkeys(c.file for c in curves))}"]
+    head += [f"{c.label}: sizes in {'(edge, span) pairs' if c.size_unit == 'edge-span' else 'edges'}"
+             for c in curves]
+    for line in head:
+        shown += words(line, width)
+    sizes = sorted({size for c in curves for size in c.points})
+    rows = [f"{size:,}" for size in sizes] + ["circuit"]
+
+    def cell(values: tuple | None, edges: int | None = None) -> str:
+        if values is None:
+            return ""
+        spread = "" if values[1] is None else f" [{values[1]:.3f}, {values[2]:.3f}]"
+        return (f"{edges:,}: " if edges is not None else "") + f"{values[0]:.3f}{spread}"
+    columns = [Column.of("edges", rows, right=True)]
+    for c in curves:
+        columns.append(Column.of(c.label, [cell(c.points.get(size)) for size in sizes]
+                                 + [cell(c.circuit[1:], c.circuit[0]) if c.circuit else ""]))
+    shown.append(Text())
+    shown += table(columns, width, title="faithfulness by size [95% interval]; circuit: each run's picked one "
+                                         "(its size: faithfulness)")
+    names = list(dict.fromkeys((d.method, d.minus) for d in comparison.differences))
+    if names:
+        columns = [Column.of("edges", rows, right=True)]
+        for method, minus in names:
+            found = {d.edges: d for d in comparison.differences if (d.method, d.minus) == (method, minus)}
+
+            def text(key: int | None) -> Text:
+                d = found.get(key)
+                if d is None:
+                    return Text("")
+                apart = d.low is not None and (d.low > 0 or d.high < 0)
+                style = ("blue" if d.value > 0 else "red") if color and apart else ""
+                return Text(f"{d.value:+.3f} {signed_interval(d)}".strip(), style=style)
+            columns.append(Column(f"{method} - {minus}", [[text(size)] for size in sizes] + [[text(None)]]))
+        shown.append(Text())
+        shown += table(columns, width, title="paired differences of faithfulness (the same pairs resampled for "
+                                             "both) [95% interval]")
+    return shown
