@@ -358,13 +358,6 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
         fill=lambda rows, told: fill(model, options.site, windows, rows, options.pass_windows, limit, told),
         again=lambda count: windows_rows(model, options, windows, count, limit),
         step=step, tell=tell)
-    fvus = state.pending
-    if state.params is None:
-        raise usage_error(f"the corpus gave {int(held.shape[0])} held-out tokens and too few after them for one "
-                          f"batch ({options.batch})", "give a longer --file, or a smaller --held-out or --batch")
-    if fvus and not interrupted:
-        state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
-        fvus.clear()
     seconds = time.monotonic() - started
     weights = saved_tensors(state.params, state.scale)
     hook = hook_name(options.site)
@@ -376,7 +369,8 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
     return Trained(str(out), options.site, hook, d, options.latents, options.k, trained, state.steps, options.batch,
                    options.learning_rate, seconds, (state.steps - start_steps) * options.batch / max(seconds, 1e-9),
                    int(held.shape[0]), explained, l0, dead, int((state.since >= options.dead_tokens).sum()),
-                   (state.history[-1][1] if state.history else math.nan) if not fvus else sum(fvus) / len(fvus),
+                   (state.history[-1][1] if state.history else math.nan) if not state.pending
+                   else sum(state.pending) / len(state.pending),
                    state.outliers, held_outliers, before,
                    ran_out, interrupted, list(state.history))
 
@@ -392,7 +386,7 @@ def train_buffers(state, options, windows: Windows, resumed: bool,
     (None at the corpus's end); `again(windows)`: the buffer begun, made again; `step(buffer, token indices)`: one
     step on a batch (the first makes the parameters from the buffer), its FVU; `tell(tokens through the model)`.
     Returns the last buffer trained on, whether the corpus ran out, and whether Ctrl-C stopped the run (after a
-    step; before one it passes on)."""
+    step; before one it passes on). A corpus too short for one batch is a usage error."""
     total_steps = options.tokens // options.batch
     buffer = last = None
     ran_out = interrupted = False
@@ -437,6 +431,12 @@ def train_buffers(state, options, windows: Windows, resumed: bool,
         if state.params is None:
             raise
         interrupted = True
+    if state.params is None:
+        raise usage_error(f"the corpus has too few tokens after the held-out ones for one batch ({options.batch})",
+                          "give a longer --file, or a smaller --held-out or --batch")
+    if fvus and not interrupted:
+        state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
+        fvus.clear()
     return last, ran_out, interrupted
 
 

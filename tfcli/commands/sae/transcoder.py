@@ -411,13 +411,6 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
         state, options, stream.windows, resume is not None,
         fill=lambda rows, told: stream.fill(rows, limits, told), again=lambda count: stream.again(count, limits),
         step=step, tell=tell)
-    fvus = state.pending
-    if state.params is None:
-        raise usage_error(f"the corpus gave {options.held_out} held-out tokens and too few after them for one "
-                          f"batch ({options.batch})", "give a longer --file, or a smaller --held-out or --batch")
-    if fvus and not interrupted:
-        state.history.append((state.steps * options.batch, sum(fvus) / len(fvus)))
-        fvus.clear()
     seconds = time.monotonic() - started
     layers = saved_layers(state.params, state.scale_in, state.scale_out)
     if last is not None:  # thresholds from the last buffer trained on (a resumed run with no step left keeps its own)
@@ -439,9 +432,9 @@ def train(model: TransformerModel, tokenizer: Tokenizer, texts: Iterable[list[st
                               n_layers, d, options.latents, options.k, options.skip, state.steps * options.batch,
                               state.steps, options.batch, options.learning_rate, seconds,
                               (state.steps - start_steps) * options.batch / max(seconds, 1e-9), held_count,
-                              (state.history[-1][1] if state.history else math.nan) if not fvus
-                              else sum(fvus) / len(fvus), figures, state.outliers, held_outliers, before, ran_out,
-                              interrupted, list(state.history))
+                              (state.history[-1][1] if state.history else math.nan) if not state.pending
+                              else sum(state.pending) / len(state.pending), figures, state.outliers, held_outliers,
+                              before, ran_out, interrupted, list(state.history))
 
 
 def begin(state: State, first: Tensor, d: int, n_layers: int, options: TranscoderOptions) -> None:
