@@ -207,19 +207,25 @@ def objective(params: dict[str, Tensor], x: Tensor, k: int, dead: Tensor) -> dic
     return {"loss": fvu + AUXK_ALPHA * auxk, "fvu": fvu, "auxk": auxk, "indices": indices, "values": values}
 
 
+def unit_rows_step(optimizer: torch.optim.Optimizer, loss: Tensor, w_dec: Tensor) -> None:
+    """Backward `loss`, take from each decoder row's gradient its component along the row, step, and put the rows
+    (w_dec (..., n, d)) back to unit norm: the step of sae train and of its transcoders."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    with torch.no_grad():
+        w_dec.grad -= (w_dec.grad * w_dec).sum(-1, keepdim=True) * w_dec
+        optimizer.step()
+        w_dec /= w_dec.norm(dim=-1, keepdim=True)
+
+
 def train_step(params: dict[str, Tensor], optimizer: torch.optim.Optimizer, since: Tensor, x: Tensor, k: int,
                dead_after: int) -> float:
     """One step on batch x (N, d): the objective, its gradient with each decoder row's component along the row
     removed, Adam, the rows back to unit norm; `since` (n,) counts the tokens since each latent last fired. The
     batch's FVU."""
     found = objective(params, x, k, since >= dead_after)
-    optimizer.zero_grad(set_to_none=True)
-    found["loss"].backward()
+    unit_rows_step(optimizer, found["loss"], params["W_dec"])
     with torch.no_grad():
-        w, grad = params["W_dec"], params["W_dec"].grad
-        grad -= (grad * w).sum(-1, keepdim=True) * w
-        optimizer.step()
-        w /= w.norm(dim=-1, keepdim=True)
         fired = torch.zeros_like(since, dtype=torch.bool)
         fired[found["indices"][found["values"] > 0]] = True
         since += x.shape[0]

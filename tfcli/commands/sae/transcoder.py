@@ -38,7 +38,7 @@ from torch import Tensor
 
 from tfcli.analysis.corpus import Windows, write_checkpoint
 from tfcli.analysis.transcoders import INPUT_HOOKS, OUTPUT_HOOKS, THRESHOLD
-from tfcli.commands.sae.core import ADAM, AUXK_ALPHA, Schedule, hook_name, train_buffers
+from tfcli.commands.sae.core import ADAM, AUXK_ALPHA, Schedule, hook_name, train_buffers, unit_rows_step
 from tfcli.errors import usage_error
 
 if TYPE_CHECKING:
@@ -183,13 +183,8 @@ def train_step(params: dict[str, Tensor], optimizer: torch.optim.Optimizer, sinc
     """One step on a batch (x, y: (L, N, d)): the objective, each decoder row's gradient along the row removed, Adam,
     the rows back to unit norm; `since` (L, n) counts tokens since each latent last fired. The mean FVU over layers."""
     found = objective(params, x, y, k, since >= dead_after)
-    optimizer.zero_grad(set_to_none=True)
-    found["loss"].backward()
+    unit_rows_step(optimizer, found["loss"], params["W_dec"])
     with torch.no_grad():
-        w, grad = params["W_dec"], params["W_dec"].grad
-        grad -= (grad * w).sum(-1, keepdim=True) * w
-        optimizer.step()
-        w /= w.norm(dim=-1, keepdim=True)
         fired = torch.zeros_like(since, dtype=torch.bool)
         layer = torch.arange(since.shape[0], device=since.device)[:, None, None].expand_as(found["indices"])
         chosen = found["values"] > 0
