@@ -211,7 +211,7 @@ from test_report_browser import browser  # noqa: E402, F401 (a fixture)
 
 @pytest.fixture(scope="module")
 def compared(checkpoints, dataset):
-    """The three-method run on the tiny GPT-2 (arguments and its JSON record), run once."""
+    """The three-method run on the tiny GPT-2 (arguments, its JSON record and its stderr), run once."""
     from typer.testing import CliRunner
 
     from tfcli.cli import app
@@ -221,12 +221,14 @@ def compared(checkpoints, dataset):
             "--steps", "40", "--target-edges", "20", "--sizes", "5,20,1000"]
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
-    return args, json.loads(result.stdout)
+    return args, json.loads(result.stdout), result.stderr
 
 
 def test_several_methods_json_has_each_methods_record_and_the_differences(compared, checkpoints, dataset):
-    args, record = compared
+    args, record, stderr = compared
     assert list(record) == ["methods", "differences", "measured_pairs"]
+    for method in ("eap", "eap-ig-inputs", "edge-pruning"):  # the progress names whose circuits it measures
+        assert f"{method} faithfulness: done" in stderr, stderr
     assert [m["method"] for m in record["methods"]] == ["eap", "eap-ig-inputs", "edge-pruning"]
     for method in record["methods"]:
         assert list(method) == KEYS and method["n"] == 12 and [p["edges"] for p in method["curve"]] == [5, 20, 110]
@@ -269,7 +271,7 @@ def test_several_methods_json_has_each_methods_record_and_the_differences(compar
 def test_the_comparison_view_fits_the_width_and_keeps_every_number(cli, compared, width, colour):
     import re
 
-    args, record = compared
+    args, record, _ = compared
     result = cli(*args, "--width", str(width), "--color" if colour else "--no-color",
                  env={"NO_COLOR": "1"} if not colour else None)
     assert result.exit_code == 0, result.stderr
@@ -292,7 +294,7 @@ def test_the_comparison_report_page_and_figure(cli, compared, tmp_path, browser)
     the figure: both panels."""
     from test_report_browser import open_page
 
-    args, record = compared
+    args, record, _ = compared
     page_path, figure = tmp_path / "compare.html", tmp_path / "compare.svg"
     for report in (page_path, figure):
         result = cli(*args, "--report", str(report))

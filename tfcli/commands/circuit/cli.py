@@ -213,7 +213,8 @@ def circuit(
                 circuits.append(done.value)
 
         def rows(circuits, ends, over):
-            done = session.run(compare.RowsOf(circuits, options.counterfactual, ends), over, stage="faithfulness")
+            stage = f"{runs.method} faithfulness" if several and runs.method else "faithfulness"
+            done = session.run(compare.RowsOf(circuits, options.counterfactual, ends), over, stage=stage)
             return done.value
         runs = compare.Faithfulness(rows, pairs)
         comparison = compare.compared(circuits, options, runs, say, scored.interrupted or session.interrupted)

@@ -119,6 +119,7 @@ class Faithfulness:
         self.empty: Tensor | None = None
         self.ends: dict[Any, tuple[float, float]] | None = None
         self.resamples = pairs.resamples
+        self.method: str | None = None  # whose circuits are being measured (compared sets it): the progress names it
 
     @staticmethod
     def key(circuit: Tensor) -> bytes:
@@ -196,6 +197,7 @@ def compared(circuits: list[Circuit], options: CircuitOptions, runs: Faithfulnes
         said = note
         if note is not None and len(circuits) > 1:  # --faithful's steps, each method's named
             said = (lambda text, method=result.method: note(f"{method}: {text}"))
+        runs.method = result.method
         measure(result, mine, runs, said, interrupted)
     differences = []
     graph = circuits[0].graph
