@@ -11,13 +11,13 @@ EPYC), because there PyTorch's plain float32 product (MKL) takes MKL's generic c
 it "Intel(R) Architecture processors") while oneDNN runs its AVX-512 kernels; so there those layers pack them
 too (smaller ones, slower packed, stay plain), in the layout oneDNN picks for 16 rows (`FLOAT32_PACK_ROWS`): the one
 it picks for a single row runs slower. Where the CPU has no bfloat16 instructions, bfloat16 weights stay plain and
-products of several rows through layer-sized weights run in float32 (`BFLOAT16_CAST`). Packing costs one reordering, so it pays only
-for a weight used again and again, and each layer decides that from its own use, unasked: it packs on its second
-product in a row that can run packed (no gradient wanted, on the CPU, input and weight of one dtype that oneDNN
-packs here, not a float32 single row). So a single forward pass, and the logit lens after it, stay plain; a model
-called in a loop, a sweep, a stream of batches, or bfloat16 generation (from its first step) runs packed; float32
-generation stays plain (its single rows break the run, and put back the plain weight of a layer packed before),
-except for the layers that pack float32 single rows on a CPU where they are faster so.
+products of several rows through layer-sized weights run in float32 (`BFLOAT16_CAST`). Packing costs one reordering,
+so it pays only for a weight used again and again, and each layer decides that from its own use, unasked: it packs
+on its second product in a row that can run packed (no gradient wanted, on the CPU, input and weight of one dtype
+that oneDNN packs here, not a float32 single row). So a single forward pass, and the logit lens after it, stay
+plain; a model called in a loop, a sweep, a stream of batches, or bfloat16 generation (from its first step) runs
+packed; float32 generation stays plain (its single rows break the run, and put back the plain weight of a layer
+packed before), except for the layers that pack float32 single rows on a CPU where they are faster so.
 
 One copy of each weight: the packed weight replaces the plain one. The layer's `weight` Parameter becomes a
 `PackedWeight`, a tensor subclass that holds only the packed oneDNN tensor (which `.to_dense()` turns back into
@@ -89,19 +89,17 @@ def _float32_rows_pack_here() -> bool:
 
 FLOAT32_ROWS_PACK: bool = _float32_rows_pack_here()
 ROWS_PACK_FROM = 1 << 20  # weights of fewer elements run single rows faster plain, even there
+FLOAT32_PACK_ROWS = 16  # there: the fewest rows a float32 weight's packed layout is chosen for
 
 # An x86 CPU without bfloat16 instructions (oneDNN has no bfloat16 products there): PyTorch's bfloat16 product
 # costs about 0.14 ms a row through a 2,304 x 768 weight, every row alike, while casting both operands to float32
 # first costs 0.4 ms for 4 rows and 0.8 ms for 16 (docs/benchmarks.md, measured by emulation on a CPU that has
 # them). So there products of BFLOAT16_CAST_ROWS rows or more run in float32 and round back, for weights under
 # BFLOAT16_CAST_BELOW elements: a vocabulary head's cast (tens of millions) costs more than it saves.
-BFLOAT16_CAST: bool = (torch.backends.mkldnn.is_available() and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+BFLOAT16_CAST: bool = (torch.float32 in PACKABLE and torch.bfloat16 not in PACKABLE
                        and torch.backends.cpu.get_cpu_capability().startswith("AVX"))
 BFLOAT16_CAST_ROWS = 4
 BFLOAT16_CAST_BELOW = 1 << 22
-
-
-FLOAT32_PACK_ROWS = 16  # where float32 single rows pack: the fewest rows a float32 weight's layout is chosen for
 
 
 def pack(weight: Tensor, rows: int) -> Tensor:
