@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from dataset_patch import load_hf, smollm2_path  # noqa: E402
-from measure import LAUNCHER, load_average, machine, ratios, spread  # noqa: E402
+from measure import load_average, machine, ratios, run_once, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CT = ROOT / ".references" / "ct"
@@ -155,20 +154,6 @@ def save_transcoders(model_folder: Path, folder: Path, prompt: str, active: int,
                    "activation_function.threshold": threshold,
                    "W_skip": torch.randn(d, d, generator=generator) * 0.05},
                   str(folder / f"layer_{layer}.safetensors"))
-
-
-def run_once(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int]:
-    """measure.run_once, with an environment and a working folder: wall seconds, CPU seconds, peak RSS bytes of the
-    command alone. The folder matters: `python -c` puts it first on the path, before PYTHONPATH, so that a tfcli tree
-    there is the one imported (run from this repository's root, `--before TREE` timed this tree again)."""
-    result = subprocess.run([sys.executable, "-c", LAUNCHER, *command], capture_output=True, text=True, env=env,
-                            cwd=cwd)
-    if result.returncode != 0 or not result.stdout:
-        raise RuntimeError(f"the launcher failed:\n{result.stderr}")
-    code, seconds, cpu_seconds, peak = json.loads(result.stdout)
-    if code != 0:
-        raise RuntimeError(f"{' '.join(command[:3])} ... failed ({code}):\n{result.stderr[-3000:]}")
-    return seconds, cpu_seconds, peak
 
 
 def agreement(ours: Path, theirs: Path) -> str:

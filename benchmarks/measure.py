@@ -42,15 +42,17 @@ print(json.dumps([os.waitstatus_to_exitcode(status), time.perf_counter() - start
 """
 
 
-def run_once(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, int]:
-    """Run `command` to completion (its output discarded, a failure raises); its wall seconds, CPU seconds
-    (user + system, all threads) and peak RSS bytes."""
-    result = subprocess.run([sys.executable, "-c", LAUNCHER, *command], capture_output=True, text=True, env=env)
+def run_once(command: list[str], env: dict[str, str] | None = None, cwd=None) -> tuple[float, float, int]:
+    """Run `command` to completion (its output discarded, a failure raises), in folder `cwd` when given; its wall
+    seconds, CPU seconds (user + system, all threads) and peak RSS bytes. The folder matters for `python -c`
+    commands: Python puts it first on the path, before PYTHONPATH, so a tfcli tree there is the one imported."""
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, *command], capture_output=True, text=True, env=env,
+                            cwd=cwd)
     if result.returncode != 0 or not result.stdout:
         raise RuntimeError(f"the launcher failed:\n{result.stderr}")
     code, seconds, cpu_seconds, peak = json.loads(result.stdout)
     if code != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({code}):\n{result.stderr}")
+        raise RuntimeError(f"{' '.join(command)[:200]} failed ({code}):\n{result.stderr[-3000:]}")
     return seconds, cpu_seconds, peak
 
 
