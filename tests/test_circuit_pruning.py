@@ -106,6 +106,23 @@ def test_the_hard_concrete_is_the_papers():
     assert np.allclose(pruning.keep_probability(log_alpha).numpy(), expected, atol=1e-6)
 
 
+def test_scores_order_the_kept_edges_by_log_alpha(checkpoints):
+    """An edge's score is -ln P(z = 0), by hand from the cdf above: edges kept surely enough that P(z > 0) is 1.0 in
+    float64 (log alpha 40, 50, 60) still score apart, so the greedy curve takes the most surely kept first."""
+    path, _ = checkpoints("gpt2")
+    graph = core.graph_of(tfcli.load_model(str(path)).config)
+    edges = graph.mask.nonzero()[:5]
+    log_alpha = torch.zeros(graph.mask.shape)
+    log_alpha[edges[:, 0], edges[:, 1]] = torch.tensor([60.0, 40.0, 50.0, -3.0, 0.5])
+    scores = pruning.Pruned(log_alpha, 1).scores(graph)
+    picked = scores[edges[:, 0], edges[:, 1]].numpy()
+    bound = np.log(0.1 / 1.1) * (2 / 3) - np.array([60.0, 40.0, 50.0, -3.0, 0.5])
+    assert np.allclose(picked, -np.log(1 / (1 + np.exp(-bound))), rtol=1e-9)  # -ln(1 - P(z > 0))
+    assert (pruning.keep_probability(log_alpha[edges[:3, 0], edges[:3, 1]].double()) == 1).all()
+    assert list(np.argsort(-picked)) == [0, 2, 1, 4, 3]
+    assert (scores[~graph.mask] == 0).all() and bool((scores[graph.mask] > 0).all())
+
+
 def test_training_on_a_tiny_task_finds_a_sparse_faithful_circuit(checkpoints):
     """A short training run (the paper's learning rate): the expected kept edges come within 30% of the target, the
     found circuit has that many edges, and its KL (its 0/1 mask) is below that of every one of ten random circuits of
@@ -321,7 +338,7 @@ def test_edge_pruning_alone_is_one_methods_run(cli, checkpoints, dataset):
     assert list(record) == KEYS and record["method"] == "edge-pruning" and record["circuit"]["picked"] == "top"
     assert record["circuit"]["edges"] == 12 and record["pruning"]["steps"] == 5
     scores = [e["score"] for e in record["edges"]]
-    assert all(0 < s < 1 for s in scores)  # each edge's probability of being kept
+    assert all(0 < 1 - np.exp(-s) < 1 for s in scores)  # -ln P(z = 0): each edge's P(z > 0) in (0, 1)
     view = cli("circuit", "-m", str(path), "--dataset", str(dataset), "--method", "edge-pruning", "--steps", "5",
                "--target-edges", "30", "--sizes", "5")
     assert view.exit_code == 0 and "the edges Edge Pruning's masks keep, trained towards 30" in " ".join(

@@ -1,5 +1,5 @@
 """`tfcli circuit` with edge-pruning or several methods (`--method eap,eap-ig-inputs,edge-pruning`): each method's
-scores over the same pairs (edge-pruning's: its masks' keep probabilities, pruning.py), each method's circuit and
+scores over the same pairs (edge-pruning's: -ln P(z = 0) of its masks, pruning.py), each method's circuit and
 curve measured as core.measure measures one method's, and, at each curve size, the difference of two methods'
 faithfulness with its PAIRED bootstrap interval: both circuits' patched metrics are kept per pair, and each resample
 draws the same pairs for both (tfcli.analysis.dataset.resample_counts, seeded), so the interval is that of
@@ -61,7 +61,7 @@ def first_stage(options: CircuitOptions, graph: Any) -> CircuitScores:
 
 
 def pruned(result: Circuit, training: Pruned, options: CircuitOptions) -> CircuitOptions:
-    """edge-pruning's Circuit from its training: the scores the keep probabilities; without --top, --faithful or
+    """edge-pruning's Circuit from its training: the scores -ln P(z = 0) (Pruned.scores); without --top, --faithful or
     --edges, the circuit picked the edges the masks keep (the options for core.measure that pick it)."""
     graph = result.graph
     result.scores, result.training, result.steps = training.scores(graph), training, training.steps

@@ -16,8 +16,9 @@ plus the paper's Lagrangian on the expected sparsity s (the share of edges whose
 
 l1, l2 trained to maximise it (Adam, maximize), the masks to minimise it, the target t raised linearly from 0 to the
 wanted sparsity over the first WARMUP of the steps (the paper: 2,500 of 3,000). The circuit found: the
-round(expected kept) edges of largest log alpha (the paper's deterministic mask). An edge's score is its probability
-of being kept, P(z > 0), which orders the greedy curve as any method's scores do.
+round(expected kept) edges of largest log alpha (the paper's deterministic mask). An edge's score is -ln P(z = 0),
+how surely the masks keep it (its probability of being kept, P(z > 0), is 1 - e^-score): it orders the greedy curve
+as any method's scores do, by log alpha, where P(z > 0) reads 1 for every edge well kept.
 
 The masks are (S, R) over the position-blind graph; a mask per (edge, span) would add a span axis to `log_alpha` and
 to `weights` (`MaskedRun` reads its (S, R) slice per receiver site). Shapes: B pairs, T tokens, d the model width, H
@@ -79,8 +80,13 @@ class Pruned:
     interrupted: bool = False
 
     def scores(self, graph: Graph) -> Tensor:
-        """(S, R) float64: each edge's P(z > 0), 0 off the graph."""
-        return keep_probability(self.log_alpha.double()) * graph.mask
+        """(S, R) float64: each edge's -ln P(z = 0) = softplus(log alpha - temperature log(-left / right)), 0 off the
+        graph. Increasing in log alpha, positive, and unsaturated: P(z > 0) is 1.0 in float64 from a log alpha of
+        about 35, which the training passes, and a curve ordered by it ties every edge kept."""
+        import torch
+
+        shift = TEMPERATURE * math.log(-LEFT / RIGHT)
+        return torch.nn.functional.softplus(self.log_alpha.double() - shift) * graph.mask
 
     def circuit(self, graph: Graph) -> list[tuple[int, int]]:
         """The found circuit's edges: the round(expected kept) of largest log alpha (ties in graph order)."""
