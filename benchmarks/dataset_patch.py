@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from torch import Tensor
 
-    from tfcli.commands.encode.core import AttentionMap, StageRow, TextReport
+    from tfcli.commands.encode.core import AttentionMap, LensRow, StageRow, TextReport
     from tfcli.render.run_info import RunInfo
     from tfcli.tokenizer import Tokenizer
 

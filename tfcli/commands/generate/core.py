@@ -16,7 +16,6 @@ from tfcli.analysis.inputs import GenerationPrompt, prompts
 
 if TYPE_CHECKING:
     from tfcli.analysis.sae import SAE
-    from tfcli.config import ModelConfig
     from tfcli.model import TransformerModel
     from tfcli.model.decoding import Sampling, Step
     from tfcli.model.sites import Hook
