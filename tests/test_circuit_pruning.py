@@ -246,9 +246,6 @@ def test_several_methods_json_has_each_methods_record_and_the_differences(compar
     assert list(record) == ["methods", "differences", "measured_pairs"]
     for method in ("eap", "eap-ig-inputs", "edge-pruning"):  # the progress names whose circuits it measures
         assert f"{method} faithfulness: done" in stderr, stderr
-    for method in ("eap", "eap-ig-inputs"):  # and whose scores: the first stage's too
-        assert f"\n{method}: done" in f"\n{stderr}", stderr
-    assert "circuit:" not in stderr, stderr
     assert [m["method"] for m in record["methods"]] == ["eap", "eap-ig-inputs", "edge-pruning"]
     for method in record["methods"]:
         assert list(method) == KEYS and method["n"] == 12 and [p["edges"] for p in method["curve"]] == [5, 20, 110]
@@ -346,7 +343,6 @@ def test_edge_pruning_alone_is_one_methods_run(cli, checkpoints, dataset):
                "--target-edges", "30", "--sizes", "5")
     assert view.exit_code == 0 and "the edges Edge Pruning's masks keep, trained towards 30" in " ".join(
         view.stdout.split()), view.stdout
-    assert "clean and empty runs: done" in view.stderr and "circuit:" not in view.stderr, view.stderr
 
 
 @pytest.mark.parametrize("args,message", [

@@ -118,11 +118,9 @@ def session_of(source: Source, run: RunOptions, ray: Any = None, random_means: s
 
 
 def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions, views: tuple[View, View | None],
-                random_means: str, after: Callable[[Session, Envelope], None] | None = None,
-                stage: str | None = None) -> None:
+                random_means: str, after: Callable[[Session, Envelope], None] | None = None) -> None:
     """An analysis over a dataset or texts (tfcli/runner.py) in the command's session: every line read and checked
-    before the model is built (a stream's first batch), then `analyse` (its first stage's progress named `stage`,
-    default the command)."""
+    before the model is built (a stream's first batch), then `analyse`."""
     from tfcli.runner import CHUNK
 
     with session_of(source, run, given.ray, random_means) as session:
@@ -133,19 +131,17 @@ def run_dataset(analysis, source: Source, given: DatasetOptions, run: RunOptions
             dataset.expected = given.texts.expected  # a file's lines: the progress counts against them
         else:
             dataset = session.read(analysis, given.path, skip_bad=given.skip_bad, bootstrap=given.bootstrap)
-        analyse(session, analysis, dataset, source, run, views, given.per_item, after, stage)
+        analyse(session, analysis, dataset, source, run, views, given.per_item, after)
 
 
 def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions, views: tuple[View, View | None],
-            per_item: bool = False, after: Callable[[Session, Envelope], None] | None = None,
-            stage: str | None = None) -> None:
-    """The analysis's first stage over `dataset` in `session` (the model built first; its progress named `stage`,
-    default the command), each item's result shown as a single run shows it (--per-item: `views[0]`); `after(session,
-    first stage's Envelope)`, the command's later stages on the same session (each over the items the first
-    finished: `Envelope.dataset()`); then the aggregate (`views[1]`), its JSON or view and --report; without an
-    aggregate view (None: one text given alone), the one item's result, shown as a single run shows it. Ctrl-C in a
-    stage ends that stage with what finished; the aggregate is shown and the command exits 130 (nothing finished in
-    the first: nothing to show)."""
+            per_item: bool = False, after: Callable[[Session, Envelope], None] | None = None) -> None:
+    """The analysis's first stage over `dataset` in `session` (the model built first), each item's result shown as a
+    single run shows it (--per-item: `views[0]`); `after(session, first stage's Envelope)`, the command's later
+    stages on the same session (each over the items the first finished: `Envelope.dataset()`); then the aggregate
+    (`views[1]`), its JSON or view and --report; without an aggregate view (None: one text given alone), the one
+    item's result, shown as a single run shows it. Ctrl-C in a stage ends that stage with what finished; the
+    aggregate is shown and the command exits 130 (nothing finished in the first: nothing to show)."""
     session.model  # built before the run: its line on stderr comes before the run's
     item_view, view = views
     shown = 0
@@ -157,7 +153,7 @@ def analyse(session: Session, analysis, dataset, source: Source, run: RunOptions
         if item_view.spaced and shown > 1 and not run.json_output:
             item_view.out.print()
         emit([result], item_view, run.json_output, first=shown)
-    done = session.run(analysis, dataset, each if per_item else results.append if view is None else None, stage)
+    done = session.run(analysis, dataset, each if per_item else results.append if view is None else None)
     if done.value is None:
         warn(f"interrupted before any of the {analysis.unit} finished: nothing to show")
         raise typer.Exit(130)

@@ -164,8 +164,6 @@ def circuit(
         if graph_out is not None and several:
             raise usage_error("--graph-out writes one method's graph: give one --method", parameter="graph_out")
     analysis = compare.first_stage(options, graph)
-    # the first stage's progress: the method whose scores it computes (edge-pruning's: the pairs' own runs)
-    first = "clean and empty runs" if options.methods[0] == compare.PRUNING else options.methods[0] if several else None
     random_means = "these edges say nothing about a trained model"
 
     def measure(session, scored) -> None:
@@ -232,7 +230,7 @@ def circuit(
                  View(out, render.record, lambda run, number: render.circuit_lines(run, out.width, color, show),
                       of_run=True))
     if data.dataset is not None:
-        run_dataset(analysis, source, data.options(cluster), run, views, random_means, after=measure, stage=first)
+        run_dataset(analysis, source, data.options(cluster), run, views, random_means, after=measure)
         return
     with session_of(source, run, None, random_means) as session:
         warn_spacing(session.tokenizer, target, foil)
@@ -241,4 +239,4 @@ def circuit(
                                                                          "target": target, "foil": foil,
                                                                          "position": position}, PAIR_LINE))
         pair.line = None
-        analyse(session, analysis, Dataset("", [pair], 0, 0), source, run, views, after=measure, stage=first)
+        analyse(session, analysis, Dataset("", [pair], 0, 0), source, run, views, after=measure)
