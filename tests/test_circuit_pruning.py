@@ -124,17 +124,17 @@ def test_scores_order_the_kept_edges_by_log_alpha(checkpoints):
 
 
 def test_training_on_a_tiny_task_finds_a_sparse_faithful_circuit(checkpoints):
-    """A short training run (the paper's learning rate): the expected kept edges come within 30% of the target, the
-    found circuit has that many edges, and its KL (its 0/1 mask) is below that of every one of ten random circuits of
-    its size and of the empty circuit: the training lowers the loss below what the sparsity alone gives."""
+    """A short training run (the paper's optimiser and schedule): the expected kept edges come within 30% of the
+    target, the found circuit has that many edges, and its KL (its 0/1 mask) is below that of every one of ten random
+    circuits of its size and of the empty circuit: the training lowers the loss below what the sparsity alone gives."""
     path, _ = checkpoints("gpt2")
     model, tokenizer = tfcli.load_model(str(path)), tfcli.load_tokenizer(str(path))
     pairs, b = batch(model, tokenizer)
     graph = core.graph_of(model.config)
-    options = pruning.PruningOptions(steps=120, target_edges=20, batch=2)
+    options = pruning.PruningOptions(steps=400, target_edges=20, batch=2)
     seen = []
     pruned = pruning.train(model, tokenizer, pairs, "corrupt", options, lambda *args: seen.append(args))
-    assert [args[0] for args in seen] == list(range(1, 121)) and pruned.steps == 120 and not pruned.interrupted
+    assert [args[0] for args in seen] == list(range(1, 401)) and pruned.steps == 400 and not pruned.interrupted
     assert abs(pruned.kept[-1] - 20) <= 6 and pruned.kept[0] > 100
     found = core.circuit_of(graph, pruned.circuit(graph))
     assert int(found.sum()) == round(pruned.kept[-1])
@@ -156,6 +156,23 @@ def test_training_on_a_tiny_task_finds_a_sparse_faithful_circuit(checkpoints):
     assert mine < min(randoms) and mine < kl(torch.zeros_like(graph.mask))
     scores = pruned.scores(graph)
     assert (scores[~graph.mask] == 0).all() and bool((scores[found] >= scores[graph.mask & ~found].max()).all())
+
+
+def test_the_learning_rate_follows_transformers_linear_schedule():
+    """The paper's code steps its AdamW with transformers' get_linear_schedule_with_warmup (200 of 3,000 steps of
+    warm-up, then down to 0): the factors, step by step, are that function's."""
+    import transformers
+
+    for steps in (3000, 750, 5):
+        warmup = max(1, round(steps / 15))
+        optimiser = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1.0)
+        schedule = transformers.get_linear_schedule_with_warmup(optimiser, warmup, steps)
+        theirs = []
+        for _ in range(steps + 2):
+            theirs.append(optimiser.param_groups[0]["lr"])
+            optimiser.step()
+            schedule.step()
+        assert [pruning.learning_rate_scale(step, steps) for step in range(steps + 2)] == pytest.approx(theirs, abs=1e-12)
 
 
 def test_ctrl_c_keeps_the_masks_so_far(checkpoints):

@@ -14,11 +14,17 @@ plus the paper's Lagrangian on the expected sparsity s (the share of edges whose
 
     loss = KL + l1 (s - t) + l2 (s - t)^2
 
-l1, l2 trained to maximise it (Adam, maximize), the masks to minimise it, the target t raised linearly from 0 to the
-wanted sparsity over the first WARMUP of the steps (the paper: 2,500 of 3,000). The circuit found: the
-round(expected kept) edges of largest log alpha (the paper's deterministic mask). An edge's score is -ln P(z = 0),
-how surely the masks keep it (its probability of being kept, P(z > 0), is 1 - e^-score): it orders the greedy curve
-as any method's scores do, by log alpha, where P(z > 0) reads 1 for every edge well kept.
+l1, l2 trained to maximise it, the masks to minimise it, the target t raised linearly from 0 to the wanted sparsity
+over the first WARMUP of the steps (the paper: 2,500 of 3,000). The optimiser is the paper's code's (its
+fpt2_ioi.py): AdamW, learning rate 0.8 and torch's weight decay 0.01 for both, the rate rising linearly from 0 over
+the first LR_WARMUP of the steps and falling linearly to 0 at the last (transformers' linear schedule with warm-up).
+The weight decay matters: a log alpha the KL has driven high leaves the hard concrete's range (every draw clamped to
+1, the sparsity term's gradient P(z > 0) P(z = 0) l1 / edges under Adam's epsilon) and only the decay brings it
+back; with Adam alone, on SmolLM2, the expected kept edges stalled at 85,000 from step 190 to 375 of 1,000 while the
+target fell to 72,000. The circuit found: the round(expected kept) edges of largest log alpha (the paper's
+deterministic mask). An edge's score is -ln P(z = 0), how surely the masks keep it (its probability of being kept,
+P(z > 0), is 1 - e^-score): it orders the greedy curve as any method's scores do, by log alpha, where P(z > 0) reads
+1 for every edge well kept.
 
 The masks are (S, R) over the position-blind graph; a mask per (edge, span) would add a span axis to `log_alpha` and
 to `weights` (`MaskedRun` reads its (S, R) slice per receiver site). Shapes: B pairs, T tokens, d the model width, H
@@ -47,8 +53,10 @@ METHOD = "edge-pruning"
 LEFT, RIGHT, TEMPERATURE = -0.1, 1.1, 2 / 3  # the hard concrete's stretch and temperature (the paper's l0.py)
 EPS = 1e-6  # the uniform noise's bounds
 START = 3.0  # every log alpha at first: each edge kept with probability 0.99 (the paper: 10; see `train`)
-LEARNING_RATE = 0.8  # Adam's, for the masks and the Lagrange multipliers (the paper's IOI runs)
+LEARNING_RATE = 0.8  # AdamW's, for the masks and the Lagrange multipliers (the paper's IOI runs)
+WEIGHT_DECAY = 0.01  # AdamW's (torch's default, which the paper's code keeps): it pulls every log alpha towards 0
 WARMUP = 5 / 6  # the share of the steps over which the target sparsity rises from 0 (the paper: 2,500 of 3,000)
+LR_WARMUP = 1 / 15  # the share over which the learning rate rises from 0, then falls to 0 at the end (200 of 3,000)
 STEPS = 200
 MERGE = 8  # groups of senders joined into one block of differences (MaskedRun)
 TARGET_EDGES = 1000
@@ -214,23 +222,34 @@ def target_sparsity(step: int, steps: int, final: float) -> float:
     return final * min(1.0, step / warmup)
 
 
+def learning_rate_scale(step: int, steps: int) -> float:
+    """The learning rate's factor at `step` (0-based): rising from 0 over the first LR_WARMUP of the steps, then
+    falling linearly to 0 at `steps` (transformers' get_linear_schedule_with_warmup, which the paper's code uses)."""
+    warmup = max(1, round(LR_WARMUP * steps))
+    if step < warmup:
+        return step / warmup
+    return max(0.0, (steps - step) / max(1, steps - warmup))
+
+
 def train(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], counterfactual: str,
           options: PruningOptions, progress: Callable[..., None] | None = None) -> Pruned:
     """The masks trained on `pairs` (a batch of `options.batch` pairs per step, the pairs in a seeded random order each
     pass over them) for options.steps steps; `progress(steps done, steps, note)`. Ctrl-C ends the training with the
     masks so far (`Pruned.interrupted`). Every log alpha starts at START = 3, not the paper's 10: at 10 a draw of the
     mask is 1 (clamped, no gradient) but for 2 in 10,000, and the sparsity term's gradient on a log alpha, l1
-    P(z > 0) (1 - P(z > 0)) / edges, is under Adam's epsilon (1e-8) until the multipliers have grown for hundreds of
-    steps (the paper runs 3,000 on a GPU; on SmolLM2's 123,211 edges over 30 steps on a CPU no mask moved); at 3,
-    a fifth of the draws fall inside (0, 1) and the masks move from the first step."""
+    P(z > 0) (1 - P(z > 0)) / edges, is under Adam's epsilon (1e-8) until the multipliers have grown, or the weight
+    decay brought it down, over hundreds of steps (the paper runs 3,000 on a GPU; on SmolLM2's 123,211 edges over 30
+    steps on a CPU no mask moved); at 3, a fifth of the draws fall inside (0, 1) and the masks move from the first
+    step."""
     import torch
 
     graph = graph_of(model.config)
     final = 1 - min(options.target_edges, graph.edge_count) / graph.edge_count
     log_alpha = torch.full(graph.mask.shape, START, device=model.device, requires_grad=True)
     lambdas = torch.zeros(2, device=model.device, requires_grad=True)
-    masks = torch.optim.Adam([log_alpha], lr=options.learning_rate)
-    multipliers = torch.optim.Adam([lambdas], lr=options.learning_rate, maximize=True)
+    optimiser = torch.optim.AdamW([{"params": [log_alpha]}, {"params": [lambdas], "maximize": True}],
+                                  lr=options.learning_rate, weight_decay=WEIGHT_DECAY)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: learning_rate_scale(step, options.steps))
     generator = torch.Generator().manual_seed(options.seed)
     edges = graph.mask.to(model.device)
     pruned = Pruned(log_alpha.detach(), 0, options.steps, min(options.target_edges, graph.edge_count))
@@ -251,11 +270,10 @@ def train(model: TransformerModel, tokenizer: Tokenizer, pairs: list[Pair], coun
                 kept = keep_probability(log_alpha)[edges].sum()
                 gap = (1 - kept / graph.edge_count) - target_sparsity(step, options.steps, final)
                 loss = kl + lambdas[0] * gap + lambdas[1] * gap ** 2
-                masks.zero_grad()
-                multipliers.zero_grad()
+                optimiser.zero_grad()
                 loss.backward()
-            masks.step()
-            multipliers.step()
+            optimiser.step()
+            schedule.step()
             kl, kept = max(float(kl.detach()), 0.0), float(kept.detach())  # a KL of -1e-9 (rounding) is 0
             pruned.kl.append(kl)
             pruned.kept.append(kept)
