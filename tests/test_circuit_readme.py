@@ -221,7 +221,7 @@ PRUNED = "circuit-pruning-ioi100.json"
 
 
 def test_the_edge_pruning_table_is_the_stored_run():
-    """The 150-step Edge Pruning run over the same pairs (circuit-pruning-ioi100.json): its curve and the circuit its
+    """The 750-step Edge Pruning run over the same pairs (circuit-pruning-ioi100.json): its curve and the circuit its
     masks keep beside eap-ig-inputs' curve and --faithful 0.8 circuit, with the paired differences, as --compare
     computes them from the stored records and docs/results/circuit.md shows them."""
     from tfcli.commands.circuit import compare
@@ -231,8 +231,11 @@ def test_the_edge_pruning_table_is_the_stored_run():
     ig, pruned = comparison.curves[0], comparison.curves[2]
     assert (ig.label, pruned.label) == ("eap-ig-inputs", "edge-pruning")
     record = records[1][1]
-    assert record["pruning"]["steps_run"] == 150 and record["pruning"]["target_edges"] == 7000
+    assert record["pruning"]["steps_run"] == 750 and record["pruning"]["target_edges"] == 7000
     assert record["circuit"]["picked"] == "pruned" and record["n"] == 100 and not record["interrupted"]
+    at_target = pruned.points[7000]  # the README's Edge Pruning number
+    readme = f"Edge Pruning's 7,000 keep {curve_cell(at_target)}"
+    assert readme in " ".join(SECTION.split()) and at_target[1] >= 0.7, readme
     found = {(d.method, d.minus, d.edges): d for d in comparison.differences}
     page = (RESULTS / "circuit.md").read_text(encoding="utf-8")
     for size in SIZES:
