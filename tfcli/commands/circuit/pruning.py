@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 METHOD = "edge-pruning"
 LEFT, RIGHT, TEMPERATURE = -0.1, 1.1, 2 / 3  # the hard concrete's stretch and temperature (the paper's l0.py)
 EPS = 1e-6  # the uniform noise's bounds
+KEEP_SHIFT = TEMPERATURE * math.log(-LEFT / RIGHT)  # log alpha - KEEP_SHIFT: the log odds of a mask's z > 0
 START = 3.0  # every log alpha at first: each edge kept with probability 0.99 (the paper: 10; see `train`)
 LEARNING_RATE = 0.8  # AdamW's, for the masks and the Lagrange multipliers (the paper's IOI runs)
 WEIGHT_DECAY = 0.01  # AdamW's (torch's default, which the paper's code keeps): it pulls every log alpha towards 0
@@ -88,13 +89,12 @@ class Pruned:
     interrupted: bool = False
 
     def scores(self, graph: Graph) -> Tensor:
-        """(S, R) float64: each edge's -ln P(z = 0) = softplus(log alpha - temperature log(-left / right)), 0 off the
-        graph. Increasing in log alpha, positive, and unsaturated: P(z > 0) is 1.0 in float64 from a log alpha of
-        about 35, which the training passes, and a curve ordered by it ties every edge kept."""
+        """(S, R) float64: each edge's -ln P(z = 0) = softplus(log alpha - KEEP_SHIFT), 0 off the graph. Increasing in
+        log alpha, positive, and unsaturated: P(z > 0) is 1.0 in float64 from a log alpha of about 35, which the
+        training passes, and a curve ordered by it ties every edge kept."""
         import torch
 
-        shift = TEMPERATURE * math.log(-LEFT / RIGHT)
-        return torch.nn.functional.softplus(self.log_alpha.double() - shift) * graph.mask
+        return torch.nn.functional.softplus(self.log_alpha.double() - KEEP_SHIFT) * graph.mask
 
     def circuit(self, graph: Graph) -> list[tuple[int, int]]:
         """The found circuit's edges: the round(expected kept) of largest log alpha (ties in graph order)."""
@@ -114,7 +114,7 @@ def keep_probability(log_alpha: Tensor) -> Tensor:
     """P(z > 0) of each mask: sigmoid(log alpha - temperature log(-left / right))."""
     import torch
 
-    return torch.sigmoid(log_alpha - TEMPERATURE * math.log(-LEFT / RIGHT))
+    return torch.sigmoid(log_alpha - KEEP_SHIFT)
 
 
 def sample(log_alpha: Tensor, generator: object) -> Tensor:
